@@ -1,0 +1,14 @@
+"""tether's pure core: the math of every policy objective as functions on tensors.
+
+Imports torch and nothing else (no transformers, no I/O, no logging, no host syncs). The
+modules, each opening with its math and its departures from the paper:
+
+- `divergences`: measures D(w) and trust-region intervals (ATR-GRPO's kl3 via Lambert W).
+- `surrogates`: PPO/divergence clip (scalar or per-token bounds, dual clip), GSPO, CISPO, REINFORCE.
+- `rpg`: Regularized Policy Gradient, both forms, RPG-Style Clip, the clipped differentiable form.
+- `kl`: KL-to-reference penalty estimators k1, k2, k3, k3_iw.
+- `etr`: Elastic Trust Regions (a documented reconstruction).
+- `advantages`: grpo, dr_grpo, rloo.
+- `aggregation`: the four loss aggregation modes with mini-batch normalisers.
+- `masked`: masked reductions and sync-free group statistics.
+"""

@@ -1,0 +1,60 @@
+"""KL-to-reference penalty estimators, per token (N, T), added to the loss times a coefficient.
+
+With r = pi_ref / pi_theta and w = pi_theta / pi_old, and samples from pi_old:
+
+    k1     lp - lp_ref                 expected gradient: 0 on-policy (the score function has mean 0);
+                                       it estimates KL(pi_theta || pi_ref) but does not minimise it.
+    k2     (lp - lp_ref)^2 / 2         on-policy: grad KL(pi_theta || pi_ref) (reverse KL).
+    k3     r - 1 - log r               GRPO's term, no importance weight. On-policy its gradient is
+                                       grad KL(pi_ref || pi_theta) (the FORWARD KL, not the reverse KL
+                                       it estimates); off-policy it is the gradient of no KL at all.
+    k3_iw  w (r - 1 - log r)           the corrected term [RPG section 2.1]: the gradient of
+                                       UKL(pi_theta || pi_ref) exactly, on- or off-policy; for
+                                       normalised policies that is grad KL(pi_theta || pi_ref).
+                                       Identical to RPG's `urkl` term with anchor = ref.
+
+Reference: [RPG] Zhang et al., arXiv 2505.17508, section 4 ("the GRPO KL term").
+Departure: none; these are the textbook estimators (Schulman, "Approximating KL divergence").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import Registry
+from .surrogates import log_ratio
+
+KL_ESTIMATORS: Registry = Registry("KL estimator")
+
+
+def k3_of_log(log_y: torch.Tensor) -> torch.Tensor:
+    """k3(y) = y - 1 - log y, from log y (stable: never forms y / y)."""
+    return torch.expm1(log_y) - log_y
+
+
+@KL_ESTIMATORS.register("k1")
+def k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
+    return logprobs - ref_logprobs.detach()
+
+
+@KL_ESTIMATORS.register("k2")
+def k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
+    return (logprobs - ref_logprobs.detach()) ** 2 / 2.0
+
+
+@KL_ESTIMATORS.register("k3")
+def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
+    return k3_of_log(ref_logprobs.detach() - logprobs)
+
+
+@KL_ESTIMATORS.register("k3_iw")
+def k3_iw(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
+    w = torch.exp(log_ratio(logprobs, old_logprobs))
+    return w * k3_of_log(ref_logprobs.detach() - logprobs)
+
+
+def kl_penalty(
+    estimator: str, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor
+) -> torch.Tensor:
+    """Per-token penalty (N, T) of the named estimator."""
+    return KL_ESTIMATORS.get(estimator)(logprobs, ref_logprobs, old_logprobs)

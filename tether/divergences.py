@@ -1,0 +1,9 @@
+"""Public access to divergence measures and trust-region intervals (see `tether.core.divergences`)."""
+
+from .core.divergences import MEASURES, interval, lambertw, numeric_interval, value
+
+__all__ = ["MEASURES", "interval", "lambertw", "numeric_interval", "value", "names"]
+
+
+def names() -> list[str]:
+    return MEASURES.names()

@@ -1,0 +1,569 @@
+"""Policy objectives: one config class per surrogate, composed with the orthogonal axes.
+
+An objective = surrogate (ppo_clip, divergence_clip, gspo, cispo, reinforce, rpg, etr)
++ aggregation mode + optional KL-to-reference penalty + optional entropy bonus
++ the advantage estimator the trainer should use. "GRPO", "DAPO", "ATR-GRPO", "RPG-URKL"...
+are presets (YAML files in `tether/presets/`) choosing one value per axis.
+
+    from tether import objectives
+    obj = objectives.build("atr_grpo")                       # a preset
+    obj = objectives.build({"preset": "dapo", "eps_high": 0.3})   # a preset, overridden
+    obj = objectives.build({"name": "divergence_clip", "measure": "kl3", "delta": 0.0231})
+    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=lp_old, advantages=adv, mask=m))
+    out.loss.backward(); out.metrics   # dict[str, Tensor], detached, no host sync
+
+The math lives in `tether.core`; this module validates configs and assembles metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Callable, Literal, Optional, Union
+
+import torch
+import yaml
+
+from .core import advantages as _adv
+from .core import aggregation as _agg
+from .core import divergences as _div
+from .core import etr as _etr
+from .core import kl as _kl
+from .core import rpg as _rpg
+from .core import surrogates as _sur
+from .core.kl import k3_of_log
+from .core.masked import masked_fraction, masked_max, masked_mean, masked_min
+from .core.registry import Registry, unknown_name_message
+from .schema import ConfigError, from_dict, to_dict
+
+# ---------------------------------------------------------------- batch and output
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """One (micro-)batch of N sequences with T response tokens. Tensors are never modified."""
+
+    logprobs: torch.Tensor
+    """(N, T) log pi_theta of each response token, with gradient."""
+    old_logprobs: torch.Tensor
+    """(N, T) log-probs under the policy that sampled the batch (recomputed before the updates)."""
+    advantages: torch.Tensor
+    """(N,) per sequence, or (N, T) per token."""
+    mask: torch.Tensor
+    """(N, T) 1/True for response tokens that count (the stop token included), 0 for padding."""
+    ref_logprobs: Optional[torch.Tensor] = None
+    """(N, T) log-probs under the reference/anchor policy; needed by `kl_penalty` and rpg anchor=ref."""
+    group_ids: Optional[torch.Tensor] = None
+    """(N,) integer prompt-group label of each sequence; needed by ETR's macro factor."""
+    rewards: Optional[torch.Tensor] = None
+    """(N,) scalar reward of each sequence; needed by ETR's macro factor."""
+    entropy: Optional[torch.Tensor] = None
+    """(N, T) per-token entropy of pi_theta; needed when entropy_coef != 0, logged when given."""
+    loss_norm: Optional[Union[float, torch.Tensor]] = None
+    """The mini-batch normaliser (`Objective.normalizer(mini_batch_mask)`) when this is one
+    micro-batch of several; None means this batch is the whole mini-batch."""
+
+
+@dataclass
+class ObjectiveOutput:
+    loss: torch.Tensor
+    """Scalar, differentiable w.r.t. `logprobs` (and `entropy` when entropy_coef != 0)."""
+    metrics: dict[str, torch.Tensor]
+    """Detached scalar tensors, namespaced (`loss/`, `policy/`, `kl/`, `etr/`, `rpg/`)."""
+
+
+# ---------------------------------------------------------------- configs
+
+
+@dataclass
+class KLPenaltyConfig:
+    estimator: str = "k3"
+    """Per-token estimator: k1, k2, k3 (GRPO, uncorrected), k3_iw (importance-weighted, corrected)."""
+    coef: float = 0.0
+    """Penalty coefficient beta; 0 turns the penalty off (and no reference model is needed)."""
+
+    def __post_init__(self):
+        _check_name(_kl.KL_ESTIMATORS, self.estimator, "kl_penalty.estimator")
+        _check(self.coef >= 0, "kl_penalty.coef", self.coef, "a number >= 0")
+
+
+@dataclass
+class ObjectiveConfig:
+    """Keys common to every objective."""
+
+    aggregation: str = "token-mean"
+    """Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm."""
+    kl_penalty: Optional[KLPenaltyConfig] = None
+    """KL-to-reference penalty {estimator, coef}; None or coef 0 for none."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss gets -entropy_coef * mean entropy (needs `entropy` in the batch)."""
+    advantage: str = "grpo"
+    """Advantage estimator the trainer uses with this objective: grpo, dr_grpo, rloo."""
+    max_len: Optional[int] = None
+    """T_max of seq-mean-token-sum-norm (the generation budget); None: the batch's padded width."""
+
+    def __post_init__(self):
+        _check_name(_agg.AGGREGATIONS, self.aggregation, "aggregation")
+        _check_name(_adv.ADVANTAGES, self.advantage, "advantage")
+        if isinstance(self.kl_penalty, dict):
+            self.kl_penalty = from_dict(KLPenaltyConfig, self.kl_penalty, "kl_penalty")
+        _check(self.max_len is None or self.max_len > 0, "max_len", self.max_len, "a positive integer or null")
+
+    def required_fields(self) -> list[str]:
+        """TokenBatch fields this objective needs beyond logprobs, old_logprobs, advantages, mask."""
+        need = []
+        if self.uses_reference():
+            need.append("ref_logprobs")
+        if self.entropy_coef != 0:
+            need.append("entropy")
+        return need
+
+    def uses_reference(self) -> bool:
+        """Whether a reference model's log-probs are needed (the trainer loads it only then)."""
+        return self.kl_penalty is not None and self.kl_penalty.coef > 0
+
+
+def _check(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: got {value!r}, expected {expected}")
+
+
+def _check_name(registry: Registry, name: str, key: str) -> None:
+    if name not in registry:
+        raise ConfigError(f"{key}: {unknown_name_message(registry.kind, name, registry.names())}")
+
+
+def _check_eps(cfg, *names: str) -> None:
+    for n in names:
+        _check(getattr(cfg, n) >= 0, n, getattr(cfg, n), "a number >= 0")
+
+
+def _check_dual(c: Optional[float]) -> None:
+    _check(c is None or c > 1, "dual_clip_c", c, "a number > 1, or null to disable the dual clip")
+
+
+@dataclass
+class PPOClipConfig(ObjectiveConfig):
+    """PPO/GRPO/DAPO ratio clipping with bounds [1 - eps_low, 1 + eps_high]."""
+
+    eps_low: float = 0.2
+    """Lower clip: the ratio may fall to 1 - eps_low for negative advantages."""
+    eps_high: float = 0.2
+    """Upper clip: the ratio may rise to 1 + eps_high for positive advantages (DAPO: 0.28)."""
+    dual_clip_c: Optional[float] = None
+    """Dual clip: for A < 0 the loss is capped at -c A (c > 1); null disables it."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_eps(self, "eps_low", "eps_high")
+        _check_dual(self.dual_clip_c)
+
+
+@dataclass
+class DivergenceClipConfig(ObjectiveConfig):
+    """Clip by a policy divergence: keep tokens with D(w) <= delta (ATR-GRPO with kl3)."""
+
+    measure: Any = "kl3"
+    """Divergence measure: ratio, log_ratio, kl2, kl3, kl3_reverse, chi2, hellinger, or a callable D(w)."""
+    delta: float = 0.0231
+    """Trust-region size; kl3 with 0.0231 gives [0.800, 1.231] (PPO's lower bound, wider upper)."""
+    dual_clip_c: Optional[float] = None
+    """Dual clip bound c > 1 for negative advantages; null disables it."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.measure, str):
+            _check_name(_div.MEASURES, self.measure, "measure")
+        elif not callable(self.measure):
+            raise ConfigError(f"measure: got {self.measure!r}, expected one of {', '.join(_div.MEASURES.names())} or a callable")
+        _check(self.delta > 0, "delta", self.delta, "a number > 0")
+        _check_dual(self.dual_clip_c)
+        self.bounds = _div.interval(self.measure, self.delta)
+
+
+@dataclass
+class GSPOConfig(ObjectiveConfig):
+    """GSPO: sequence-level ratio (geometric mean of token ratios), clipped per sequence."""
+
+    aggregation: str = "seq-mean-token-mean"
+    """GSPO's default; with it the gradient equals that of GSPO's sequence-level objective."""
+    eps_low: float = 3e-4
+    """Lower clip of the sequence ratio."""
+    eps_high: float = 4e-4
+    """Upper clip of the sequence ratio."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_eps(self, "eps_low", "eps_high")
+
+
+@dataclass
+class CISPOConfig(ObjectiveConfig):
+    """CISPO: clip the importance weight (stop-gradient), keep every token's gradient."""
+
+    eps_low: float = 1.0
+    """Lower truncation of the weight at 1 - eps_low (1.0: no lower bound, as in MiniMax-M1)."""
+    eps_high: float = 0.28
+    """Upper truncation of the weight at 1 + eps_high."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_eps(self, "eps_low", "eps_high")
+
+
+@dataclass
+class ReinforceConfig(ObjectiveConfig):
+    """Plain REINFORCE: l = -A lp."""
+
+    importance_weight: bool = False
+    """Multiply by SG(w) (unbiased off-policy; unbounded variance)."""
+
+
+@dataclass
+class RPGConfig(ObjectiveConfig):
+    """Regularized Policy Gradient [RPG, arXiv 2505.17508]."""
+
+    kl: Literal["fkl", "ufkl", "rkl", "urkl"] = "urkl"
+    """KL regulariser: fkl/ufkl (forward, normalised/unnormalised), rkl/urkl (reverse)."""
+    form: Literal["differentiable", "reinforce"] = "reinforce"
+    """differentiable: -w A + beta term (Table 1); reinforce: -SG(w A + C_KL) lp (Table 2)."""
+    beta: float = 1e-4
+    """KL coefficient."""
+    anchor: Literal["old", "ref"] = "old"
+    """The policy the KL is taken to: old (pi_old, the paper's choice) or ref (needs ref_logprobs)."""
+    clip: Literal["none", "rpg"] = "rpg"
+    """rpg: RPG-Style Clip (reinforce form, Algorithm 2) or dual-clip + clamped KL (differentiable form)."""
+    eps_low: float = 0.2
+    """Lower clip."""
+    eps_high: float = 0.28
+    """Upper clip."""
+    dual_clip_c: Optional[float] = 10.0
+    """Dual-clip bound for negative advantages; null disables it."""
+    branch_on: Literal["regularized_advantage", "advantage"] = "regularized_advantage"
+    """RPG-Style Clip branches on the sign of A' = A + C_KL / w (SPEC) or of A (authors' code)."""
+    advantage: str = "dr_grpo"
+    """RPG uses A = R - group mean, no std division ([RPG] section 4)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_eps(self, "eps_low", "eps_high")
+        _check(self.beta >= 0, "beta", self.beta, "a number >= 0")
+        _check_dual(self.dual_clip_c)
+
+    def required_fields(self) -> list[str]:
+        need = super().required_fields()
+        if self.anchor == "ref" and "ref_logprobs" not in need:
+            need.append("ref_logprobs")
+        return need
+
+    def uses_reference(self) -> bool:
+        return super().uses_reference() or self.anchor == "ref"
+
+
+@dataclass
+class ETRConfig(ObjectiveConfig):
+    """Elastic Trust Regions (reconstruction; see tether.core.etr)."""
+
+    eps_low: float = 0.2
+    """Base lower clip before scaling."""
+    eps_high: float = 0.28
+    """Base upper clip before scaling."""
+    alpha: float = 0.5
+    """Micro factor 1 + alpha tanh(|A|); 0 turns it off."""
+    eta: float = 0.5
+    """Macro factor 1 + eta (nu_g - mean nu); 0 turns it off."""
+    eps_min: float = 0.05
+    """Floor of the per-sample eps."""
+    eps_max: float = 0.5
+    """Ceiling of the per-sample eps."""
+    macro: Literal["explicit", "implicit", "off"] = "explicit"
+    """explicit: group-variance factor; implicit: un-normalised |R - mean| in micro, eta = 0; off: micro only."""
+    reward_range: Optional[tuple[float, float]] = None
+    """(R_min, R_max) for var_max; null: the batch's observed range."""
+    dual_clip_c: Optional[float] = None
+    """Dual clip bound c > 1; null disables it."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_eps(self, "eps_low", "eps_high", "alpha", "eta", "eps_min")
+        _check(self.eps_max >= self.eps_min, "eps_max", self.eps_max, f"a number >= eps_min ({self.eps_min})")
+        _check_dual(self.dual_clip_c)
+        if self.reward_range is not None:
+            _check(len(self.reward_range) == 2 and self.reward_range[1] > self.reward_range[0],
+                   "reward_range", self.reward_range, "[R_min, R_max] with R_max > R_min")
+
+    def required_fields(self) -> list[str]:
+        need = super().required_fields()
+        return need + (["rewards", "group_ids"] if self.macro != "off" else [])
+
+
+# ---------------------------------------------------------------- surrogate functions
+
+Extra = dict[str, torch.Tensor]
+LossFn = Callable[[Any, TokenBatch, torch.Tensor, torch.Tensor], "tuple[_sur.TokenLoss, Extra]"]
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    config: type
+    loss: LossFn
+
+
+OBJECTIVES: Registry[ObjectiveSpec] = Registry("objective")
+
+
+def objective(name: str, config: type):
+    def decorator(fn: LossFn) -> LossFn:
+        OBJECTIVES.register(name)(ObjectiveSpec(config, fn))
+        return fn
+
+    return decorator
+
+
+@objective("ppo_clip", PPOClipConfig)
+def _ppo_clip(cfg: PPOClipConfig, b: TokenBatch, lp, old):
+    return _sur.ppo_clip(lp, old, b.advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c), {}
+
+
+@objective("divergence_clip", DivergenceClipConfig)
+def _divergence_clip(cfg: DivergenceClipConfig, b: TokenBatch, lp, old):
+    low, high = cfg.bounds
+    out = _sur.divergence_clip(lp, old, b.advantages, low, high, cfg.dual_clip_c)
+    ref = torch.ones((), dtype=lp.dtype, device=lp.device)
+    return out, {"policy/clip_bound_low": ref * low, "policy/clip_bound_high": ref * high}
+
+
+@objective("gspo", GSPOConfig)
+def _gspo(cfg: GSPOConfig, b: TokenBatch, lp, old):
+    return _sur.gspo(lp, old, b.advantages, b.mask, cfg.eps_low, cfg.eps_high), {}
+
+
+@objective("cispo", CISPOConfig)
+def _cispo(cfg: CISPOConfig, b: TokenBatch, lp, old):
+    return _sur.cispo(lp, old, b.advantages, cfg.eps_low, cfg.eps_high), {}
+
+
+@objective("reinforce", ReinforceConfig)
+def _reinforce(cfg: ReinforceConfig, b: TokenBatch, lp, old):
+    return _sur.reinforce(lp, old, b.advantages, cfg.importance_weight), {}
+
+
+@objective("rpg", RPGConfig)
+def _rpg_loss(cfg: RPGConfig, b: TokenBatch, lp, old):
+    log_q = _rpg.anchor_log_q(old, _masked_fill(b.ref_logprobs, b.mask) if cfg.anchor == "ref" else None)
+    args = (cfg.kl, lp, old, b.advantages, cfg.beta, log_q)
+    if cfg.form == "reinforce":
+        out = (
+            _rpg.rpg_style_clip(*args, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c, cfg.branch_on)
+            if cfg.clip == "rpg"
+            else _rpg.rpg_reinforce(*args)
+        )
+    else:
+        out = (
+            _rpg.rpg_clipped_differentiable(*args, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c)
+            if cfg.clip == "rpg"
+            else _rpg.rpg_differentiable(*args)
+        )
+    log_w = _sur.log_ratio(lp, old).detach()
+    m = b.mask
+    extra = {
+        "rpg/c_kl_mean": masked_mean(_rpg.c_kl(cfg.kl, cfg.beta, log_w, log_q), m),
+        # k3 estimate of the divergence between the policy and its anchor (drives SPEC 2.5's refresh).
+        "rpg/kl_anchor": masked_mean(k3_of_log(log_q - log_w), m),
+    }
+    return out, extra
+
+
+_PASS_BUCKETS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0001))
+
+
+@objective("etr", ETRConfig)
+def _etr_loss(cfg: ETRConfig, b: TokenBatch, lp, old):
+    bounds = _etr.etr_bounds(
+        b.advantages, b.rewards, b.group_ids, cfg.eps_low, cfg.eps_high, cfg.alpha, cfg.eta,
+        cfg.eps_min, cfg.eps_max, cfg.macro, cfg.reward_range,
+    )
+    eps_low, eps_high = (e[:, None] if e.dim() == 1 else e for e in (bounds.eps_low, bounds.eps_high))
+    out = _sur.ppo_clip(lp, old, b.advantages, eps_low, eps_high, cfg.dual_clip_c)
+    m = b.mask
+    extra = {
+        "etr/eps_low_mean": masked_mean(eps_low.expand_as(lp), m),
+        "etr/eps_high_mean": masked_mean(eps_high.expand_as(lp), m),
+        "etr/nu_mean": bounds.nu.mean(),
+    }
+    # Effective upper eps per pass-rate bucket: where the update budget goes.
+    seq_eps_high = eps_high.expand_as(lp)
+    seq_eps_high = (seq_eps_high * m).sum(-1) / m.sum(-1).clamp(min=1)  # (N,)
+    for lo, hi in _PASS_BUCKETS:
+        inb = ((bounds.pass_rate >= lo) & (bounds.pass_rate < hi)).to(lp.dtype)
+        name = f"etr/eps_high_pass_{int(lo * 100)}-{min(int(hi * 100), 100)}"
+        extra[name] = (seq_eps_high * inb).sum() / inb.sum().clamp(min=1)
+    return out, extra
+
+
+# ---------------------------------------------------------------- the objective
+
+
+def _masked_fill(x: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torch.Tensor]:
+    """Zero the padding of a log-prob tensor so no inf/NaN there can reach a gradient."""
+    if x is None:
+        return None
+    return torch.where(mask.bool(), x, torch.zeros_like(x))
+
+
+class Objective:
+    """A built objective: `obj(batch) -> ObjectiveOutput`. See the module docstring."""
+
+    def __init__(self, name: str, config: ObjectiveConfig):
+        self.name = name
+        self.config = config
+        self._loss = OBJECTIVES.get(name).loss
+
+    def __repr__(self) -> str:
+        return f"Objective({self.name!r}, {self.config})"
+
+    def uses_reference(self) -> bool:
+        return self.config.uses_reference()
+
+    def normalizer(self, mask: torch.Tensor) -> torch.Tensor:
+        """The aggregation normaliser of a whole mini-batch; pass it as `TokenBatch.loss_norm`."""
+        return _agg.normalizer(self.config.aggregation, mask, self.config.max_len)
+
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        return _adv.compute_advantages(self.config.advantage, rewards, group_ids)
+
+    def __call__(self, batch: TokenBatch) -> ObjectiveOutput:
+        self._validate(batch)
+        cfg, m = self.config, batch.mask
+        lp = _masked_fill(batch.logprobs, m)
+        old = _masked_fill(batch.old_logprobs, m).detach()
+        tokens, extra = self._loss(cfg, batch, lp, old)
+
+        def reduce(x: torch.Tensor) -> torch.Tensor:
+            return _agg.aggregate(x, m, cfg.aggregation, batch.loss_norm, cfg.max_len)
+
+        policy_loss = reduce(tokens.loss)
+        total = policy_loss
+        metrics: dict[str, torch.Tensor] = {"loss/policy": policy_loss.detach()}
+        log_w = _sur.log_ratio(lp, old).detach()
+        if batch.ref_logprobs is not None:
+            ref = _masked_fill(batch.ref_logprobs, m).detach()
+            metrics["kl/ref"] = masked_mean(k3_of_log(ref - lp.detach()), m)
+            if cfg.kl_penalty is not None and cfg.kl_penalty.coef > 0:
+                pen = reduce(_kl.kl_penalty(cfg.kl_penalty.estimator, lp, ref, old))
+                total = total + cfg.kl_penalty.coef * pen
+                metrics["loss/kl_penalty"] = pen.detach()
+        if batch.entropy is not None:
+            ent = _masked_fill(batch.entropy, m)
+            metrics["policy/entropy"] = masked_mean(ent.detach(), m)
+            if cfg.entropy_coef != 0:
+                ent_loss = reduce(ent)
+                total = total - cfg.entropy_coef * ent_loss
+                metrics["loss/entropy"] = ent_loss.detach()
+        w = torch.exp(log_w)
+        metrics.update(
+            {
+                "loss/total": total.detach(),
+                "policy/clipfrac_low": masked_fraction(tokens.clip_low, m),
+                "policy/clipfrac_high": masked_fraction(tokens.clip_high, m),
+                "policy/clipfrac_dual": masked_fraction(tokens.clip_dual, m),
+                "policy/ratio_mean": masked_mean(w, m),
+                "policy/ratio_min": masked_min(w, m, empty=1.0),
+                "policy/ratio_max": masked_max(w, m, empty=1.0),
+                # E_old[k3(pi_theta / pi_old)] = UKL(pi_old || pi_theta): how far the updates moved.
+                "policy/kl_old": masked_mean(k3_of_log(log_w), m),
+            }
+        )
+        metrics.update({k: v.detach() for k, v in extra.items()})
+        return ObjectiveOutput(total, metrics)
+
+    def _validate(self, batch: TokenBatch) -> None:
+        for name in self.config.required_fields():
+            if getattr(batch, name) is None:
+                raise ValueError(
+                    f"objective {self.name!r} needs TokenBatch.{name}, which is None "
+                    f"({_WHY_NEEDED.get(name, '')}); pass it or change the config"
+                )
+        shape = batch.logprobs.shape
+        if batch.logprobs.dim() != 2:
+            raise ValueError(f"logprobs must be (N, T); got shape {tuple(shape)}")
+        for name in ("old_logprobs", "mask", "ref_logprobs", "entropy"):
+            t = getattr(batch, name)
+            if t is not None and t.shape != shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")
+        adv = batch.advantages
+        if adv.shape not in (shape, shape[:1]):
+            raise ValueError(f"advantages must be (N,) or (N, T) = {tuple(shape)}; got {tuple(adv.shape)}")
+        for name in ("rewards", "group_ids"):
+            t = getattr(batch, name)
+            if t is not None and t.shape != shape[:1]:
+                raise ValueError(f"{name} must be (N,) = ({shape[0]},); got {tuple(t.shape)}")
+
+
+_WHY_NEEDED = {
+    "ref_logprobs": "the KL penalty or anchor='ref' compares against the reference policy",
+    "entropy": "entropy_coef != 0 adds an entropy bonus",
+    "rewards": "ETR's macro factor uses each group's reward variance; or set macro='off'",
+    "group_ids": "ETR's macro factor needs to know which samples share a prompt; or set macro='off'",
+}
+
+
+# ---------------------------------------------------------------- presets and build
+
+
+def preset_names() -> list[str]:
+    files = resources.files("tether").joinpath("presets").iterdir()
+    return sorted(f.name[: -len(".yaml")] for f in files if f.name.endswith(".yaml"))
+
+
+def load_preset(name: str) -> dict:
+    """The preset's YAML as a dict (`name` is the objective it selects)."""
+    if name not in preset_names():
+        raise KeyError(unknown_name_message("preset", name, preset_names()))
+    text = resources.files("tether").joinpath("presets", f"{name}.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def names() -> list[str]:
+    """Registered objective names (the surrogates; presets are listed by `preset_names`)."""
+    return OBJECTIVES.names()
+
+
+def resolve(spec: Union[str, dict]) -> dict:
+    """A preset name, objective name, or dict -> the full dict {name, **params} it stands for."""
+    if isinstance(spec, str):
+        spec = {"preset": spec} if spec in preset_names() else {"name": spec}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"an objective is a preset name, an objective name or a mapping; got {spec!r}")
+    spec = dict(spec)
+    if "preset" in spec:
+        base = load_preset(spec.pop("preset"))
+        if "name" in spec and spec["name"] != base["name"]:
+            raise ConfigError(f"preset selects objective {base['name']!r} but 'name' says {spec['name']!r}; drop one")
+        if isinstance(spec.get("kl_penalty"), dict) and isinstance(base.get("kl_penalty"), dict):
+            spec["kl_penalty"] = {**base["kl_penalty"], **spec["kl_penalty"]}
+        spec = {**base, **spec}
+    if "name" not in spec:
+        raise ConfigError(
+            f"an objective mapping needs 'name' ({', '.join(names())}) or 'preset' ({', '.join(preset_names())})"
+        )
+    return spec
+
+
+def build(spec: Union[str, dict]) -> Objective:
+    """Build an objective from a preset name, an objective name, or a config mapping."""
+    spec = resolve(spec)
+    name = spec.pop("name")
+    if name not in OBJECTIVES:
+        raise ConfigError(unknown_name_message("objective", name, names() + [f"{p} (preset)" for p in preset_names()]))
+    config = from_dict(OBJECTIVES.get(name).config, spec, "objective")
+    return Objective(name, config)
+
+
+def describe(obj: Objective) -> dict:
+    """The objective's full resolved config as plain data (for run directories and reports)."""
+    d = {"name": obj.name, **to_dict(obj.config)}
+    if callable(d.get("measure")):
+        d["measure"] = getattr(d["measure"], "__name__", "callable")
+    return d
