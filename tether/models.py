@@ -1,0 +1,187 @@
+"""Loading causal language models, and building tiny ones for CPU experiments.
+
+Two entry points:
+
+- `load_model` opens any Hugging Face causal LM (a hub id or a local directory) and fixes the
+  two tokenizer settings that batched generation depends on: a pad token (falling back to eos)
+  and left padding, so the last prompt token of every row sits in the last column.
+- `init_model` writes a freshly initialised Llama- or Qwen2-architecture model of about a
+  million parameters, with a character-level tokenizer, into a directory that `load_model`
+  (i.e. `from_pretrained`) then reads like any other checkpoint. A character vocabulary keeps
+  the synthetic tasks (arithmetic, countdown) learnable in seconds on a laptop CPU: one token
+  per digit means the model never has to learn how a BPE merged "123".
+
+The tokenizer is a real `PreTrainedTokenizerFast` (a `tokenizers` WordLevel model over the
+characters, a `Split` pre-tokenizer that isolates every character, a `Fuse` decoder that joins
+them back without spaces), so the rest of tether treats it exactly like a hub tokenizer.
+It adds no BOS/EOS when encoding: `decode(encode(s)) == s` for every string over the charset.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Arch = Literal["llama", "qwen2"]
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+
+# Printable ASCII and newline: digits, letters, space and all punctuation the task prompts,
+# templates and answers use (+-*/()=:,.?! and the LaTeX characters \{}^_$ of math answers).
+DEFAULT_CHARSET = (
+    string.digits + string.ascii_lowercase + string.ascii_uppercase + " \n" + string.punctuation
+)
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: DType, device: str | torch.device) -> torch.dtype:
+    """Map a dtype name to a torch dtype; "auto" is float32 on CPU and bfloat16 on CUDA."""
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {['auto', *_DTYPES]}")
+    return _DTYPES[dtype]
+
+
+def _check_source(name_or_path: str) -> None:
+    """Raise a helpful error for a path that neither exists nor looks like a hub id."""
+    if Path(name_or_path).expanduser().exists():
+        return
+    looks_local = name_or_path.startswith(("/", ".", "~")) or "\\" in name_or_path
+    if looks_local or not _HUB_ID.match(name_or_path) or ".." in name_or_path:
+        raise FileNotFoundError(
+            f"model {name_or_path!r} is neither an existing directory nor a Hugging Face hub id "
+            "('owner/name'). Check the path, create a tiny model there with "
+            "`tether.models.init_model(path)`, or pass a hub id such as 'Qwen/Qwen2.5-0.5B'."
+        )
+
+
+def prepare_tokenizer(tokenizer: Any) -> Any:
+    """Give a tokenizer a pad token (eos when it has none) and left padding, in place.
+
+    Left padding is what batched decoding needs: every row's next token is predicted from the
+    last column. Returns the same tokenizer for chaining.
+    """
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("tokenizer has neither a pad nor an eos token; set one explicitly")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model(
+    name_or_path: str | Path,
+    dtype: DType = "auto",
+    device: str | torch.device = "cpu",
+    gradient_checkpointing: bool = False,
+) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer from a hub id or a local directory.
+
+    Args:
+        name_or_path: hub id ("Qwen/Qwen2.5-0.5B") or a directory written by `save_pretrained`
+            (for example by `init_model`).
+        dtype: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16" or "float16".
+        device: where to put the model.
+        gradient_checkpointing: trade compute for activation memory during training.
+
+    Returns:
+        (model, tokenizer); the tokenizer has a pad token and padding_side="left".
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = str(name_or_path)
+    _check_source(source)
+    if Path(source).expanduser().exists():
+        source = str(Path(source).expanduser())
+    torch_dtype = resolve_dtype(dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device)
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(source))
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model, tokenizer
+
+
+def char_tokenizer(charset: str = DEFAULT_CHARSET) -> Any:
+    """A character-level `PreTrainedTokenizerFast`: ids 0-3 are <pad> <bos> <eos> <unk>.
+
+    Every character of `charset` is one token; any other character encodes to <unk>.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list(dict.fromkeys(charset))  # de-duplicate, keep order
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    # [\s\S] rather than ".": Oniguruma's "." does not match newline, and "isolated" would then
+    # keep "\n\n" as one (unknown) piece.
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        clean_up_tokenization_spaces=False,
+    )
+    return prepare_tokenizer(tokenizer)
+
+
+def init_model(
+    out_dir: str | Path,
+    arch: Arch = "llama",
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    max_positions: int = 256,
+    seed: int = 0,
+    charset: str | None = None,
+) -> Path:
+    """Write a randomly initialised tiny causal LM and its character tokenizer to `out_dir`.
+
+    The MLP width is 4 x hidden_size; with the defaults (128 x 4 layers, ~100 characters) the
+    model has about 1.1M parameters. Embeddings are untied, as in the measured CPU baselines.
+
+    Returns:
+        the directory, loadable with `load_model(out_dir)`.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+    tokenizer = char_tokenizer(DEFAULT_CHARSET if charset is None else charset)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    archs = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if arch not in archs:
+        raise ValueError(f"unknown arch {arch!r}; valid: {sorted(archs)}")
+    config_cls, model_cls = archs[arch]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**common))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
