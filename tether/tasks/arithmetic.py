@@ -1,0 +1,73 @@
+"""Multi-digit arithmetic: "23+58=" -> "81".
+
+The compact prompt suits a character-level model: one token per digit and no words to learn.
+Operands are drawn uniformly from [0, 10**digits), the operator uniformly from `ops`. Without
+`allow_negative`, a subtraction's operands are ordered so the answer is >= 0 (the model then
+never needs a minus sign). Answers are checked by exact string match.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Example, Split, draw_examples, stable_hash
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """Arithmetic task knobs.
+
+    Attributes:
+        digits: operands are drawn uniformly from [0, 10**digits).
+        ops: the operators to draw from, any of "+", "-", "*".
+        allow_negative: if False, "a-b" is drawn with a >= b.
+        test_fraction: share of all prompts held out as the test split.
+        seed: default seed of `examples`.
+    """
+
+    digits: int = 2
+    ops: str = "+-"
+    allow_negative: bool = False
+    test_fraction: float = 0.1
+    seed: int = 0
+    name: ClassVar[str] = "arithmetic"
+    reward: ClassVar[str] = "exact_match"
+
+    def __post_init__(self) -> None:
+        if self.digits < 1:
+            raise ValueError(f"digits must be >= 1, got {self.digits}")
+        bad = sorted(set(self.ops) - set(_OPS))
+        if not self.ops or bad:
+            raise ValueError(f"ops must be a non-empty string over {sorted(_OPS)}, got {self.ops!r}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+
+    def draw(self, rng: random.Random) -> Example:
+        """One random problem (of either split)."""
+        high = 10**self.digits - 1
+        a, b = rng.randint(0, high), rng.randint(0, high)
+        op = rng.choice(self.ops)
+        if op == "-" and not self.allow_negative and a < b:
+            a, b = b, a
+        prompt = f"{a}{op}{b}="
+        return Example(
+            id=f"{self.name}-{stable_hash(prompt):016x}",
+            prompt=prompt,
+            answer=str(_OPS[op](a, b)),
+            meta={"a": a, "b": b, "op": op},
+        )
+
+    def examples(
+        self, split: Split, n: int | None = None, *, seed: int | None = None, unique: bool = True
+    ) -> list[Example]:
+        """`n` problems of `split`, deterministic in `seed` (default: the task's seed)."""
+        seed = self.seed if seed is None else seed
+        return draw_examples(self.name, self.draw, split, n, seed, unique, self.test_fraction)
+
+    def solution(self, example: Example) -> str:
+        """The answer digits; the SFT loop appends the eos token."""
+        return example.answer

@@ -1,0 +1,182 @@
+"""Math word problems from files or the Hugging Face hub, and the prompts around them.
+
+`load_math_dataset` reads JSONL (no extra dependency), Parquet (pyarrow or pandas) or a
+`datasets` hub name, each imported only when that format is asked for, so the core install
+stays small. Gold answers stay strings (often LaTeX); the `math` reward verifies them with
+math-verify.
+
+Prompts are built in two steps: a named template wraps the problem ("boxed" asks for a
+`\\boxed{}` answer, which math-verify extracts most reliably), then, when the tokenizer has a
+chat template, `apply_chat_template` turns it into a user turn with the generation prompt.
+`MathTask` does both once at construction, so every `Example.prompt` is exactly what the
+engine sees; the raw problem stays in `meta["problem"]`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .base import Example, Split, check_split, split_of
+
+TEMPLATES: dict[str, str] = {
+    "plain": "{problem}",
+    "boxed": "{problem}\nPlease reason step by step, and put your final answer within \\boxed{}.",
+    "qa": "Question: {problem}\nAnswer:",
+}
+
+
+def apply_template(template: str, problem: str) -> str:
+    """Fill a template: a name from `TEMPLATES` or a literal string containing "{problem}"."""
+    text = TEMPLATES.get(template, template)
+    if "{problem}" not in text:
+        raise ValueError(
+            f"unknown template {template!r}; valid names: {sorted(TEMPLATES)}, "
+            "or a literal template containing '{problem}'"
+        )
+    return text.replace("{problem}", problem)  # not str.format: templates contain "\boxed{}"
+
+
+def render_prompt(tokenizer: Any, template: str, problem: str) -> str:
+    """The prompt text for `problem`: the template, inside the chat template if the tokenizer has one."""
+    text = apply_template(template, problem)
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+    return text
+
+
+def _read_rows(path_or_name: str, split: str | None) -> tuple[list[dict[str, Any]], str]:
+    """Rows of a JSONL / Parquet file or a hub dataset, and a stem for default ids."""
+    path = Path(path_or_name).expanduser()
+    if path.exists():
+        if split is not None:
+            raise ValueError(f"split={split!r} selects a hub dataset's split; {path} is a file, pass the file of that split")
+        if path.suffix == ".parquet":
+            return _read_parquet(path), path.stem
+        with path.open(encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()], path.stem
+    if path.suffix in (".jsonl", ".json", ".parquet") or path_or_name.startswith(("/", ".", "~")):
+        raise FileNotFoundError(f"math dataset file {path_or_name!r} does not exist")
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError(
+            f"{path_or_name!r} is not a file, so it is read as a Hugging Face dataset name, "
+            "which needs the `datasets` package: pip install datasets"
+        ) from err
+    rows = datasets.load_dataset(path_or_name, split=split or "train")
+    return [dict(row) for row in rows], path_or_name.replace("/", "_")
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    except ImportError:
+        pass
+    try:
+        import pandas as pd
+    except ImportError as err:
+        raise ImportError(f"reading {path} needs pyarrow (or pandas): pip install pyarrow") from err
+    return pd.read_parquet(path).to_dict(orient="records")
+
+
+def load_math_dataset(
+    path_or_name: str | Path,
+    problem_field: str = "problem",
+    answer_field: str = "answer",
+    split: str | None = None,
+    limit: int | None = None,
+) -> list[Example]:
+    """Examples from a JSONL/Parquet file or a `datasets` hub name.
+
+    `Example.prompt` is the raw problem (use `render_prompt`, or `MathTask`, for the model's
+    prompt); `meta` holds the row's other fields plus "problem". `split` applies to hub names only.
+    """
+    rows, stem = _read_rows(str(path_or_name), split)
+    rows = rows if limit is None else rows[:limit]
+    examples = []
+    for i, row in enumerate(rows):
+        missing = [f for f in (problem_field, answer_field) if f not in row]
+        if missing:
+            raise ValueError(f"{path_or_name}: row {i} has no field {missing}; its fields are {sorted(row)}")
+        problem, answer = str(row[problem_field]), str(row[answer_field])
+        meta = {k: v for k, v in row.items() if k not in (problem_field, answer_field)}
+        meta["problem"] = problem
+        examples.append(Example(id=str(row.get("id", f"{stem}-{i}")), prompt=problem, answer=answer, meta=meta))
+    return examples
+
+
+@dataclass
+class MathTask:
+    """Math problems with prompts rendered for a tokenizer.
+
+    Attributes:
+        train: file or hub name of the training problems.
+        test: file or hub name of the held-out problems; when None, a `test_fraction` share of
+            `train`'s problems (by hash of the problem) is held out instead.
+        template: a `TEMPLATES` name or a literal template containing "{problem}".
+        tokenizer: when it has a chat template, prompts are rendered as a user turn.
+        problem_field, answer_field: field names in the rows.
+        limit: read at most this many rows per source.
+        test_fraction: used only when `test` is None.
+        seed: default seed of the shuffle in `examples`.
+    """
+
+    train: str
+    test: str | None = None
+    template: str = "boxed"
+    tokenizer: Any = None
+    problem_field: str = "problem"
+    answer_field: str = "answer"
+    limit: int | None = None
+    test_fraction: float = 0.1
+    seed: int = 0
+    name: ClassVar[str] = "math"
+    reward: ClassVar[str] = "math"
+    _splits: dict[str, list[Example]] = field(init=False, repr=False)
+
+    def _load(self, source: str) -> list[Example]:
+        rows = load_math_dataset(source, self.problem_field, self.answer_field, limit=self.limit)
+        return [replace(ex, prompt=render_prompt(self.tokenizer, self.template, ex.prompt)) for ex in rows]
+
+    def __post_init__(self) -> None:
+        train = self._load(self.train)
+        if self.test is None:
+            self._splits = {"train": [], "test": []}
+            for ex in train:
+                self._splits[split_of(self.name, ex.meta["problem"], self.test_fraction)].append(ex)
+        else:
+            test = self._load(self.test)
+            held_out = {ex.meta["problem"] for ex in test}
+            self._splits = {"train": [ex for ex in train if ex.meta["problem"] not in held_out], "test": test}
+
+    def examples(
+        self, split: Split, n: int | None = None, *, seed: int | None = None, unique: bool = True
+    ) -> list[Example]:
+        """`n` examples of `split` in a seeded shuffle (all of them when n is None).
+
+        With `unique=False`, `n` may exceed the split's size (sampling with replacement).
+        """
+        check_split(split)
+        pool = self._splits[split]
+        rng = random.Random(f"{self.name}:{split}:{self.seed if seed is None else seed}")
+        if n is None:
+            n = len(pool)
+        if unique:
+            if n > len(pool):
+                raise ValueError(f"{split} has {len(pool)} problems, {n} requested")
+            return rng.sample(pool, n)
+        return [rng.choice(pool) for _ in range(n)]
+
+    def solution(self, example: Example) -> str:
+        """A reference solution: the row's "solution" if any, ending in the boxed answer."""
+        reasoning = str(example.meta.get("solution", "")).strip()
+        boxed = f"The answer is \\boxed{{{example.answer}}}."
+        return f"{reasoning}\n{boxed}" if reasoning else boxed
