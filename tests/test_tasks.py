@@ -27,7 +27,7 @@ needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"{MATH_DATA
 
 def test_registry():
     assert {"arithmetic", "countdown", "math"} <= set(task_names())
-    with pytest.raises(ValueError, match="valid: .*arithmetic"):
+    with pytest.raises(KeyError, match="Valid: .*arithmetic"):
         get_task("arithmetc")
     with pytest.raises(ValueError, match="digits"):
         get_task("arithmetic", digitz=2)

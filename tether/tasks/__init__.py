@@ -20,7 +20,7 @@ from .base import SPLITS, Example, Split, Task, split_of, stable_hash
 from .countdown import Countdown, solve_all
 from .expression import Evaluated, ExpressionError, check_countdown, evaluate
 from .math import TEMPLATES, MathTask, apply_template, load_math_dataset, render_prompt
-from .registry import Registry
+from ..core.registry import Registry
 
 TASKS: Registry[Callable[..., Task]] = Registry("task")
 TASKS.register("arithmetic")(Arithmetic)
@@ -49,7 +49,7 @@ def task_names() -> list[str]:
 
 __all__ = [
     "SPLITS", "TASKS", "TEMPLATES", "Arithmetic", "Countdown", "Evaluated", "Example",
-    "ExpressionError", "MathTask", "Registry", "Split", "Task", "apply_template",
+    "ExpressionError", "MathTask", "Split", "Task", "apply_template",
     "check_countdown", "evaluate", "get_task", "load_math_dataset", "render_prompt",
     "solve_all", "split_of", "stable_hash", "task_names",
 ]
