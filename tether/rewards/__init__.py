@@ -1,0 +1,126 @@
+"""Rewards: a registry of pure, typed verifiers, and weighted combinations of them.
+
+    reward = get_reward("exact_match")
+    reward = get_reward("overlong", max_tokens=64, cache=16)
+    reward = get_reward({"math": 1.0, "format": 0.1,
+                         "overlong": {"weight": 1.0, "max_tokens": 512, "cache": 128}})
+    results = score_batch(reward, completions, examples)   # list[RewardResult]
+
+Registered rewards are either plain functions (no parameters) or small frozen dataclasses
+whose fields are the parameters. A combination's score is sum_k w_k * score_k; its components
+are each reward's unweighted score under its name (and its own sub-components as "name/key").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..tasks import Example
+from ..core.registry import Registry
+from .base import RewardFn, RewardResult, score_batch
+from .math_verifier import Math, MathVerifier, math_verify_score
+from .simple import (
+    Format,
+    Overlong,
+    boxed_answers,
+    countdown,
+    exact_match,
+    overlong_penalty,
+    with_completion_tokens,
+)
+
+REWARDS: Registry[Any] = Registry("reward")
+REWARDS.register("exact_match")(exact_match)
+REWARDS.register("countdown")(countdown)
+REWARDS.register("format")(Format)
+REWARDS.register("overlong")(Overlong)
+REWARDS.register("math")(Math)
+
+
+@dataclass(frozen=True)
+class Combined:
+    """A weighted sum of named rewards.
+
+    Attributes:
+        parts: (name, weight, reward) triples, scored in this order.
+    """
+
+    parts: tuple[tuple[str, float, RewardFn], ...]
+
+    def _merge(self, results: Sequence[RewardResult]) -> RewardResult:
+        total, components, reasons = 0.0, {}, []
+        for (name, weight, _), result in zip(self.parts, results):
+            total += weight * result.score
+            components[name] = result.score
+            components.update({f"{name}/{k}": v for k, v in result.components.items() if k != name})
+            if result.reason:
+                reasons.append(f"{name}: {result.reason}")
+        return RewardResult(total, components, "; ".join(reasons))
+
+    def score_batch(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
+        per_part = [score_batch(reward, completions, examples) for _, _, reward in self.parts]
+        return [self._merge(row) for row in zip(*per_part)]
+
+    def __call__(self, completion: str, example: Example) -> RewardResult:
+        return self.score_batch([completion], [example])[0]
+
+
+def _build(name: str, params: Mapping[str, Any]) -> RewardFn:
+    entry = REWARDS.get(name)
+    if not isinstance(entry, type):
+        if params:
+            raise ValueError(f"reward {name!r} takes no parameters, got {sorted(params)}")
+        return entry
+    valid = [f.name for f in dataclasses.fields(entry) if f.init]
+    unknown = {k: difflib.get_close_matches(k, valid, n=1) for k in params if k not in valid}
+    if unknown:
+        raise ValueError(f"reward {name!r} has no parameter(s) {unknown}; valid: {valid}")
+    required = [
+        f.name for f in dataclasses.fields(entry)
+        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [k for k in required if k not in params]
+    if missing:
+        raise ValueError(f"reward {name!r} needs parameter(s) {missing}")
+    return entry(**params)
+
+
+def get_reward(name_or_config: str | Mapping[str, Any], **params: Any) -> RewardFn:
+    """A reward from a name (plus parameters) or a weighted config.
+
+    A config maps names to a weight, or to a dict of a "weight" and that reward's parameters:
+    `{"exact_match": 1.0, "format": 0.1}`, `{"overlong": {"weight": 1, "max_tokens": 64, "cache": 16}}`.
+    """
+    if isinstance(name_or_config, str):
+        return _build(name_or_config, params)
+    if params:
+        raise ValueError("pass parameters inside the config dict, not as keyword arguments")
+    if not name_or_config:
+        raise ValueError("empty reward config")
+    parts = []
+    for name, spec in name_or_config.items():
+        if isinstance(spec, Mapping):
+            spec = dict(spec)
+            weight = spec.pop("weight", 1.0)
+        else:
+            weight, spec = spec, {}
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ValueError(f"weight of reward {name!r} must be a number, got {weight!r}")
+        parts.append((name, float(weight), _build(name, spec)))
+    return Combined(tuple(parts))
+
+
+def reward_names() -> list[str]:
+    """Names of the registered rewards."""
+    return REWARDS.names()
+
+
+__all__ = [
+    "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "RewardFn",
+    "RewardResult", "boxed_answers", "countdown", "exact_match", "get_reward",
+    "math_verify_score", "overlong_penalty", "reward_names", "score_batch",
+    "with_completion_tokens",
+]

@@ -1,0 +1,59 @@
+"""The reward contract: pure functions from (completion, example) to a typed result.
+
+A reward never raises on model output: whatever the completion is (empty, huge, unicode,
+code), a failure to parse is score 0 with the reason in `RewardResult.reason`. Rewards are
+deterministic, so the same verifier serves training and evaluation.
+
+Completion convention: the text a reward receives is what the rollout engine decoded, without
+the stop token and cut before any stop string (see `tether.rollout`). Rewards do not cut at
+eos markers themselves; they compare the stripped text, so trailing text after an answer makes
+it wrong ("81 82" is not "81").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from ..tasks import Example
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A scored completion.
+
+    Attributes:
+        score: the scalar reward.
+        components: named parts, for logging (a single reward reports itself under its name).
+        reason: why the score is what it is, when that is not obvious ("" otherwise).
+    """
+
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+
+class RewardFn(Protocol):
+    """`(completion, example) -> RewardResult`; may also offer `score_batch`."""
+
+    def __call__(self, completion: str, example: Example) -> RewardResult: ...
+
+
+def score_batch(
+    reward: RewardFn, completions: Sequence[str], examples: Sequence[Example]
+) -> list[RewardResult]:
+    """Score many completions, through the reward's own batched path when it has one.
+
+    `examples[i]` is the example `completions[i]` answers (repeat it for samples of one prompt).
+    """
+    if len(completions) != len(examples):
+        raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
+    batched = getattr(reward, "score_batch", None)
+    if batched is not None:
+        return batched(completions, examples)
+    return [reward(c, e) for c, e in zip(completions, examples)]
+
+
+def brief(text: str, limit: int = 40) -> str:
+    """`text` shortened for a reason string."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")

@@ -1,0 +1,132 @@
+"""Rewards that need no worker process: exact match, countdown, format, DAPO overlong penalty.
+
+Overlong penalty (DAPO, arXiv 2503.14476, eq. 13), with L = completion tokens, L_max the
+generation limit and C the soft "cache" band before it:
+
+    R_len(L) = 0                       if L <= L_max - C
+             = -(L - (L_max - C)) / C  if L_max - C < L <= L_max
+             = -1                      if L > L_max
+
+Departure from the paper: DAPO applies it to truncated samples together with overlong
+filtering; here it is one more weighted component, combined by the caller's config.
+The completion length comes from `example.meta["completion_tokens"]` when the caller put it
+there (exact: `with_completion_tokens` does it from a rollout's mask); otherwise the number of
+characters is used, which is exact for tether's character-level tiny models only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from ..tasks import Example, check_countdown
+from .base import RewardResult, brief
+
+_BRACE = re.compile(r"[{}]")
+_BOXED = "\\boxed{"
+
+
+def exact_match(completion: str, example: Example) -> RewardResult:
+    """1 if the stripped completion equals the stripped gold answer, else 0."""
+    got, want = completion.strip(), example.answer.strip()
+    if got == want:
+        return RewardResult(1.0, {"exact_match": 1.0})
+    return RewardResult(0.0, {"exact_match": 0.0}, f"expected {brief(want)}, got {brief(got)}")
+
+
+def countdown(completion: str, example: Example) -> RewardResult:
+    """1 if the stripped completion is an expression reaching the target, each number used at most once."""
+    numbers, target = example.meta.get("numbers"), example.meta.get("target")
+    if numbers is None or target is None:
+        return RewardResult(0.0, {"countdown": 0.0}, "example has no meta['numbers'] / meta['target']")
+    ok, reason = check_countdown(completion.strip(), numbers, target)
+    return RewardResult(float(ok), {"countdown": float(ok)}, reason)
+
+
+def boxed_answers(text: str, limit: int = 64) -> list[str]:
+    """Contents of the `\\boxed{...}` in `text` (at most `limit`), in order, braces balanced.
+
+    One pass over the braces with a stack, so adversarial input ("\\boxed{" repeated without
+    closing, deep nesting) stays linear; unclosed boxes are ignored. When there are more than
+    `limit` boxes, the first `limit` to close are kept.
+    """
+    opens: list[tuple[int, bool]] = []  # (content start, opened by "\\boxed{")
+    found: list[tuple[int, str]] = []
+    for match in _BRACE.finditer(text):
+        i = match.start()
+        if text[i] == "{":
+            is_box = i + 1 >= len(_BOXED) and text.startswith(_BOXED, i + 1 - len(_BOXED))
+            opens.append((i + 1, is_box))
+        elif opens:
+            start, is_box = opens.pop()
+            if is_box:
+                found.append((start, text[start:i]))
+                if len(found) == limit:
+                    break
+    return [content for _, content in sorted(found)]
+
+
+@dataclass(frozen=True)
+class Format:
+    """1 if the completion has the required format, else 0.
+
+    Attributes:
+        pattern: a regular expression that must match somewhere (`re.search`); None means
+            "contains a non-empty, brace-balanced \\boxed{...}".
+    """
+
+    pattern: str | None = None
+
+    def __call__(self, completion: str, example: Example) -> RewardResult:
+        if self.pattern is None:
+            ok = any(answer.strip() for answer in boxed_answers(completion))
+            reason = "" if ok else "no non-empty \\boxed{} answer"
+        else:
+            ok = re.search(self.pattern, completion) is not None
+            reason = "" if ok else f"no match for {self.pattern!r}"
+        return RewardResult(float(ok), {"format": float(ok)}, reason)
+
+
+def overlong_penalty(num_tokens: int, max_tokens: int, cache: int) -> float:
+    """DAPO's soft overlong penalty in [-1, 0] (module docstring)."""
+    threshold = max_tokens - cache
+    if num_tokens <= threshold:
+        return 0.0
+    return -min(1.0, (num_tokens - threshold) / cache)
+
+
+@dataclass(frozen=True)
+class Overlong:
+    """DAPO's overlong penalty as a reward component.
+
+    Attributes:
+        max_tokens: the generation limit (max_new_tokens).
+        cache: length of the linear penalty band ending at max_tokens (0 < cache <= max_tokens).
+    """
+
+    max_tokens: int
+    cache: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cache <= self.max_tokens:
+            raise ValueError(f"need 0 < cache <= max_tokens, got cache={self.cache}, max_tokens={self.max_tokens}")
+
+    def __call__(self, completion: str, example: Example) -> RewardResult:
+        num_tokens = example.meta.get("completion_tokens")
+        source = "meta"
+        if not isinstance(num_tokens, int):
+            num_tokens, source = len(completion), "characters"
+        score = overlong_penalty(num_tokens, self.max_tokens, self.cache)
+        reason = f"{num_tokens} tokens ({source}) > {self.max_tokens - self.cache}" if score else ""
+        return RewardResult(score, {"overlong": score}, reason)
+
+
+def with_completion_tokens(examples: Sequence[Example], num_tokens: Sequence[int]) -> list[Example]:
+    """Copies of `examples` with `meta["completion_tokens"]` set, for `Overlong`.
+
+    Typical use: `with_completion_tokens(examples, batch.mask.sum(1).tolist())`.
+    """
+    if len(examples) != len(num_tokens):
+        raise ValueError(f"{len(examples)} examples but {len(num_tokens)} lengths")
+    return [replace(ex, meta={**ex.meta, "completion_tokens": int(n)}) for ex, n in zip(examples, num_tokens)]
