@@ -35,11 +35,92 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
+    """[CONFIG] [key=value ...]: the first item without '=' is the config file."""
+    path = None
+    overrides = []
+    for i, item in enumerate(items):
+        if "=" in item:
+            overrides.append(item)
+        elif i == 0:
+            path = item
+        else:
+            raise SystemExit(f"error: {item!r} is not key=value; only the first argument may be a config file")
+    return path, overrides
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .train import train
+
+    if args.help_config:
+        return _print_config_help()
+    if args.resume:
+        from pathlib import Path
+
+        cfg_path = Path(args.resume) / "config.yaml"
+        if not cfg_path.is_file():
+            raise SystemExit(f"error: {args.resume} has no config.yaml; is it a tether run directory?")
+        cfg = load_config(str(cfg_path), args.args)
+        train(cfg, resume_dir=args.resume)
+        return 0
+    path, overrides = _split_config_args(args.args)
+    cfg = load_config(path, overrides)
+    train(cfg)
+    return 0
+
+
+def _print_config_help() -> int:
+    from .config import describe_fields
+
+    for key, default, doc in describe_fields():
+        print(f"{key:<40} {default:<16} {doc}")
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .train import build_task_and_reward
+    from .warmstart import initial_model
+
+    path, overrides = _split_config_args(args.args)
+    cfg = load_config(path, [*overrides, "warm_start.enabled=true"])
+    task, reward_fn = build_task_and_reward(cfg)
+    print(initial_model(cfg, task, reward_fn))
+    return 0
+
+
+def cmd_init_model(args: argparse.Namespace) -> int:
+    from .models import init_model
+
+    init_model(args.out_dir, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.layers,
+               num_heads=args.heads, seed=args.seed)
+    print(f"wrote a tiny {args.arch} model and its character tokenizer to {args.out_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", description="RLVR for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="registered objectives, presets and trust-region intervals")
     p.set_defaults(func=cmd_list)
+    p = sub.add_parser("train", help="train a model with verifiable rewards",
+                       description="tether train [CONFIG] [key=value ...]  |  tether train --resume RUN_DIR")
+    p.add_argument("args", nargs="*", help="a YAML config file, then dotted overrides (trainer.total_steps=50)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser("sft", help="supervised warm start only (cached); prints the model path")
+    p.add_argument("args", nargs="*", help="a YAML config file, then dotted overrides")
+    p.set_defaults(func=cmd_sft)
+    p = sub.add_parser("init-model", help="build a tiny Llama/Qwen2 model with a character tokenizer")
+    p.add_argument("out_dir")
+    p.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_init_model)
     for register in _EXTRA_COMMANDS:
         register(sub)
     return parser
@@ -51,7 +132,13 @@ _EXTRA_COMMANDS: list = []
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return args.func(args)
+    from .schema import ConfigError
+
+    try:
+        return args.func(args)
+    except (ConfigError, FileExistsError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -556,7 +556,7 @@ def build(spec: Union[str, dict]) -> Objective:
     spec = resolve(spec)
     name = spec.pop("name")
     if name not in OBJECTIVES:
-        raise ConfigError(unknown_name_message("objective", name, names() + [f"{p} (preset)" for p in preset_names()]))
+        raise ConfigError(unknown_name_message("objective or preset", name, names() + preset_names()))
     config = from_dict(OBJECTIVES.get(name).config, spec, "objective")
     return Objective(name, config)
 

@@ -1,0 +1,269 @@
+"""The training configuration: nested dataclasses, a docstring under every field.
+
+Sources, later ones winning: the dataclass defaults, a YAML file, `key=value` overrides with
+dotted keys (`trainer.total_steps=50`, `objective=dapo`, `objective.eps_high=0.3`). Every
+value is validated on load: an unknown key names the nearest valid ones, a bad value says
+what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+from . import objectives
+from .schema import ConfigError, coerce, from_dict, to_dict, unknown_key_error
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "tiny"
+    """A hub id or local directory for `from_pretrained`, or `tiny`: a tiny model built by `tether init-model`."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype; auto is float32 on CPU and bfloat16 on GPU."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, about 30% slower)."""
+    tiny_arch: Literal["llama", "qwen2"] = "llama"
+    """Architecture of the `tiny` model."""
+    tiny_hidden_size: int = 128
+    """Hidden size of the `tiny` model."""
+    tiny_layers: int = 4
+    """Number of layers of the `tiny` model."""
+
+
+@dataclass
+class DataConfig:
+    task: str = "arithmetic"
+    """Task: arithmetic, countdown (synthetic, generated from the seed) or math (a dataset)."""
+    task_args: dict[str, Any] = field(default_factory=dict)
+    """Task knobs, e.g. {digits: 2, ops: "+-"} for arithmetic, {path: data.jsonl} for math."""
+    eval_size: int = 200
+    """Number of held-out problems scored at each evaluation."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """Rollout engine: hf (batched Hugging Face generation with a KV cache)."""
+    prompts_per_step: int = 16
+    """Prompts (groups) per rollout batch."""
+    group_size: int = 8
+    """Samples per prompt (G)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    max_new_tokens: int = 16
+    """Generation budget per sample; also T_max of seq-mean-token-sum-norm."""
+    stop_strings: list[str] = field(default_factory=list)
+    """Extra strings that end a sample (eos always does)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts."""
+    dynamic_sampling_max_rounds: int = 3
+    """Most extra sampling rounds per step when dynamic sampling is on."""
+
+
+@dataclass
+class RewardConfig:
+    name: str = "auto"
+    """Reward function name, or auto: the task's own verifier."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """Weighted combination instead of one reward, e.g. {math: 1.0, format: 0.1}."""
+    timeout_s: float = 5.0
+    """Hard timeout of the math verifier per call (the worker is killed on expiry)."""
+
+
+@dataclass
+class WarmStartConfig:
+    enabled: bool = True
+    """Supervised warm start on the task's reference solutions before RL (cached)."""
+    target_accuracy: float = 0.25
+    """Stop SFT when greedy held-out accuracy reaches this (RL needs some, not all, problems solved)."""
+    max_steps: int = 1500
+    """Most SFT steps."""
+    batch_size: int = 64
+    """SFT batch size (examples)."""
+    lr: float = 1e-3
+    """SFT learning rate."""
+    eval_every: int = 25
+    """SFT steps between accuracy checks."""
+    cache_dir: Optional[str] = None
+    """Where warm-started models are cached; null: $TETHER_CACHE or ~/.cache/tether."""
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 60
+    """Rollout steps (each: sample, score, then ppo_epochs x mini_batches optimiser steps)."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    mini_batches: int = 2
+    """Optimiser steps per pass; >= 2 makes the ratio differ from 1 so clipping acts."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
+    lr: float = 2e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 2
+    """Linear warmup in optimiser steps."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule after warmup."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 disables it."""
+    ref_update_every: int = 0
+    """Replace the reference/anchor model by the policy every K optimiser steps (0: never). SPEC 2.5."""
+    ref_update_kl: float = 0.0
+    """...or when the running mean of the k3 KL to the reference exceeds this (0: never)."""
+    eval_every: int = 10
+    """Rollout steps between held-out evaluations (also at step 0 and the last step)."""
+    save_every: int = 20
+    """Rollout steps between checkpoints (also at the last step)."""
+    keep_last: int = 2
+    """Checkpoints kept; older ones are deleted."""
+    log_samples: int = 4
+    """Completions per step written to samples.jsonl."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto (cuda when available)."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to RUN_DIR/tb."""
+    wandb: bool = False
+    """Log to Weights & Biases (needs `pip install wandb`)."""
+    wandb_project: str = "tether"
+    """Weights & Biases project."""
+    progress: bool = True
+    """Show a live progress bar."""
+    plots: bool = True
+    """Write PNG plots of the metrics at the end."""
+
+
+@dataclass
+class Config:
+    objective: Union[str, dict] = "atr_grpo"
+    """Objective: a preset or objective name (`tether list`), or a mapping {preset|name, params...}."""
+    output_dir: str = "runs/default"
+    """Run directory: config, metrics.jsonl, samples, TensorBoard, checkpoints, plots."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The task or dataset."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """The verifier."""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """Supervised warm start."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The optimisation loop."""
+
+    def __post_init__(self):
+        objectives.build(self.objective)  # validate now, before any expensive work
+        t, r = self.trainer, self.rollout
+        positive = {
+            "trainer.total_steps": t.total_steps, "trainer.ppo_epochs": t.ppo_epochs,
+            "trainer.mini_batches": t.mini_batches, "trainer.micro_batch_size": t.micro_batch_size,
+            "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
+            "rollout.max_new_tokens": r.max_new_tokens, "data.eval_size": self.data.eval_size,
+            "trainer.eval_every": t.eval_every, "trainer.save_every": t.save_every,
+            "trainer.keep_last": t.keep_last,
+        }
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{key}: got {value}, expected an integer >= 1")
+        if t.mini_batches > r.prompts_per_step:
+            raise ConfigError(
+                f"trainer.mini_batches: {t.mini_batches} mini-batches cannot split "
+                f"{r.prompts_per_step} prompt groups; use at most rollout.prompts_per_step"
+            )
+        if r.group_size < 2:
+            raise ConfigError("rollout.group_size: group-relative advantages need at least 2 samples per prompt")
+        if t.lr <= 0:
+            raise ConfigError(f"trainer.lr: got {t.lr}, expected a positive number")
+        if r.temperature < 0 or not 0 < r.top_p <= 1:
+            raise ConfigError("rollout.temperature must be >= 0 and rollout.top_p in (0, 1]")
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    """tree["a"]["b"] = value for "a.b", creating mappings on the way."""
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        if not isinstance(node.get(k), dict):
+            node[k] = {} if node.get(k) is None else ({"preset": node[k]} if k == "objective" and isinstance(node[k], str) else node[k])
+        if not isinstance(node[k], dict):
+            raise ConfigError(f"{dotted}: {k!r} is not a section that has keys")
+        node = node[k]
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`key=value` with the value read as YAML (numbers, lists, mappings, null)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not key=value (e.g. trainer.total_steps=50)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def _objective_tree(tree: dict) -> None:
+    """Objective overrides like objective.eps_high=0.3 apply on top of the chosen preset."""
+    obj = tree.get("objective")
+    if isinstance(obj, dict) and "preset" not in obj and "name" not in obj:
+        base = Config.__dataclass_fields__["objective"].default
+        tree["objective"] = {"preset": base, **obj}
+
+
+def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> Config:
+    """Defaults <- YAML file <- dotted overrides, validated."""
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {path!r} not found; pass a YAML file path or omit it to use the defaults")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        tree = loaded
+    for text in overrides:
+        key, value = parse_override(text)
+        top = key.split(".")[0]
+        if top not in Config.__dataclass_fields__:
+            raise unknown_key_error("", top, list(Config.__dataclass_fields__))
+        _set_dotted(tree, key, value)
+    _objective_tree(tree)
+    return from_dict(Config, tree)
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, docstring) for every field, for `tether train --help-config`."""
+    from .schema import field_docs
+
+    docs = field_docs(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        key = prefix + f.name
+        if dataclasses.is_dataclass(default):
+            rows.extend(describe_fields(type(default), key + "."))
+        else:
+            rows.append((key, repr(default), docs.get(f.name, "")))
+    return rows
+
+
+__all__ = ["Config", "ConfigError", "load_config", "save_config", "describe_fields", "coerce"]

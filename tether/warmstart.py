@@ -1,0 +1,89 @@
+"""The model RL starts from: a hub/local model as given, or a tiny model, optionally warm-started.
+
+RL with verifiable rewards needs a policy that already solves some problems: with a reward
+of 0 everywhere every advantage is 0. The warm start fine-tunes on the task's reference
+solutions until greedy held-out accuracy reaches `warm_start.target_accuracy` (CPU-NOTES:
+stop on an accuracy threshold, not a time budget), then caches the result keyed by
+everything that determines it, so the second run starts RL at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from .config import Config
+from .schema import to_dict
+
+
+def cache_root(cfg: Config) -> Path:
+    root = cfg.warm_start.cache_dir or os.environ.get("TETHER_CACHE") or Path.home() / ".cache" / "tether"
+    return Path(root).expanduser()
+
+
+def _key(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _tiny_model(cfg: Config) -> Path:
+    from .models import init_model
+
+    m = cfg.model
+    spec = {"arch": m.tiny_arch, "hidden": m.tiny_hidden_size, "layers": m.tiny_layers, "seed": cfg.trainer.seed}
+    path = cache_root(cfg) / "tiny" / _key(spec)
+    if not (path / "config.json").exists():
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        init_model(tmp, arch=m.tiny_arch, hidden_size=m.tiny_hidden_size, num_layers=m.tiny_layers, seed=cfg.trainer.seed)
+        _publish(tmp, path)
+    return path
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Atomic rename; if another process got there first, keep theirs."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def initial_model(cfg: Config, task, reward_fn, log=print) -> str:
+    """Path or hub id of the model RL starts from (building and warm-starting it if needed)."""
+    base = str(_tiny_model(cfg)) if cfg.model.name_or_path == "tiny" else cfg.model.name_or_path
+    ws = cfg.warm_start
+    if not ws.enabled:
+        return base
+    payload = {
+        "base": base if cfg.model.name_or_path != "tiny" else to_dict(cfg.model),
+        "task": cfg.data.task, "task_args": cfg.data.task_args,
+        "warm_start": {k: v for k, v in to_dict(ws).items() if k != "cache_dir"},
+        "seed": cfg.trainer.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
+    }
+    path = cache_root(cfg) / "warmstart" / _key(payload)
+    if (path / "warmstart.json").exists():
+        info = json.loads((path / "warmstart.json").read_text())
+        log(f"warm start: cached model {path} (greedy accuracy {info['accuracy']:.3f})")
+        return str(path)
+    from .models import load_model
+    from .sft import sft
+
+    log(f"warm start: supervised fine-tuning until held-out accuracy >= {ws.target_accuracy} (cached afterwards)")
+    model, tokenizer = load_model(base, dtype="float32", device="cpu")
+    tic = time.perf_counter()
+    result = sft(model, tokenizer, task, steps_max=ws.max_steps, batch_size=ws.batch_size, lr=ws.lr,
+                 eval_every=ws.eval_every, target_accuracy=ws.target_accuracy, seed=cfg.trainer.seed,
+                 max_new_tokens=cfg.rollout.max_new_tokens, log=log)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    info = {"accuracy": result["accuracy"], "steps": result["steps"], "seconds": time.perf_counter() - tic, **payload}
+    (tmp / "warmstart.json").write_text(json.dumps(info, indent=1, default=str))
+    _publish(tmp, path)
+    log(f"warm start: accuracy {result['accuracy']:.3f} after {result['steps']} steps ({info['seconds']:.0f} s)")
+    return str(path)
