@@ -1,0 +1,35 @@
+"""Rollouts: the token-level contract between sampling and training, and engines that fill it.
+
+    engine = get_engine("hf", model=model, tokenizer=tokenizer)
+    batch = engine.generate(prompts, n=8, params=SamplingParams(temperature=1.0, max_new_tokens=32), seed=0)
+
+An engine is anything with `generate(prompts, n, params, seed) -> RolloutBatch` (the
+`RolloutEngine` protocol); `hf` is the built-in one (our own KV-cache decode loop).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..core.registry import Registry
+from .base import FinishReason, RolloutBatch, RolloutEngine, SamplingParams
+from .hf import HFEngine, encode_prompts, sample_tokens, top_p_filter
+
+ENGINES: Registry[Callable[..., RolloutEngine]] = Registry("rollout engine")
+ENGINES.register("hf")(HFEngine)
+
+
+def get_engine(name: str, **kwargs: Any) -> RolloutEngine:
+    """Build the engine called `name` (kwargs go to its constructor)."""
+    return ENGINES.get(name)(**kwargs)
+
+
+def engine_names() -> list[str]:
+    """Names of the registered engines."""
+    return ENGINES.names()
+
+
+__all__ = [
+    "ENGINES", "FinishReason", "HFEngine", "RolloutBatch", "RolloutEngine", "SamplingParams",
+    "encode_prompts", "engine_names", "get_engine", "sample_tokens", "top_p_filter",
+]

@@ -1,0 +1,109 @@
+"""The rollout-to-trainer contract: what an engine returns, at token level.
+
+A `RolloutBatch` holds N = (number of prompts) x n samples; the n samples of one prompt are
+contiguous (rows i*n ... i*n+n-1 come from prompt i), and `prompt_index` says so explicitly,
+so the trainer can form groups without assumptions. Completion tensors are right-padded to the
+longest completion, T <= max_new_tokens.
+
+`sampler_logprobs` are the log-probabilities of the sampled tokens under the distribution the
+engine actually sampled from: log_softmax(logits / temperature) after top-p filtering (so they
+are <= 0 and renormalised over the nucleus). With temperature 0 (greedy) that distribution is
+a point mass, which carries no information, so the engine stores log_softmax(logits) of the
+unscaled model instead. At temperature 1 and top_p 1 they equal the model's own log-probs,
+which is what the trainer recomputes; the trainer never relies on them being that.
+
+The stop token counts: when generation stopped on eos, a stop token id or a stop string, the
+token that ended it is in `completion_ids` with `mask` True (the policy chose to stop, and
+that choice is trained). `completions` is the decoded text without the stop token, cut before
+a stop string, without padding: what rewards see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample.
+
+    Attributes:
+        temperature: softmax temperature; 0 means greedy (argmax).
+        top_p: nucleus sampling mass in (0, 1]; 1 disables it.
+        max_new_tokens: the most tokens generated per sample.
+        stop_strings: generation stops once the decoded completion contains any of these.
+        stop_token_ids: extra token ids that stop generation, besides the tokenizer's and the
+            model's eos ids (None: eos only).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop_strings: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if isinstance(self.stop_strings, str) or any(not s for s in self.stop_strings):
+            raise ValueError(f"stop_strings must be a tuple of non-empty strings, got {self.stop_strings!r}")
+
+
+@dataclass
+class RolloutBatch:
+    """N sampled completions, token level (module docstring).
+
+    Attributes:
+        prompt_ids: N lists of prompt token ids, unpadded (one per sample).
+        completion_ids: (N, T) long, right-padded with the pad id.
+        sampler_logprobs: (N, T) float32, log-prob of each sampled token under the sampling
+            distribution; 0 at padding.
+        mask: (N, T) bool, True for real completion tokens (the stop token included).
+        finish_reasons: N of "stop" (eos, stop token or stop string) or "length".
+        completions: N decoded texts, without the stop token, stop string or padding.
+        prompt_index: N indices into the prompt list; a prompt's samples are contiguous.
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    mask: torch.Tensor
+    finish_reasons: list[FinishReason]
+    completions: list[str]
+    prompt_index: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_ids)
+        shapes = {self.completion_ids.shape, self.sampler_logprobs.shape, self.mask.shape}
+        if len(shapes) != 1 or self.completion_ids.dim() != 2 or self.completion_ids.shape[0] != n:
+            raise ValueError(f"inconsistent shapes for {n} samples: {sorted(map(tuple, shapes))}")
+        lists = {len(self.finish_reasons), len(self.completions), len(self.prompt_index)}
+        if lists != {n}:
+            raise ValueError(f"per-sample lists must all have {n} entries")
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        """(N,) number of real completion tokens per sample."""
+        return self.mask.sum(-1)
+
+
+class RolloutEngine(Protocol):
+    """Anything that samples completions and returns the token-level contract."""
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None
+    ) -> RolloutBatch:
+        """Sample `n` completions for each prompt (samples of a prompt contiguous)."""
+        ...

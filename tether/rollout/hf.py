@@ -1,0 +1,209 @@
+"""A rollout engine on a plain Hugging Face causal LM: our own decode loop over the KV cache.
+
+Why not `model.generate`: the trainer needs the exact log-prob of every sampled token under the
+distribution it was drawn from, the stop token kept in the loss mask, text-level stop strings,
+and seeded reproducibility; owning the ~40-line loop gives all four without post-hoc
+recomputation, on CPU or CUDA alike (everything lives on the model's device).
+
+The loop, per chunk of B rows (prompts repeated n times, left-padded to length P):
+  1. one forward over the prompts with attention mask and position ids counted from each row's
+     first real token (left padding must not shift positions), keeping only the last logits;
+  2. each step: sample a token per row from softmax(logits / temperature) restricted to the
+     top-p nucleus (greedy at temperature 0), record its log-prob, and feed it back through the
+     cache. Rows that have finished keep receiving pad (their logits are ignored);
+  3. stop when every row has stopped or `max_new_tokens` is reached.
+Per step this is one forward plus a few vectorised ops and one host sync (the "all finished"
+test); stop strings add a batch decode of the last few tokens of the active rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import FinishReason, RolloutBatch, SamplingParams
+
+
+def encode_prompts(tokenizer: Any, prompts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+    """Token ids of each prompt, unpadded: the one encoding shared by rollouts and SFT.
+
+    Prompts are expected to be complete (a chat template already applied, which carries its own
+    BOS), hence no special tokens by default.
+    """
+    return tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Logits with every token outside the top-p nucleus set to -inf.
+
+    The nucleus is the smallest set of most likely tokens whose probability reaches `top_p`;
+    the most likely token is always kept. logits: (B, V) -> (B, V).
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # (B, V) probability of strictly more likely tokens
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; returns (tokens (B,), log-probs (B,) float32).
+
+    The log-prob is under the distribution sampled from (temperature, top-p); greedy returns
+    the unscaled model's log-prob of the argmax (see `tether.rollout.base`).
+    """
+    logits = logits.float()
+    if temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        return tokens, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits / temperature if temperature != 1 else logits
+    if top_p < 1:
+        scaled = top_p_filter(scaled, top_p)
+    logprobs = scaled.log_softmax(dim=-1)  # (B, V)
+    tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _eos_ids(model: Any, tokenizer: Any, extra: tuple[int, ...] | None) -> list[int]:
+    ids = {tokenizer.eos_token_id, *(extra or ())}
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(config_eos if isinstance(config_eos, (list, tuple)) else [config_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+class HFEngine:
+    """Batched sampling from a Hugging Face causal LM with the KV cache (module docstring).
+
+    Args:
+        model: a causal LM; generation runs on its device, in eval mode (restored afterwards).
+        tokenizer: its tokenizer; needs a pad token (see `tether.models.prepare_tokenizer`).
+        batch_size: rows (prompts x samples) per forward; None means all at once.
+        add_special_tokens: passed to the tokenizer when encoding prompts.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int | None = None, add_special_tokens: bool = False):
+        if tokenizer.pad_token_id is None:
+            raise ValueError("tokenizer has no pad token; load it with tether.models.load_model or set one")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.add_special_tokens = batch_size, add_special_tokens
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None
+    ) -> RolloutBatch:
+        """Sample `n` completions per prompt; the same seed gives the same tokens."""
+        if n < 1 or not prompts:
+            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
+        device = self.model.device
+        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+        encoded = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
+        prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
+        rows = [encoded[i] for i in prompt_index]
+        size = self.batch_size or len(rows)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                chunks = [self._generate_chunk(rows[s : s + size], params, generator) for s in range(0, len(rows), size)]
+        finally:
+            self.model.train(was_training)
+        return self._assemble(rows, prompt_index, chunks, params)
+
+    def _generate_chunk(
+        self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Decode one chunk; returns tokens (B, S), log-probs (B, S), lengths (B,), stopped (B,)."""
+        device, pad = self.model.device, self.tokenizer.pad_token_id
+        batch, plen, steps = len(rows), max(len(r) for r in rows), params.max_new_tokens
+        input_ids = torch.full((batch, plen), pad, dtype=torch.long)
+        attention = torch.ones((batch, plen + steps), dtype=torch.long)
+        for r, ids in enumerate(rows):
+            input_ids[r, plen - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[r, : plen - len(ids)] = 0
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention[:, :plen].cumsum(-1) - 1).clamp(min=0)  # (B, P)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention[:, :plen], position_ids=positions,
+            use_cache=True, logits_to_keep=1,
+        )
+        stop_ids = torch.tensor(_eos_ids(self.model, self.tokenizer, params.stop_token_ids), device=device)
+        tokens = torch.full((batch, steps), pad, dtype=torch.long, device=device)
+        logprobs = torch.zeros((batch, steps), dtype=torch.float32, device=device)
+        lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        next_pos = positions[:, -1:] + 1  # (B, 1)
+        for t in range(steps):
+            token, logprob = sample_tokens(out.logits[:, -1, :], params.temperature, params.top_p, generator)
+            token = token.masked_fill(finished, pad)
+            tokens[:, t], logprobs[:, t] = token, logprob.masked_fill(finished, 0.0)
+            lengths = torch.where(finished, lengths, t + 1)
+            stopped = ~finished & torch.isin(token, stop_ids)
+            if params.stop_strings:
+                stopped |= self._hit_stop_string(tokens[:, : t + 1], finished, params.stop_strings)
+            finished |= stopped
+            if t + 1 == steps or bool(finished.all()):
+                break
+            out = self.model(
+                input_ids=token[:, None], attention_mask=attention[:, : plen + t + 1],
+                position_ids=next_pos, past_key_values=out.past_key_values, use_cache=True,
+            )
+            next_pos = next_pos + 1
+        return tokens[:, : t + 1], logprobs[:, : t + 1], lengths, finished
+
+    def _hit_stop_string(self, tokens: torch.Tensor, finished: torch.Tensor, stops: tuple[str, ...]) -> torch.Tensor:
+        """(B,) bool: active rows whose last few decoded tokens contain a stop string.
+
+        The window spans as many tokens as the longest stop string has characters, plus slack;
+        checking every step means a stop string is found on the step that completes it.
+        """
+        window = max(len(s) for s in stops) + 2
+        active = (~finished).nonzero().squeeze(-1).tolist()
+        texts = self.tokenizer.batch_decode(tokens[active, -window:].tolist(), skip_special_tokens=True)
+        hit = torch.zeros_like(finished)
+        for row, text in zip(active, texts):
+            if any(s in text for s in stops):
+                hit[row] = True
+        return hit
+
+    def _assemble(
+        self,
+        rows: list[list[int]],
+        prompt_index: list[int],
+        chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+        params: SamplingParams,
+    ) -> RolloutBatch:
+        pad = self.tokenizer.pad_token_id
+        width = max(c[0].shape[1] for c in chunks)
+        ids = torch.cat([torch.nn.functional.pad(c[0], (0, width - c[0].shape[1]), value=pad) for c in chunks])
+        logprobs = torch.cat([torch.nn.functional.pad(c[1], (0, width - c[1].shape[1])) for c in chunks])
+        lengths = torch.cat([c[2] for c in chunks])
+        stopped = torch.cat([c[3] for c in chunks]).tolist()
+        mask = torch.arange(width, device=ids.device)[None, :] < lengths[:, None]  # (N, T)
+        trim = max(int(lengths.max()), 1)
+        ids, logprobs, mask = ids[:, :trim], logprobs[:, :trim], mask[:, :trim]
+        completions = self._decode(ids.tolist(), lengths.tolist(), stopped, params)
+        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped]
+        return RolloutBatch(
+            prompt_ids=[list(r) for r in rows], completion_ids=ids, sampler_logprobs=logprobs, mask=mask,
+            finish_reasons=reasons, completions=completions, prompt_index=prompt_index,
+        )
+
+    def _decode(self, ids: list[list[int]], lengths: list[int], stopped: list[bool], params: SamplingParams) -> list[str]:
+        """Completion texts: the stop token dropped, cut before the first stop string."""
+        stop_ids = set(_eos_ids(self.model, self.tokenizer, params.stop_token_ids))
+        texts = []
+        for row, length, stop in zip(ids, lengths, stopped):
+            row = row[:length]
+            if stop and row and row[-1] in stop_ids:
+                row = row[:-1]
+            text = self.tokenizer.decode(row, skip_special_tokens=True)
+            for s in params.stop_strings:
+                cut = text.find(s)
+                if cut != -1:
+                    text = text[:cut]
+            texts.append(text)
+        return texts
