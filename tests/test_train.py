@@ -1,0 +1,139 @@
+"""End to end: the trainer runs, writes well-formed outputs, resumes exactly, and rejects bad config."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tether.config import ConfigError, load_config
+from tether.models import init_model
+from tether.rewards import REWARDS, RewardResult
+from tether.train import train
+
+
+def _starts_with_digit(completion, example):
+    """A reward an untrained model earns about half the time: variance in every group."""
+    ok = completion[:1].isdigit()
+    return RewardResult(float(ok), {"digit": float(ok)})
+
+
+if "test_starts_with_digit" not in REWARDS:
+    REWARDS.register("test_starts_with_digit")(_starts_with_digit)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "tiny"
+    init_model(path, hidden_size=64, num_layers=2, num_heads=2, seed=0)
+    return path
+
+
+def _cfg(tiny_dir, out, *extra):
+    return load_config(None, [
+        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
+        "reward.name=test_starts_with_digit", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=4",
+        "trainer.lr=3e-3", "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false",
+        "trainer.save_every=2", "trainer.threads=1", *extra,
+    ])
+
+
+def _rows(run):
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_smoke_run_writes_everything_and_changes_the_parameters(tiny_dir, tmp_path):
+    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=3", "objective=grpo"), log=lambda *_: None)
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for key in ("reward/mean", "reward/pass_rate", "rollout/len_mean", "rollout/len_max", "rollout/truncation_rate",
+                "adv/zero_var_frac", "policy/entropy", "policy/clipfrac_low", "policy/clipfrac_high",
+                "policy/ratio_mean", "policy/kl_old", "kl/ref", "loss/kl_penalty", "optim/grad_norm", "optim/lr"):
+        assert all(key in r and math.isfinite(r[key]) for r in rows[1:]), key
+    assert all("eval/accuracy" in rows[i] for i in (0, 2, 3)) and "eval/accuracy" not in rows[1]
+    # Two mini-batches per rollout: the second update is off-policy, so ratios move off 1.
+    assert any(r["policy/ratio_max"] != 1.0 for r in rows[1:])
+    before = load_file(str(tiny_dir / "model.safetensors"))
+    after = load_file(str(run / "checkpoints" / "step_000003" / "model" / "model.safetensors"))
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert (run / "config.yaml").exists() and (run / "summary.md").exists()
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    assert {p.name for p in (run / "plots").glob("*.png")} >= {"reward.png", "accuracy.png", "entropy.png",
+                                                               "clip_fractions.png", "kl.png", "response_length.png"}
+    samples = [json.loads(s) for s in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 * 4 and {"prompt", "completion", "reward"} <= set(samples[0])
+    # keep_last = 2 checkpoints: steps 2 and 3.
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
+
+
+def test_resume_matches_an_uninterrupted_run(tiny_dir, tmp_path):
+    full = train(_cfg(tiny_dir, tmp_path / "full", "trainer.total_steps=4", "objective=dapo"), log=lambda *_: None)
+    part = train(_cfg(tiny_dir, tmp_path / "part", "trainer.total_steps=2", "objective=dapo"), log=lambda *_: None)
+    # Simulate a kill after step 3's metrics line but before its checkpoint: the torn tail must go.
+    with (part / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "reward/mean": 0.5}\n{"step": 4, "rew')
+    resumed = train(_cfg(tiny_dir, tmp_path / "part", "trainer.total_steps=4", "objective=dapo"),
+                    resume_dir=str(part), log=lambda *_: None)
+    a, b = _rows(full), _rows(resumed)
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    drop = {"time/step_s"}
+    for ra, rb in zip(a, b):
+        assert {k: v for k, v in ra.items() if k not in drop} == {k: v for k, v in rb.items() if k not in drop}
+    wa = load_file(str(full / "checkpoints" / "step_000004" / "model" / "model.safetensors"))
+    wb = load_file(str(resumed / "checkpoints" / "step_000004" / "model" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_reference_refresh_and_dynamic_sampling(tiny_dir, tmp_path):
+    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "objective=rpg_urkl",
+                     "objective.anchor=ref", "trainer.ref_update_every=3", "rollout.dynamic_sampling=true"),
+                log=lambda *_: None)
+    rows = _rows(run)
+    assert rows[-1]["ref/updates"] == 1.0  # 4 optimiser steps, refreshed after the 3rd
+    assert "rpg/kl_anchor" in rows[1] and "rollout/dynamic_kept_frac" in rows[1]
+    assert (run / "checkpoints" / "step_000002" / "reference.safetensors").exists()
+
+
+def test_an_existing_run_is_not_overwritten(tiny_dir, tmp_path):
+    cfg = _cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=1", "trainer.plots=false")
+    train(cfg, log=lambda *_: None)
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(cfg, log=lambda *_: None)
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("trainer.totl_steps=3", "total_steps"),
+        ("trainer.lr=fast", "trainer.lr"),
+        ("objective=grpoo", "grpo"),
+        ("objective.eps_hig=0.3", "eps_high"),
+        ("rollout.group_size=1", "group_size"),
+        ("trainer.schedule=linear", "cosine"),
+        ("trainer.mini_batches=99", "mini_batches"),
+        ("modell.dtype=float32", "model"),
+    ],
+)
+def test_config_errors_name_the_key_and_the_fix(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, ["objective=dapo", override] if override.startswith("objective.") else [override])
+
+
+def test_yaml_file_then_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("objective: {preset: dapo, eps_high: 0.3}\ntrainer: {total_steps: 7, lr: 1.0e-4}\n")
+    cfg = load_config(str(p), ["trainer.total_steps=9", "objective.eps_low=0.1"])
+    assert cfg.trainer.total_steps == 9 and cfg.trainer.lr == 1e-4
+    assert cfg.objective == {"preset": "dapo", "eps_high": 0.3, "eps_low": 0.1}
+
+
+def test_cli_reports_config_errors_without_a_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tether.cli", "train", "trainer.totl_steps=3"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "total_steps" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,454 @@
+"""tether's training loop: sample, score, advantage, update, log, checkpoint.
+
+    for step in 1..total_steps:
+        prompts  <- the data stream (resumable position)
+        rollout  <- engine.generate(prompts, group_size)          sampler log-probs, finish reasons
+        rewards  <- verifier(completion, example)                 (dynamic sampling: refill flat groups)
+        A        <- objective.advantages(rewards, groups)
+        old, ref <- log-probs recomputed before any update        (ref only when the objective needs it)
+        for epoch in ppo_epochs, mini-batch in mini_batches:      one optimiser step per mini-batch
+            micro-batches accumulate with the mini-batch normaliser (SPEC 4)
+        reference refresh every K optimiser steps or on a KL threshold (SPEC 2.5)
+        log metrics (one host sync), evaluate held-out accuracy, checkpoint
+
+Log-probs are computed at the sampling temperature (logits / T), as the sampler drew them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from . import checkpoint, objectives
+from .config import Config, save_config
+from .data import PromptStream
+from .rewards import score_batch, with_completion_tokens
+from .rollout import RolloutBatch, SamplingParams, get_engine
+from .sinks import JsonlSink, Progress, TensorBoardSink, WandbSink, read_jsonl
+from .schema import to_dict
+
+
+# ---------------------------------------------------------------- tensors from a rollout
+
+
+@dataclass
+class Tokens:
+    """A rollout as model inputs: [left-padded prompt (P) | right-padded completion (T)]."""
+
+    input_ids: torch.Tensor  # (N, P + T)
+    attention_mask: torch.Tensor  # (N, P + T)
+    position_ids: torch.Tensor  # (N, P + T)
+    completion_ids: torch.Tensor  # (N, T)
+    mask: torch.Tensor  # (N, T) float, 1 for counted completion tokens (stop token included)
+    prompt_len: int
+
+    def select(self, idx: torch.Tensor) -> "Tokens":
+        return Tokens(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
+                      self.completion_ids[idx], self.mask[idx], self.prompt_len)
+
+
+def to_tokens(rollout, pad_id: int, device: torch.device) -> Tokens:
+    n = len(rollout.prompt_ids)
+    P = max(len(p) for p in rollout.prompt_ids)
+    prompt = torch.full((n, P), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, P), dtype=torch.long)
+    for i, ids in enumerate(rollout.prompt_ids):
+        prompt[i, P - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        prompt_mask[i, P - len(ids):] = 1
+    completion = rollout.completion_ids.cpu()
+    mask = rollout.mask.cpu().long()
+    input_ids = torch.cat([prompt, completion], 1)
+    attention = torch.cat([prompt_mask, mask], 1)
+    position = (attention.cumsum(1) - 1).clamp(min=0)
+    return Tokens(input_ids.to(device), attention.to(device), position.to(device), completion.to(device),
+                  mask.to(device=device, dtype=torch.float32), P)
+
+
+def token_logprobs(model, tokens: Tokens, temperature: float, with_entropy: bool):
+    """log pi(o_t | h) (N, T) and, optionally, the per-token entropy (N, T)."""
+    out = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
+                position_ids=tokens.position_ids, use_cache=False)
+    T = tokens.completion_ids.shape[1]
+    logits = out.logits[:, tokens.prompt_len - 1: tokens.prompt_len - 1 + T].float()  # (N, T, V)
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, -1)
+    lp = logp.gather(-1, tokens.completion_ids.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    return lp, entropy
+
+
+@torch.no_grad()
+def batched_logprobs(model, tokens: Tokens, temperature: float, micro: int) -> torch.Tensor:
+    parts = []
+    for start in range(0, tokens.input_ids.shape[0], micro):
+        idx = torch.arange(start, min(start + micro, tokens.input_ids.shape[0]), device=tokens.input_ids.device)
+        parts.append(token_logprobs(model, tokens.select(idx), temperature, False)[0])
+    return torch.cat(parts)
+
+
+# ---------------------------------------------------------------- rollout and rewards
+
+
+@dataclass
+class Scored:
+    rollout: Any
+    examples: list  # one per sample
+    rewards: torch.Tensor  # (N,)
+    group_ids: torch.Tensor  # (N,)
+    metrics: dict[str, float]
+
+
+def _score(rollout, examples, reward_fn):
+    """Rewards (N,) and the example of each sample (with its completion length, for `overlong`)."""
+    per_sample = [examples[i] for i in rollout.prompt_index]
+    per_sample = with_completion_tokens(per_sample, rollout.mask.sum(1).tolist())
+    results = score_batch(reward_fn, rollout.completions, per_sample)
+    return torch.tensor([r.score for r in results], dtype=torch.float32), per_sample
+
+
+def select_rollout(ro: RolloutBatch, idx: list[int]) -> RolloutBatch:
+    return RolloutBatch(
+        prompt_ids=[ro.prompt_ids[i] for i in idx], completion_ids=ro.completion_ids[idx],
+        sampler_logprobs=ro.sampler_logprobs[idx], mask=ro.mask[idx],
+        finish_reasons=[ro.finish_reasons[i] for i in idx], completions=[ro.completions[i] for i in idx],
+        prompt_index=[ro.prompt_index[i] for i in idx],
+    )
+
+
+def concat_rollouts(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """One batch from several, right-padding to the widest; prompt indices renumbered to stay distinct."""
+    T = max(p.completion_ids.shape[1] for p in parts)
+    pad = lambda x, v: torch.nn.functional.pad(x, (0, T - x.shape[1]), value=v)  # noqa: E731
+    offset, index = 0, []
+    for p in parts:
+        index += [offset + i for i in p.prompt_index]
+        offset += max(p.prompt_index) + 1
+    return RolloutBatch(
+        prompt_ids=[ids for p in parts for ids in p.prompt_ids],
+        completion_ids=torch.cat([pad(p.completion_ids, pad_id) for p in parts]),
+        sampler_logprobs=torch.cat([pad(p.sampler_logprobs, 0.0) for p in parts]),
+        mask=torch.cat([pad(p.mask, False) for p in parts]),
+        finish_reasons=[r for p in parts for r in p.finish_reasons],
+        completions=[c for p in parts for c in p.completions],
+        prompt_index=index,
+    )
+
+
+def rollout_metrics(rollout, rewards: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
+    from .core.advantages import zero_variance_fraction
+
+    lengths = rollout.mask.sum(1).float()
+    return {
+        "reward/mean": rewards.mean().item(),
+        "reward/pass_rate": (rewards >= 1.0).float().mean().item(),
+        "rollout/len_mean": lengths.mean().item(),
+        "rollout/len_max": lengths.max().item(),
+        "rollout/truncation_rate": sum(r == "length" for r in rollout.finish_reasons) / len(rollout.finish_reasons),
+        "adv/zero_var_frac": zero_variance_fraction(rewards, groups).item(),
+    }
+
+
+def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: SamplingParams, seed: int,
+            pad_id: int) -> Scored:
+    """Sample and score one batch; with dynamic sampling, drop flat groups and sample more."""
+    r = cfg.rollout
+    want = r.prompts_per_step
+    kept_rollouts, kept_examples, kept_rewards = [], [], []
+    first_metrics = None
+    rounds = 1 + (r.dynamic_sampling_max_rounds if r.dynamic_sampling else 0)
+    have = 0
+    for k in range(rounds):
+        examples = stream.take(want - have if k else want)
+        rollout = engine.generate([e.prompt for e in examples], n=r.group_size, params=params, seed=seed + 7919 * k)
+        rewards, per_sample = _score(rollout, examples, reward_fn)
+        groups = torch.tensor(rollout.prompt_index)
+        if first_metrics is None:
+            first_metrics = rollout_metrics(rollout, rewards, groups)
+        if not r.dynamic_sampling:
+            return Scored(rollout, per_sample, rewards, groups, first_metrics)
+        from .core.masked import group_stats
+
+        s = group_stats(rewards, groups)
+        live = s["max"] > s["min"]
+        live_prompts = sorted(set(groups[live].tolist()))[: want - have]
+        if live_prompts:
+            keep = [i for i, g in enumerate(rollout.prompt_index) if g in set(live_prompts)]
+            kept_rollouts.append(select_rollout(rollout, keep))
+            kept_examples += [per_sample[i] for i in keep]
+            kept_rewards.append(rewards[keep])
+            have += len(live_prompts)
+        if have >= want:
+            break
+    if not kept_rollouts:  # every group was flat: train on the last batch (zero advantages)
+        return Scored(rollout, per_sample, rewards, groups, {**first_metrics, "rollout/dynamic_kept_frac": 0.0})
+    merged = concat_rollouts(kept_rollouts, pad_id)
+    rewards = torch.cat(kept_rewards)
+    groups = torch.tensor(merged.prompt_index)
+    return Scored(merged, kept_examples, rewards, groups,
+                  {**first_metrics, "rollout/dynamic_kept_frac": have / want})
+
+
+# ---------------------------------------------------------------- the update
+
+
+def _mini_batches(groups: torch.Tensor, n_mini: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """Split sample indices into n_mini mini-batches of whole groups, in a seeded random order."""
+    ids = sorted(set(groups.tolist()))
+    order = [ids[i] for i in torch.randperm(len(ids), generator=gen).tolist()]
+    chunks = [order[i::n_mini] for i in range(n_mini)]
+    return [torch.cat([torch.nonzero(groups == g).flatten() for g in chunk]) for chunk in chunks if chunk]
+
+
+def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv, scored: Scored,
+           cfg: Config, gen: torch.Generator, on_opt_step) -> dict[str, float]:
+    t = cfg.trainer
+    device = tokens.input_ids.device
+    rewards, groups = scored.rewards.to(device), scored.group_ids.to(device)
+    sums: dict[str, torch.Tensor] = {}
+    n_micro = 0
+    grad_norms = []
+    params = [p for p in model.parameters() if p.requires_grad]
+    for _ in range(t.ppo_epochs):
+        for mb in _mini_batches(scored.group_ids, t.mini_batches, gen):
+            mb = mb.to(device)
+            norm = obj.normalizer(tokens.mask[mb])
+            for start in range(0, len(mb), t.micro_batch_size):
+                idx = mb[start: start + t.micro_batch_size]
+                sub = tokens.select(idx)
+                lp, ent = token_logprobs(model, sub, cfg.rollout.temperature, with_entropy=True)
+                batch = objectives.TokenBatch(
+                    logprobs=lp, old_logprobs=old_lp[idx], advantages=adv[idx], mask=sub.mask,
+                    ref_logprobs=None if ref_lp is None else ref_lp[idx], group_ids=groups[idx],
+                    rewards=rewards[idx], entropy=ent if obj.config.entropy_coef else ent.detach(), loss_norm=norm,
+                )
+                out = obj(batch)
+                out.loss.backward()
+                for k, v in out.metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v.float()
+                n_micro += 1
+            max_norm = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            on_opt_step()
+    metrics = {k: v / n_micro for k, v in sums.items()}
+    metrics["optim/grad_norm"] = torch.stack(grad_norms).float().mean()
+    keys = list(metrics)
+    values = torch.stack([metrics[k].to(device).float() for k in keys]).tolist()  # the one host sync
+    return dict(zip(keys, values))
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate(engine, examples, reward_fn, cfg: Config, seed: int) -> dict[str, float]:
+    """Greedy held-out accuracy: mean verifier score over `examples`."""
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=cfg.rollout.max_new_tokens,
+                            stop_strings=tuple(cfg.rollout.stop_strings))
+    rollout = engine.generate([e.prompt for e in examples], n=1, params=params, seed=seed)
+    per_sample = with_completion_tokens([examples[i] for i in rollout.prompt_index], rollout.mask.sum(1).tolist())
+    scores = [r.score for r in score_batch(reward_fn, rollout.completions, per_sample)]
+    return {"eval/accuracy": sum(scores) / max(len(scores), 1),
+            "eval/len_mean": rollout.mask.sum(1).float().mean().item()}
+
+
+# ---------------------------------------------------------------- setup
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"trainer.device={name} but no CUDA device is available; use trainer.device=cpu")
+    return torch.device(name)
+
+
+def _scheduler(optimizer, cfg: Config, total_opt_steps: int):
+    t = cfg.trainer
+
+    def factor(i: int) -> float:
+        if i < t.warmup_steps:
+            return (i + 1) / (t.warmup_steps + 1)
+        if t.schedule == "cosine":
+            frac = (i - t.warmup_steps) / max(1, total_opt_steps - t.warmup_steps)
+            return 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def build_task_and_reward(cfg: Config):
+    from .rewards import get_reward
+    from .tasks import get_task
+
+    task = get_task(cfg.data.task, **cfg.data.task_args)
+    if cfg.reward.weights:
+        reward_fn = get_reward(dict(cfg.reward.weights))
+    else:
+        reward_fn = get_reward(task.reward if cfg.reward.name == "auto" else cfg.reward.name)
+    return task, reward_fn
+
+
+def _sinks(cfg: Config, run_dir: Path, resume_after: Optional[int]):
+    sinks = [JsonlSink(run_dir / "metrics.jsonl", resume_after)]
+    if cfg.trainer.tensorboard:
+        sinks.append(TensorBoardSink(run_dir / "tb"))
+    if cfg.trainer.wandb:
+        sinks.append(WandbSink(cfg.trainer.wandb_project, run_dir, to_dict(cfg)))
+    return sinks
+
+
+def summary_table(run_dir: Path) -> str:
+    """Start / end / best of the headline metrics, as text (also saved to summary.md)."""
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    lines = ["| metric | start | end | best |", "|---|---|---|---|"]
+    for key, best in (("eval/accuracy", max), ("reward/mean", max), ("policy/entropy", None),
+                      ("rollout/len_mean", None), ("policy/kl_old", None), ("time/step_s", None)):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        if vals:
+            b = f"{best(vals):.4f}" if best else ""
+            lines.append(f"| {key} | {vals[0]:.4f} | {vals[-1]:.4f} | {b} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
+    """Run (or resume) training; returns the run directory."""
+    from .models import load_model
+    from .warmstart import initial_model
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # tether draws its own progress bar
+    run_dir = Path(resume_dir or cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = checkpoint.latest(run_dir) if resume_dir else None
+    if resume_dir is None and (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(
+            f"{run_dir} already holds a run; resume it with `tether train --resume {run_dir}` "
+            f"or choose another output_dir=PATH"
+        )
+    save_config(cfg, run_dir / "config.yaml")
+    t = cfg.trainer
+    if t.threads > 0:
+        torch.set_num_threads(t.threads)
+    device = _device(t.device)
+    torch.manual_seed(t.seed)
+
+    obj = objectives.build(cfg.objective)
+    task, reward_fn = build_task_and_reward(cfg)
+    source = str(ckpt / "model") if ckpt else initial_model(cfg, task, reward_fn, log=log)
+    model, tokenizer = load_model(source, dtype=cfg.model.dtype, device=str(device),
+                                  gradient_checkpointing=cfg.model.gradient_checkpointing)
+    model.train()
+    reference = None
+    if obj.uses_reference():
+        ref_source = initial_model(cfg, task, reward_fn, log=log) if ckpt else source
+        reference, _ = load_model(ref_source, dtype=cfg.model.dtype, device=str(device))
+        if ckpt:
+            checkpoint.load_reference(ckpt, reference)
+        reference.eval().requires_grad_(False)
+    engine = get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    opt_steps_per_rollout = t.ppo_epochs * t.mini_batches
+    scheduler = _scheduler(optimizer, cfg, t.total_steps * opt_steps_per_rollout)
+    start, position, opt_steps, ref_updates = 0, 0, 0, 0
+    if ckpt:
+        state = checkpoint.load_state(ckpt)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        checkpoint.set_rng_state(state["rng"])
+        start, position, opt_steps, ref_updates = state["step"], state["position"], state["opt_steps"], state["ref_updates"]
+        log(f"resuming {run_dir} from step {start}")
+    stream = PromptStream(task, t.seed, position)
+    test_examples = task.examples("test", cfg.data.eval_size)
+    params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                            max_new_tokens=cfg.rollout.max_new_tokens, stop_strings=tuple(cfg.rollout.stop_strings))
+    sinks = _sinks(cfg, run_dir, resume_after=start if ckpt else None)
+    progress = Progress(t.total_steps, start, enabled=t.progress)
+    samples_file = (run_dir / "samples.jsonl").open("a")
+    kl_window: list[float] = []
+
+    def on_opt_step():
+        nonlocal opt_steps, ref_updates
+        opt_steps += 1
+        if reference is not None and t.ref_update_every and opt_steps % t.ref_update_every == 0:
+            reference.load_state_dict(model.state_dict())
+            ref_updates += 1
+
+    def save(step: int):
+        checkpoint.save(run_dir, step, model, tokenizer,
+                        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                         "position": stream.position, "opt_steps": opt_steps, "ref_updates": ref_updates},
+                        reference=reference, keep_last=t.keep_last)
+
+    try:
+        if start == 0:
+            m = evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed)
+            for s in sinks:
+                s.log(0, m)
+            progress.update(0, m)
+            log(f"step 0: held-out accuracy {m['eval/accuracy']:.3f}")
+        for step in range(start + 1, t.total_steps + 1):
+            tic = time.perf_counter()
+            model.eval()
+            scored = collect(engine, stream, reward_fn, cfg, params, t.seed * 1_000_003 + step, tokenizer.pad_token_id)
+            model.train()
+            tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
+            adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
+            old_lp = batched_logprobs(model, tokens, cfg.rollout.temperature, t.micro_batch_size)
+            ref_lp = batched_logprobs(reference, tokens, cfg.rollout.temperature, t.micro_batch_size) if reference is not None else None
+            gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
+            metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
+            metrics.update(scored.metrics)
+            if reference is not None and t.ref_update_kl > 0:
+                kl_window = (kl_window + [metrics.get("kl/ref", 0.0)])[-5:]
+                if sum(kl_window) / len(kl_window) > t.ref_update_kl:
+                    reference.load_state_dict(model.state_dict())
+                    ref_updates += 1
+                    kl_window = []
+            metrics.update({"optim/lr": scheduler.get_last_lr()[0], "ref/updates": float(ref_updates),
+                            "time/step_s": time.perf_counter() - tic})
+            if step % t.eval_every == 0 or step == t.total_steps:
+                model.eval()
+                metrics.update(evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed))
+            for s in sinks:
+                s.log(step, metrics)
+            _write_samples(samples_file, step, scored, t.log_samples)
+            progress.update(step, metrics)
+            if step % t.save_every == 0 or step == t.total_steps:
+                save(step)
+    finally:
+        progress.close()
+        samples_file.close()
+        for s in sinks:
+            s.close()
+    table = summary_table(run_dir)
+    (run_dir / "summary.md").write_text(table + "\n")
+    log(table)
+    if t.plots:
+        from .plots import plot_run
+
+        plot_run(run_dir)
+    return run_dir
+
+
+def _write_samples(f, step: int, scored: Scored, k: int) -> None:
+    ro = scored.rollout
+    for i in range(min(k, len(ro.completions))):
+        f.write(json.dumps({"step": step, "prompt": scored.examples[i].prompt, "completion": ro.completions[i],
+                            "answer": scored.examples[i].answer, "reward": float(scored.rewards[i]),
+                            "finish": ro.finish_reasons[i]}) + "\n")
+    f.flush()
