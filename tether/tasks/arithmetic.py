@@ -36,6 +36,7 @@ class Arithmetic:
     seed: int = 0
     name: ClassVar[str] = "arithmetic"
     reward: ClassVar[str] = "exact_match"
+    finite: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.digits < 1:

@@ -36,10 +36,15 @@ class Example:
 
 
 class Task(Protocol):
-    """A verifiable task. `reward` names its default reward in `tether.rewards`."""
+    """A verifiable task.
+
+    `reward` names its default reward in `tether.rewards`; `finite` is True for a fixed
+    dataset (iterate it in epochs) and False for a generator (draw as many as needed).
+    """
 
     name: str
     reward: str
+    finite: bool
 
     def examples(
         self, split: Split, n: int | None = None, *, seed: int | None = None, unique: bool = True

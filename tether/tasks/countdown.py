@@ -96,6 +96,7 @@ class Countdown:
     seed: int = 0
     name: ClassVar[str] = "countdown"
     reward: ClassVar[str] = "countdown"
+    finite: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not 2 <= self.count <= 5:

@@ -140,6 +140,7 @@ class MathTask:
     seed: int = 0
     name: ClassVar[str] = "math"
     reward: ClassVar[str] = "math"
+    finite: ClassVar[bool] = True
     _splits: dict[str, list[Example]] = field(init=False, repr=False)
 
     def _load(self, source: str) -> list[Example]:

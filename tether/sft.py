@@ -1,0 +1,140 @@
+"""Supervised warm start: teach a tiny model the task's format and some of its answers.
+
+RL with verifiable rewards needs a policy that already solves some problems: if every sample
+of every group scores 0, every advantage is 0 and nothing is learned. So before RL the model
+is fine-tuned on `prompt + task.solution(example) + eos` with the loss on the solution tokens
+only (the prompt is context, not a target), and stopped as soon as greedy accuracy on held-out
+problems reaches `target_accuracy`. The threshold, not a step or time budget, is the stopping
+rule because the accuracy curve of small models is a step function (CPU-NOTES: 3-digit
+addition sits at 0% for 2.5 minutes and then jumps to 78% within one), and RL is most visible
+when it starts from a model that solves some but not all problems.
+
+Loss (per batch of B examples, solution tokens S_i with eos):
+    L = sum_i sum_{t in S_i} -log p(y_t | y_<t) / sum_i |S_i|        (token mean)
+Greedy accuracy uses the same engine and verifier as RL evaluation: temperature 0, the
+task's reward, a completion counts as solved when its score is >= 1.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .rewards import RewardFn, get_reward, score_batch
+from .rollout import HFEngine, SamplingParams, encode_prompts
+from .tasks import Example, Task
+
+
+def greedy_accuracy(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    reward: RewardFn,
+    max_new_tokens: int,
+    batch_size: int | None = None,
+) -> float:
+    """Share of `examples` whose greedy completion scores >= 1 under `reward`."""
+    if not examples:
+        raise ValueError("no examples to evaluate")
+    engine = HFEngine(model, tokenizer, batch_size=batch_size)
+    batch = engine.generate([e.prompt for e in examples], n=1, params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
+    results = score_batch(reward, batch.completions, list(examples))
+    return sum(r.score >= 1.0 for r in results) / len(results)
+
+
+def sft_batch(tokenizer: Any, prompts: Sequence[str], solutions: Sequence[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids, attention_mask, targets), each (B, L).
+
+    input_ids = prompt + solution + eos; targets hold the next token where it is a solution
+    token (eos included) and -100 elsewhere, so the loss sees only the solution.
+    """
+    prompt_ids = encode_prompts(tokenizer, list(prompts))
+    solution_ids = encode_prompts(tokenizer, list(solutions))
+    rows = [p + s + [tokenizer.eos_token_id] for p, s in zip(prompt_ids, solution_ids)]
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    targets = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (row, p) in enumerate(zip(rows, prompt_ids)):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
+        # position t predicts token t+1: solution tokens sit at len(p) .. len(row)-1
+        targets[i, len(p) - 1 : len(row) - 1] = torch.tensor(row[len(p) :])
+    return input_ids.to(device), attention.to(device), targets.to(device)
+
+
+def sft_loss(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Token-mean cross-entropy over the solution tokens (targets != -100)."""
+    logits = model(input_ids=input_ids, attention_mask=attention).logits.float()  # (B, L, V)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+
+def sft(
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    *,
+    steps_max: int = 1500,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    eval_every: int = 25,
+    target_accuracy: float = 0.25,
+    seed: int = 0,
+    max_new_tokens: int = 32,
+    n_eval: int = 200,
+    reward: RewardFn | None = None,
+    eval_examples: Sequence[Example] | None = None,
+    log: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+    """Fine-tune `model` in place on the task's solutions until greedy held-out accuracy is reached.
+
+    Args:
+        task: supplies train examples (a fresh seeded draw per step), `solution()` and the
+            default reward and held-out split.
+        steps_max: stop after this many optimiser steps even below the target.
+        eval_every: steps between greedy accuracy checks (and after the last step).
+        target_accuracy: stop at the first check reaching it.
+        n_eval: held-out problems checked (unless `eval_examples` is given).
+        reward: the verifier; default the task's own.
+        log: called with one line per check.
+
+    Returns:
+        {"accuracy": last accuracy, "steps": steps taken, "reached": bool, "seconds": float,
+         "history": [{"step", "loss", "accuracy", "seconds"}, ...]} (loss: mean since last check).
+    """
+    if steps_max < 1 or eval_every < 1 or batch_size < 1:
+        raise ValueError(f"steps_max, eval_every and batch_size must be >= 1, got {steps_max}, {eval_every}, {batch_size}")
+    reward = get_reward(task.reward) if reward is None else reward
+    held_out = list(eval_examples) if eval_examples is not None else task.examples("test", n_eval, seed=seed)
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    history: list[dict[str, float]] = []
+    losses: list[torch.Tensor] = []
+    start, accuracy, step = time.perf_counter(), 0.0, 0
+    model.train()
+    for step in range(1, steps_max + 1):
+        examples = task.examples("train", batch_size, seed=seed * 1_000_003 + step, unique=False)
+        batch = sft_batch(tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples], device)
+        loss = sft_loss(model, *batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.detach())
+        if step % eval_every and step != steps_max:
+            continue
+        accuracy = greedy_accuracy(model, tokenizer, held_out, reward, max_new_tokens)
+        model.train()
+        row = {"step": step, "loss": torch.stack(losses).mean().item(), "accuracy": accuracy,
+               "seconds": time.perf_counter() - start}
+        history.append(row)
+        losses = []
+        if log is not None:
+            log(f"sft step {step}: loss {row['loss']:.4f}, greedy accuracy {accuracy:.3f} ({row['seconds']:.1f} s)")
+        if accuracy >= target_accuracy:
+            break
+    model.eval()
+    return {"accuracy": accuracy, "steps": step, "reached": accuracy >= target_accuracy,
+            "seconds": time.perf_counter() - start, "history": history}
