@@ -243,7 +243,7 @@ class RPGConfig(ObjectiveConfig):
     branch_on: Literal["regularized_advantage", "advantage"] = "regularized_advantage"
     """RPG-Style Clip branches on the sign of A' = A + C_KL / w (SPEC) or of A (authors' code)."""
     advantage: str = "dr_grpo"
-    """RPG uses A = R - group mean, no std division ([RPG] section 4)."""
+    """RPG uses A = R - group mean, no std division ([RPG] Algorithm 2, lines 6 and 12)."""
 
     def __post_init__(self):
         super().__post_init__()

@@ -199,29 +199,52 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
 # ---------------------------------------------------------------- the update
 
 
-def _mini_batches(groups: torch.Tensor, n_mini: int, gen: torch.Generator) -> list[torch.Tensor]:
-    """Split sample indices into n_mini mini-batches of whole groups, in a seeded random order."""
+def _mini_batches(groups: torch.Tensor, n_mini: int, gen: torch.Generator) -> list[list[torch.Tensor]]:
+    """Split samples into n_mini mini-batches of whole groups, in a seeded random order.
+
+    Each mini-batch is a list of groups (index tensors), so micro-batches can keep groups
+    whole (ETR's group statistics need them whole).
+    """
     ids = sorted(set(groups.tolist()))
     order = [ids[i] for i in torch.randperm(len(ids), generator=gen).tolist()]
     chunks = [order[i::n_mini] for i in range(n_mini)]
-    return [torch.cat([torch.nonzero(groups == g).flatten() for g in chunk]) for chunk in chunks if chunk]
+    return [[torch.nonzero(groups == g).flatten() for g in chunk] for chunk in chunks if chunk]
+
+
+def _micro_batches(groups: list[torch.Tensor], size: int) -> list[torch.Tensor]:
+    """Whole groups packed into micro-batches of at most `size` sequences (at least one group)."""
+    out, cur, n = [], [], 0
+    for g in groups:
+        if cur and n + len(g) > size:
+            out.append(torch.cat(cur))
+            cur, n = [], 0
+        cur.append(g)
+        n += len(g)
+    if cur:
+        out.append(torch.cat(cur))
+    return out
 
 
 def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv, scored: Scored,
            cfg: Config, gen: torch.Generator, on_opt_step) -> dict[str, float]:
+    """ppo_epochs x mini-batches optimiser steps; returns the step's metrics on the host.
+
+    Micro-batch metrics are averaged, except `loss/*`: with the mini-batch normaliser each
+    micro-batch's loss is its share, so those are summed per mini-batch, then averaged.
+    """
     t = cfg.trainer
     device = tokens.input_ids.device
     rewards, groups = scored.rewards.to(device), scored.group_ids.to(device)
     sums: dict[str, torch.Tensor] = {}
-    n_micro = 0
+    n_micro = n_mini = 0
     grad_norms = []
     params = [p for p in model.parameters() if p.requires_grad]
     for _ in range(t.ppo_epochs):
-        for mb in _mini_batches(scored.group_ids, t.mini_batches, gen):
-            mb = mb.to(device)
+        for mb_groups in _mini_batches(scored.group_ids, t.mini_batches, gen):
+            mb = torch.cat(mb_groups).to(device)
             norm = obj.normalizer(tokens.mask[mb])
-            for start in range(0, len(mb), t.micro_batch_size):
-                idx = mb[start: start + t.micro_batch_size]
+            for idx in _micro_batches(mb_groups, t.micro_batch_size):
+                idx = idx.to(device)
                 sub = tokens.select(idx)
                 lp, ent = token_logprobs(model, sub, cfg.rollout.temperature, with_entropy=True)
                 batch = objectives.TokenBatch(
@@ -234,13 +257,14 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
                 for k, v in out.metrics.items():
                     sums[k] = sums.get(k, 0.0) + v.float()
                 n_micro += 1
+            n_mini += 1
             max_norm = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
             grad_norms.append(torch.nn.utils.clip_grad_norm_(params, max_norm))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             on_opt_step()
-    metrics = {k: v / n_micro for k, v in sums.items()}
+    metrics = {k: v / (n_mini if k.startswith("loss/") else n_micro) for k, v in sums.items()}
     metrics["optim/grad_norm"] = torch.stack(grad_norms).float().mean()
     keys = list(metrics)
     values = torch.stack([metrics[k].to(device).float() for k in keys]).tolist()  # the one host sync
@@ -348,6 +372,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     torch.manual_seed(t.seed)
 
     obj = objectives.build(cfg.objective)
+    if obj.config.max_len is None:  # Dr. GRPO's constant T_max is the generation budget
+        obj.config.max_len = cfg.rollout.max_new_tokens
     task, reward_fn = build_task_and_reward(cfg)
     source = str(ckpt / "model") if ckpt else initial_model(cfg, task, reward_fn, log=log)
     model, tokenizer = load_model(source, dtype=cfg.model.dtype, device=str(device),

@@ -1,7 +1,7 @@
 """Group-relative advantage estimators: rewards R (N,) and group ids (N,) -> advantages (N,).
 
     grpo      (R - mean_g) / (std_g + 1e-6)      [DeepSeekMath, 2402.03300]; std is the sample std (n - 1)
-    dr_grpo   R - mean_g                         [Dr. GRPO, 2503.20783; also RPG section 4]
+    dr_grpo   R - mean_g                         [Dr. GRPO, 2503.20783; also RPG Algorithm 2]
     rloo      R - mean of the other samples      [Ahmadian et al., 2402.14740] = G/(G-1) (R - mean_g)
 
 A group whose rewards are all equal gets advantage exactly 0 (tested by min == max, since a
