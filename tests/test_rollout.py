@@ -43,7 +43,7 @@ def recomputed_logits(model, batch: RolloutBatch, i: int) -> torch.Tensor:
     """(L, V) logits predicting sample i's completion tokens, from one unpadded full forward."""
     length = int(batch.mask[i].sum())
     prompt = batch.prompt_ids[i]
-    ids = torch.tensor([prompt + batch.completion_ids[i, :length].tolist()])
+    ids = torch.tensor([prompt + batch.completion_ids[i, :length].tolist()], device=model.device)
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0]
     return logits[len(prompt) - 1 : len(prompt) - 1 + length]
@@ -213,3 +213,20 @@ def test_restores_training_mode_and_validates(model_and_tok):
         SamplingParams(stop_strings="\n")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="n >= 1"):
         HFEngine(model, tok).generate(["1+1="], n=0, params=SamplingParams())
+
+
+@pytest.mark.gpu
+def test_cuda_bfloat16(tmp_path):
+    path = init_model(tmp_path / "g", hidden_size=64, num_layers=2, num_heads=4, seed=0)
+    model, tok = load_model(path, dtype="auto", device="cuda")  # auto: bfloat16 on CUDA
+    assert model.dtype == torch.bfloat16
+    engine = HFEngine(model, tok)
+    params = SamplingParams(max_new_tokens=16)
+    a = engine.generate(PROMPTS, n=4, params=params, seed=0)
+    b = engine.generate(PROMPTS, n=4, params=params, seed=0)
+    assert a.completion_ids.is_cuda and torch.equal(a.completion_ids, b.completion_ids)
+    for i in range(len(a)):
+        length = int(a.mask[i].sum())
+        expected = recomputed_logits(model, a, i).float().log_softmax(-1)
+        expected = expected.gather(-1, a.completion_ids[i, :length, None]).squeeze(-1)
+        torch.testing.assert_close(a.sampler_logprobs[i, :length], expected, atol=0.1, rtol=0)  # bf16 noise

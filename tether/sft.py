@@ -39,12 +39,15 @@ def greedy_accuracy(
     if not examples:
         raise ValueError("no examples to evaluate")
     engine = HFEngine(model, tokenizer, batch_size=batch_size)
-    batch = engine.generate([e.prompt for e in examples], n=1, params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    batch = engine.generate([e.prompt for e in examples], n=1, params=params)
     results = score_batch(reward, batch.completions, list(examples))
     return sum(r.score >= 1.0 for r in results) / len(results)
 
 
-def sft_batch(tokenizer: Any, prompts: Sequence[str], solutions: Sequence[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sft_batch(
+    tokenizer: Any, prompts: Sequence[str], solutions: Sequence[str], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded (input_ids, attention_mask, targets), each (B, L).
 
     input_ids = prompt + solution + eos; targets hold the next token where it is a solution
@@ -105,7 +108,9 @@ def sft(
          "history": [{"step", "loss", "accuracy", "seconds"}, ...]} (loss: mean since last check).
     """
     if steps_max < 1 or eval_every < 1 or batch_size < 1:
-        raise ValueError(f"steps_max, eval_every and batch_size must be >= 1, got {steps_max}, {eval_every}, {batch_size}")
+        raise ValueError(
+            f"steps_max, eval_every and batch_size must be >= 1, got {steps_max}, {eval_every}, {batch_size}"
+        )
     reward = get_reward(task.reward) if reward is None else reward
     held_out = list(eval_examples) if eval_examples is not None else task.examples("test", n_eval, seed=seed)
     device = next(model.parameters()).device

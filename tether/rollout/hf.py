@@ -108,7 +108,9 @@ class HFEngine:
         self.model.eval()
         try:
             with torch.inference_mode():
-                chunks = [self._generate_chunk(rows[s : s + size], params, generator) for s in range(0, len(rows), size)]
+                chunks = [
+                    self._generate_chunk(rows[s : s + size], params, generator) for s in range(0, len(rows), size)
+                ]
         finally:
             self.model.train(was_training)
         return self._assemble(rows, prompt_index, chunks, params)
@@ -192,7 +194,9 @@ class HFEngine:
             finish_reasons=reasons, completions=completions, prompt_index=prompt_index,
         )
 
-    def _decode(self, ids: list[list[int]], lengths: list[int], stopped: list[bool], params: SamplingParams) -> list[str]:
+    def _decode(
+        self, ids: list[list[int]], lengths: list[int], stopped: list[bool], params: SamplingParams
+    ) -> list[str]:
         """Completion texts: the stop token dropped, cut before the first stop string."""
         stop_ids = set(_eos_ids(self.model, self.tokenizer, params.stop_token_ids))
         texts = []

@@ -55,7 +55,9 @@ def _read_rows(path_or_name: str, split: str | None) -> tuple[list[dict[str, Any
     path = Path(path_or_name).expanduser()
     if path.exists():
         if split is not None:
-            raise ValueError(f"split={split!r} selects a hub dataset's split; {path} is a file, pass the file of that split")
+            raise ValueError(
+                f"split={split!r} selects a hub dataset's split; {path} is a file: pass the file of that split"
+            )
         if path.suffix == ".parquet":
             return _read_parquet(path), path.stem
         with path.open(encoding="utf-8") as f:
