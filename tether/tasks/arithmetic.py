@@ -12,13 +12,13 @@ import random
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Example, Split, draw_examples, stable_hash
+from .base import Example, Synthetic
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
 @dataclass(frozen=True)
-class Arithmetic:
+class Arithmetic(Synthetic):
     """Arithmetic task knobs.
 
     Attributes:
@@ -36,7 +36,6 @@ class Arithmetic:
     seed: int = 0
     name: ClassVar[str] = "arithmetic"
     reward: ClassVar[str] = "exact_match"
-    finite: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.digits < 1:
@@ -44,8 +43,7 @@ class Arithmetic:
         bad = sorted(set(self.ops) - set(_OPS))
         if not self.ops or bad:
             raise ValueError(f"ops must be a non-empty string over {sorted(_OPS)}, got {self.ops!r}")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        self.check_test_fraction()
 
     def draw(self, rng: random.Random) -> Example:
         """One random problem (of either split)."""
@@ -55,19 +53,7 @@ class Arithmetic:
         if op == "-" and not self.allow_negative and a < b:
             a, b = b, a
         prompt = f"{a}{op}{b}="
-        return Example(
-            id=f"{self.name}-{stable_hash(prompt):016x}",
-            prompt=prompt,
-            answer=str(_OPS[op](a, b)),
-            meta={"a": a, "b": b, "op": op},
-        )
-
-    def examples(
-        self, split: Split, n: int | None = None, *, seed: int | None = None, unique: bool = True
-    ) -> list[Example]:
-        """`n` problems of `split`, deterministic in `seed` (default: the task's seed)."""
-        seed = self.seed if seed is None else seed
-        return draw_examples(self.name, self.draw, split, n, seed, unique, self.test_fraction)
+        return self.make_example(prompt, str(_OPS[op](a, b)), {"a": a, "b": b, "op": op})
 
     def solution(self, example: Example) -> str:
         """The answer digits; the SFT loop appends the eos token."""

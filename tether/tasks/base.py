@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable, ClassVar, Literal, Protocol
 
 Split = Literal["train", "test"]
 SPLITS: tuple[Split, ...] = ("train", "test")
@@ -110,3 +110,32 @@ def draw_examples(
         f"{salt}: found only {len(out)} distinct {split} problems of the {n} requested "
         f"after {max_draws} draws; ask for fewer, pass unique=False, or widen the task's knobs"
     )
+
+
+class Synthetic:
+    """What the generated tasks share. A subclass is a dataclass with `seed` and
+    `test_fraction` fields, a `name`, and a `draw(rng)` that makes one problem of either split.
+    """
+
+    name: ClassVar[str]
+    finite: ClassVar[bool] = False
+    seed: int
+    test_fraction: float
+
+    def draw(self, rng: random.Random) -> Example:
+        raise NotImplementedError
+
+    def check_test_fraction(self) -> None:
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+
+    def make_example(self, prompt: str, answer: str, meta: dict[str, Any]) -> Example:
+        """An example whose id is derived from its prompt (same problem, same id)."""
+        return Example(id=f"{self.name}-{stable_hash(prompt):016x}", prompt=prompt, answer=answer, meta=meta)
+
+    def examples(
+        self, split: Split, n: int | None = None, *, seed: int | None = None, unique: bool = True
+    ) -> list[Example]:
+        """`n` problems of `split`, deterministic in `seed` (default: the task's seed)."""
+        seed = self.seed if seed is None else seed
+        return draw_examples(self.name, self.draw, split, n, seed, unique, self.test_fraction)

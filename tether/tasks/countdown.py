@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import ClassVar
 from functools import lru_cache
+from typing import ClassVar
 
-from .base import Example, Split, draw_examples, stable_hash
+from .base import Example, Synthetic
 
 # (text, precedence): 3 atom, 2 product/quotient, 1 sum/difference.
 _Expr = tuple[str, int]
@@ -75,7 +75,7 @@ def solve_all(numbers: tuple[int, ...]) -> dict[int, tuple[str, int]]:
 
 
 @dataclass(frozen=True)
-class Countdown:
+class Countdown(Synthetic):
     """Countdown task knobs.
 
     Attributes:
@@ -96,7 +96,6 @@ class Countdown:
     seed: int = 0
     name: ClassVar[str] = "countdown"
     reward: ClassVar[str] = "countdown"
-    finite: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not 2 <= self.count <= 5:
@@ -107,8 +106,7 @@ class Countdown:
             raise ValueError(f"min_used must be in [1, count], got {self.min_used}")
         if self.max_target < 1:
             raise ValueError(f"max_target must be >= 1, got {self.max_target}")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        self.check_test_fraction()
 
     def draw(self, rng: random.Random) -> Example:
         """One random solvable problem (of either split)."""
@@ -123,19 +121,8 @@ class Countdown:
         target = rng.choice(targets)
         width = len(str(self.max_target))
         prompt = f"{','.join(map(str, numbers))}={target:0{width}d}:"
-        return Example(
-            id=f"{self.name}-{stable_hash(prompt):016x}",
-            prompt=prompt,
-            answer=str(target),
-            meta={"numbers": list(numbers), "target": target, "solution": solutions[target][0]},
-        )
-
-    def examples(
-        self, split: Split, n: int | None = None, *, seed: int | None = None, unique: bool = True
-    ) -> list[Example]:
-        """`n` problems of `split`, deterministic in `seed` (default: the task's seed)."""
-        seed = self.seed if seed is None else seed
-        return draw_examples(self.name, self.draw, split, n, seed, unique, self.test_fraction)
+        meta = {"numbers": list(numbers), "target": target, "solution": solutions[target][0]}
+        return self.make_example(prompt, str(target), meta)
 
     def solution(self, example: Example) -> str:
         """The reference expression; the SFT loop appends the eos token."""
