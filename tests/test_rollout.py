@@ -62,6 +62,7 @@ def test_batch_layout(stopping):
     batch = HFEngine(model, tok).generate(PROMPTS, n=4, params=SamplingParams(max_new_tokens=12), seed=0)
     n, t = batch.completion_ids.shape
     assert n == 12 and len(batch) == 12 and t <= 12
+    assert int(batch.completion_lengths.max()) == t  # padded to the longest completion, no further
     assert batch.prompt_index == [0] * 4 + [1] * 4 + [2] * 4
     assert [tok.decode(p) for p in batch.prompt_ids] == [p for p in PROMPTS for _ in range(4)]
     assert batch.completion_ids.dtype == torch.long and batch.mask.dtype == torch.bool

@@ -179,14 +179,12 @@ class HFEngine:
         params: SamplingParams,
     ) -> RolloutBatch:
         pad = self.tokenizer.pad_token_id
-        width = max(c[0].shape[1] for c in chunks)
+        width = max(c[0].shape[1] for c in chunks)  # = the longest completion: a chunk stops when all rows have
         ids = torch.cat([torch.nn.functional.pad(c[0], (0, width - c[0].shape[1]), value=pad) for c in chunks])
         logprobs = torch.cat([torch.nn.functional.pad(c[1], (0, width - c[1].shape[1])) for c in chunks])
         lengths = torch.cat([c[2] for c in chunks])
         stopped = torch.cat([c[3] for c in chunks]).tolist()
         mask = torch.arange(width, device=ids.device)[None, :] < lengths[:, None]  # (N, T)
-        trim = max(int(lengths.max()), 1)
-        ids, logprobs, mask = ids[:, :trim], logprobs[:, :trim], mask[:, :trim]
         completions = self._decode(ids.tolist(), lengths.tolist(), stopped, params)
         reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped]
         return RolloutBatch(
