@@ -311,16 +311,23 @@ def _scheduler(optimizer, cfg: Config, total_opt_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def build_task_and_reward(cfg: Config):
+def build_task_and_reward(cfg: Config, tokenizer=None):
+    """The task (math prompts rendered with the model's chat template) and its verifier."""
     from .rewards import get_reward
     from .tasks import get_task
 
-    task = get_task(cfg.data.task, **cfg.data.task_args)
+    args = dict(cfg.data.task_args)
+    if cfg.data.task == "math":
+        if tokenizer is None and cfg.model.name_or_path != "tiny":
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
+        args.setdefault("tokenizer", tokenizer)
+    task = get_task(cfg.data.task, **args)
     if cfg.reward.weights:
-        reward_fn = get_reward(dict(cfg.reward.weights))
-    else:
-        reward_fn = get_reward(task.reward if cfg.reward.name == "auto" else cfg.reward.name)
-    return task, reward_fn
+        return task, get_reward(dict(cfg.reward.weights))
+    name = task.reward if cfg.reward.name == "auto" else cfg.reward.name
+    return task, get_reward(name, timeout_s=cfg.reward.timeout_s) if name == "math" else get_reward(name)
 
 
 def _sinks(cfg: Config, run_dir: Path, resume_after: Optional[int]):
@@ -356,6 +363,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # tether draws its own progress bar
+    if resume_dir is None and "{time}" in cfg.output_dir:
+        cfg.output_dir = cfg.output_dir.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = Path(resume_dir or cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = checkpoint.latest(run_dir) if resume_dir else None

@@ -77,7 +77,9 @@ def initial_model(cfg: Config, task, reward_fn, log=print) -> str:
     tic = time.perf_counter()
     result = sft(model, tokenizer, task, steps_max=ws.max_steps, batch_size=ws.batch_size, lr=ws.lr,
                  eval_every=ws.eval_every, target_accuracy=ws.target_accuracy, seed=cfg.trainer.seed,
-                 max_new_tokens=cfg.rollout.max_new_tokens, log=log)
+                 max_new_tokens=cfg.rollout.max_new_tokens, reward=reward_fn, log=log,
+                 # Stop on accuracy over train problems: the held-out split stays unseen until RL's eval.
+                 eval_examples=task.examples("train", cfg.data.eval_size, seed=cfg.trainer.seed + 1))
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)

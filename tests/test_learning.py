@@ -1,0 +1,24 @@
+"""Learnability: the default pipeline (tiny model, arithmetic, warm start, ATR-GRPO) raises held-out
+accuracy, read from metrics.jsonl. About a minute on 2 CPU cores."""
+
+import json
+
+import pytest
+
+from tether.config import load_config
+from tether.train import train
+
+
+@pytest.mark.slow
+def test_rl_raises_held_out_accuracy_on_arithmetic(tmp_path):
+    cfg = load_config(None, [
+        f"output_dir={tmp_path / 'run'}", f"warm_start.cache_dir={tmp_path / 'cache'}",
+        "trainer.total_steps=150", "trainer.eval_every=150", "trainer.progress=false",
+        "trainer.plots=false", "trainer.tensorboard=false", "trainer.seed=0",
+    ])
+    run = train(cfg, log=lambda *_: None)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    acc = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+    assert set(acc) == {0, 150}
+    assert 0.1 < acc[0] < 0.5  # the warm start solves some problems, not all
+    assert acc[150] >= acc[0] + 0.08, acc  # measured: 0.265 -> about 0.39 at seed 0
