@@ -99,6 +99,27 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare
+
+    path, overrides = _split_config_args(args.args)
+    objectives_ = [o for o in args.objectives.split(",") if o]
+    report = compare(path, objectives_, args.seeds, overrides, args.out, args.threshold)
+    print(f"report: {report}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .compare import discover, write_report
+
+    runs = discover(args.run_dirs)
+    out = Path(args.out or args.run_dirs[0])
+    print(f"report: {write_report(runs, out, args.threshold)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", description="RLVR for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -121,6 +142,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_init_model)
+    p = sub.add_parser("compare", help="train several objectives x seeds on one budget and write a report",
+                       description="tether compare [CONFIG] --objectives grpo,dapo,atr_grpo --seeds 3 [key=value ...]")
+    p.add_argument("args", nargs="*", help="a YAML config file, then dotted overrides applied to every run")
+    p.add_argument("--objectives", required=True, help="comma-separated presets or objective names")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--out", default="runs/compare", help="directory for the runs and report.md")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="accuracy for 'steps to reach' (default: mean initial accuracy + 0.1)")
+    p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("report", help="rebuild report.md and plots from existing runs")
+    p.add_argument("run_dirs", nargs="+", help="run directories, or compare directories holding them")
+    p.add_argument("--out", default=None, help="where to write report.md (default: the first path)")
+    p.add_argument("--threshold", type=float, default=None)
+    p.set_defaults(func=cmd_report)
+    try:
+        from .evaluate import add_eval_parser
+    except ImportError:  # pragma: no cover - evaluate lands with the eval command
+        add_eval_parser = None
+    if add_eval_parser is not None:
+        add_eval_parser(sub)
     for register in _EXTRA_COMMANDS:
         register(sub)
     return parser
