@@ -5,34 +5,18 @@ import shutil
 import pytest
 
 from tether.compare import compare, discover, write_report
-from tether.models import init_model
-from tether.rewards import REWARDS, RewardResult
-
-
-def _first_char_digit(completion, example):
-    ok = completion[:1].isdigit()
-    return RewardResult(float(ok), {"digit": float(ok)})
-
-
-if "test_compare_digit" not in REWARDS:
-    REWARDS.register("test_compare_digit")(_first_char_digit)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m") / "tiny"
-    init_model(path, hidden_size=64, num_layers=2, num_heads=2, seed=0)
-    return path
+from conftest import DIGIT_REWARD
 
 
 def _overrides(tiny):
-    return [f"model.name_or_path={tiny}", "warm_start.enabled=false", "reward.name=test_compare_digit",
+    return [f"model.name_or_path={tiny}", "warm_start.enabled=false", f"reward.name={DIGIT_REWARD}",
             "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=5",
             "trainer.total_steps=3", "trainer.eval_every=2", "trainer.save_every=1", "trainer.progress=false",
             "trainer.tensorboard=false", "trainer.plots=false", "data.eval_size=8", "trainer.threads=1"]
 
 
-def test_compare_two_objectives_two_seeds_and_resume(tiny, tmp_path):
+def test_compare_two_objectives_two_seeds_and_resume(tiny_dir, tmp_path):
+    tiny = tiny_dir
     out = tmp_path / "cmp"
     logs = []
     report = compare(None, ["grpo", "atr_grpo"], 2, _overrides(tiny), str(out), threshold=0.5, log=logs.append)

@@ -11,32 +11,15 @@ import torch
 from safetensors.torch import load_file
 
 from tether.config import ConfigError, load_config
-from tether.models import init_model
-from tether.rewards import REWARDS, RewardResult
 from tether.train import train
 
-
-def _starts_with_digit(completion, example):
-    """A reward an untrained model earns about half the time: variance in every group."""
-    ok = completion[:1].isdigit()
-    return RewardResult(float(ok), {"digit": float(ok)})
-
-
-if "test_starts_with_digit" not in REWARDS:
-    REWARDS.register("test_starts_with_digit")(_starts_with_digit)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "tiny"
-    init_model(path, hidden_size=64, num_layers=2, num_heads=2, seed=0)
-    return path
+from conftest import DIGIT_REWARD
 
 
 def _cfg(tiny_dir, out, *extra):
     return load_config(None, [
         f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
-        "reward.name=test_starts_with_digit", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
         "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=4",
         "trainer.lr=3e-3", "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false",
         "trainer.save_every=2", "trainer.threads=1", *extra,
