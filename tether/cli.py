@@ -156,24 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="where to write report.md (default: the first path)")
     p.add_argument("--threshold", type=float, default=None)
     p.set_defaults(func=cmd_report)
-    try:
-        from .evaluate import add_eval_parser
-    except ImportError:  # pragma: no cover - evaluate lands with the eval command
-        add_eval_parser = None
-    if add_eval_parser is not None:
-        add_eval_parser(sub)
-    for register in _EXTRA_COMMANDS:
-        register(sub)
+    from .evaluate import add_eval_parser
+
+    add_eval_parser(sub)
     return parser
-
-
-_EXTRA_COMMANDS: list = []
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
     from .schema import ConfigError
+
+    hf_logging.disable_progress_bar()  # tether draws its own progress bars
 
     try:
         return args.func(args)
