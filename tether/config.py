@@ -192,13 +192,19 @@ class Config:
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    """tree["a"]["b"] = value for "a.b", creating mappings on the way."""
+    """tree["a"]["b"] = value for "a.b", creating mappings on the way.
+
+    `objective.KEY=V` on an objective given by name turns it into {preset|name: NAME, KEY: V}.
+    """
     keys = dotted.split(".")
     node = tree
     for k in keys[:-1]:
-        if not isinstance(node.get(k), dict):
-            node[k] = {} if node.get(k) is None else ({"preset": node[k]} if k == "objective" and isinstance(node[k], str) else node[k])
-        if not isinstance(node[k], dict):
+        current = node.get(k)
+        if current is None:
+            node[k] = {}
+        elif k == "objective" and isinstance(current, str):
+            node[k] = {"preset" if current in objectives.preset_names() else "name": current}
+        elif not isinstance(current, dict):
             raise ConfigError(f"{dotted}: {k!r} is not a section that has keys")
         node = node[k]
     node[keys[-1]] = value
