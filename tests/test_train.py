@@ -120,3 +120,33 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2
     assert "total_steps" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tiny_dir, tmp_path):
+    from tether import checkpoint
+
+    cfg = _cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=4", "trainer.plots=false")
+    run = train(cfg, log=lambda *_: None)
+    newest = run / "checkpoints" / "step_000004"
+    weights = newest / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a truncated copy
+    assert "truncated" in checkpoint.verify(newest)
+    logs = []
+    assert checkpoint.latest(run, log=logs.append).name == "step_000002"
+    assert "damaged" in logs[0] and "step_000004" in logs[0]
+    # Resuming uses step 2, redoes steps 3-4, and leaves no duplicated or missing step.
+    train(cfg, resume_dir=str(run), log=lambda *_: None)
+    assert [r["step"] for r in _rows(run)] == [0, 1, 2, 3, 4]
+    assert checkpoint.verify(run / "checkpoints" / "step_000004") == ""
+
+
+def test_pruning_never_deletes_the_newest_good_checkpoint(tiny_dir, tmp_path):
+    from tether import checkpoint
+
+    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "trainer.save_every=1",
+                     "trainer.keep_last=2", "trainer.plots=false"), log=lambda *_: None)
+    (run / "checkpoints" / "step_000002" / "manifest.json").unlink()  # damage the newest
+    checkpoint._prune(run, keep_last=1)
+    # The damaged step 2 does not count as a kept checkpoint, so the good step 1 survives.
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    assert checkpoint.latest(run, log=lambda *_: None).name == "step_000001"

@@ -5,12 +5,17 @@ Layout of RUN_DIR/checkpoints/step_000040/:
     reference.safetensors   the reference/anchor weights, when a reference model is in use
     state.pt          optimizer, scheduler, RNG states, data position, step (tensors and
                       plain Python only, so it loads with `torch.load(weights_only=True)`)
+    manifest.json     every file's size and sha256, written last
 A checkpoint is written into a temporary directory and renamed into place, so a kill during
-the write never leaves a half checkpoint that resume would pick up.
+the write never leaves a half checkpoint that resume would pick up; the manifest catches a
+checkpoint damaged afterwards (truncated copy, bad disk): resume verifies it and falls back to
+the previous good checkpoint, and pruning never deletes the newest good one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import re
 import shutil
@@ -55,12 +60,60 @@ def save(
     if reference is not None:
         save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, str(tmp / "reference.safetensors"))
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "state.pt")
+    _write_manifest(tmp, step)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    for old in list_checkpoints(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(run_dir, keep_last)
     return final
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(ckpt: Path) -> list[Path]:
+    return sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != "manifest.json")
+
+
+def _write_manifest(ckpt: Path, step: int) -> None:
+    files = {str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in _files(ckpt)}
+    (ckpt / "manifest.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
+
+
+def verify(ckpt: Path, checksums: bool = True) -> str:
+    """'' when the checkpoint matches its manifest, else what is wrong with it."""
+    manifest = ckpt / "manifest.json"
+    if not manifest.exists():
+        return "no manifest.json (the write was interrupted or the directory was copied partially)"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, KeyError):
+        return "manifest.json is unreadable"
+    for rel, meta in files.items():
+        path = ckpt / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        if path.stat().st_size != meta["size"]:
+            return f"{rel} has {path.stat().st_size} bytes, the manifest says {meta['size']} (truncated?)"
+        if checksums and _sha256(path) != meta["sha256"]:
+            return f"{rel} does not match its sha256 checksum (corrupt)"
+    return ""
+
+
+def _prune(run_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` checkpoints that pass a size check; damaged ones go too."""
+    good = 0
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        if verify(ckpt, checksums=False):
+            continue  # damaged: never counted as one of the kept, left for inspection
+        good += 1
+        if good > keep_last:
+            shutil.rmtree(ckpt, ignore_errors=True)
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -71,9 +124,14 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
 
-def latest(run_dir: Path) -> Optional[Path]:
-    ckpts = list_checkpoints(run_dir)
-    return ckpts[-1] if ckpts else None
+def latest(run_dir: Path, log=print) -> Optional[Path]:
+    """The newest checkpoint that matches its manifest; damaged newer ones are reported and skipped."""
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        problem = verify(ckpt)
+        if not problem:
+            return ckpt
+        log(f"warning: checkpoint {ckpt} is damaged ({problem}); falling back to the previous one")
+    return None
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from .config import Config, save_config
 from .data import PromptStream
 from .rewards import score_batch, with_completion_tokens
 from .rollout import RolloutBatch, SamplingParams, get_engine
-from .sinks import JsonlSink, Progress, TensorBoardSink, WandbSink, read_jsonl
+from .sinks import JsonlSink, Progress, TensorBoardSink, WandbSink, read_jsonl, truncate_jsonl
 from .schema import to_dict
 
 
@@ -367,7 +367,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         cfg.output_dir = cfg.output_dir.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = Path(resume_dir or cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = checkpoint.latest(run_dir) if resume_dir else None
+    ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
     if resume_dir is None and (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(
             f"{run_dir} already holds a run; resume it with `tether train --resume {run_dir}` "
@@ -411,7 +411,11 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     test_examples = task.examples("test", cfg.data.eval_size)
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens, stop_strings=tuple(cfg.rollout.stop_strings))
-    sinks = _sinks(cfg, run_dir, resume_after=start if ckpt else None)
+    # On resume, drop what was logged after the checkpoint (everything, when there is none).
+    resume_after = start if ckpt else (-1 if resume_dir else None)
+    sinks = _sinks(cfg, run_dir, resume_after)
+    if resume_after is not None and (run_dir / "samples.jsonl").exists():
+        truncate_jsonl(run_dir / "samples.jsonl", resume_after)
     progress = Progress(t.total_steps, start, enabled=t.progress)
     samples_file = (run_dir / "samples.jsonl").open("a")
     kl_window: list[float] = []
