@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from tether.config import ConfigError, load_config
+from tether.rewards import RewardResult
 from tether.train import train
 
 from conftest import DIGIT_REWARD
@@ -150,3 +151,29 @@ def test_pruning_never_deletes_the_newest_good_checkpoint(tiny_dir, tmp_path):
     # The damaged step 2 does not count as a kept checkpoint, so the good step 1 survives.
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     assert checkpoint.latest(run, log=lambda *_: None).name == "step_000001"
+
+
+def _nan_reward(completion, example):
+    return RewardResult(float("nan"), {})
+
+
+def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tiny_dir, tmp_path):
+    from tether import checkpoint
+    from tether.rewards import REWARDS
+
+    if "test_nan" not in REWARDS:
+        REWARDS.register("test_nan")(_nan_reward)
+    cfg = _cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=5", "reward.name=test_nan",
+               "trainer.max_nonfinite_steps=2", "trainer.plots=false")
+    logs = []
+    with pytest.raises(RuntimeError, match="2 steps in a row had a non-finite"):
+        train(cfg, log=logs.append)
+    run = tmp_path / "run"
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[2]["optim/skipped_updates"] == 2.0
+    assert any("skipped" in line for line in logs)
+    ckpt = checkpoint.latest(run, log=lambda *_: None)
+    assert ckpt.name == "step_000002"
+    before = load_file(str(tiny_dir / "model.safetensors"))
+    after = load_file(str(ckpt / "model" / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)  # no NaN update reached the weights

@@ -125,6 +125,8 @@ class TrainerConfig:
     """Rollout steps between checkpoints (also at the last step)."""
     keep_last: int = 2
     """Checkpoints kept; older ones are deleted."""
+    max_nonfinite_steps: int = 3
+    """Stop, with a checkpoint, after this many steps in a row with a skipped update (NaN/inf loss or gradient; skipped updates leave the weights unchanged)."""
     log_samples: int = 4
     """Completions per step written to samples.jsonl."""
     seed: int = 0

@@ -236,7 +236,7 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
     device = tokens.input_ids.device
     rewards, groups = scored.rewards.to(device), scored.group_ids.to(device)
     sums: dict[str, torch.Tensor] = {}
-    n_micro = n_mini = 0
+    n_micro = n_mini = skipped = 0
     grad_norms = []
     params = [p for p in model.parameters() if p.requires_grad]
     for _ in range(t.ppo_epochs):
@@ -259,13 +259,19 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
                 n_micro += 1
             n_mini += 1
             max_norm = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
-            grad_norms.append(torch.nn.utils.clip_grad_norm_(params, max_norm))
-            optimizer.step()
-            scheduler.step()
+            norm_ = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            if torch.isfinite(norm_):  # one host sync per optimiser step
+                grad_norms.append(norm_)
+                optimizer.step()
+                scheduler.step()
+                on_opt_step()
+            else:  # a NaN/inf loss or gradient: skip this update, keep the weights as they were
+                skipped += 1
             optimizer.zero_grad(set_to_none=True)
-            on_opt_step()
     metrics = {k: v / (n_mini if k.startswith("loss/") else n_micro) for k, v in sums.items()}
-    metrics["optim/grad_norm"] = torch.stack(grad_norms).float().mean()
+    nan = torch.tensor(float("nan"), device=device)
+    metrics["optim/grad_norm"] = torch.stack(grad_norms).float().mean() if grad_norms else nan
+    metrics["optim/skipped_updates"] = torch.tensor(float(skipped), device=device)
     keys = list(metrics)
     values = torch.stack([metrics[k].to(device).float() for k in keys]).tolist()  # the one host sync
     return dict(zip(keys, values))
@@ -419,6 +425,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     progress = Progress(t.total_steps, start, enabled=t.progress)
     samples_file = (run_dir / "samples.jsonl").open("a")
     kl_window: list[float] = []
+    bad_steps = 0
 
     def on_opt_step():
         nonlocal opt_steps, ref_updates
@@ -452,6 +459,19 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
             metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
             metrics.update(scored.metrics)
+            bad_steps = bad_steps + 1 if metrics["optim/skipped_updates"] > 0 else 0
+            if metrics["optim/skipped_updates"] > 0:
+                log(f"step {step}: {int(metrics['optim/skipped_updates'])} update(s) skipped: non-finite loss or "
+                    f"gradient (loss/total={metrics.get('loss/total')}, reward/mean={scored.rewards.mean().item()})")
+            if bad_steps >= t.max_nonfinite_steps:
+                for sink in sinks:
+                    sink.log(step, metrics)
+                save(step)
+                raise RuntimeError(
+                    f"stopping at step {step}: {bad_steps} steps in a row had a non-finite loss or gradient "
+                    f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). "
+                    f"The weights are those of the last good update; a checkpoint was written to {run_dir / 'checkpoints'}."
+                )
             if reference is not None and t.ref_update_kl > 0:
                 kl_window = (kl_window + [metrics.get("kl/ref", 0.0)])[-5:]
                 if sum(kl_window) / len(kl_window) > t.ref_update_kl:
