@@ -111,7 +111,13 @@ def _score(rollout, examples, reward_fn):
     per_sample = [examples[i] for i in rollout.prompt_index]
     per_sample = with_completion_tokens(per_sample, rollout.mask.sum(1).tolist())
     results = score_batch(reward_fn, rollout.completions, per_sample)
-    return torch.tensor([r.score for r in results], dtype=torch.float32), per_sample
+    return torch.tensor([r.score for r in results], dtype=torch.float32), per_sample, results
+
+
+def verifier_faults(results) -> dict[str, float]:
+    """How many completions the verifier gave up on (hard timeout) or lost its worker over."""
+    return {"reward/timeouts": float(sum("timeout" in r.reason for r in results)),
+            "reward/errors": float(sum("worker died" in r.reason for r in results))}
 
 
 def select_rollout(ro: RolloutBatch, idx: list[int]) -> RolloutBatch:
@@ -168,10 +174,10 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
     for k in range(rounds):
         examples = stream.take(want - have if k else want)
         rollout = engine.generate([e.prompt for e in examples], n=r.group_size, params=params, seed=seed + 7919 * k)
-        rewards, per_sample = _score(rollout, examples, reward_fn)
+        rewards, per_sample, results = _score(rollout, examples, reward_fn)
         groups = torch.tensor(rollout.prompt_index)
         if first_metrics is None:
-            first_metrics = rollout_metrics(rollout, rewards, groups)
+            first_metrics = {**rollout_metrics(rollout, rewards, groups), **verifier_faults(results)}
         if not r.dynamic_sampling:
             return Scored(rollout, per_sample, rewards, groups, first_metrics)
         from .core.masked import group_stats
