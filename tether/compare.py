@@ -17,6 +17,7 @@ from typing import Optional
 
 import yaml
 
+from .plots import save_panel
 from .sinks import read_jsonl
 
 CURVES = [  # (file, title, metric, smoothing window in steps)
@@ -214,13 +215,5 @@ def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]
         if not drawn:
             plt.close(fig)
             continue
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = plot_dir / f"{fname}.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_panel(fig, ax, title, plot_dir / f"{fname}.png", legend=True))
     return written

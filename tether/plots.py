@@ -22,6 +22,21 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def save_panel(fig, ax, title: str, path: Path, legend: bool) -> Path:
+    """Label a metric-vs-step panel, write it as PNG and close the figure."""
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_run(run_dir: Path) -> list[Path]:
     """Write RUN_DIR/plots/<panel>.png for every panel with data; returns the files."""
     import matplotlib
@@ -42,14 +57,5 @@ def plot_run(run_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(5, 3.2), dpi=110)
         for key, xs, ys in drawn:
             ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=key)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if len(drawn) > 1:
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / f"{fname}.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_panel(fig, ax, title, out_dir / f"{fname}.png", legend=len(drawn) > 1))
     return written
