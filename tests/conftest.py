@@ -1,9 +1,15 @@
+from pathlib import Path
+
 import pytest
 import torch
 
 from tether.rewards import REWARDS, RewardResult
 
 DIGIT_REWARD = "test_starts_with_digit"
+
+# Real benchmark data beside the checkout (../shared/data/math); tests that read it skip without it.
+MATH_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
+needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"{MATH_DATA} not present")
 
 
 def _starts_with_digit(completion, example):

@@ -2,7 +2,6 @@
 
 import shutil
 
-import pytest
 
 from tether.compare import compare, discover, write_report
 from conftest import DIGIT_REWARD

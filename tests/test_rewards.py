@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +20,7 @@ from tether.rewards import (
 )
 from tether.tasks import Example, get_task, load_math_dataset
 
-MATH_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
-needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"{MATH_DATA} not present")
+from conftest import MATH_DATA, needs_math_data
 
 ADD = Example("a", "23+58=", "81")
 CD = Example("c", "9,8,7=016:", "16", {"numbers": [9, 8, 7], "target": 16})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +20,7 @@ from tether.tasks import (
     task_names,
 )
 
-MATH_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
-needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"{MATH_DATA} not present")
+from conftest import MATH_DATA, needs_math_data
 
 
 def test_registry():

@@ -17,8 +17,7 @@ The math lives in `tether.core`; this module validates configs and assembles met
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable, Literal, Optional, Union
 

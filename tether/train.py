@@ -16,7 +16,6 @@ Log-probs are computed at the sampling temperature (logits / T), as the sampler 
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
