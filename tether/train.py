@@ -114,9 +114,11 @@ def _score(rollout, examples, reward_fn):
 
 
 def verifier_faults(results) -> dict[str, float]:
-    """How many completions the verifier gave up on (hard timeout) or lost its worker over."""
-    return {"reward/timeouts": float(sum("timeout" in r.reason for r in results)),
-            "reward/errors": float(sum("worker died" in r.reason for r in results))}
+    """How many completions the verifier gave up on (hard timeout), and how many it failed on:
+    the verifier raised (math-verify inside its worker, or any reward function) or its worker died."""
+    errors = ("verifier error", "worker died", "reward error")
+    return {"reward/timeouts": float(sum(r.reason == "timeout" for r in results)),
+            "reward/errors": float(sum(any(e in r.reason for e in errors) for r in results))}
 
 
 def select_rollout(ro: RolloutBatch, idx: list[int]) -> RolloutBatch:

@@ -51,7 +51,26 @@ def score_batch(
     batched = getattr(reward, "score_batch", None)
     if batched is not None:
         return batched(completions, examples)
-    return [reward(c, e) for c, e in zip(completions, examples)]
+    results = [_guarded(reward, c, e) for c, e in zip(completions, examples)]
+    failed = [r for r in results if r.reason.startswith(REWARD_ERROR)]
+    if results and len(failed) == len(results):
+        raise RuntimeError(
+            f"the reward {getattr(reward, '__name__', type(reward).__name__)} raised on every completion in "
+            f"the batch ({failed[0].reason}): that is a bug in the reward, not hostile output; fix the reward"
+        )
+    return results
+
+
+REWARD_ERROR = "reward error"
+
+
+def _guarded(reward: RewardFn, completion: str, example: Example) -> RewardResult:
+    """One completion's reward; a reward that raises (a user's, on odd output) scores 0, and the
+    trainer counts it in `reward/errors`, instead of ending the run."""
+    try:
+        return reward(completion, example)
+    except Exception as err:
+        return RewardResult(0.0, {}, f"{REWARD_ERROR}: {type(err).__name__}: {str(err)[:80]}")
 
 
 def brief(text: str, limit: int = 40) -> str:

@@ -48,12 +48,15 @@ class MathVerifier:
             math-verify; None means `math_verify_score`. Must be a top-level function of an
             importable module (tests inject a slow one to exercise the timeout).
         start_timeout_s: the longest a fresh worker may take to start.
+        memory_limit_mb: the worker's address-space cap (0: none); an answer that would need
+            more (sympy evaluating 9^9^9^9) fails with MemoryError, reason "verifier error".
         restarts: how many times a worker was killed (timeouts and crashes).
     """
 
     timeout_s: float = 5.0
     verify_fn: VerifyFn | None = None
     start_timeout_s: float = 120.0
+    memory_limit_mb: int = 4096
     restarts: int = field(default=0, init=False)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _conn: Connection | None = field(default=None, init=False, repr=False)
@@ -64,7 +67,7 @@ class MathVerifier:
         self.close()
         ours, theirs = socket.socketpair()
         self._proc = subprocess.Popen(
-            [sys.executable, str(_WORKER), str(theirs.fileno())],
+            [sys.executable, str(_WORKER), str(theirs.fileno()), str(self.memory_limit_mb)],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
         )
