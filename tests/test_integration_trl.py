@@ -1,0 +1,243 @@
+"""tether objectives inside TRL's GRPOTrainer (tether.integrations.trl), on CPU with a tiny model.
+
+What these prove:
+- end to end: two optimiser steps of TRL's loop with a tether objective change the weights;
+- the loss TRL backpropagates is tether's objective on the same tensors, rebuilt here from TRL's
+  raw batch independently of the adapter: rewards re-scored from the decoded completions,
+  groups checked against the prompts, advantages re-estimated, log-probs recomputed with a plain
+  forward pass, and the micro-batch losses of an optimiser step summing to the objective on the
+  step's whole mini-batch;
+- reference log-probs reach RPG with anchor ref although the caller's beta is 0;
+- ETR's micro-batches hold whole prompt groups;
+- unknown objectives and unsupported TRL options fail before any model is loaded.
+"""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+
+from tether import objectives  # noqa: E402
+from tether.integrations.trl import (  # noqa: E402
+    TetherGRPOTrainer,
+    group_advantages,
+    make_trainer,
+    reward_func,
+    to_dataset,
+    whole_group_chunks,
+)
+from tether.schema import ConfigError  # noqa: E402
+from tether.tasks import Example  # noqa: E402
+
+PROMPTS = ["1+1=", "2+3=", "7*6=", "9-4=", "8+8=", "5*5="]
+
+
+def odd_chars(completions, **_):
+    """Share of characters with an odd code point: a reward with variance in every group."""
+    return [sum(ord(c) % 2 for c in t) / max(len(t), 1) for t in completions]
+
+
+def _args(tmp_path, **overrides):
+    base = dict(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, fp16=False, max_steps=2,
+        logging_steps=1, save_strategy="no", learning_rate=1e-2, max_completion_length=8,
+        per_device_train_batch_size=4, num_generations=4, seed=0,
+    )
+    return GRPOConfig(**{**base, **overrides})
+
+
+def _train(tiny_dir, tmp_path, objective, **overrides):
+    """Two optimiser steps; returns the trainer, one record per loss evaluation, the initial weights."""
+    records = []
+
+    def hook(inputs, batch, out):
+        records.append(_record(trainer, inputs, batch, out))
+
+    args = _args(tmp_path, **overrides)
+    trainer = make_trainer(str(tiny_dir), odd_chars, Dataset.from_dict({"prompt": PROMPTS}), objective=objective,
+                           args=args, on_objective=hook)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert args.beta == 0.0 and trainer.args is not args  # the adapter sets beta on its own copy
+    return trainer, records, before
+
+
+@torch.no_grad()
+def _plain_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """log pi(completion token) from a plain forward pass, without TRL's helper."""
+    ids = torch.cat([prompt_ids, completion_ids], 1)
+    logits = model(input_ids=ids, attention_mask=torch.cat([prompt_mask, completion_mask], 1)).logits
+    logits = logits[:, prompt_ids.shape[1] - 1 : -1].float()  # (N, T): position t predicts token t + 1
+    return torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)
+
+
+def _record(trainer, inputs, batch, out):
+    tok = trainer.processing_class
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+    rec = {k: inputs[k].clone() for k in keys}
+    rec.update(
+        step=trainer._step,
+        loss=out.loss.detach().clone(),
+        metrics={k: v.item() for k, v in out.metrics.items()},
+        lp=batch.logprobs.detach().clone(),
+        lp_plain=_plain_logprobs(trainer.model, *(inputs[k] for k in keys)),
+        trl_old=None if inputs.get("old_per_token_logps") is None else inputs["old_per_token_logps"].clone(),
+        trl_ref=None if inputs.get("ref_per_token_logps") is None else inputs["ref_per_token_logps"].clone(),
+        advantages=inputs["advantages"].clone(),
+        rewards=inputs["tether_rewards"].clone(),
+        groups=inputs["tether_group_ids"].clone(),
+        loss_norm=batch.loss_norm,
+        texts=tok.batch_decode(inputs["completion_ids"], skip_special_tokens=True),
+        prompts=[tuple(p[m.bool()].tolist()) for p, m in zip(inputs["prompt_ids"], inputs["prompt_mask"])],
+    )
+    return rec
+
+
+def _cat(recs, key):
+    return torch.cat([r[key] for r in recs])
+
+
+def _check_batch_source(recs, obj, group_size):
+    """Rewards, groups and advantages of one generation batch, re-derived from TRL's raw rows."""
+    texts = [t for r in recs for t in r["texts"]]
+    torch.testing.assert_close(_cat(recs, "rewards"), torch.tensor(odd_chars(texts)), rtol=0, atol=1e-6)
+    groups, prompts = _cat(recs, "groups"), [p for r in recs for p in r["prompts"]]
+    for g in groups.unique().tolist():
+        rows = (groups == g).nonzero().flatten().tolist()
+        assert len(rows) == group_size and len({prompts[i] for i in rows}) == 1
+    expected = obj.advantages(_cat(recs, "rewards"), groups)
+    torch.testing.assert_close(_cat(recs, "advantages"), expected, rtol=1e-5, atol=1e-6)
+    for r in recs:  # TRL's helper gives the log-prob of each completion token (no off-by-one)
+        torch.testing.assert_close(r["lp"], torch.where(r["completion_mask"].bool(), r["lp_plain"], r["lp"]),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def _objective_on(obj, recs, old, ref=None, loss_norm=None):
+    """tether's objective on the rows of `recs`, rebuilt from TRL's tensors."""
+    batch = objectives.TokenBatch(
+        logprobs=_cat(recs, "lp"), old_logprobs=old, advantages=_cat(recs, "advantages"),
+        mask=_cat(recs, "completion_mask").float(), ref_logprobs=ref, group_ids=_cat(recs, "groups"),
+        rewards=_cat(recs, "rewards"), loss_norm=loss_norm,
+    )
+    return obj(batch).loss
+
+
+def _changed(trainer, before):
+    return [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
+
+
+def test_ratio_clip_loss_is_tethers_objective_on_the_whole_step(tiny_dir, tmp_path):
+    # 2 accumulation steps per optimiser step, the generation batch (2 prompts x 4) used twice
+    # (num_iterations=2): the second optimiser step is off-policy, so the clip is live.
+    trainer, recs, before = _train(tiny_dir, tmp_path, "dapo", gradient_accumulation_steps=2, num_iterations=2)
+    obj = trainer.tether_objective
+    assert _changed(trainer, before)
+    assert [r["step"] for r in recs] == [0, 1, 2, 3]
+    _check_batch_source(recs[:2], obj, group_size=4)
+    for k, step in enumerate((recs[:2], recs[2:])):
+        old = _cat(step, "trl_old")  # TRL computes pi_old here since the batch outlives one optimiser step
+        expected = _objective_on(obj, step, old)  # the whole mini-batch at once, its own normaliser
+        total = sum(r["loss"] for r in step)
+        torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-7)
+        # TRL logs the mean over micro-batches of loss/* scaled by 2: the mini-batch loss.
+        logged = trainer.state.log_history[k]
+        assert math.isclose(logged["loss/policy"], total.item(), rel_tol=1e-4, abs_tol=1e-7)
+        assert "policy/clipfrac_high" in logged and "policy/kl_old" in logged
+    m = _cat(recs[:2], "completion_mask").bool()
+    assert (_cat(recs[:2], "lp") - _cat(recs[:2], "trl_old"))[m].abs().max() < 1e-5  # on-policy at step 1
+    assert (_cat(recs[2:], "lp") - _cat(recs[2:], "trl_old"))[m].abs().max() > 1e-3  # off-policy at step 2
+
+
+def test_rpg_with_reference_anchor_gets_reference_logprobs(tiny_dir, tmp_path):
+    # generation batch of 8 = two optimiser steps of 4 (PPO-style mini-batches); beta left at 0.
+    spec = {"preset": "rpg_fkl", "anchor": "ref", "beta": 0.05}
+    trainer, recs, before = _train(tiny_dir, tmp_path, spec, generation_batch_size=8)
+    obj = trainer.tether_objective
+    assert trainer.ref_model is not None and trainer.beta == 0.05 and trainer.args.beta == 0.05
+    assert _changed(trainer, before)
+    _check_batch_source(recs, obj, group_size=4)
+    for r in recs:  # each optimiser step is one micro-batch: the objective on it, its own normaliser
+        expected = _objective_on(obj, [r], r["trl_old"], ref=r["trl_ref"])
+        torch.testing.assert_close(r["loss"], expected, rtol=1e-5, atol=1e-7)
+        assert "rpg/kl_anchor" in r["metrics"] and "kl/ref" in r["metrics"]
+    m = recs[1]["completion_mask"].bool()
+    # The reference is the initial policy, which also sampled the batch; the policy has moved by step 2.
+    torch.testing.assert_close(recs[1]["trl_ref"][m], recs[1]["trl_old"][m], rtol=0, atol=1e-5)
+    assert (recs[1]["lp"] - recs[1]["trl_old"])[m].abs().max() > 1e-3
+
+
+def test_etr_micro_batches_hold_whole_groups(tiny_dir, tmp_path):
+    # 4 prompts x 2 samples per generation batch, shuffled by TRL, re-split into whole groups.
+    trainer, recs, before = _train(tiny_dir, tmp_path, {"preset": "etr", "reward_range": [0.0, 1.0]},
+                                   num_generations=2, gradient_accumulation_steps=2)
+    obj = trainer.tether_objective
+    assert _changed(trainer, before)
+    for step in (recs[:2], recs[2:]):
+        _check_batch_source(step, obj, group_size=2)
+        norm = obj.normalizer(_cat(step, "completion_mask"))
+        for r in step:
+            assert sorted(r["groups"].bincount()[r["groups"].unique()].tolist()) == [2, 2]
+            expected = _objective_on(obj, [r], r["lp"], loss_norm=norm)
+            torch.testing.assert_close(r["loss"], expected, rtol=1e-5, atol=1e-7)
+        assert any(k.startswith("etr/") for k in trainer.state.log_history[0])
+
+
+def test_unknown_objective_fails_before_loading_the_model():
+    with pytest.raises(ConfigError, match=r"unknown objective or preset 'rpg_fk1'.*'rpg_fkl'.*Valid"):
+        TetherGRPOTrainer("no/such-model", odd_chars, GRPOConfig(report_to="none", use_cpu=True), objective="rpg_fk1")
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [({"top_entropy_quantile": 0.5}, "top_entropy_quantile"), ({"entropy_coef": 0.01}, "entropy_coef"),
+     ({"sync_ref_model": True}, "sync_ref_model")],
+)
+def test_settings_tether_cannot_honour_are_refused(tmp_path, setting, message):
+    with pytest.raises(ConfigError, match=message):
+        TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path, **setting), objective="dapo")
+
+
+def test_etr_needs_whole_groups_per_micro_batch(tmp_path):
+    with pytest.raises(ConfigError, match="whole prompt groups"):
+        TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path, num_generations=8, per_device_train_batch_size=4,
+                                                            gradient_accumulation_steps=2), objective="etr")
+
+
+def test_whole_group_chunks_moves_every_field_together():
+    torch.manual_seed(0)
+    perm = torch.randperm(8)
+    groups = (torch.arange(8) // 2)[perm]  # 4 groups of 2, shuffled as TRL shuffles
+    chunk = {"tether_group_ids": groups, "x": torch.arange(8)[perm, None].expand(8, 3), "ids": perm.tolist(),
+             "num_items_in_batch": torch.tensor(24)}
+    chunks = [{k: (v if k == "num_items_in_batch" else v[i * 4 : (i + 1) * 4]) for k, v in chunk.items()}
+              for i in range(2)]
+    out = whole_group_chunks(chunks)
+    assert len(out) == 2
+    for c in out:
+        assert sorted(c["tether_group_ids"].bincount()[c["tether_group_ids"].unique()].tolist()) == [2, 2]
+        assert c["x"][:, 0].tolist() == c["ids"] and (c["x"][:, 0] // 2).tolist() == c["tether_group_ids"].tolist()
+        assert c["num_items_in_batch"].item() == 24
+    assert sorted(i for c in out for i in c["ids"]) == list(range(8))
+
+
+def test_unscorable_completions_get_zero_advantage_and_no_part_in_the_baseline():
+    obj = objectives.build("rpg_fkl")  # dr_grpo: A = R - group mean
+    rewards = torch.tensor([1.0, float("nan"), 0.0, 1.0, 0.5, 0.0])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    # group 0 keeps one scored sample: no baseline, A = 0; group 1: mean 0.5; group 2: mean 0.25
+    expected = torch.tensor([0.0, 0.0, -0.5, 0.5, 0.25, -0.25])
+    torch.testing.assert_close(group_advantages(obj, rewards, groups), expected, rtol=0, atol=1e-7)
+
+
+def test_reward_func_scores_tether_examples_with_a_tether_verifier():
+    data = to_dataset([Example("a", "1+1=", "2"), Example("b", "2+3=", "5")])
+    score = reward_func("exact_match")
+    rows = data[:]
+    assert score(prompts=rows["prompt"], completions=["2", "6"], answer=rows["answer"], id=rows["id"],
+                 meta=rows["meta"], trainer_state=None) == [1.0, 0.0]
+    assert score.__name__ == "exact_match"

@@ -1,0 +1,413 @@
+"""tether's objectives inside TRL's `GRPOTrainer` (tested with trl>=1.16,<1.17).
+
+TRL samples, scores, batches and steps the optimiser; a tether `Objective` computes the loss:
+
+    from trl import GRPOConfig
+    from tether.integrations.trl import make_trainer
+    trainer = make_trainer("Qwen/Qwen2.5-0.5B", reward_fn, dataset, objective="rpg_fkl",
+                           args=GRPOConfig(num_generations=8, num_iterations=2, ...))
+    trainer.train()
+
+`TetherGRPOTrainer` overrides four methods of `GRPOTrainer`, each only to adapt:
+
+- `_compute_loss`: the current log-probs and entropies from TRL's own helper, a `TokenBatch`
+  (old and reference log-probs, advantages, mask, rewards, group ids, the mini-batch
+  normaliser), and the tether objective. TRL's clip, KL term, `loss_type` and entropy bonus are
+  not used; the objective's metrics go to TRL's `_metrics` under their tether names.
+- `_calculate_rewards`: keeps TRL's rewards, gathered over all processes, for the next one.
+- `_generate_and_score_completions`: adds `tether_rewards` and `tether_group_ids`, both (N,), to
+  the batch, and replaces TRL's advantages by the objective's estimator (`grpo`, `dr_grpo`,
+  `rloo`) over the same groups; `advantages="trl"` keeps TRL's.
+- `_prepare_inputs`: once TRL has buffered a new generation batch, computes the aggregation
+  normaliser of each of its chunks (summed over processes) and, for objectives that need whole
+  prompt groups in a micro-batch (ETR), re-splits the shuffled batch so that each chunk holds
+  whole groups.
+
+Where the loss path departs from TRL's, and why:
+1. Gradient accumulation (SPEC section 4): every micro-batch's loss is its share of the objective
+   on the whole optimiser step (all accumulation steps of all processes): `loss_norm` is that
+   step's normaliser divided by the number of processes, since data parallelism averages the
+   gradients. The gradient of one optimiser step is then the objective's gradient on its
+   mini-batch. This is exact when `steps_per_generation * num_iterations` is a multiple of
+   `gradient_accumulation_steps` (TRL's default sets both to the same value); otherwise a step
+   spans two generation batches, the second not sampled yet, and the normaliser is estimated as
+   `gradient_accumulation_steps` times the mean normaliser of a chunk of the current one.
+2. TRL's `beta` only switches the reference model on: the trainer sets it to the objective's
+   KL coefficient when the objective needs reference log-probs (a `kl_penalty` or RPG with
+   `anchor: ref`) and to 0 otherwise, on a copy of the config, and never adds TRL's KL term.
+3. `max_len` of `seq-mean-token-sum-norm` defaults to `max_completion_length` (Dr. GRPO's
+   constant), not the padded width, which differs between TRL's generation batches.
+4. Unscorable completions (every reward function returned None) keep advantage 0 and stay out
+   of the group baseline, as in TRL; ETR's group statistics count their reward as 0.
+5. TRL options that act inside its own loss are refused rather than silently ignored (see
+   `unsupported_options`), among them vLLM's importance-sampling correction: a tether
+   objective's only behaviour policy is `old_logprobs`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import warnings
+from typing import Any, Callable, Literal, Optional, Sequence, Union
+
+import torch
+
+from .. import objectives
+from ..objectives import Objective, ObjectiveOutput, TokenBatch
+from ..schema import ConfigError
+
+try:
+    import trl
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import split_tensor_dict
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "tether.integrations.trl needs TRL: pip install 'tether[trl]' (tested with trl>=1.16,<1.17)"
+    ) from err
+
+TESTED_TRL = ">=1.16,<1.17"
+ObjectiveSpec = Union[str, dict, Objective]
+ObjectiveHook = Callable[[dict, TokenBatch, ObjectiveOutput], None]
+
+# Model inputs besides ids and attention mask that a TRL batch may carry (images), passed on as TRL does.
+_FORWARD_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+    "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+
+
+def _check_version() -> None:
+    from packaging.specifiers import SpecifierSet
+
+    if trl.__version__ not in SpecifierSet(TESTED_TRL):
+        warnings.warn(
+            f"tether.integrations.trl is tested with trl{TESTED_TRL}, found {trl.__version__}: it overrides "
+            "private GRPOTrainer methods, which may have changed",
+            stacklevel=3,
+        )
+
+
+_check_version()
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def prepare_objective(spec: ObjectiveSpec, max_completion_length: Optional[int]) -> Objective:
+    """A built objective from a preset name, an objective name, a config mapping or an `Objective`.
+
+    An unset `max_len` becomes `max_completion_length` (departure 3 in the module docstring).
+    """
+    obj = spec if isinstance(spec, Objective) else objectives.build(spec)
+    if obj.config.max_len is None and max_completion_length is not None:
+        obj = Objective(obj.name, dataclasses.replace(obj.config, max_len=max_completion_length))
+    return obj
+
+
+def needs_whole_groups(obj: Objective) -> bool:
+    """Whether each micro-batch must hold whole prompt groups (ETR's group statistics)."""
+    return "group_ids" in obj.config.required_fields()
+
+
+def reference_beta(obj: Objective) -> float:
+    """The TRL `beta` that loads the reference exactly when the objective uses it (departure 2)."""
+    if not obj.uses_reference():
+        return 0.0
+    cfg = obj.config
+    coef = cfg.kl_penalty.coef if cfg.kl_penalty is not None else 0.0
+    return coef or getattr(cfg, "beta", 0.0) or 1.0
+
+
+def unsupported_options(args: Any, obj: Objective) -> list[str]:
+    """GRPOConfig settings this adapter cannot honour, each with what to do instead."""
+    problems = []
+    if args.top_entropy_quantile < 1.0:
+        problems.append("top_entropy_quantile < 1 (TRL's high-entropy token mask acts inside TRL's loss); set 1.0")
+    if args.off_policy_mask_threshold is not None:
+        problems.append("off_policy_mask_threshold (TRL's off-policy sequence mask); set None")
+    if args.delta is not None:
+        problems.append("delta (TRL's two-sided clip); set None and use the objective's dual_clip_c")
+    if args.entropy_coef != 0 or args.use_adaptive_entropy:
+        problems.append("entropy_coef / use_adaptive_entropy (TRL's entropy bonus); set the objective's entropy_coef")
+    if args.use_vllm and args.vllm_importance_sampling_correction:
+        problems.append(
+            "vllm_importance_sampling_correction=True (TRL's sampler correction multiplies TRL's per-token loss, "
+            "which tether replaces); set it False"
+        )
+    if args.sync_ref_model and not obj.uses_reference():
+        problems.append(
+            f"sync_ref_model=True, but objective {obj.name!r} uses no reference model; set it False, "
+            "or use kl_penalty or an RPG objective with anchor: ref"
+        )
+    if needs_whole_groups(obj) and args.per_device_train_batch_size % args.num_generations:
+        problems.append(
+            f"per_device_train_batch_size={args.per_device_train_batch_size} is not a multiple of "
+            f"num_generations={args.num_generations}: objective {obj.name!r} needs whole prompt groups in each "
+            "micro-batch (or set macro: off)"
+        )
+    return problems
+
+
+# ---------------------------------------------------------------- batches
+
+
+def loss_mask(inputs: dict) -> torch.Tensor:
+    """(N, T) tokens that count: completion tokens, minus tool outputs in multi-turn batches."""
+    mask = inputs["completion_mask"]
+    return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
+
+
+def group_advantages(obj: Objective, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """The objective's advantage estimator; rows with a NaN reward get 0 and no part in the baseline."""
+    ok = torch.isfinite(rewards)
+    if bool(ok.all()):
+        return obj.advantages(rewards, groups)
+    adv = torch.zeros_like(rewards)
+    if bool(ok.any()):
+        adv[ok] = obj.advantages(rewards[ok], groups[ok])
+    return adv
+
+
+def _concat(chunks: Sequence[dict]) -> dict:
+    out = {}
+    for key, first in chunks[0].items():
+        parts = [c[key] for c in chunks]
+        if first is None or (isinstance(first, torch.Tensor) and first.dim() == 0):
+            out[key] = first  # per-batch values (num_items_in_batch) are the same in every chunk
+        elif isinstance(first, torch.Tensor):
+            out[key] = torch.cat(parts)
+        else:
+            out[key] = [x for p in parts for x in p]
+    return out
+
+
+def _take(value: Any, order: torch.Tensor) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        return value[order.to(value.device)]
+    if isinstance(value, list):
+        return [value[i] for i in order.tolist()]
+    return value
+
+
+def whole_group_chunks(chunks: Sequence[dict], key: str = "tether_group_ids") -> list[dict]:
+    """The rows of `chunks`, re-split into as many chunks of whole groups, groups in random order.
+
+    Rows of a group stay in the order they had (TRL's shuffle); the chunks hold whole groups
+    when every group has the same size and that size divides the chunk size.
+    """
+    if any(k in chunks[0] for k in ("pixel_values", "num_images")):
+        raise NotImplementedError("whole-group micro-batches (ETR) do not support image inputs")
+    merged = _concat(chunks)
+    _, label = torch.unique(merged[key].cpu(), return_inverse=True)  # (N,) group index 0..n_groups-1
+    rank = torch.randperm(int(label.max()) + 1)[label]  # (N,) a random rank per group
+    order = torch.sort(rank, stable=True).indices
+    return split_tensor_dict({k: _take(v, order) for k, v in merged.items()}, len(chunks))
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+class TetherGRPOTrainer(GRPOTrainer):
+    """`GRPOTrainer` whose loss is a tether objective.
+
+    Args:
+        model, reward_funcs, args, **kwargs: as for `trl.GRPOTrainer`.
+        objective: a preset name ("rpg_fkl", "atr_grpo", "etr", ...), an objective mapping
+            (`{"preset": "dapo", "eps_high": 0.3}`), or a built `tether.objectives.Objective`.
+        advantages: "tether" (the objective's estimator over TRL's groups) or "trl" (TRL's own,
+            set by `scale_rewards` and `multi_objective_aggregation`).
+        on_objective: called after each loss evaluation with (TRL's batch, the TokenBatch, the
+            ObjectiveOutput); for inspection and tests. The TokenBatch's `logprobs` carry gradient.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: Optional[GRPOConfig] = None,
+        *,
+        objective: ObjectiveSpec,
+        advantages: Literal["tether", "trl"] = "tether",
+        on_objective: Optional[ObjectiveHook] = None,
+        **kwargs: Any,
+    ):
+        if advantages not in ("tether", "trl"):
+            raise ConfigError(f"advantages: got {advantages!r}, expected 'tether' or 'trl'")
+        args = GRPOConfig() if args is None else args
+        obj = prepare_objective(objective, args.max_completion_length)
+        problems = unsupported_options(args, obj)
+        if problems:
+            raise ConfigError("GRPOConfig settings tether cannot honour:\n- " + "\n- ".join(problems))
+        args = copy.copy(args)  # never mutate the caller's config
+        args.beta = reference_beta(obj)
+        self.tether_objective = obj  # not `objective`: transformers' Trainer uses that name
+        self.tether_advantages = advantages
+        self.on_objective = on_objective
+        self._tether_whole_groups = needs_whole_groups(obj)
+        self._tether_rewards_per_func: Optional[torch.Tensor] = None
+        self._tether_chunk_norms: Optional[torch.Tensor] = None
+        super().__init__(model, reward_funcs, args=args, **kwargs)
+
+    # ------------------------------------------------------------ scoring and batching
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._tether_rewards_per_func = rewards  # (N_all, n_funcs), gathered over processes
+        return rewards
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        per_func = self._tether_rewards_per_func
+        total = (per_func * self.reward_weights.to(per_func.device)).nansum(1)
+        total = torch.where(torch.isnan(per_func).all(1), torch.full_like(total, float("nan")), total)  # (N_all,)
+        # TRL's grouping: num_generations consecutive rows of the gathered batch share a prompt.
+        g = self.num_generations if self.model.training else self.num_generations_eval
+        groups = torch.arange(total.shape[0], device=total.device) // g
+        n = out["completion_ids"].shape[0]
+        local = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
+        if self.tether_advantages == "tether":
+            out["advantages"] = group_advantages(self.tether_objective, total, groups)[local]
+        out["tether_rewards"] = torch.nan_to_num(total[local], nan=0.0)
+        out["tether_group_ids"] = groups[local]
+        return out
+
+    def _prepare_inputs(self, generation_batch):
+        spg = self.args.steps_per_generation
+        fresh = self.model.training and (
+            self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None
+        )
+        inputs = super()._prepare_inputs(generation_batch)
+        if not fresh:
+            return inputs
+        if self._tether_whole_groups:
+            self._buffered_inputs = whole_group_chunks(self._buffered_inputs)
+            inputs = self._buffered_inputs[self._step % spg]
+        local = torch.stack([self.tether_objective.normalizer(loss_mask(c)) for c in self._buffered_inputs])
+        self._tether_chunk_norms = self.accelerator.reduce(local.float(), reduction="sum")  # (spg,)
+        return inputs
+
+    def _step_normalizer(self) -> torch.Tensor:
+        """This optimiser step's mini-batch normaliser over the number of processes (departure 1)."""
+        norms = self._tether_chunk_norms
+        ga = self.current_gradient_accumulation_steps
+        spg, full_ga = self.args.steps_per_generation, self.args.gradient_accumulation_steps
+        if (spg * self.num_iterations) % full_ga == 0:
+            start = self._step - self._step % full_ga
+            total = norms[torch.arange(start, start + ga, device=norms.device) % spg].sum()
+        else:
+            total = norms.mean() * ga
+        return total / self.accelerator.num_processes
+
+    # ------------------------------------------------------------ the loss
+
+    def _compute_loss(self, model, inputs):
+        train = self.model.training
+        completion_ids = inputs["completion_ids"]
+        ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        lp, ent, aux = self._get_per_token_logps_and_entropies(
+            model, ids, attention, completion_ids.size(1), compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _FORWARD_KEYS},
+        )
+        batch = self._token_batch(inputs, lp, ent, train)
+        out = self.tether_objective(batch)
+        loss = out.loss
+        if self.aux_loss_enabled:  # a mixture-of-experts router loss, scaled as TRL scales it
+            loss = loss + self.router_aux_loss_coef * aux / (self.current_gradient_accumulation_steps if train else 1)
+        self._log_objective(out.metrics, "train" if train else "eval")
+        if self.on_objective is not None:
+            self.on_objective(inputs, batch, out)
+        return loss
+
+    def _token_batch(self, inputs: dict, lp: torch.Tensor, ent: torch.Tensor, train: bool) -> TokenBatch:
+        obj = self.tether_objective
+        ref = inputs.get("ref_per_token_logps")
+        if obj.uses_reference() and ref is None:
+            raise RuntimeError(
+                f"objective {obj.name!r} needs reference log-probs but TRL computed none (beta={self.beta}); "
+                "was the trainer's config changed after construction?"
+            )
+        old = inputs.get("old_per_token_logps")
+        return TokenBatch(
+            logprobs=lp,
+            # TRL leaves old log-probs out when a batch is used within one optimiser step: pi_old = pi_theta.
+            old_logprobs=lp.detach() if old is None else old,
+            advantages=inputs["advantages"],
+            mask=loss_mask(inputs).to(lp.dtype),
+            ref_logprobs=ref,
+            group_ids=inputs.get("tether_group_ids"),
+            rewards=inputs.get("tether_rewards"),
+            entropy=ent if obj.config.entropy_coef else ent.detach(),
+            loss_norm=self._step_normalizer() if train else None,
+        )
+
+    def _log_objective(self, metrics: dict[str, torch.Tensor], mode: str) -> None:
+        """Average over processes; `loss/*` are shares of the step's loss, so scale them to it.
+
+        TRL averages a step's micro-batch values when it logs: with each `loss/*` value times the
+        number of accumulation steps, that average is the mini-batch loss, as in tether's trainer.
+        """
+        names = sorted(metrics)
+        values = torch.stack([metrics[k].detach().float() for k in names])
+        values = self.accelerator.gather(values[None]).mean(0).tolist()  # one host sync
+        ga = self.current_gradient_accumulation_steps if mode == "train" else 1
+        for name, value in zip(names, values):
+            self._metrics[mode][name].append(value * ga if name.startswith("loss/") else value)
+
+
+def make_trainer(
+    model: Any,
+    reward_funcs: Any,
+    train_dataset: Any,
+    objective: ObjectiveSpec = "rpg_fkl",
+    args: Optional[GRPOConfig] = None,
+    **kwargs: Any,
+) -> TetherGRPOTrainer:
+    """A `TetherGRPOTrainer`: `model` is a hub id, a local directory or a loaded model;
+    `reward_funcs` TRL reward functions (see `reward_func` for tether's verifiers); other
+    keyword arguments go to the trainer (`eval_dataset`, `processing_class`, `peft_config`, ...)."""
+    return TetherGRPOTrainer(model, reward_funcs, args, train_dataset=train_dataset, objective=objective, **kwargs)
+
+
+# ---------------------------------------------------------------- tether tasks and rewards in TRL
+
+
+def to_dataset(examples: Sequence[Any]):
+    """A `datasets.Dataset` of tether `Example`s: columns prompt, answer, id, meta (JSON text)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({
+        "prompt": [e.prompt for e in examples],
+        "answer": [e.answer for e in examples],
+        "id": [e.id for e in examples],
+        "meta": [json.dumps(e.meta) for e in examples],
+    })
+
+
+def reward_func(reward: Any, name: Optional[str] = None) -> Callable[..., list[float]]:
+    """A TRL reward function from a tether reward (a name, a weighted config or a `RewardFn`).
+
+    It reads the dataset columns `to_dataset` writes, so training and evaluation share one verifier.
+    """
+    from ..rewards import get_reward, score_batch
+    from ..tasks import Example
+
+    fn = get_reward(reward) if isinstance(reward, (str, dict)) else reward
+
+    def score(prompts, completions, answer, id=None, meta=None, **_):
+        examples = [
+            Example(id=id[i] if id else str(i), prompt=_text(prompts[i]), answer=answer[i],
+                    meta=json.loads(meta[i]) if meta else {})
+            for i in range(len(completions))
+        ]
+        return [r.score for r in score_batch(fn, [_text(c) for c in completions], examples)]
+
+    score.__name__ = name or (reward if isinstance(reward, str) else getattr(fn, "__name__", type(fn).__name__))
+    return score
+
+
+def _text(x: Any) -> str:
+    """A plain prompt or completion as is; a conversational one (a list of messages): its last message."""
+    return x if isinstance(x, str) else x[-1]["content"]
