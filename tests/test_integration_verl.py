@@ -1,0 +1,457 @@
+"""tether inside verl (CPU, float64): the plugin loads through verl's entry point, verl's registries
+hand out tether's losses and estimators, and each gives the loss, gradient and metrics of the
+tether code it adapts; tether losses that restate a verl loss agree with verl's own; the hook
+carries ref_log_prob and returns through verl's real ppo_loss; the example's Hydra overrides
+exist in verl's config schema; and the errors name their fix.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+verl = pytest.importorskip("verl")
+
+from tensordict import TensorDict  # noqa: E402  (verl's dependency)
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.workers.config import FSDPActorConfig  # noqa: E402
+
+from tether import objectives  # noqa: E402
+from tether.core import advantages as A  # noqa: E402
+from tether.schema import ConfigError  # noqa: E402
+
+tv = sys.modules.get("tether.integrations.verl")  # loaded by `import verl`, through the entry point
+if tv is None:  # the subprocess test below says why; import it so the rest can still run
+    import tether.integrations.verl as tv
+
+D = torch.float64
+G = 4  # samples per prompt
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "verl" / "run_qwen2.5_math_7b_dapo.sh"
+
+
+def _data(N=12, T=6, seed=0):
+    """Random (N, T) tensors with padding (holding garbage that must not matter), 0/1 rewards in
+    groups of G: group 0 all correct (zero variance), group 1 mixed, the rest random."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (N,), generator=g)
+    lengths[0] = T
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    old = -torch.rand(N, T, generator=g, dtype=D) - 0.1
+    lp = old + 0.35 * torch.randn(N, T, generator=g, dtype=D)  # ratios from ~0.5 to ~2: every clip acts
+    lp, old = (torch.where(mask, x, torch.full_like(x, 7.0)) for x in (lp, old))
+    ref = old - 0.3 * torch.rand(N, T, generator=g, dtype=D)
+    groups = torch.arange(N) // G
+    rewards = torch.randint(0, 2, (N,), generator=g).to(D)
+    rewards[:G] = 1.0
+    rewards[G], rewards[G + 1] = 1.0, 0.0
+    # verl's outcome reward sits on the last response token.
+    token_rewards = torch.zeros(N, T, dtype=D)
+    token_rewards[torch.arange(N), lengths - 1] = rewards
+    uids = np.array([f"prompt-{int(i)}" for i in groups], dtype=object)
+    weights = 0.5 + torch.rand(N, T, generator=g, dtype=D)
+    return dict(lp=lp, old=old, ref=ref, mask=mask, groups=groups, rewards=rewards, token_rewards=token_rewards,
+                uids=uids, weights=weights)
+
+
+def _actor_config(policy_loss=None, **kw):
+    """verl's own actor config, as its workers build it."""
+    return FSDPActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=2,
+                           **({"policy_loss": policy_loss} if policy_loss is not None else {}), **kw)
+
+
+def _verl_loss(loss_mode, d, config, agg, weights=None, fields=None):
+    """(loss, d loss / d lp, metrics) from the function verl's registry returns for `loss_mode`."""
+    lp = d["lp"].clone().requires_grad_()
+    adv, returns = d["adv_tok"], d["returns"]
+    fn = core_algos.get_policy_loss_fn(loss_mode)
+    with tv.micro_batch(fields if fields is not None else {"ref_log_prob": d["ref"], "returns": returns}):
+        loss, metrics = fn(old_log_prob=d["old"], log_prob=lp, advantages=adv, response_mask=d["mask"],
+                           loss_agg_mode=agg, config=config, rollout_is_weights=weights)
+    loss.backward()
+    return loss.detach(), lp.grad, metrics
+
+
+# ---------------------------------------------------------------- loading and registration
+
+
+_LOAD_CHECK = (
+    "import sys, verl\n"
+    "from verl.trainer.ppo import core_algos as ca\n"
+    "from verl.workers.utils import losses\n"
+    "assert 'tether.integrations.verl' in sys.modules, 'plugin not imported'\n"
+    "print(sorted(k for k in ca.POLICY_LOSS_REGISTRY if k.startswith('tether_')))\n"
+    "print(sorted(k for k in ca.ADV_ESTIMATOR_REGISTRY if k.startswith('tether_')))\n"
+    "print(getattr(losses.ppo_loss, 'tether_hook', False))\n"
+)
+
+
+def test_plugin_loads_through_the_entry_point_in_a_fresh_process():
+    # verl logs a plugin that fails to import at debug level and goes on: check the effects, in a clean interpreter.
+    # (The older route, VERL_USE_EXTERNAL_MODULES, imports the same module; a second interpreter would double the
+    # cost of this file, so it is not run here.)
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+    out = subprocess.run([sys.executable, "-c", _LOAD_CHECK], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    losses, estimators, hooked = out.stdout.strip().splitlines()[-3:]
+    assert eval(losses) == sorted(f"tether_{n}" for n in objectives.names())
+    assert eval(estimators) == ["tether_dr_grpo", "tether_grpo", "tether_rloo"]
+    assert hooked == "True"
+
+
+def test_the_entry_point_is_declared():
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
+    assert eps.get("tether") == "tether.integrations.verl"
+
+
+def test_verl_registries_return_tethers_functions():
+    assert set(tv.LOSS_MODES.values()) == set(objectives.names())
+    for mode in tv.LOSS_MODES:
+        assert core_algos.get_policy_loss_fn(mode).__module__ == "tether.integrations.verl"
+    for name in A.ADVANTAGES.names():
+        assert core_algos.get_adv_estimator_fn(f"tether_{name}").__module__ == "tether.integrations.verl"
+    tv.register()  # a second registration is a no-op, not a duplicate-name error
+    with pytest.raises(ValueError, match="not tether's"):
+        tv._claim({"tether_rpg": print}, "tether_rpg", print, None, "policy loss")
+
+
+# ---------------------------------------------------------------- losses = tether's objectives
+
+# (loss_mode, objective, overrides): every registered loss at least once, plus the paths that
+# read the reference (anchor=ref, kl_penalty) and ETR's group statistic.
+CASES = [
+    ("tether_ppo_clip", "ppo_clip", {}),
+    ("tether_ppo_clip", "dapo", {"dual_clip_c": 3.0}),
+    ("tether_ppo_clip", "dr_grpo", {}),  # seq-mean-token-sum-norm
+    ("tether_ppo_clip", "grpo", {"aggregation": "token-mean"}),  # k3 KL penalty to the reference
+    ("tether_ppo_clip", "dapo", {"kl_penalty": {"estimator": "k3_iw", "coef": 0.1}}),
+    ("tether_divergence_clip", "atr_grpo", {}),
+    ("tether_divergence_clip", "divergence_clip", {"measure": "hellinger", "delta": 0.05, "dual_clip_c": 3.0}),
+    ("tether_gspo", "gspo", {}),  # seq-mean-token-mean
+    ("tether_cispo", "cispo", {}),
+    ("tether_reinforce", "reinforce", {"importance_weight": True}),
+    ("tether_rpg", "rpg_urkl", {}),
+    ("tether_rpg", "rpg_fkl", {"anchor": "ref", "beta": 0.05}),
+    ("tether_rpg", "rpg_urkl_diff", {"anchor": "ref", "beta": 0.05}),
+    ("tether_rpg", "rpg_rkl", {"clip": "none", "form": "reinforce", "beta": 0.05}),
+    ("tether_etr", "etr", {}),
+    ("tether_etr", "etr", {"macro": "off", "dual_clip_c": 3.0}),
+    ("tether_etr", "etr", {"alpha": 0.0, "eta": 1.0}),
+]
+
+
+def test_the_cases_cover_every_registered_loss():
+    assert {c[0] for c in CASES} == set(tv.LOSS_MODES)
+
+
+def _both_sides(loss_mode, objective, overrides, d, batch_info=None, loss_norm=None):
+    """verl's registered loss (estimator -> loss, verl's config) and tether's objective on the same tensors."""
+    pl = tv.TetherPolicyLossConfig(loss_mode=loss_mode, objective=objective, overrides=overrides)
+    obj = tv.objective_from(loss_mode, objective, overrides)
+    agg = obj.config.aggregation
+    config = _actor_config(pl, loss_agg_mode=agg)
+    config.global_batch_info.update(batch_info or {})
+    est = core_algos.get_adv_estimator_fn(f"tether_{obj.config.advantage}")
+    d["adv_tok"], d["returns"] = est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"])
+    v_loss, v_grad, metrics = _verl_loss(loss_mode, d, config, agg)
+
+    lp = d["lp"].clone().requires_grad_()
+    out = obj(objectives.TokenBatch(
+        logprobs=lp, old_logprobs=d["old"], advantages=obj.advantages(d["rewards"], d["groups"]), mask=d["mask"],
+        ref_logprobs=d["ref"], group_ids=d["groups"], rewards=d["rewards"], loss_norm=loss_norm,
+    ))
+    out.loss.backward()
+    return (v_loss, v_grad, metrics), (out.loss.detach(), lp.grad, out.metrics), agg
+
+
+@pytest.mark.parametrize("loss_mode,objective,overrides", CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(CASES)])
+def test_verl_loss_equals_tether_objective(loss_mode, objective, overrides):
+    d = _data()
+    (v_loss, v_grad, vm), (t_loss, t_grad, tm), agg = _both_sides(loss_mode, objective, overrides, d)
+    # verl's seq-mean-token-mean divides each sequence by (its tokens + 1e-8); tether by its tokens.
+    tol = dict(rtol=1e-7, atol=1e-9) if agg == "seq-mean-token-mean" else dict(rtol=1e-11, atol=1e-13)
+    assert t_loss.abs() > 1e-4 and t_grad.abs().sum() > 1e-3  # a case that tests nothing is a defect
+    torch.testing.assert_close(v_loss, t_loss, **tol)
+    torch.testing.assert_close(v_grad, t_grad, **tol)
+    # Metrics: tether's under actor/tether/, verl's three keys by verl's definitions.
+    for key in ("policy/clipfrac_low", "policy/clipfrac_high", "policy/clipfrac_dual", "policy/ratio_mean",
+                "policy/ratio_max", "policy/kl_old", "kl/ref"):
+        assert vm[f"actor/tether/{key}"] == pytest.approx(float(tm[key]), rel=1e-6, abs=1e-9), key
+    clipped = float(tm["policy/clipfrac_low"] + tm["policy/clipfrac_high"])  # disjoint: they need A < 0 and A > 0
+    assert vm["actor/pg_clipfrac"] == pytest.approx(clipped, abs=1e-6)
+    assert vm["actor/pg_clipfrac_lower"] == pytest.approx(float(tm["policy/clipfrac_dual"]), abs=1e-6)
+    if objective.startswith("rpg"):
+        assert vm["actor/tether/rpg/kl_anchor"] == pytest.approx(float(tm["rpg/kl_anchor"]), rel=1e-9)
+    if loss_mode == "tether_etr":
+        assert vm["actor/tether/etr/eps_high_mean"] == pytest.approx(float(tm["etr/eps_high_mean"]), rel=1e-9)
+    assert all(isinstance(v, float) for v in vm.values())
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_global_batch_info_normalises_like_tethers_minibatch_normaliser(agg):
+    # A micro-batch that is 1/3 of the global batch over dp_size 2: verl divides by the global
+    # totals and multiplies by dp_size, i.e. tether's loss_norm = global total / dp_size.
+    d = _data(seed=1)
+    obj = tv.objective_from("tether_ppo_clip", "dapo", {"aggregation": agg})
+    n_tok, n_seq, t_max = int(d["mask"].sum()), int(d["mask"].any(-1).sum()), d["mask"].shape[1]
+    info = {"dp_size": 2, "batch_num_tokens": 3 * n_tok, "global_batch_size": 3 * n_seq, "loss_scale_factor": None}
+    norm = {"token-mean": 3 * n_tok, "seq-mean-token-sum-norm": 3 * n_seq * t_max}.get(agg, 3 * n_seq) / 2
+    (v_loss, v_grad, _), (t_loss, t_grad, _), _ = _both_sides(
+        "tether_ppo_clip", "dapo", {"aggregation": agg}, d, info, norm)
+    assert obj.config.aggregation == agg
+    tol = dict(rtol=1e-7, atol=1e-9) if agg == "seq-mean-token-mean" else dict(rtol=1e-11, atol=1e-13)
+    torch.testing.assert_close(v_loss, t_loss, **tol)
+    torch.testing.assert_close(v_grad, t_grad, **tol)
+
+
+# ---------------------------------------------------------------- agreement with verl's own losses
+
+# tether losses whose math verl also ships: same loss, gradient and standard metrics, with
+# rollout importance weights and global batch info, under every aggregation mode.
+SAME_AS_VERL = [
+    ("vanilla", dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
+     "tether_ppo_clip", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0}),
+    ("cispo", dict(clip_ratio_low=0.2, clip_ratio_high=0.28),
+     "tether_cispo", "cispo", {"eps_low": 0.2, "eps_high": 0.28}),
+    ("gspo", dict(clip_ratio_low=3e-4, clip_ratio_high=4e-4), "tether_gspo", "gspo", {}),
+]
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("verl_mode,verl_kw,loss_mode,objective,overrides", SAME_AS_VERL,
+                         ids=[c[0] for c in SAME_AS_VERL])
+def test_matches_verls_own_loss(verl_mode, verl_kw, loss_mode, objective, overrides, agg):
+    d = _data(seed=2)
+    d["adv_tok"] = torch.randn(d["mask"].shape[0], 1, dtype=D) * d["mask"]
+    d["returns"] = d["adv_tok"]
+    info = {"dp_size": 2, "batch_num_tokens": 40, "global_batch_size": 20, "loss_scale_factor": 9}
+    overrides = {**overrides, "aggregation": agg}
+    ours = _actor_config(tv.TetherPolicyLossConfig(loss_mode=loss_mode, objective=objective, overrides=overrides),
+                         loss_agg_mode=agg)
+    theirs = _actor_config(loss_agg_mode=agg, **verl_kw)
+    for c in (ours, theirs):
+        c.global_batch_info.update(info)
+    o_loss, o_grad, om = _verl_loss(loss_mode, d, ours, agg, weights=d["weights"])
+    v_loss, v_grad, vm = _verl_loss(verl_mode, d, theirs, agg, weights=d["weights"])
+    assert v_grad.abs().sum() > 1e-3
+    torch.testing.assert_close(o_loss, v_loss, rtol=1e-11, atol=1e-13)
+    torch.testing.assert_close(o_grad, v_grad, rtol=1e-11, atol=1e-13)
+    for key in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"):
+        assert om[key] == pytest.approx(float(vm[key]), rel=1e-6, abs=1e-7), key
+    assert vm["actor/pg_clipfrac"] > 0 or verl_mode == "gspo"
+
+
+# ---------------------------------------------------------------- advantage estimators
+
+
+def test_estimators_equal_tethers_and_verls():
+    d = _data(seed=3)
+    r, m, uids = d["token_rewards"], d["mask"], d["uids"]
+    verl_twin = {
+        "tether_grpo": lambda: core_algos.compute_grpo_outcome_advantage(r, m, uids),
+        "tether_dr_grpo": lambda: core_algos.compute_grpo_outcome_advantage(r, m, uids, norm_adv_by_std_in_grpo=False),
+        "tether_rloo": lambda: core_algos.compute_rloo_outcome_advantage(r, m, uids),
+    }
+    for name in A.ADVANTAGES.names():
+        adv, returns = core_algos.get_adv_estimator_fn(f"tether_{name}")(token_level_rewards=r, response_mask=m,
+                                                                          index=uids, config=None)
+        expected = A.compute_advantages(name, d["rewards"], d["groups"])[:, None] * m
+        torch.testing.assert_close(adv, expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(adv, verl_twin[f"tether_{name}"]()[0], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(returns, tv.group_shift(d["rewards"], d["groups"])[:, None] * m)
+        assert adv[:G].abs().max() == 0  # the zero-variance group
+
+
+def test_group_shift_hand_computed():
+    # G = 8 with 0/1 rewards: pass rates 4/8, 1/8, 0/8 -> nu = 4p(1-p) = 1, 0.4375, 0.
+    # nu_bar over groups with nu > 0 = (1 + 0.4375) / 2 = 0.71875; shift = nu - nu_bar.
+    rewards = torch.tensor([1.0] * 4 + [0.0] * 4 + [1.0] + [0.0] * 7 + [0.0] * 8, dtype=D)
+    groups = torch.arange(24) // 8
+    shift = tv.group_shift(rewards, groups)
+    expected = torch.tensor([0.28125] * 8 + [-0.28125] * 8 + [-0.71875] * 8, dtype=D)
+    torch.testing.assert_close(shift, expected, rtol=0, atol=1e-15)
+
+
+# ---------------------------------------------------------------- through verl's real ppo_loss
+
+
+def _micro_batch_td(d, P=3):
+    """A dense micro-batch as verl's ppo_loss receives it, and the flat log-probs its model returns."""
+    N, T = d["mask"].shape
+    lengths = d["mask"].sum(-1)
+    attn = torch.cat([torch.ones(N, P, dtype=torch.long), d["mask"].long()], dim=1)
+    td = TensorDict({
+        "prompts": torch.ones(N, P, dtype=torch.long), "responses": torch.ones(N, T, dtype=torch.long),
+        "attention_mask": attn, "response_mask": d["mask"], "old_log_probs": d["old"],
+        "advantages": d["adv_tok"], "returns": d["returns"], "ref_log_prob": d["ref"],
+    }, batch_size=[N])
+    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=None, global_batch_size=None)
+    # The model's log-prob of response token t sits at flat position (seq start + P - 1 + t).
+    starts = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long), (P + lengths)[:-1]]), 0)
+    flat = torch.zeros(int(attn.sum()), dtype=D)
+    for i in range(N):
+        flat[starts[i] + P - 1: starts[i] + P - 1 + lengths[i]] = d["lp"][i, : lengths[i]]
+    return td, flat
+
+
+@pytest.mark.parametrize("loss_mode,objective,overrides", [
+    ("tether_rpg", "rpg_urkl", {"anchor": "ref", "beta": 0.05}),  # needs ref_log_prob
+    ("tether_etr", "etr", {}),  # needs returns
+])
+def test_ppo_loss_hook_carries_the_micro_batch(loss_mode, objective, overrides):
+    from verl.workers.utils import losses
+
+    assert getattr(losses.ppo_loss, "tether_hook", False)
+    d = _data(seed=4)
+    obj = tv.objective_from(loss_mode, objective, overrides)
+    est = core_algos.get_adv_estimator_fn(f"tether_{obj.config.advantage}")
+    d["adv_tok"], d["returns"] = est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"])
+    td, flat = _micro_batch_td(d)
+    flat.requires_grad_()
+    config = _actor_config(tv.TetherPolicyLossConfig(loss_mode=loss_mode, objective=objective, overrides=overrides))
+    loss, metrics = losses.ppo_loss(config, {"log_probs": flat}, td)
+    assert float(metrics["actor/pg_loss"].aggregate()) == pytest.approx(float(loss.detach()))
+
+    lp = d["lp"].clone()
+    t = obj(objectives.TokenBatch(
+        logprobs=lp, old_logprobs=d["old"], advantages=obj.advantages(d["rewards"], d["groups"]), mask=d["mask"],
+        ref_logprobs=d["ref"], group_ids=d["groups"], rewards=d["rewards"],
+    ))
+    torch.testing.assert_close(loss.detach(), t.loss, rtol=1e-11, atol=1e-13)
+    # Outside ppo_loss nothing is published, so the same loss now fails with a clear message.
+    with pytest.raises(ValueError, match="ref_log_prob|returns"):
+        _verl_loss(loss_mode, d, config, "token-mean", fields={})
+
+
+def test_ppo_loss_hook_changes_nothing_for_verls_own_losses():
+    from verl.workers.utils import losses
+
+    d = _data(seed=8)
+    d["adv_tok"] = torch.randn(d["mask"].shape[0], 1, dtype=D) * d["mask"]
+    d["returns"] = d["adv_tok"]
+    td, flat = _micro_batch_td(d)
+    config = _actor_config(clip_ratio_high=0.28)
+    hooked, _ = losses.ppo_loss(config, {"log_probs": flat}, td)
+    plain, _ = losses.ppo_loss.__wrapped__(config, {"log_probs": flat}, td)
+    assert hooked.item() == plain.item() and hooked.abs() > 1e-4
+
+
+def test_batch_field_pads_nested_tensors_as_verl_does():
+    d = _data(seed=5)
+    lengths = d["mask"].sum(-1).tolist()
+    nested = torch.nested.nested_tensor([d["ref"][i, :n] for i, n in enumerate(lengths)], layout=torch.jagged)
+    with tv.micro_batch({"ref_log_prob": nested}):
+        got = tv._batch_field("ref_log_prob", d["lp"])
+    torch.testing.assert_close(got, torch.where(d["mask"], d["ref"], torch.zeros_like(d["ref"])))
+
+
+# ---------------------------------------------------------------- Hydra and the example
+
+
+def _compose(overrides):
+    from hydra import compose, initialize_config_dir
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+@pytest.mark.filterwarnings("ignore:Disabled critic")  # verl's note that GRPO-style runs need no critic
+@pytest.mark.parametrize("objective", ["rpg", "rpg_ref", "atr", "etr"])
+def test_example_overrides_fit_verls_schema(objective):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    out = subprocess.run(["bash", str(EXAMPLE)], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "DRY_RUN": "1", "OBJECTIVE": objective})
+    assert out.returncode == 0, out.stderr
+    overrides = out.stdout.splitlines()
+    cfg = _compose(overrides)  # Hydra rejects a key that verl's schema lacks (without '+')
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # as verl's workers build it
+    pl = actor.policy_loss
+    assert isinstance(pl, tv.TetherPolicyLossConfig)
+    obj = tv.objective_from(pl.loss_mode, pl.objective, pl.overrides)
+    assert cfg.algorithm.adv_estimator == f"tether_{obj.config.advantage}"
+    assert actor.loss_agg_mode == obj.config.aggregation
+    # anchor=ref needs ref_log_prob, which verl computes only when a reference policy is in use.
+    assert need_reference_policy(cfg) == obj.uses_reference()
+
+
+def test_hydra_errors_surface_when_verl_builds_the_actor_config():
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = _compose([
+        "actor_rollout_ref.actor.policy_loss._target_=tether.integrations.verl.TetherPolicyLossConfig",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=tether_rpg",
+        "+actor_rollout_ref.actor.policy_loss.objective=rpg_urk",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    ])
+    with pytest.raises(Exception, match="Did you mean 'rpg_urkl'"):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+# ---------------------------------------------------------------- errors that name the fix
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError, match="unknown objective or preset 'rpg_ukl'.*Did you mean 'rpg_urkl'"):
+        tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="rpg_ukl")
+    with pytest.raises(ConfigError, match="unknown tether loss mode 'tether_rgp'"):
+        tv.TetherPolicyLossConfig(loss_mode="tether_rgp")
+    with pytest.raises(ValueError, match="Unsupported loss mode: tether_rgp"):
+        core_algos.get_policy_loss_fn("tether_rgp")
+    with pytest.raises(ConfigError, match="set loss_mode=tether_divergence_clip"):
+        tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="atr_grpo")
+    with pytest.raises(ConfigError, match="unknown key 'objective.betta'"):
+        tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="rpg_urkl", overrides={"betta": 1.0})
+    with pytest.raises(ConfigError, match="entropy_coeff"):
+        tv.TetherPolicyLossConfig(loss_mode="tether_ppo_clip", overrides={"entropy_coef": 0.01})
+    with pytest.raises(ConfigError, match="macro=explicit"):
+        tv.TetherPolicyLossConfig(loss_mode="tether_etr", overrides={"macro": "implicit"})
+    with pytest.raises(ConfigError, match="reward_range=null"):
+        tv.TetherPolicyLossConfig(loss_mode="tether_etr", overrides={"reward_range": [0.0, 1.0]})
+
+
+def test_runtime_errors_name_the_fix():
+    d = _data(seed=6)
+    d["adv_tok"] = torch.randn(d["mask"].shape[0], 1, dtype=D) * d["mask"]
+    d["returns"] = d["adv_tok"]
+
+    def run(loss_mode, overrides, agg="token-mean", fields=None):
+        pl = tv.TetherPolicyLossConfig(loss_mode=loss_mode, overrides=overrides)
+        return _verl_loss(loss_mode, d, _actor_config(pl, loss_agg_mode=agg), agg, fields=fields)
+
+    with pytest.raises(ValueError, match="use_kl_loss=True"):  # reference needed, not computed by verl
+        run("tether_rpg", {"anchor": "ref"}, fields={"returns": d["returns"]})
+    with pytest.raises(ValueError, match="use_kl_loss=True"):
+        run("tether_ppo_clip", {"kl_penalty": {"estimator": "k3", "coef": 0.1}}, fields={})
+    with pytest.raises(ValueError, match="adv_estimator to one of tether_grpo"):  # verl's estimator: returns == A
+        run("tether_etr", {})
+    with pytest.raises(ValueError, match="adv_estimator to one of tether_grpo"):  # no returns at all
+        run("tether_etr", {}, fields={})
+    run("tether_etr", {"macro": "off"}, fields={})  # micro-only ETR needs nothing extra
+    with pytest.raises(ConfigError, match="loss_agg_mode=seq-mean-token-mean or the override aggregation=token-mean"):
+        run("tether_gspo", {})
+    with pytest.raises(ConfigError, match="no tether counterpart"):
+        run("tether_ppo_clip", {}, agg="token-sum")
+    with pytest.raises(ValueError, match="needs `index`"):
+        core_algos.get_adv_estimator_fn("tether_grpo")(token_level_rewards=d["token_rewards"], response_mask=d["mask"])
+
+
+def test_default_objective_when_verl_passes_another_config():
+    # verl's distillation path passes its own loss config: the loss_mode's defaults apply.
+    d = _data(seed=7)
+    d["adv_tok"] = torch.randn(d["mask"].shape[0], 1, dtype=D) * d["mask"]
+    d["returns"] = d["adv_tok"]
+    loss, _, _ = _verl_loss("tether_cispo", d, None, "token-mean")
+    lp = d["lp"].clone()
+    t = objectives.build("cispo")(objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"],
+                                                        mask=d["mask"]))
+    torch.testing.assert_close(loss, t.loss)

@@ -1,0 +1,473 @@
+"""tether's objectives and advantage estimators as a verl plugin (verl >= 0.9, < 0.10).
+
+Importing this module registers with verl
+
+    policy losses          tether_<objective>   one per tether objective (`tether.objectives.names()`):
+                                                tether_ppo_clip, tether_divergence_clip, tether_gspo,
+                                                tether_cispo, tether_reinforce, tether_rpg, tether_etr
+    advantage estimators   tether_<estimator>   tether_grpo, tether_dr_grpo, tether_rloo
+
+verl >= 0.9.1 imports it in every process that imports verl (the driver and every Ray worker)
+through the `verl.plugins` entry point in tether's pyproject.toml; older versions import it
+through VERL_USE_EXTERNAL_MODULES=tether.integrations.verl. docs/verl.md is the user's guide.
+
+No math of its own. Per micro-batch, with l_t the tether objective's per-token loss
+(`tether.core`), m the response mask and c_t verl's rollout importance weights (1 when absent):
+
+    pg_loss = agg_loss(c_t l_t, m, loss_agg_mode, **global_batch_info)  [+ coef agg_loss(kl_t, ...)]
+
+which is how verl's own losses reduce theirs, so the result is invariant to the data-parallel
+size and the micro-batching in the same way.
+
+Where this departs from tether's own trainer, and why:
+1. Aggregation is verl's `agg_loss` with verl's global-batch normalisers. The objective's
+   `aggregation` must name the same mode as `actor.loss_agg_mode` (an error says which to change),
+   because verl also aggregates the entropy and KL terms with that mode; tether's `max_len` is
+   verl's `actor.loss_scale_factor`.
+2. ETR's macro factor 1 + eta (nu_g - nu_bar) takes nu_g - nu_bar from tether's advantage
+   estimators, which compute it over the whole training batch on the driver and hand it to the
+   loss in verl's `returns` slot. The loss cannot compute it: it sees micro-batches, whose groups
+   verl's sequence-length balancing splits across ranks. tether's trainer computes it per
+   micro-batch of whole groups (tether.core.etr, departure 2). `macro: implicit` and
+   `reward_range` would need each group's rewards in the loss and are refused.
+3. verl's loss signature has no slot for the reference log-probs or `returns`. A pass-through
+   wrapper around verl's `ppo_loss` publishes each micro-batch while the loss runs
+   (`install_batch_hook`); objectives that need those fields raise an error naming the fix when
+   they are missing.
+4. The entropy bonus is verl's `actor.entropy_coeff` (the objective's `entropy_coef` must be 0),
+   and verl's `clip_ratio*` keys are not read: the objective's `eps_*`, `delta`, ... are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import torch
+from verl.trainer.ppo import core_algos
+from verl.workers.config import PolicyLossConfig
+
+from tether import objectives
+from tether.core import advantages as _adv
+from tether.core import aggregation as _agg
+from tether.core import etr as _etr
+from tether.core import kl as _kl
+from tether.core import surrogates as _sur
+from tether.core.kl import k3_of_log
+from tether.core.masked import masked_fraction, masked_max, masked_mean, masked_min
+from tether.core.registry import unknown_name_message
+from tether.schema import ConfigError
+
+PREFIX = "tether_"
+LOSS_MODES: dict[str, str] = {PREFIX + name: name for name in objectives.names()}
+"""verl loss_mode -> tether objective name."""
+ESTIMATORS: dict[str, str] = {PREFIX + name: name for name in _adv.ADVANTAGES.names()}
+"""verl adv_estimator -> tether advantage estimator name."""
+HOOK_ENV = "TETHER_VERL_BATCH_HOOK"
+"""Set to 0 to leave verl's ppo_loss unwrapped (objectives needing ref_log_prob or returns then fail)."""
+
+_KEY = "actor_rollout_ref.actor.policy_loss"
+
+# ---------------------------------------------------------------- config
+
+
+@dataclass
+class TetherPolicyLossConfig(PolicyLossConfig):
+    """verl's policy-loss config plus the tether objective a `tether_*` loss_mode runs.
+
+    From Hydra: `actor_rollout_ref.actor.policy_loss._target_=tether.integrations.verl.TetherPolicyLossConfig`,
+    `...policy_loss.loss_mode=tether_rpg`, `+...policy_loss.objective=rpg_urkl`,
+    `+...policy_loss.overrides={beta:0.001}` (docs/verl.md).
+    """
+
+    objective: Optional[str] = None
+    """A tether preset (atr_grpo, rpg_urkl, etr, ...) or objective name; null: the one loss_mode names."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Objective keys that replace the preset's values, e.g. {beta: 0.001, anchor: ref} (docs/algorithms/)."""
+
+    def __post_init__(self):
+        # verl instantiates the actor config on the driver to validate it: fail there, not at the first update.
+        objective_from(self.loss_mode, self.objective, self.overrides)
+
+
+_OBJECTIVES: dict[str, objectives.Objective] = {}
+
+
+def objective_from(
+    loss_mode: str, objective: Optional[str] = None, overrides: Optional[Mapping] = None
+) -> objectives.Objective:
+    """The tether objective that `loss_mode` runs, built once per distinct (objective, overrides)."""
+    if loss_mode not in LOSS_MODES:
+        raise ConfigError(f"{_KEY}.loss_mode: {unknown_name_message('tether loss mode', loss_mode, list(LOSS_MODES))}")
+    overrides = _plain(overrides or {})
+    key = json.dumps([loss_mode, objective, overrides], sort_keys=True, default=repr)
+    if key not in _OBJECTIVES:
+        _OBJECTIVES[key] = _build(loss_mode, objective, overrides)
+    return _OBJECTIVES[key]
+
+
+def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objectives.Objective:
+    name = LOSS_MODES[loss_mode]
+    objective = objective or name
+    start = {"preset": objective} if objective in objectives.preset_names() else {"name": objective}
+    try:
+        obj = objectives.build({**start, **overrides})
+    except (ConfigError, KeyError) as e:
+        raise ConfigError(f"{_KEY}: {e}") from None
+    if obj.name != name:
+        raise ConfigError(
+            f"{_KEY}.objective {objective!r} is tether objective {obj.name!r}, but loss_mode {loss_mode!r} "
+            f"runs {name!r}; set loss_mode={PREFIX}{obj.name}"
+        )
+    cfg = obj.config
+    if cfg.entropy_coef != 0:
+        raise ConfigError(f"{_KEY}: entropy_coef must be 0 under verl; use actor_rollout_ref.actor.entropy_coeff")
+    if obj.name == "etr" and cfg.macro == "implicit":
+        raise ConfigError(
+            f"{_KEY}: ETR macro='implicit' needs each group's rewards inside the loss, which verl does not pass; "
+            "use macro=explicit (its group statistic comes from a tether_* advantage estimator) or macro=off"
+        )
+    if obj.name == "etr" and cfg.reward_range is not None:
+        raise ConfigError(
+            f"{_KEY}: ETR reward_range is not supported under verl: the tether_* advantage estimators compute "
+            "nu_g from the batch's observed reward range (for 0/1 rewards the same as [0, 1]); set reward_range=null"
+        )
+    return obj
+
+
+def _plain(x: Any) -> Any:
+    """OmegaConf containers (or any mapping/sequence) -> plain dicts and lists."""
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _get(obj: Any, key: str) -> Any:
+    """verl passes an ActorConfig (a Mapping), a DictConfig, or another loss's config: read either way."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+def _objective_for(config: Any, loss_mode: str) -> objectives.Objective:
+    policy_loss = _get(config, "policy_loss")
+    if policy_loss is not None and _get(policy_loss, "loss_mode") == loss_mode:
+        return objective_from(loss_mode, _get(policy_loss, "objective"), _get(policy_loss, "overrides"))
+    return objective_from(loss_mode)
+
+
+# ---------------------------------------------------------------- the micro-batch hook
+
+_MICRO_BATCH: ContextVar[Optional[Mapping]] = ContextVar("tether_verl_micro_batch", default=None)
+
+
+@contextlib.contextmanager
+def micro_batch(data: Mapping) -> Iterator[None]:
+    """Let tether's losses read `ref_log_prob` and `returns` from `data` (verl's micro-batch
+    TensorDict, or a dict of (N, T) tensors) while the block runs."""
+    token = _MICRO_BATCH.set(data)
+    try:
+        yield
+    finally:
+        _MICRO_BATCH.reset(token)
+
+
+def _batch_field(name: str, like: torch.Tensor, required: bool = True) -> Optional[torch.Tensor]:
+    """Field `name` of the published micro-batch, padded like verl pads old_log_probs; None if absent.
+
+    A field of the wrong shape is an error when the loss needs it, and skipped when only a metric would use it.
+    """
+    data = _MICRO_BATCH.get()
+    if data is None or name not in data.keys():
+        return None
+    t = data[name]
+    if t.is_nested:
+        t = t.to_padded_tensor(0.0)
+    if t.shape != like.shape:
+        if not required:
+            return None
+        raise ValueError(f"verl's micro-batch field {name!r} has shape {tuple(t.shape)}, expected {tuple(like.shape)}")
+    return t.to(device=like.device, dtype=like.dtype)
+
+
+def _publishing(ppo_loss):
+    @functools.wraps(ppo_loss)
+    def ppo_loss_publishing_micro_batch(config, model_output, data, dp_group=None):
+        with micro_batch(data):
+            return ppo_loss(config, model_output, data, dp_group)
+
+    ppo_loss_publishing_micro_batch.tether_hook = True
+    return ppo_loss_publishing_micro_batch
+
+
+# Where verl 0.9 binds `ppo_loss`: its definition, and the two modules that import it by name.
+_PPO_LOSS_SITES = ("verl.workers.utils.losses", "verl.trainer.distillation.losses", "verl.workers.engine_workers")
+
+
+def install_batch_hook() -> list[str]:
+    """Wrap verl's `ppo_loss` so that it publishes each micro-batch (idempotent).
+
+    The wrapper changes nothing verl computes. Run at plugin load, before verl's workers bind
+    `ppo_loss`; a module that already bound it is patched too. Returns the patched modules.
+    """
+    importlib.import_module("verl.workers.utils.losses")  # the definition site must exist before it is wrapped
+
+    patched = []
+    for site in _PPO_LOSS_SITES:
+        module = sys.modules.get(site)
+        fn = getattr(module, "ppo_loss", None)
+        if fn is None:
+            continue
+        if not getattr(fn, "tether_hook", False):
+            setattr(module, "ppo_loss", _publishing(fn))
+        patched.append(site)
+    return patched
+
+
+def _reference(obj: objectives.Objective, like: torch.Tensor) -> torch.Tensor:
+    ref = _batch_field("ref_log_prob", like)
+    if ref is None:
+        why = "rpg anchor='ref'" if getattr(obj.config, "anchor", None) == "ref" else "kl_penalty.coef > 0"
+        raise ValueError(
+            f"tether objective {obj.name!r} needs the reference log-probs ({why}), but verl's micro-batch has no "
+            "'ref_log_prob'. verl computes them only when actor_rollout_ref.actor.use_kl_loss=True (add "
+            "actor_rollout_ref.actor.kl_loss_coef=0 to keep verl's own KL term out) or "
+            "algorithm.use_kl_in_reward=True, "
+            f"and tether reads them through its ppo_loss hook ({HOOK_ENV} must not be 0). "
+            "Or use anchor=old / kl_penalty.coef=0."
+        )
+    return ref
+
+
+def _group_shift_from_batch(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    shift = _batch_field("returns", advantages)
+    fix = f"set algorithm.adv_estimator to one of {', '.join(ESTIMATORS)}, or the override macro=off"
+    if shift is None:
+        raise ValueError(
+            "tether_etr with macro='explicit' needs each group's reward-variance share, which tether's advantage "
+            f"estimators put in verl's 'returns' field, and the micro-batch has none ({HOOK_ENV} must not be 0); {fix}"
+        )
+    zero = torch.zeros_like(shift)
+    copied = torch.equal(torch.where(mask, shift, zero), torch.where(mask, advantages, zero))
+    if copied and bool((advantages[mask] != 0).any()):
+        raise ValueError(
+            "tether_etr with macro='explicit': verl's 'returns' equal the advantages, so they came from one of verl's "
+            f"estimators, which do not compute ETR's group statistic; {fix}"
+        )
+    return shift
+
+
+# ---------------------------------------------------------------- losses
+
+
+def policy_loss(
+    obj: objectives.Objective,
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """A built tether objective with verl's policy-loss signature and conventions.
+
+    old_log_prob, log_prob, advantages, response_mask, rollout_is_weights: (N, T). `config` is
+    verl's actor config; only its `global_batch_info` is read here.
+    """
+    cfg = obj.config
+    batch_info = dict(_get(config, "global_batch_info") or {})
+    _check_aggregation(obj, loss_agg_mode, batch_info)
+    mask = response_mask.bool()
+    zeros = torch.zeros_like(log_prob)
+    lp = torch.where(mask, log_prob, zeros)
+    old = torch.where(mask, old_log_prob.to(log_prob.dtype), zeros).detach()
+    adv = advantages.to(log_prob.dtype)
+    ref = _reference(obj, log_prob) if obj.uses_reference() else _batch_field("ref_log_prob", log_prob, required=False)
+    batch = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, ref_logprobs=ref)
+    if obj.name == "etr":
+        tokens, extra = _etr_tokens(cfg, batch)
+    else:
+        tokens, extra = objectives.OBJECTIVES.get(obj.name).loss(cfg, batch, lp, old)
+
+    def reduce(per_token: torch.Tensor) -> torch.Tensor:
+        per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
+        return core_algos.agg_loss(loss_mat=per_token, loss_mask=mask, loss_agg_mode=loss_agg_mode, **batch_info)
+
+    weights = 1.0 if rollout_is_weights is None else rollout_is_weights
+    loss = reduce(tokens.loss * weights)
+    if ref is not None and cfg.kl_penalty is not None and cfg.kl_penalty.coef > 0:
+        ref_m = torch.where(mask, ref, zeros).detach()
+        loss = loss + cfg.kl_penalty.coef * reduce(_kl.kl_penalty(cfg.kl_penalty.estimator, lp, ref_m, old))
+    return loss, _metrics(tokens, lp, old, ref, mask, extra)
+
+
+def _check_aggregation(obj: objectives.Objective, mode: str, batch_info: dict) -> None:
+    cfg = obj.config
+    if mode not in _agg.AGGREGATIONS:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.loss_agg_mode={mode!r} has no tether counterpart; use one of "
+            f"{', '.join(_agg.AGGREGATIONS.names())} with tether objectives"
+        )
+    if cfg.aggregation != mode:
+        raise ConfigError(
+            f"tether objective {obj.name!r} aggregates with {cfg.aggregation!r} but "
+            f"actor_rollout_ref.actor.loss_agg_mode is {mode!r} (verl aggregates the policy, entropy and KL terms with "
+            f"it); set loss_agg_mode={cfg.aggregation} or the override aggregation={mode}"
+        )
+    scale = batch_info.get("loss_scale_factor")
+    if mode == "seq-mean-token-sum-norm" and cfg.max_len is not None and scale != cfg.max_len:
+        raise ConfigError(
+            f"tether objective {obj.name!r} has max_len={cfg.max_len} but actor_rollout_ref.actor.loss_scale_factor is "
+            f"{scale}; verl's loss_scale_factor is the T_max of seq-mean-token-sum-norm: set it to {cfg.max_len}"
+        )
+
+
+def _etr_tokens(cfg: objectives.ETRConfig, b: objectives.TokenBatch):
+    """ETR with the macro factor from the estimator: the per-token base eps carry 1 + eta (nu_g - nu_bar)."""
+    mask = b.mask
+    if cfg.macro == "explicit" and cfg.eta != 0:
+        macro = 1.0 + cfg.eta * _group_shift_from_batch(b.advantages, mask)  # (N, T)
+    else:
+        macro = torch.ones_like(b.logprobs)
+    bounds = _etr.etr_bounds(
+        b.advantages, None, None, cfg.eps_low * macro, cfg.eps_high * macro, cfg.alpha, 0.0,
+        cfg.eps_min, cfg.eps_max, macro="off",
+    )
+    tokens = _sur.ppo_clip(b.logprobs, b.old_logprobs, b.advantages, bounds.eps_low, bounds.eps_high, cfg.dual_clip_c)
+    extra = {
+        "etr/eps_low_mean": masked_mean(bounds.eps_low.expand_as(b.logprobs), mask),
+        "etr/eps_high_mean": masked_mean(bounds.eps_high.expand_as(b.logprobs), mask),
+        "etr/macro_mean": masked_mean(macro, mask),
+    }
+    return tokens, extra
+
+
+def _metrics(tokens, lp, old, ref, mask, extra) -> dict[str, float]:
+    """verl's three standard keys (its definitions), then tether's own metrics under actor/tether/."""
+    log_w = _sur.log_ratio(lp, old).detach()
+    w = torch.exp(log_w)
+    m = mask
+    named = {
+        # verl: share of tokens a ratio bound clipped, mean of log(pi_old / pi_theta), share dual-clipped.
+        "actor/pg_clipfrac": masked_fraction(tokens.clip_low | tokens.clip_high, m),
+        "actor/ppo_kl": masked_mean(-log_w, m),
+        "actor/pg_clipfrac_lower": masked_fraction(tokens.clip_dual, m),
+        "actor/tether/policy/clipfrac_low": masked_fraction(tokens.clip_low, m),
+        "actor/tether/policy/clipfrac_high": masked_fraction(tokens.clip_high, m),
+        "actor/tether/policy/clipfrac_dual": masked_fraction(tokens.clip_dual, m),
+        "actor/tether/policy/ratio_mean": masked_mean(w, m),
+        "actor/tether/policy/ratio_min": masked_min(w, m, empty=1.0),
+        "actor/tether/policy/ratio_max": masked_max(w, m, empty=1.0),
+        "actor/tether/policy/kl_old": masked_mean(k3_of_log(log_w), m),
+    }
+    if ref is not None:
+        ref_m = torch.where(m, ref, torch.zeros_like(ref)).detach()
+        named["actor/tether/kl/ref"] = masked_mean(k3_of_log(ref_m - lp.detach()), m)
+    named.update({f"actor/tether/{k}": v for k, v in extra.items()})
+    # One host sync for all of them; verl's own losses return floats.
+    values = torch.stack([v.detach().reshape(()).to(torch.float64) for v in named.values()]).tolist()
+    return dict(zip(named, values))
+
+
+def _make_loss(loss_mode: str):
+    def loss(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        obj = _objective_for(config, loss_mode)
+        return policy_loss(
+            obj, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+        )
+
+    loss.__name__ = loss.__qualname__ = loss_mode
+    loss.__doc__ = f"verl policy loss {loss_mode!r}: tether objective {LOSS_MODES[loss_mode]!r} (see policy_loss)."
+    return loss
+
+
+# ---------------------------------------------------------------- advantage estimators
+
+
+def group_shift(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """nu_g - nu_bar (N,): ETR's centred reward-variance share of each sample's group.
+
+    Read off tether.core.etr itself so the formula has one home: with base eps 1, alpha 0,
+    eta 1 and no clamp, `etr_bounds` returns exactly 1 + (nu_g - nu_bar).
+    """
+    inf = float("inf")
+    bounds = _etr.etr_bounds(rewards, rewards, group_ids, 1.0, 1.0, 0.0, 1.0, -inf, inf, macro="explicit")
+    return bounds.eps_low - 1.0
+
+
+def _group_ids(index: Any, device: torch.device) -> torch.Tensor:
+    labels = np.asarray(list(index), dtype=object)
+    _, inverse = np.unique(labels, return_inverse=True)
+    return torch.as_tensor(inverse.reshape(-1), device=device)
+
+
+def _make_estimator(adv_estimator: str):
+    name = ESTIMATORS[adv_estimator]
+
+    def estimator(
+        token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None, config: Any = None, **unused
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, returns), both (N, T): tether's estimator, and ETR's nu_g - nu_bar in `returns`."""
+        if index is None:
+            raise ValueError(
+                f"{adv_estimator} groups samples by prompt and needs `index` (verl passes non_tensor_batch['uid']); "
+                "this batch has no 'uid'"
+            )
+        with torch.no_grad():
+            rewards = token_level_rewards.sum(-1)  # (N,) outcome reward
+            group_ids = _group_ids(index, rewards.device)
+            adv = _adv.compute_advantages(name, rewards, group_ids)
+            mask = response_mask.to(rewards.dtype)
+            return adv[:, None] * mask, group_shift(rewards, group_ids)[:, None] * mask
+
+    estimator.__name__ = estimator.__qualname__ = adv_estimator
+    return estimator
+
+
+# ---------------------------------------------------------------- registration
+
+
+def _claim(registry: dict, name: str, fn, register, kind: str) -> None:
+    current = registry.get(name)
+    if current is not None:
+        if getattr(current, "__module__", None) == __name__:
+            return  # registered by an earlier import of this module
+        raise ValueError(f"verl already has a {kind} named {name!r} ({current!r}) that is not tether's")
+    register(name)(fn)
+
+
+def register() -> None:
+    """Register every tether loss and estimator with verl and install the batch hook (idempotent)."""
+    for loss_mode in LOSS_MODES:
+        _claim(core_algos.POLICY_LOSS_REGISTRY, loss_mode, _make_loss(loss_mode), core_algos.register_policy_loss,
+               "policy loss")
+    for adv_estimator in ESTIMATORS:
+        _claim(core_algos.ADV_ESTIMATOR_REGISTRY, adv_estimator, _make_estimator(adv_estimator),
+               core_algos.register_adv_est, "advantage estimator")
+    if os.environ.get(HOOK_ENV, "1") != "0":
+        install_batch_hook()
+
+
+register()
