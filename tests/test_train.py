@@ -171,7 +171,8 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tin
     run = tmp_path / "run"
     rows = _rows(run)
     assert [r["step"] for r in rows] == [0, 1, 2] and rows[2]["optim/skipped_updates"] == 2.0
-    assert any("skipped" in line for line in logs)
+    assert rows[2]["optim/skipped_nonfinite_loss"] == 2.0 and rows[2]["optim/skipped_nonfinite_grad"] == 0.0
+    assert any("step 1: 2 update(s) skipped: 2 with a non-finite loss" in line for line in logs), logs
     ckpt = checkpoint.latest(run, log=lambda *_: None)
     assert ckpt.name == "step_000002"
     before = load_file(str(tiny_dir / "model.safetensors"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 import shutil
@@ -24,6 +25,8 @@ from typing import Any, Optional
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from . import faults
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -57,15 +60,52 @@ def save(
     tmp.mkdir()
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
+    faults.point("checkpoint")
     if reference is not None:
         save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, str(tmp / "reference.safetensors"))
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "state.pt")
     _write_manifest(tmp, step)
-    if final.exists():
-        shutil.rmtree(final)
+    _fsync_tree(tmp)  # the data is on disk before the rename makes the checkpoint visible
+    old = root / f".old_step_{step:06d}"
+    if final.exists():  # a step redone after a resume: move the old copy aside, never delete first
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
     tmp.rename(final)
+    _fsync(root)
+    shutil.rmtree(old, ignore_errors=True)
     _prune(run_dir, keep_last)
     return final
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*"), reverse=True):
+        _fsync(path)
+    _fsync(root)
+
+
+def remove_partial(run_dir: Path, log=print) -> None:
+    """Delete what a kill during a checkpoint write left behind (`.tmp_step_*`, `.old_step_*`).
+
+    A `.old_step_N` whose `step_N` is missing was caught between the two renames: it is the
+    complete previous copy of step N, so it is put back rather than deleted.
+    """
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return
+    for path in sorted(root.iterdir()):
+        if path.name.startswith(".old_step_") and not (root / path.name[len(".old_"):]).exists():
+            path.rename(root / path.name[len(".old_"):])
+        elif path.name.startswith((".tmp_step_", ".old_step_")):
+            log(f"removing {path}: an interrupted checkpoint write")
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _sha256(path: Path) -> str:

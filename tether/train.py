@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import checkpoint, objectives
+from . import checkpoint, faults, objectives
 from .config import Config, save_config
 from .data import PromptStream
 from .rewards import score_batch, with_completion_tokens
@@ -175,6 +175,7 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
     for k in range(rounds):
         examples = stream.take(want - have if k else want)
         rollout = engine.generate([e.prompt for e in examples], n=r.group_size, params=params, seed=seed + 7919 * k)
+        faults.point("rollout")
         rewards, per_sample, results = _score(rollout, examples, reward_fn)
         groups = torch.tensor(rollout.prompt_index)
         if first_metrics is None:
@@ -243,12 +244,14 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
     device = tokens.input_ids.device
     rewards, groups = scored.rewards.to(device), scored.group_ids.to(device)
     sums: dict[str, torch.Tensor] = {}
-    n_micro = n_mini = skipped = 0
+    n_micro = n_mini = 0
+    skipped = {"loss": 0, "gradient": 0}
     grad_norms = []
     params = [p for p in model.parameters() if p.requires_grad]
     for _ in range(t.ppo_epochs):
         for mb_groups in _mini_batches(scored.group_ids, t.mini_batches, gen):
             mb = torch.cat(mb_groups).to(device)
+            loss_bad = torch.zeros((), dtype=torch.bool, device=device)
             norm = obj.normalizer(tokens.mask[mb])
             for idx in _micro_batches(mb_groups, t.micro_batch_size):
                 idx = idx.to(device)
@@ -260,7 +263,9 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
                     rewards=rewards[idx], entropy=ent if obj.config.entropy_coef else ent.detach(), loss_norm=norm,
                 )
                 out = obj(batch)
+                loss_bad = loss_bad | ~torch.isfinite(out.loss.detach())
                 out.loss.backward()
+                faults.point("update")
                 for k, v in out.metrics.items():
                     sums[k] = sums.get(k, 0.0) + v.float()
                 n_micro += 1
@@ -273,12 +278,14 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
                 scheduler.step()
                 on_opt_step()
             else:  # a NaN/inf loss or gradient: skip this update, keep the weights as they were
-                skipped += 1
+                skipped["loss" if loss_bad.item() else "gradient"] += 1
             optimizer.zero_grad(set_to_none=True)
     metrics = {k: v / (n_mini if k.startswith("loss/") else n_micro) for k, v in sums.items()}
     nan = torch.tensor(float("nan"), device=device)
     metrics["optim/grad_norm"] = torch.stack(grad_norms).float().mean() if grad_norms else nan
-    metrics["optim/skipped_updates"] = torch.tensor(float(skipped), device=device)
+    metrics["optim/skipped_updates"] = torch.tensor(float(sum(skipped.values())), device=device)
+    metrics["optim/skipped_nonfinite_loss"] = torch.tensor(float(skipped["loss"]), device=device)
+    metrics["optim/skipped_nonfinite_grad"] = torch.tensor(float(skipped["gradient"]), device=device)
     keys = list(metrics)
     values = torch.stack([metrics[k].to(device).float() for k in keys]).tolist()  # the one host sync
     return dict(zip(keys, values))
@@ -380,6 +387,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         cfg.output_dir = cfg.output_dir.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = Path(resume_dir or cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resume_dir:
+        checkpoint.remove_partial(run_dir, log=log)
     ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
     if resume_dir is None and (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(
@@ -468,8 +477,10 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             metrics.update(scored.metrics)
             bad_steps = bad_steps + 1 if metrics["optim/skipped_updates"] > 0 else 0
             if metrics["optim/skipped_updates"] > 0:
-                log(f"step {step}: {int(metrics['optim/skipped_updates'])} update(s) skipped: non-finite loss or "
-                    f"gradient (loss/total={metrics.get('loss/total')}, reward/mean={scored.rewards.mean().item()})")
+                log(f"step {step}: {int(metrics['optim/skipped_updates'])} update(s) skipped: "
+                    f"{int(metrics['optim/skipped_nonfinite_loss'])} with a non-finite loss, "
+                    f"{int(metrics['optim/skipped_nonfinite_grad'])} with a finite loss but a non-finite gradient "
+                    f"(loss/total={metrics.get('loss/total')}, reward/mean={scored.rewards.mean().item()})")
             if bad_steps >= t.max_nonfinite_steps:
                 for sink in sinks:
                     sink.log(step, metrics)
@@ -494,6 +505,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 s.log(step, metrics)
             _write_samples(samples_file, step, scored, t.log_samples)
             progress.update(step, metrics)
+            faults.point("logged")
             if step % t.save_every == 0 or step == t.total_steps:
                 save(step)
     finally:

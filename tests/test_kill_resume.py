@@ -1,0 +1,126 @@
+"""A run SIGKILLed at any point resumes exactly.
+
+Each test starts `tether train` in a child process that kills itself (SIGKILL, no cleanup) at a
+chosen point of a chosen step (tether.faults), resumes it with `tether train --resume`, and
+compares every metrics row and the final weights with a run that was never interrupted:
+bitwise, on CPU with one thread. The soak test kills a longer run from outside at random
+moments, several times, and checks it still learns and its metrics file is complete.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import DIGIT_REWARD
+
+RUNNER = Path(__file__).with_name("cli_runner.py")
+STEPS = 5
+
+
+def _overrides(tiny_dir, out):
+    # 4 prompts x 4 samples, 2 mini-batches x 2 micro-batches: 4 backward passes per step.
+    return [
+        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
+        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=4",
+        "trainer.lr=3e-3", "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false",
+        "trainer.save_every=2", "trainer.keep_last=2", "trainer.threads=1", "trainer.plots=false",
+        f"trainer.total_steps={STEPS}", "objective=atr_grpo",
+    ]
+
+
+def _tether(*args, kill_at=None, timeout=300):
+    env = {**os.environ, "TETHER_KILL_AT": kill_at or ""}
+    return subprocess.run([sys.executable, str(RUNNER), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _rows(run):
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(run, step):
+    return load_file(str(Path(run) / "checkpoints" / f"step_{step:06d}" / "model" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("kill") / "full"
+    done = _tether("train", *_overrides(tiny_dir, out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("kill_at, resumes_from", [
+    ("update:5", None),  # mid-update of step 2, before any checkpoint: resume starts over
+    ("rollout:3", 2),  # mid-rollout of step 3
+    ("logged:4", 2),  # step 4 logged, its checkpoint not yet written: the step-3 and 4 rows go
+    ("checkpoint:2", 2),  # inside the write of the step-4 checkpoint
+])
+def test_a_kill_at_any_point_resumes_exactly(tiny_dir, tmp_path, uninterrupted, kill_at, resumes_from):
+    run = tmp_path / "run"
+    killed = _tether("train", *_overrides(tiny_dir, run), kill_at=kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    if kill_at.startswith("checkpoint"):
+        assert list((run / "checkpoints").glob(".tmp_step_*")), "the kill should leave a partial write"
+    resumed = _tether("train", "--resume", str(run))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    expected = f"resuming {run} from step {resumes_from}" if resumes_from else "step 0: held-out accuracy"
+    assert expected in resumed.stdout, resumed.stdout[-2000:]
+    a, b = _rows(uninterrupted), _rows(run)
+    assert [r["step"] for r in b] == list(range(STEPS + 1))  # no step missing, none twice
+    for ra, rb in zip(a, b):
+        ra.pop("time/step_s", None), rb.pop("time/step_s", None)
+        assert ra == rb, (ra["step"], {k: (ra[k], rb.get(k)) for k in ra if ra[k] != rb.get(k)})
+    wa, wb = _weights(uninterrupted, STEPS), _weights(run, STEPS)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not list((run / "checkpoints").glob(".*")), "partial writes are cleaned up on resume"
+    samples = [json.loads(s)["step"] for s in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples == sorted(samples) and len(samples) == len(set(samples)) * 4 and set(samples) == set(range(1, STEPS + 1))
+
+
+@pytest.mark.soak
+def test_soak_repeated_kills_at_random_moments_keep_learning(tmp_path):
+    """The default pipeline (warm start, arithmetic, ATR-GRPO), killed from outside 4 times."""
+    steps, run = 240, tmp_path / "run"
+    args = [f"output_dir={run}", f"trainer.total_steps={steps}", "trainer.eval_every=120",
+            "trainer.save_every=15", "trainer.progress=false", "trainer.plots=false", "trainer.seed=0",
+            "trainer.threads=2"]
+    env = {**os.environ, "TETHER_CACHE": str(tmp_path / "cache"), "TETHER_KILL_AT": ""}
+    rng = random.Random(0)
+    kills = 0
+    cmd = [sys.executable, str(RUNNER), "train", *args]
+    while True:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if kills < 4:
+            # Kill while training: once this process has logged a new step, at a random moment
+            # of the next few seconds (a rollout, an update, a log write or a checkpoint write).
+            seen = len(_rows(run)) if (run / "metrics.jsonl").exists() else 0
+            while proc.poll() is None and not ((run / "metrics.jsonl").exists() and len(_rows(run)) > seen):
+                time.sleep(0.2)
+            time.sleep(rng.uniform(0.0, 6.0))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                cmd = [sys.executable, str(RUNNER), "train", "--resume", str(run)]
+                continue
+        _, err = proc.communicate(timeout=1200)
+        assert proc.returncode == 0, err[-3000:]
+        break
+    assert kills == 4
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == list(range(steps + 1))
+    acc = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+    assert set(acc) == {0, 120, 240}
+    assert acc[240] >= acc[0] + 0.05, acc
+    assert not list((run / "checkpoints").glob(".*"))
