@@ -168,12 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     from .schema import ConfigError
+    from .tasks import DataError
 
     hf_logging.disable_progress_bar()  # tether draws its own progress bars
 
     try:
         return args.func(args)
-    except (ConfigError, FileExistsError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileExistsError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -239,7 +239,10 @@ def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[st
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {path!r} not found; pass a YAML file path or omit it to use the defaults")
-        loaded = yaml.safe_load(p.read_text()) or {}
+        try:  # safe_load: a YAML tag can never construct Python objects or run code
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid tether YAML ({str(err).splitlines()[0]}); fix the file") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
         tree = loaded

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .tasks import Example
+from .tasks import DataError, Example
 
 CHUNK = 1024
 
@@ -29,7 +29,7 @@ class PromptStream:
         if self._finite:
             rows = list(self.task.examples("train"))
             if not rows:
-                raise ValueError("the training split is empty: check data.task_args (path, split, fields)")
+                raise DataError("the training split is empty: check data.task_args (path, split, fields)")
             random.Random(f"{self.seed}:epoch:{k}").shuffle(rows)
             self._chunk = rows
         else:

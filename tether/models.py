@@ -103,8 +103,9 @@ def load_model(
     if Path(source).expanduser().exists():
         source = str(Path(source).expanduser())
     torch_dtype = resolve_dtype(dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device)
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(source))
+    # trust_remote_code stays off: a model directory (a run's checkpoint included) cannot run code.
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=False).to(device)
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(source, trust_remote_code=False))
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if gradient_checkpointing:

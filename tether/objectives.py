@@ -425,6 +425,11 @@ class Objective:
     def uses_reference(self) -> bool:
         return self.config.uses_reference()
 
+    def has_trust_region(self) -> bool:
+        """Whether the loss clips or truncates by the ratio to the old policy (all but plain
+        REINFORCE and unclipped RPG); such a clip can act only on off-policy updates."""
+        return not (self.name == "reinforce" or (self.name == "rpg" and self.config.clip == "none"))
+
     def normalizer(self, mask: torch.Tensor) -> torch.Tensor:
         """The aggregation normaliser of a whole mini-batch; pass it as `TokenBatch.loss_norm`."""
         return _agg.normalizer(self.config.aggregation, mask, self.config.max_len)

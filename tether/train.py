@@ -350,6 +350,29 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
     return task, get_reward(name, timeout_s=cfg.reward.timeout_s) if name == "math" else get_reward(name)
 
 
+def _eval_examples(task, cfg: Config) -> list:
+    """The held-out problems, checked before any model is loaded."""
+    from .tasks import DataError
+
+    try:
+        return task.examples("test", cfg.data.eval_size)
+    except ValueError as err:
+        raise DataError(f"data.eval_size={cfg.data.eval_size}: {err}; lower data.eval_size") from None
+
+
+def config_warnings(cfg: Config, obj) -> list[str]:
+    """Settings that are valid but almost certainly not what was meant."""
+    t, warnings = cfg.trainer, []
+    if obj.has_trust_region() and t.ppo_epochs * t.mini_batches == 1:
+        warnings.append(
+            f"objective {obj.name!r} clips by the ratio to the sampling policy, but trainer.ppo_epochs x "
+            f"trainer.mini_batches = 1 update per batch: every update is on-policy (ratio 1), so the clip is "
+            f"inactive and the objective reduces to its unclipped policy gradient. Set trainer.mini_batches>=2 "
+            f"or trainer.ppo_epochs>=2 for an active trust region (or use objective=reinforce to say so)."
+        )
+    return warnings
+
+
 def _sinks(cfg: Config, run_dir: Path, resume_after: Optional[int]):
     sinks = [JsonlSink(run_dir / "metrics.jsonl", resume_after)]
     if cfg.trainer.tensorboard:
@@ -406,6 +429,9 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     if obj.config.max_len is None:  # Dr. GRPO's constant T_max is the generation budget
         obj.config.max_len = cfg.rollout.max_new_tokens
     task, reward_fn = build_task_and_reward(cfg)
+    for warning in config_warnings(cfg, obj):
+        log(f"warning: {warning}")
+    test_examples = _eval_examples(task, cfg)
     source = str(ckpt / "model") if ckpt else initial_model(cfg, task, reward_fn, log=log)
     model, tokenizer = load_model(source, dtype=cfg.model.dtype, device=str(device),
                                   gradient_checkpointing=cfg.model.gradient_checkpointing)
@@ -430,7 +456,6 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         start, position, opt_steps, ref_updates = state["step"], state["position"], state["opt_steps"], state["ref_updates"]
         log(f"resuming {run_dir} from step {start}")
     stream = PromptStream(task, t.seed, position)
-    test_examples = task.examples("test", cfg.data.eval_size)
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens, stop_strings=tuple(cfg.rollout.stop_strings))
     # On resume, drop what was logged after the checkpoint (everything, when there is none).

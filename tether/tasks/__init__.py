@@ -16,7 +16,7 @@ import difflib
 from typing import Any, Callable
 
 from .arithmetic import Arithmetic
-from .base import SPLITS, Example, Split, Task, split_of, stable_hash
+from .base import SPLITS, DataError, Example, Split, Task, split_of, stable_hash
 from .countdown import Countdown, solve_all
 from .expression import Evaluated, ExpressionError, check_countdown, evaluate
 from .math import TEMPLATES, MathTask, apply_template, load_math_dataset, render_prompt
@@ -48,7 +48,7 @@ def task_names() -> list[str]:
 
 
 __all__ = [
-    "SPLITS", "TASKS", "TEMPLATES", "Arithmetic", "Countdown", "Evaluated", "Example",
+    "SPLITS", "TASKS", "TEMPLATES", "Arithmetic", "Countdown", "DataError", "Evaluated", "Example",
     "ExpressionError", "MathTask", "Split", "Task", "apply_template",
     "check_countdown", "evaluate", "get_task", "load_math_dataset", "render_prompt",
     "solve_all", "split_of", "stable_hash", "task_names",

@@ -15,6 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Literal, Protocol
 
 Split = Literal["train", "test"]
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used, with where (file and line) and how to fix it."""
+
+
 SPLITS: tuple[Split, ...] = ("train", "test")
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import Example, Split, check_split, split_of
+from .base import DataError, Example, Split, check_split, split_of
 
 TEMPLATES: dict[str, str] = {
     "plain": "{problem}",
@@ -50,18 +50,22 @@ def render_prompt(tokenizer: Any, template: str, problem: str) -> str:
     return text
 
 
-def _read_rows(path_or_name: str, split: str | None) -> tuple[list[dict[str, Any]], str]:
-    """Rows of a JSONL / Parquet file or a hub dataset, and a stem for default ids."""
+def _read_rows(path_or_name: str, split: str | None) -> tuple[list[tuple[str, Any]], str]:
+    """(location, row) pairs of a JSONL / Parquet file or a hub dataset, and a stem for default ids.
+
+    A location is "FILE:LINE" for JSONL and "FILE row I" otherwise, for error messages.
+    """
     path = Path(path_or_name).expanduser()
     if path.exists():
         if split is not None:
             raise ValueError(
                 f"split={split!r} selects a hub dataset's split; {path} is a file: pass the file of that split"
             )
+        if path.is_dir():
+            raise DataError(f"{path} is a directory; pass a .jsonl or .parquet file")
         if path.suffix == ".parquet":
-            return _read_parquet(path), path.stem
-        with path.open(encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()], path.stem
+            return [(f"{path} row {i}", row) for i, row in enumerate(_read_parquet(path))], path.stem
+        return _read_jsonl(path), path.stem
     if path.suffix in (".jsonl", ".json", ".parquet") or path_or_name.startswith(("/", ".", "~")):
         raise FileNotFoundError(f"math dataset file {path_or_name!r} does not exist")
     try:
@@ -72,7 +76,26 @@ def _read_rows(path_or_name: str, split: str | None) -> tuple[list[dict[str, Any
             "which needs the `datasets` package: pip install datasets"
         ) from err
     rows = datasets.load_dataset(path_or_name, split=split or "train")
-    return [dict(row) for row in rows], path_or_name.replace("/", "_")
+    return [(f"{path_or_name} row {i}", dict(row)) for i, row in enumerate(rows)], path_or_name.replace("/", "_")
+
+
+def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8", errors="strict") as f:
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((f"{path}:{lineno}", json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise DataError(
+                        f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno}); "
+                        "each line must be one JSON object"
+                    ) from None
+        except UnicodeDecodeError as err:
+            raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the file as UTF-8") from None
+    return rows
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
@@ -103,11 +126,19 @@ def load_math_dataset(
     """
     rows, stem = _read_rows(str(path_or_name), split)
     rows = rows if limit is None else rows[:limit]
+    if not rows:
+        raise DataError(f"{path_or_name}: no rows; point the task at a file with problems in it")
     examples = []
-    for i, row in enumerate(rows):
-        missing = [f for f in (problem_field, answer_field) if f not in row]
+    for i, (where, row) in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object with {problem_field!r} and {answer_field!r}, "
+                            f"got {type(row).__name__}")
+        missing = [f for f in (problem_field, answer_field) if row.get(f) is None or str(row[f]).strip() == ""]
         if missing:
-            raise ValueError(f"{path_or_name}: row {i} has no field {missing}; its fields are {sorted(row)}")
+            raise DataError(
+                f"{where}: row has no (or an empty) {' and '.join(repr(m) for m in missing)}; its fields are "
+                f"{sorted(row)}. Fix the row, or name the fields with data.task_args.problem_field / answer_field"
+            )
         problem, answer = str(row[problem_field]), str(row[answer_field])
         meta = {k: v for k, v in row.items() if k not in (problem_field, answer_field)}
         meta["problem"] = problem
@@ -159,6 +190,14 @@ class MathTask:
             test = self._load(self.test)
             held_out = {ex.meta["problem"] for ex in test}
             self._splits = {"train": [ex for ex in train if ex.meta["problem"] not in held_out], "test": test}
+        for split, source in (("train", self.train), ("test", self.test or self.train)):
+            if not self._splits[split]:
+                raise DataError(
+                    f"the {split} split is empty ({len(train)} rows read from {source}"
+                    + (", every one of them also in the test file)" if split == "train" else
+                       f", test_fraction={self.test_fraction})")
+                    + "; give more problems, a separate test file, or a larger test_fraction"
+                )
 
     def examples(
         self, split: Split, n: int | None = None, *, seed: int | None = None, unique: bool = True
