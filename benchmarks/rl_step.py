@@ -1,0 +1,245 @@
+"""Benchmark (b): one RL step of tether vs TRL's GRPOTrainer, same model, prompts and settings.
+
+    python benchmarks/rl_step.py                     # tiny Llama 256 x 4 (4.2M), 16 prompts x 8, 16 new tokens
+    python benchmarks/rl_step.py --device cuda --dtype bfloat16 --out benchmarks/results/performance/rl_step_gpu.md
+
+An RL step is: sample prompts_per_step x group_size completions, score them, recompute the old
+log-probs, and take `mini_batches` optimiser steps over the batch. Both trainers get the same:
+
+- model (one saved checkpoint, loaded twice), dtype, device and torch threads;
+- prompts (the arithmetic task's training stream), group size, max new tokens, temperature 1,
+  top-p 1 (plain sampling), stop on eos;
+- reward (1 when the completion starts with a digit: groups have variance, scoring is ~free);
+- objective: tether's `dapo` preset (clip 0.2 / 0.28, token-mean, group-std advantages, no KL)
+  and TRL's loss_type="dapo", epsilon=0.2, epsilon_high=0.28, scale_rewards="group", beta=0;
+- optimiser steps per generation batch: tether trainer.mini_batches = M, micro-batch = batch / M;
+  TRL steps_per_generation = M, per_device_train_batch_size = batch / M, gradient accumulation 1
+  (so TRL computes old log-probs, as tether does); AdamW, the same constant lr, grad clip 1.0;
+- no gradient checkpointing; fp32 unless --dtype bfloat16 (TRL then also gets bf16=True).
+
+Tether runs through tether.train's own functions (collect, to_tokens, batched_logprobs,
+update), timed piece by piece; TRL runs `trainer.train()` with its model's `generate` timed and a
+callback that stamps the end of each generation batch's last optimiser step and then runs one
+tether step (outside TRL's timing): the two alternate step by step, so a change in the machine's
+load hits both alike. The first --warmup steps of each are dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import add_common_args, emit, machine, median, setup, sync, table  # noqa: E402
+
+
+def digit_reward(completion, example):
+    from tether.rewards import RewardResult
+
+    ok = completion[:1].isdigit()
+    return RewardResult(float(ok), {"digit": float(ok)})
+
+
+def tether_runner(model_dir: Path, args, device: torch.device):
+    """A closure that runs one tether RL step and returns its timings; and the parameter count."""
+    from tether import objectives
+    from tether.config import load_config
+    from tether.data import PromptStream
+    from tether.models import load_model
+    from tether.rollout import SamplingParams, get_engine
+    from tether.tasks import get_task
+    from tether.train import batched_logprobs, collect, to_tokens, update
+
+    batch = args.prompts * args.group
+    cfg = load_config(overrides=[
+        f"objective={args.objective}", f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", f"trainer.mini_batches={args.mini_batches}",
+        f"trainer.micro_batch_size={batch // args.mini_batches}", f"trainer.lr={args.lr}",
+    ])
+    model, tokenizer = load_model(model_dir, dtype=args.dtype, device=str(device))
+    model.train()
+    reference = None
+    obj = objectives.build(cfg.objective)
+    obj.config.max_len = args.max_new_tokens
+    args.uses_reference = obj.uses_reference()
+    if obj.uses_reference():
+        reference, _ = load_model(model_dir, dtype=args.dtype, device=str(device))
+        reference.eval().requires_grad_(False)
+    engine = get_engine("hf", model=model, tokenizer=tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+    stream = PromptStream(get_task("arithmetic"), seed=0)
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
+    step = 0
+
+    def run() -> dict:
+        nonlocal step
+        step += 1
+        sync(device)
+        t0 = time.perf_counter()
+        model.eval()
+        scored = collect(engine, stream, digit_reward, cfg, params, seed=step, pad_id=tokenizer.pad_token_id)
+        model.train()
+        sync(device)
+        t1 = time.perf_counter()
+        tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
+        adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
+        micro = cfg.trainer.micro_batch_size
+        old_lp = batched_logprobs(model, tokens, 1.0, micro)
+        ref_lp = batched_logprobs(reference, tokens, 1.0, micro) if reference is not None else None
+        sync(device)
+        t2 = time.perf_counter()
+        gen = torch.Generator().manual_seed(step)
+        update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, lambda: None)
+        t3 = time.perf_counter()  # update ends with a host sync
+        return {"total": t3 - t0, "generation": t1 - t0, "logprobs": t2 - t1, "update": t3 - t2,
+                "tokens": float(scored.rollout.mask.sum())}
+
+    return run, sum(t.numel() for t in model.parameters())
+
+
+def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between) -> list[dict]:
+    """Run TRL's GRPOTrainer for `cycles` generation batches; per batch: total and generate time.
+
+    `between()` runs after each batch (outside TRL's timing): tether's steps interleave with
+    TRL's, so a change in the machine's load hits both alike.
+    """
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tether.data import PromptStream
+    from tether.models import prepare_tokenizer, resolve_dtype
+    from tether.tasks import get_task
+
+    dtype = resolve_dtype(args.dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(model_dir))
+    prompts = [e.prompt for e in PromptStream(get_task("arithmetic"), seed=0).take(args.prompts * cycles)]
+    m = args.mini_batches
+    gen_times = [0.0]  # per generation batch
+    generate = model.generate
+
+    def timed_generate(*a, **k):
+        sync(device)
+        tic = time.perf_counter()
+        out = generate(*a, **k)
+        sync(device)
+        gen_times[-1] += time.perf_counter() - tic
+        return out
+
+    model.generate = timed_generate
+
+    class Stamps(TrainerCallback):
+        def __init__(self):
+            self.starts: list[float] = []
+            self.totals: list[float] = []
+
+        def on_train_begin(self, *a, **k):
+            self.starts.append(time.perf_counter())
+
+        def on_step_end(self, args_, state, control, **k):
+            sync(device)
+            if state.global_step % m == 0:  # a generation batch and its m optimiser steps are done
+                self.totals.append(time.perf_counter() - self.starts[-1])
+                gen_times.append(0.0)
+                between()
+                self.starts.append(time.perf_counter())
+
+    def reward(prompts, completions, **kwargs):
+        return [float(c[:1].isdigit()) for c in completions]
+
+    batch = args.prompts * args.group
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out, report_to="none", save_strategy="no", logging_steps=10**6, disable_tqdm=True,
+            use_cpu=device.type == "cpu", bf16=args.dtype == "bfloat16", gradient_checkpointing=False,
+            per_device_train_batch_size=batch // m, steps_per_generation=m,
+            gradient_accumulation_steps=1, num_generations=args.group, max_completion_length=args.max_new_tokens,
+            temperature=1.0, top_p=1.0, top_k=0, learning_rate=args.lr, lr_scheduler_type="constant",
+            warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="dapo", epsilon=0.2,
+            epsilon_high=0.28, scale_rewards="group", max_steps=cycles * m, seed=0,
+            dataloader_num_workers=0, shuffle_dataset=False,
+        )
+        stamps = Stamps()
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
+                              train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[stamps])
+        trainer.train()
+    logged = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    args.trl_mean_length = float(logged[-1]) if logged else float("nan")
+    return [{"total": t, "generation": g} for t, g in zip(stamps.totals, gen_times)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    p.add_argument("--group", type=int, default=8, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--mini-batches", type=int, default=2, help="optimiser steps per generation batch")
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--objective", default="dapo", help="tether objective preset (TRL is set up as DAPO)")
+    p.add_argument("--steps", type=int, default=10, help="measured RL steps per trainer")
+    p.add_argument("--warmup", type=int, default=1, help="RL steps dropped before measuring")
+    add_common_args(p)
+    args = p.parse_args()
+    device = setup(args)
+    from tether.models import init_model
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if args.prompts % args.mini_batches:
+        raise SystemExit("--prompts must be divisible by --mini-batches")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = init_model(Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers,
+                               num_heads=args.heads, seed=0)
+        run, args.n_params = tether_runner(model_dir, args, device)
+        run()  # tether's own warm-up, before TRL starts
+        ours: list[dict] = []
+        theirs = trl_steps(model_dir, args, device, args.warmup + args.steps, lambda: ours.append(run()))
+    ours, theirs = ours[args.warmup:], theirs[args.warmup:]
+    print(f"tether: {[round(r['total'], 3) for r in ours]}\ntrl: {[round(r['total'], 3) for r in theirs]}",
+          file=sys.stderr)
+    emit(report(args, device, ours, theirs), args.out)
+
+
+def report(args, device, ours: list[dict], theirs: list[dict]) -> str:
+    def med(rows, key):
+        return median([r[key] for r in rows])
+
+    t_total, r_total = med(ours, "total"), med(theirs, "total")
+    other = t_total - med(ours, "generation") - med(ours, "logprobs") - med(ours, "update")
+    rows = [
+        ["RL step (median)", f"{t_total:.3f} s", f"{r_total:.3f} s", f"{r_total / t_total:.2f}x"],
+        ["generation + scoring", f"{med(ours, 'generation'):.3f} s", f"{med(theirs, 'generation'):.3f} s (generate)",
+         f"{med(theirs, 'generation') / med(ours, 'generation'):.2f}x"],
+        ["old log-probs pass" + (" + reference pass" if args.uses_reference else ""),
+         f"{med(ours, 'logprobs'):.3f} s", "-", ""],
+        [f"updates ({args.mini_batches} optimiser steps)", f"{med(ours, 'update'):.3f} s", "-", ""],
+        ["rest (advantages, tensors)", f"{max(other, 0.0):.3f} s", "-", ""],
+    ]
+    return "\n".join([
+        f"### One RL step: tether vs TRL GRPOTrainer ({args.device}, {args.dtype})",
+        "",
+        f"Machine: {machine(device, args)}. Model: tiny Llama {args.hidden} x {args.layers} layers "
+        f"({args.n_params / 1e6:.1f}M parameters, character vocabulary). "
+        f"{args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens max, "
+        f"{args.mini_batches} optimiser steps per batch; median over {len(ours)} (tether) and {len(theirs)} (TRL) "
+        f"steps after {args.warmup} warm-up. Mean completion length: tether "
+        f"{sum(r['tokens'] for r in ours) / len(ours) / (args.prompts * args.group):.1f}, TRL "
+        f"{args.trl_mean_length:.1f} tokens (of {args.max_new_tokens}).",
+        "",
+        table(["", "tether", "TRL GRPOTrainer", "TRL / tether"], rows),
+    ])
+
+
+if __name__ == "__main__":
+    main()

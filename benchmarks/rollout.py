@@ -1,0 +1,136 @@
+"""Benchmark (d): rollout tokens/s of the `hf` engine, and what a static KV cache / torch.compile give.
+
+    python benchmarks/rollout.py                                # tiny Llamas on CPU, no compile
+    python benchmarks/rollout.py --device cuda --dtype bfloat16 --compile --sizes 512x8 1024x16
+
+tether's `hf` engine decodes with the model's dynamic KV cache (tether/rollout/hf.py) and has no
+static-cache or compiled mode. To see what adding one would be worth, the same model and prompts
+also go through Hugging Face `generate` with the dynamic cache (the like-for-like reference),
+with `cache_implementation="static"`, and (--compile) static + torch.compile of the decode step.
+All sample at temperature 1, top-p 1, no top-k, and stop rows on eos. Tokens/s counts completion
+tokens up to and including eos, over the wall time of the whole call (prefill included); the
+median of --reps calls after one warm-up call (the compile happens in the warm-up, timed apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import add_common_args, emit, machine, median, setup, table, timed  # noqa: E402
+
+
+def hf_generate(model, tokenizer, prompts, args, cache: str | None, compile_: bool):
+    """A closure calling model.generate; returns the completion token count of each call."""
+    from transformers import CompileConfig
+
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    ids = enc.input_ids.repeat_interleave(args.group, 0)
+    mask = enc.attention_mask.repeat_interleave(args.group, 0)
+    kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    if cache:
+        kwargs["cache_implementation"] = cache
+    if compile_:
+        config = CompileConfig(fullgraph=False, mode="reduce-overhead" if model.device.type == "cuda" else "default")
+        config._compile_all_devices = True  # transformers compiles only on accelerators unless told
+        kwargs["compile_config"] = config
+    else:
+        kwargs["disable_compile"] = True
+
+    def run() -> int:
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)[:, ids.shape[1]:]
+        is_eos = out == tokenizer.eos_token_id
+        first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, out.shape[1])
+        return int(first.sum())
+
+    return run
+
+
+def engine_generate(model, tokenizer, prompts, args):
+    from tether.rollout import SamplingParams, get_engine
+
+    engine = get_engine("hf", model=model, tokenizer=tokenizer)
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
+    seed = [0]
+
+    def run() -> int:
+        seed[0] += 1
+        return int(engine.generate(prompts, n=args.group, params=params, seed=seed[0]).mask.sum())
+
+    return run
+
+
+def measure(run, device, reps: int) -> tuple[float, float]:
+    """(median tokens/s over reps, warm-up seconds)."""
+    counts = []
+    warm = timed(run, device)
+    rates = []
+    for _ in range(reps):
+        box = {}
+        t = timed(lambda: box.setdefault("n", run()), device)
+        counts.append(box["n"])
+        rates.append(box["n"] / t)
+    return median(rates), warm
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["128x4", "256x4"], help="HIDDENxLAYERS tiny Llamas")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--compile", action="store_true", help="also static cache + torch.compile (slow to compile on CPU)")
+    add_common_args(p)
+    args = p.parse_args()
+    device = setup(args)
+    from tether.data import PromptStream
+    from tether.models import init_model, load_model
+    from tether.tasks import get_task
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    prompts = [e.prompt for e in PromptStream(get_task("arithmetic"), seed=0).take(args.prompts)]
+    rows = []
+    for size in args.sizes:
+        hidden, layers = (int(x) for x in size.split("x"))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = init_model(Path(tmp) / "m", hidden_size=hidden, num_layers=layers, num_heads=max(2, hidden // 64),
+                              max_positions=max(256, 2 * args.max_new_tokens))
+            model, tokenizer = load_model(path, dtype=args.dtype, device=str(device))
+        model.eval()
+        variants = [("tether hf engine (dynamic cache)", engine_generate(model, tokenizer, prompts, args)),
+                    ("HF generate, dynamic cache", hf_generate(model, tokenizer, prompts, args, None, False)),
+                    ("HF generate, static cache", hf_generate(model, tokenizer, prompts, args, "static", False))]
+        if args.compile:
+            variants.append(("HF generate, static cache + torch.compile",
+                             hf_generate(model, tokenizer, prompts, args, "static", True)))
+        base = None
+        for name, run in variants:
+            rate, warm = measure(run, device, args.reps)
+            base = base or rate
+            rows.append([size, name, f"{rate:,.0f}", f"{rate / base:.2f}", f"{warm:.1f} s"])
+            print(f"{size} {name}: {rate:.0f} tok/s (warm-up {warm:.1f} s)", file=sys.stderr)
+        torch._dynamo.reset()
+    text = "\n".join([
+        f"### Rollout throughput ({args.device}, {args.dtype})",
+        "",
+        f"Machine: {machine(device, args)}. {args.prompts} prompts x {args.group} samples = "
+        f"{args.prompts * args.group} rows, up to {args.max_new_tokens} new tokens, sampling at temperature 1; "
+        f"completion tokens per second of wall time, median of {args.reps} calls after one warm-up call.",
+        "",
+        table(["model (d x layers)", "generator", "tokens/s", "vs tether engine", "warm-up call"], rows),
+    ])
+    emit(text, args.out)
+
+
+if __name__ == "__main__":
+    main()
