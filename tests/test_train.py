@@ -178,3 +178,18 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tin
     before = load_file(str(tiny_dir / "model.safetensors"))
     after = load_file(str(ckpt / "model" / "model.safetensors"))
     assert all(torch.equal(before[k], after[k]) for k in before)  # no NaN update reached the weights
+
+
+def test_the_fused_head_leaves_the_losses_unchanged(tiny_dir, tmp_path):
+    """trainer.fused_logprobs on vs off: the same losses and metrics to float32 rounding."""
+    runs = {flag: _rows(train(_cfg(tiny_dir, tmp_path / flag, "trainer.total_steps=2", "objective=etr",
+                                   "trainer.plots=false", f"trainer.fused_logprobs={flag}"), log=lambda *_: None))
+            for flag in ("true", "false")}
+    on, off = runs["true"], runs["false"]
+    assert [r["step"] for r in on] == [r["step"] for r in off] == [0, 1, 2]
+    for a, b in zip(on, off):
+        assert set(a) == set(b)
+        for key in a:
+            if key != "time/step_s":
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    assert any(abs(r["loss/policy"]) > 1e-4 for r in on[1:])  # the comparison is not of zeros

@@ -105,6 +105,11 @@ class TrainerConfig:
     """Optimiser steps per pass; >= 2 makes the ratio differ from 1 so clipping acts."""
     micro_batch_size: int = 64
     """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
+    fused_logprobs: bool = True
+    """Log-probs and entropy through tether.ops' chunked LM head, never holding the (N, T, V) logits
+    (exact gradients); models whose head is not a plain linear layer fall back to their logits."""
+    logprob_chunk_size: Optional[int] = None
+    """Tokens per chunk of the fused head; null: about 256 MB of float32 logits per chunk."""
     lr: float = 5e-5
     """AdamW learning rate (RL on the tiny model collapses at 4e-4; 5e-5 learns steadily)."""
     weight_decay: float = 0.0

@@ -11,7 +11,8 @@
         reference refresh every K optimiser steps or on a KL threshold (SPEC 2.5)
         log metrics (one host sync), evaluate held-out accuracy, checkpoint
 
-Log-probs are computed at the sampling temperature (logits / T), as the sampler drew them.
+Log-probs are computed at the sampling temperature (logits / T), as the sampler drew them, by
+tether.ops' chunked LM head (trainer.fused_logprobs): the (N, T, V) logits are never held.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from . import checkpoint, faults, objectives
 from .config import Config, save_config
 from .data import PromptStream
+from .ops import causal_lm_token_logprobs, fused_head_reason
 from .rewards import score_batch, with_completion_tokens
 from .rollout import RolloutBatch, SamplingParams, get_engine
 from .sinks import JsonlSink, Progress, TensorBoardSink, WandbSink, read_jsonl, truncate_jsonl
@@ -70,26 +72,27 @@ def to_tokens(rollout, pad_id: int, device: torch.device) -> Tokens:
                   mask.to(device=device, dtype=torch.float32), P)
 
 
-def token_logprobs(model, tokens: Tokens, temperature: float, with_entropy: bool):
-    """log pi(o_t | h) (N, T) and, optionally, the per-token entropy (N, T)."""
-    out = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
-                position_ids=tokens.position_ids, use_cache=False)
-    T = tokens.completion_ids.shape[1]
-    logits = out.logits[:, tokens.prompt_len - 1: tokens.prompt_len - 1 + T].float()  # (N, T, V)
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, -1)
-    lp = logp.gather(-1, tokens.completion_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
-    return lp, entropy
+def token_logprobs(model, tokens: Tokens, temperature: float, with_entropy: bool, fused: bool = True,
+                   chunk_size: Optional[int] = None):
+    """log pi(o_t | h) (N, T) and, optionally, the per-token entropy (N, T); 0 at padding.
+
+    With `fused`, the LM head runs chunked (tether.ops) and the (N, T, V) logits never exist;
+    otherwise (or for a head that cannot be fused) the model's own logits are used.
+    """
+    lp, ent, _ = causal_lm_token_logprobs(
+        model, tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.prompt_len,
+        tokens.completion_ids, temperature=temperature, with_entropy=with_entropy, mask=tokens.mask,
+        chunk_size=chunk_size, fused=fused)
+    return lp, ent
 
 
 @torch.no_grad()
-def batched_logprobs(model, tokens: Tokens, temperature: float, micro: int) -> torch.Tensor:
+def batched_logprobs(model, tokens: Tokens, temperature: float, micro: int, fused: bool = True,
+                     chunk_size: Optional[int] = None) -> torch.Tensor:
     parts = []
     for start in range(0, tokens.input_ids.shape[0], micro):
         idx = torch.arange(start, min(start + micro, tokens.input_ids.shape[0]), device=tokens.input_ids.device)
-        parts.append(token_logprobs(model, tokens.select(idx), temperature, False)[0])
+        parts.append(token_logprobs(model, tokens.select(idx), temperature, False, fused, chunk_size)[0])
     return torch.cat(parts)
 
 
@@ -256,7 +259,8 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
             for idx in _micro_batches(mb_groups, t.micro_batch_size):
                 idx = idx.to(device)
                 sub = tokens.select(idx)
-                lp, ent = token_logprobs(model, sub, cfg.rollout.temperature, with_entropy=True)
+                lp, ent = token_logprobs(model, sub, cfg.rollout.temperature, True, t.fused_logprobs,
+                                         t.logprob_chunk_size)
                 batch = objectives.TokenBatch(
                     logprobs=lp, old_logprobs=old_lp[idx], advantages=adv[idx], mask=sub.mask,
                     ref_logprobs=None if ref_lp is None else ref_lp[idx], group_ids=groups[idx],
@@ -443,6 +447,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         if ckpt:
             checkpoint.load_reference(ckpt, reference)
         reference.eval().requires_grad_(False)
+    if t.fused_logprobs and fused_head_reason(model):
+        log(f"fused log-probs off: {fused_head_reason(model)}; using the model's logits")
     engine = get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     opt_steps_per_rollout = t.ppo_epochs * t.mini_batches
@@ -495,8 +501,9 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             model.train()
             tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
             adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
-            old_lp = batched_logprobs(model, tokens, cfg.rollout.temperature, t.micro_batch_size)
-            ref_lp = batched_logprobs(reference, tokens, cfg.rollout.temperature, t.micro_batch_size) if reference is not None else None
+            lp_args = (cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size)
+            old_lp = batched_logprobs(model, tokens, *lp_args)
+            ref_lp = batched_logprobs(reference, tokens, *lp_args) if reference is not None else None
             gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
             metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
             metrics.update(scored.metrics)
