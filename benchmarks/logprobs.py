@@ -5,7 +5,7 @@
 
 One forward + backward through log-probs and entropy of N = 1 sequence of T tokens, both outputs
 in the loss (with random weights, so both gradients flow) and gradients for the hidden states and
-the head weight. "naive" is tether.train.token_logprobs' arithmetic: the (T, V) logits in float32,
+the head weight. "naive" is the trainer's model-logits path (trainer.fused_logprobs=false): the (T, V) logits in float32,
 log_softmax, gather, entropy from exp(logp). "chunked" is tether.ops.token_logprobs_and_entropy.
 
 Each (method, T) runs in its own process, so peak memory is that process's own: on CPU the peak
@@ -33,7 +33,7 @@ GB = 1e9
 
 
 def naive(hidden, weight, targets, temperature):
-    """tether.train.token_logprobs on hidden states: full logits, log_softmax, gather, entropy."""
+    """The model-logits path on hidden states: full logits, log_softmax, gather, entropy."""
     logits = (hidden @ weight.t()).float()  # (N, T, V)
     if temperature != 1.0:
         logits = logits / temperature

@@ -6,9 +6,9 @@
 Peak: the best of a few square matmuls (2048 and 4096, and 8192 on CUDA) in the chosen dtype.
 Training step: what tether.train.update does per micro-batch, on B sequences of L tokens
 (P prompt + L - P completion): log-probs and entropy of the completion, a loss on both,
-backward, gradient clipping and an AdamW step. Two columns: the trainer's current path
-(tether.train.token_logprobs: the model's full logits) and the fused head
-(tether.ops.causal_lm_token_logprobs).
+backward, gradient clipping and an AdamW step. Two columns: the model's full logits
+(tether.train.token_logprobs with trainer.fused_logprobs=false) and the fused chunked head
+(tether.ops.causal_lm_token_logprobs, the trainer's default).
 
 Model FLOPs per step (PaLM, arXiv 2204.02311, appendix B): 6 N B L + 12 n_layer d L^2 B, where N
 counts every weight matrix including the output head but not the input embedding (a lookup), and
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_common_args, dtype_of, emit, machine, median, setup, table, timed  # noqa: E402
 
 
-PATHS = ("trainer", "fused")
+PATHS = ("logits", "fused")
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, reps: int) -> tuple[float, int]:
@@ -68,8 +68,8 @@ def train_step_fn(model, tokens, path: str):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
     def step():
-        if path == "trainer":
-            lp, ent = token_logprobs(model, tokens, 1.0, with_entropy=True)
+        if path == "logits":
+            lp, ent = token_logprobs(model, tokens, 1.0, with_entropy=True, fused=False)
         else:
             lp, ent, _ = causal_lm_token_logprobs(model, tokens.input_ids, tokens.attention_mask, tokens.position_ids,
                                                   tokens.prompt_len, tokens.completion_ids, temperature=1.0)
@@ -137,7 +137,7 @@ def main() -> None:
         f"median of {args.reps}, the two paths alternating, after two warm-up steps each. Model FLOPs = 6 N B L + 12 n_layer d L^2 B.",
         "",
         table(["model (d x layers)", "params", "GFLOP / step",
-               "trainer: step", "tok/s", "GFLOP/s", "MFU", "fused: step", "tok/s", "GFLOP/s", "MFU"], rows),
+               "logits: step", "tok/s", "GFLOP/s", "MFU", "fused: step", "tok/s", "GFLOP/s", "MFU"], rows),
     ])
     emit(text, args.out)
 

@@ -45,8 +45,11 @@ def digit_reward(completion, example):
     return RewardResult(float(ok), {"digit": float(ok)})
 
 
-def tether_runner(model_dir: Path, args, device: torch.device):
-    """A closure that runs one tether RL step and returns its timings; and the parameter count."""
+def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str = "recompute"):
+    """A closure that runs one tether RL step and returns its timings; and the parameter count.
+
+    old_logprobs="sampler" is trainer.old_logprobs=sampler: pi_old's log-probs are the engine's
+    own, and the old log-prob pass is skipped."""
     from tether import objectives
     from tether.config import load_config
     from tether.data import PromptStream
@@ -60,6 +63,7 @@ def tether_runner(model_dir: Path, args, device: torch.device):
         f"objective={args.objective}", f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new_tokens}", f"trainer.mini_batches={args.mini_batches}",
         f"trainer.micro_batch_size={batch // args.mini_batches}", f"trainer.lr={args.lr}",
+        f"trainer.old_logprobs={old_logprobs}",
     ])
     model, tokenizer = load_model(model_dir, dtype=args.dtype, device=str(device))
     model.train()
@@ -90,7 +94,10 @@ def tether_runner(model_dir: Path, args, device: torch.device):
         tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
         adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
         micro = cfg.trainer.micro_batch_size
-        old_lp = batched_logprobs(model, tokens, 1.0, micro)
+        if old_logprobs == "sampler":
+            old_lp = scored.rollout.sampler_logprobs.to(device=device, dtype=torch.float32) * tokens.mask
+        else:
+            old_lp = batched_logprobs(model, tokens, 1.0, micro)
         ref_lp = batched_logprobs(reference, tokens, 1.0, micro) if reference is not None else None
         sync(device)
         t2 = time.perf_counter()
@@ -202,29 +209,41 @@ def main() -> None:
         model_dir = init_model(Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers,
                                num_heads=args.heads, seed=0)
         run, args.n_params = tether_runner(model_dir, args, device)
-        run()  # tether's own warm-up, before TRL starts
+        run_sampler, _ = tether_runner(model_dir, args, device, old_logprobs="sampler")
+        run(), run_sampler()  # tether's own warm-up, before TRL starts
         ours: list[dict] = []
-        theirs = trl_steps(model_dir, args, device, args.warmup + args.steps, lambda: ours.append(run()))
-    ours, theirs = ours[args.warmup:], theirs[args.warmup:]
-    print(f"tether: {[round(r['total'], 3) for r in ours]}\ntrl: {[round(r['total'], 3) for r in theirs]}",
-          file=sys.stderr)
-    emit(report(args, device, ours, theirs), args.out)
+        fast: list[dict] = []
+
+        def between():
+            ours.append(run())
+            fast.append(run_sampler())
+
+        theirs = trl_steps(model_dir, args, device, args.warmup + args.steps, between)
+    ours, fast, theirs = ours[args.warmup:], fast[args.warmup:], theirs[args.warmup:]
+    print(f"tether: {[round(r['total'], 3) for r in ours]}\ntether (sampler): "
+          f"{[round(r['total'], 3) for r in fast]}\ntrl: {[round(r['total'], 3) for r in theirs]}", file=sys.stderr)
+    emit(report(args, device, ours, fast, theirs), args.out)
 
 
-def report(args, device, ours: list[dict], theirs: list[dict]) -> str:
+def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict]) -> str:
     def med(rows, key):
         return median([r[key] for r in rows])
 
-    t_total, r_total = med(ours, "total"), med(theirs, "total")
-    other = t_total - med(ours, "generation") - med(ours, "logprobs") - med(ours, "update")
+    def cells(rows, key):
+        return f"{med(rows, key):.3f} s"
+
+    t_total, f_total, r_total = med(ours, "total"), med(fast, "total"), med(theirs, "total")
+    rest = [max(med(rs, "total") - med(rs, "generation") - med(rs, "logprobs") - med(rs, "update"), 0.0)
+            for rs in (ours, fast)]
     rows = [
-        ["RL step (median)", f"{t_total:.3f} s", f"{r_total:.3f} s", f"{r_total / t_total:.2f}x"],
-        ["generation + scoring", f"{med(ours, 'generation'):.3f} s", f"{med(theirs, 'generation'):.3f} s (generate)",
-         f"{med(theirs, 'generation') / med(ours, 'generation'):.2f}x"],
+        ["RL step (median)", f"{t_total:.3f} s", f"{f_total:.3f} s", f"{r_total:.3f} s",
+         f"{r_total / t_total:.2f}x", f"{r_total / f_total:.2f}x"],
+        ["generation + scoring", cells(ours, "generation"), cells(fast, "generation"),
+         f"{med(theirs, 'generation'):.3f} s (generate)", "", ""],
         ["old log-probs pass" + (" + reference pass" if args.uses_reference else ""),
-         f"{med(ours, 'logprobs'):.3f} s", "-", ""],
-        [f"updates ({args.mini_batches} optimiser steps)", f"{med(ours, 'update'):.3f} s", "-", ""],
-        ["rest (advantages, tensors)", f"{max(other, 0.0):.3f} s", "-", ""],
+         cells(ours, "logprobs"), cells(fast, "logprobs") + " (none)", "-", "", ""],
+        [f"updates ({args.mini_batches} optimiser steps)", cells(ours, "update"), cells(fast, "update"), "-", "", ""],
+        ["rest (advantages, tensors)", f"{rest[0]:.3f} s", f"{rest[1]:.3f} s", "-", "", ""],
     ]
     return "\n".join([
         f"### One RL step: tether vs TRL GRPOTrainer ({args.device}, {args.dtype})",
@@ -233,11 +252,12 @@ def report(args, device, ours: list[dict], theirs: list[dict]) -> str:
         f"({args.n_params / 1e6:.1f}M parameters, character vocabulary). "
         f"{args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens max, "
         f"{args.mini_batches} optimiser steps per batch; median over {len(ours)} (tether) and {len(theirs)} (TRL) "
-        f"steps after {args.warmup} warm-up. Mean completion length: tether "
+        f"steps after {args.warmup} warm-up; the three alternate step by step. Mean completion length: tether "
         f"{sum(r['tokens'] for r in ours) / len(ours) / (args.prompts * args.group):.1f}, TRL "
         f"{args.trl_mean_length:.1f} tokens (of {args.max_new_tokens}).",
         "",
-        table(["", "tether", "TRL GRPOTrainer", "TRL / tether"], rows),
+        table(["", "tether (recompute)", "tether (old_logprobs=sampler)", "TRL GRPOTrainer",
+               "TRL / tether", "TRL / tether (sampler)"], rows),
     ])
 
 

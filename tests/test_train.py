@@ -193,3 +193,17 @@ def test_the_fused_head_leaves_the_losses_unchanged(tiny_dir, tmp_path):
             if key != "time/step_s":
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
     assert any(abs(r["loss/policy"]) > 1e-4 for r in on[1:])  # the comparison is not of zeros
+
+
+def test_old_logprobs_from_the_sampler_match_a_recompute(tiny_dir, tmp_path):
+    """The hf engine's log-probs are the policy's: training on them gives the same step to rounding."""
+    runs = {mode: _rows(train(_cfg(tiny_dir, tmp_path / mode, "trainer.total_steps=2", "objective=dapo",
+                                   "trainer.plots=false", f"trainer.old_logprobs={mode}"), log=lambda *_: None))
+            for mode in ("recompute", "sampler")}
+    a, b = runs["recompute"], runs["sampler"]
+    for key in ("loss/policy", "policy/kl_old", "policy/entropy", "reward/mean", "eval/accuracy"):
+        rows = [(ra[key], rb[key]) for ra, rb in zip(a, b) if key in ra]
+        assert rows and all(x == pytest.approx(y, rel=1e-3, abs=1e-5) for x, y in rows), (key, rows)
+    assert max(abs(r["policy/ratio_mean"] - 1) for r in b[1:]) < 1e-2
+    with pytest.raises(ConfigError, match="old_logprobs=sampler"):
+        load_config(None, ["trainer.old_logprobs=sampler", "rollout.top_p=0.9"])

@@ -105,6 +105,11 @@ class TrainerConfig:
     """Optimiser steps per pass; >= 2 makes the ratio differ from 1 so clipping acts."""
     micro_batch_size: int = 64
     """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
+    old_logprobs: Literal["recompute", "sampler"] = "recompute"
+    """Where pi_old's log-probs come from. recompute: a forward pass of the policy before the first
+    update (exact). sampler: the engine's own log-probs of the sampled tokens, which skips that
+    pass; the same policy and weights, so they differ only by the KV-cache decode's rounding
+    (about 1e-6 with the hf engine). Needs rollout.top_p=1 and temperature > 0."""
     fused_logprobs: bool = True
     """Log-probs and entropy through tether.ops' chunked LM head, never holding the (N, T, V) logits
     (exact gradients); models whose head is not a plain linear layer fall back to their logits."""
@@ -196,6 +201,12 @@ class Config:
             raise ConfigError(f"trainer.lr: got {t.lr}, expected a positive number")
         if r.temperature < 0 or not 0 < r.top_p <= 1:
             raise ConfigError("rollout.temperature must be >= 0 and rollout.top_p in (0, 1]")
+        if t.old_logprobs == "sampler" and (r.top_p < 1 or r.temperature == 0):
+            raise ConfigError(
+                "trainer.old_logprobs=sampler: the sampler's log-probs are those of the full softmax only "
+                f"with rollout.top_p=1 and rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); "
+                "use trainer.old_logprobs=recompute"
+            )
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:

@@ -502,7 +502,10 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
             adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
             lp_args = (cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size)
-            old_lp = batched_logprobs(model, tokens, *lp_args)
+            if t.old_logprobs == "sampler":  # the sampling policy's own log-probs: no extra pass
+                old_lp = scored.rollout.sampler_logprobs.to(device=device, dtype=torch.float32) * tokens.mask
+            else:
+                old_lp = batched_logprobs(model, tokens, *lp_args)
             ref_lp = batched_logprobs(reference, tokens, *lp_args) if reference is not None else None
             gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
             metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
