@@ -90,11 +90,13 @@ _LOAD_CHECK = (
 )
 
 
-def test_plugin_loads_through_the_entry_point_in_a_fresh_process():
+@pytest.mark.parametrize("route", ["entry point", "VERL_USE_EXTERNAL_MODULES"])
+def test_plugin_loads_in_a_fresh_process(route):
     # verl logs a plugin that fails to import at debug level and goes on: check the effects, in a clean interpreter.
-    # (The older route, VERL_USE_EXTERNAL_MODULES, imports the same module; a second interpreter would double the
-    # cost of this file, so it is not run here.)
+    # The older route (verl < 0.9.1) is run with entry-point discovery off, so only it can load the plugin.
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+    if route != "entry point":
+        env.update(VERL_USE_EXTERNAL_PLUGINS="none", VERL_USE_EXTERNAL_MODULES="tether.integrations.verl")
     out = subprocess.run([sys.executable, "-c", _LOAD_CHECK], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     losses, estimators, hooked = out.stdout.strip().splitlines()[-3:]
