@@ -411,6 +411,22 @@ def _masked_fill(x: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torc
     return torch.where(mask.bool(), x, torch.zeros_like(x))
 
 
+def policy_metrics(tokens: _sur.TokenLoss, log_w: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The `policy/*` metrics of one batch (docs/metrics.md): clip fractions, the ratio's range and
+    how far the updates moved from the sampling policy; `log_w` = log(pi_theta / pi_old), detached."""
+    w = torch.exp(log_w)
+    return {
+        "policy/clipfrac_low": masked_fraction(tokens.clip_low, mask),
+        "policy/clipfrac_high": masked_fraction(tokens.clip_high, mask),
+        "policy/clipfrac_dual": masked_fraction(tokens.clip_dual, mask),
+        "policy/ratio_mean": masked_mean(w, mask),
+        "policy/ratio_min": masked_min(w, mask, empty=1.0),
+        "policy/ratio_max": masked_max(w, mask, empty=1.0),
+        # E_old[k3(pi_theta / pi_old)] = UKL(pi_old || pi_theta): how far the updates moved.
+        "policy/kl_old": masked_mean(k3_of_log(log_w), mask),
+    }
+
+
 class Objective:
     """A built objective: `obj(batch) -> ObjectiveOutput`. See the module docstring."""
 
@@ -465,20 +481,8 @@ class Objective:
                 ent_loss = reduce(ent)
                 total = total - cfg.entropy_coef * ent_loss
                 metrics["loss/entropy"] = ent_loss.detach()
-        w = torch.exp(log_w)
-        metrics.update(
-            {
-                "loss/total": total.detach(),
-                "policy/clipfrac_low": masked_fraction(tokens.clip_low, m),
-                "policy/clipfrac_high": masked_fraction(tokens.clip_high, m),
-                "policy/clipfrac_dual": masked_fraction(tokens.clip_dual, m),
-                "policy/ratio_mean": masked_mean(w, m),
-                "policy/ratio_min": masked_min(w, m, empty=1.0),
-                "policy/ratio_max": masked_max(w, m, empty=1.0),
-                # E_old[k3(pi_theta / pi_old)] = UKL(pi_old || pi_theta): how far the updates moved.
-                "policy/kl_old": masked_mean(k3_of_log(log_w), m),
-            }
-        )
+        metrics["loss/total"] = total.detach()
+        metrics.update(policy_metrics(tokens, log_w, m))
         metrics.update({k: v.detach() for k, v in extra.items()})
         return ObjectiveOutput(total, metrics)
 

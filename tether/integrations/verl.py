@@ -63,7 +63,7 @@ from tether.core import etr as _etr
 from tether.core import kl as _kl
 from tether.core import surrogates as _sur
 from tether.core.kl import k3_of_log
-from tether.core.masked import masked_fraction, masked_max, masked_mean, masked_min
+from tether.core.masked import masked_fraction, masked_mean
 from tether.core.registry import unknown_name_message
 from tether.schema import ConfigError
 
@@ -359,21 +359,14 @@ def _etr_tokens(cfg: objectives.ETRConfig, b: objectives.TokenBatch):
 def _metrics(tokens, lp, old, ref, mask, extra) -> dict[str, float]:
     """verl's three standard keys (its definitions), then tether's own metrics under actor/tether/."""
     log_w = _sur.log_ratio(lp, old).detach()
-    w = torch.exp(log_w)
     m = mask
     named = {
         # verl: share of tokens a ratio bound clipped, mean of log(pi_old / pi_theta), share dual-clipped.
         "actor/pg_clipfrac": masked_fraction(tokens.clip_low | tokens.clip_high, m),
         "actor/ppo_kl": masked_mean(-log_w, m),
         "actor/pg_clipfrac_lower": masked_fraction(tokens.clip_dual, m),
-        "actor/tether/policy/clipfrac_low": masked_fraction(tokens.clip_low, m),
-        "actor/tether/policy/clipfrac_high": masked_fraction(tokens.clip_high, m),
-        "actor/tether/policy/clipfrac_dual": masked_fraction(tokens.clip_dual, m),
-        "actor/tether/policy/ratio_mean": masked_mean(w, m),
-        "actor/tether/policy/ratio_min": masked_min(w, m, empty=1.0),
-        "actor/tether/policy/ratio_max": masked_max(w, m, empty=1.0),
-        "actor/tether/policy/kl_old": masked_mean(k3_of_log(log_w), m),
     }
+    named.update({f"actor/tether/{k}": v for k, v in objectives.policy_metrics(tokens, log_w, m).items()})
     if ref is not None:
         ref_m = torch.where(m, ref, torch.zeros_like(ref)).detach()
         named["actor/tether/kl/ref"] = masked_mean(k3_of_log(ref_m - lp.detach()), m)
