@@ -56,7 +56,7 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     from tether.models import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.tasks import get_task
-    from tether.train import batched_logprobs, collect, to_tokens, update
+    from tether.train import batched_logprobs, collect, old_policy_logprobs, to_tokens, update
 
     batch = args.prompts * args.group
     cfg = load_config(overrides=[
@@ -94,10 +94,7 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
         adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
         micro = cfg.trainer.micro_batch_size
-        if old_logprobs == "sampler":
-            old_lp = scored.rollout.sampler_logprobs.to(device=device, dtype=torch.float32) * tokens.mask
-        else:
-            old_lp = batched_logprobs(model, tokens, 1.0, micro)
+        old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
         ref_lp = batched_logprobs(reference, tokens, 1.0, micro) if reference is not None else None
         sync(device)
         t2 = time.perf_counter()

@@ -96,6 +96,16 @@ def batched_logprobs(model, tokens: Tokens, temperature: float, micro: int, fuse
     return torch.cat(parts)
 
 
+def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config) -> torch.Tensor:
+    """pi_old's log-probs (N, T), before any update: recomputed, or the sampler's own
+    (trainer.old_logprobs=sampler: the same weights, no extra pass)."""
+    t = cfg.trainer
+    if t.old_logprobs == "sampler":
+        return rollout.sampler_logprobs.to(device=tokens.mask.device, dtype=torch.float32) * tokens.mask
+    return batched_logprobs(model, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
+                            t.logprob_chunk_size)
+
+
 # ---------------------------------------------------------------- rollout and rewards
 
 
@@ -501,12 +511,9 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             model.train()
             tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
             adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
-            lp_args = (cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size)
-            if t.old_logprobs == "sampler":  # the sampling policy's own log-probs: no extra pass
-                old_lp = scored.rollout.sampler_logprobs.to(device=device, dtype=torch.float32) * tokens.mask
-            else:
-                old_lp = batched_logprobs(model, tokens, *lp_args)
-            ref_lp = batched_logprobs(reference, tokens, *lp_args) if reference is not None else None
+            old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
+            ref_lp = None if reference is None else batched_logprobs(
+                reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size)
             gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
             metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
             metrics.update(scored.metrics)
