@@ -124,3 +124,21 @@ def test_soak_repeated_kills_at_random_moments_keep_learning(tmp_path):
     assert set(acc) == {0, 120, 240}
     assert acc[240] >= acc[0] + 0.05, acc
     assert not list((run / "checkpoints").glob(".*"))
+
+
+def test_a_kill_between_the_two_renames_of_a_redone_step_loses_nothing(tmp_path):
+    """Re-saving step N moves the old step_N aside, then renames the new one in: a kill in between
+    leaves only .old_step_N, which resume puts back; a .tmp_step_N is an unfinished write, deleted."""
+    from tether import checkpoint
+
+    root = tmp_path / "checkpoints"
+    (root / ".old_step_000002").mkdir(parents=True)
+    (root / ".old_step_000002" / "state.pt").write_bytes(b"complete copy")
+    (root / ".tmp_step_000002").mkdir()
+    (root / "step_000001").mkdir()
+    (root / ".old_step_000001").mkdir()  # its step_000001 exists: a stale copy
+    logs = []
+    checkpoint.remove_partial(tmp_path, log=logs.append)
+    assert sorted(p.name for p in root.iterdir()) == ["step_000001", "step_000002"]
+    assert (root / "step_000002" / "state.pt").read_bytes() == b"complete copy"
+    assert len(logs) == 2 and all("interrupted checkpoint write" in line for line in logs)
