@@ -3,8 +3,9 @@
 What is proved: (1) hand-computed values; (3) gradients of hidden and weight, through log-probs
 and entropy, equal the naive ones for chunk sizes that do and do not divide the token count, and
 pass gradcheck; (4) ignored targets and bfloat16 inputs; and, on tiny Llama and Qwen2 models, the
-model-level helper equals `tether.train.token_logprobs` in values and parameter gradients,
-with tied embeddings, and falls back to the model's logits when its head is not plain.
+model-level helper equals the model-logits computation (float32 and float64) in values and
+parameter gradients, with tied embeddings, falls back to the model's logits when its head is
+not plain, and is what `tether.train.token_logprobs` computes (0 at padding).
 """
 
 import math
@@ -214,6 +215,14 @@ def model_naive(model, tok, temperature):
     return naive_logits(logits / (temperature if temperature > 0 else 1.0), tok.completion_ids)
 
 
+def logits_float32(model, tok, temperature):
+    """The model-logits path in float32 (trainer.fused_logprobs=false, without zeroing padding)."""
+    T = tok.completion_ids.shape[1]
+    logits = model(input_ids=tok.input_ids, attention_mask=tok.attention_mask, position_ids=tok.position_ids,
+                   use_cache=False).logits[:, tok.prompt_len - 1: tok.prompt_len - 1 + T].float()
+    return naive_logits(logits / (temperature if temperature > 0 else 1.0), tok.completion_ids)
+
+
 def naive_logits(logits, targets):
     logp = torch.log_softmax(logits, -1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
@@ -228,8 +237,8 @@ def test_model_helper_matches_train_token_logprobs(arch, temperature, tie):
     tok = rollout_tokens()
     lp, ent, fused = helper(model, tok, temperature, chunk_size=5)
     assert fused
-    # The trainer's function (float32 logits) to float32 precision ...
-    ref_lp, ref_ent = token_logprobs(model, tok, temperature, with_entropy=True)
+    # The model-logits path (float32 logits) to float32 precision ...
+    ref_lp, ref_ent = logits_float32(model, tok, temperature)
     torch.testing.assert_close(lp.float(), ref_lp, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ent.float(), ref_ent, rtol=1e-6, atol=1e-6)
     # ... and the same computation in float64 exactly, gradients of every parameter included.
@@ -240,6 +249,17 @@ def test_model_helper_matches_train_token_logprobs(arch, temperature, tie):
     assert len(got) == len(want) == len(list(model.parameters()))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_trainer_uses_the_helper_with_padding_masked(fused):
+    model = tiny("llama")
+    tok = rollout_tokens(seed=4)
+    lp, ent = token_logprobs(model, tok, 0.7, with_entropy=True, fused=fused)
+    ref_lp, ref_ent = model_naive(model, tok, 0.7)
+    tol = 1e-12 if fused else 1e-6  # the model-logits path computes the softmax in float32
+    torch.testing.assert_close(lp, (ref_lp * tok.mask).to(lp.dtype), rtol=tol, atol=tol)
+    torch.testing.assert_close(ent, (ref_ent * tok.mask).to(ent.dtype), rtol=tol, atol=tol)
 
 
 def test_tied_embeddings_get_both_gradients():
@@ -276,7 +296,7 @@ def test_model_helper_float32_tight_tolerance(tiny_dir):
     model, _ = load_model(tiny_dir, dtype="float32")
     tok = rollout_tokens(V=len(_), seed=2)
     lp, ent, fused = helper(model, tok, 0.8)
-    ref_lp, ref_ent = token_logprobs(model, tok, 0.8, with_entropy=True)
+    ref_lp, ref_ent = logits_float32(model, tok, 0.8)
     assert fused
     torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=2e-5)
     torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=2e-5)
@@ -289,7 +309,7 @@ def test_falls_back_on_logit_scaling_in_config():
     tok = rollout_tokens()
     lp, ent, fused = helper(model, tok, 0.7)
     assert not fused
-    ref_lp, ref_ent = token_logprobs(model, tok, 0.7, with_entropy=True)
+    ref_lp, ref_ent = logits_float32(model, tok, 0.7)
     torch.testing.assert_close(lp, ref_lp, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ent, ref_ent, rtol=1e-6, atol=1e-6)
 
@@ -309,7 +329,7 @@ def test_falls_back_when_the_model_transforms_its_logits():
     tok = rollout_tokens()
     lp, ent, fused = helper(model, tok, 1.0)
     assert not fused and "differ" in fused_head_reason(model)
-    ref_lp, ref_ent = token_logprobs(model, tok, 1.0, with_entropy=True)
+    ref_lp, ref_ent = logits_float32(model, tok, 1.0)
     torch.testing.assert_close(lp, ref_lp, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ent, ref_ent, rtol=1e-6, atol=1e-6)
 
