@@ -31,6 +31,7 @@ from .config import Config, save_config
 from .data import PromptStream
 from .ops import causal_lm_token_logprobs, fused_head_reason
 from .rewards import score_batch, with_completion_tokens
+from .rewards.base import REWARD_ERROR
 from .rollout import RolloutBatch, SamplingParams, get_engine
 from .sinks import JsonlSink, Progress, TensorBoardSink, WandbSink, read_jsonl, truncate_jsonl
 from .schema import to_dict
@@ -129,7 +130,7 @@ def _score(rollout, examples, reward_fn):
 def verifier_faults(results) -> dict[str, float]:
     """How many completions the verifier gave up on (hard timeout), and how many it failed on:
     the verifier raised (math-verify inside its worker, or any reward function) or its worker died."""
-    errors = ("verifier error", "worker died", "reward error")
+    errors = ("verifier error", "worker died", REWARD_ERROR)
     return {"reward/timeouts": float(sum(r.reason == "timeout" for r in results)),
             "reward/errors": float(sum(any(e in r.reason for e in errors) for r in results))}
 
@@ -457,8 +458,9 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         if ckpt:
             checkpoint.load_reference(ckpt, reference)
         reference.eval().requires_grad_(False)
-    if t.fused_logprobs and fused_head_reason(model):
-        log(f"fused log-probs off: {fused_head_reason(model)}; using the model's logits")
+    unfused = fused_head_reason(model) if t.fused_logprobs else ""
+    if unfused:
+        log(f"fused log-probs off: {unfused}; using the model's logits")
     engine = get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     opt_steps_per_rollout = t.ppo_epochs * t.mini_batches
