@@ -9,7 +9,7 @@ log-probs, and take `mini_batches` optimiser steps over the batch. Both trainers
 - model (one saved checkpoint, loaded twice), dtype, device and torch threads;
 - prompts (the arithmetic task's training stream), group size, max new tokens, temperature 1,
   top-p 1 (plain sampling), stop on eos;
-- reward (1 when the completion starts with a digit: groups have variance, scoring is ~free);
+- reward (1 when the completion has an even number of characters: groups have variance, scoring is free);
 - objective: tether's `dapo` preset (clip 0.2 / 0.28, token-mean, group-std advantages, no KL)
   and TRL's loss_type="dapo", epsilon=0.2, epsilon_high=0.28, scale_rewards="group", beta=0;
 - optimiser steps per generation batch: tether trainer.mini_batches = M, micro-batch = batch / M;
@@ -38,11 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_common_args, emit, machine, median, setup, sync, table  # noqa: E402
 
 
-def digit_reward(completion, example):
+def parity_reward(completion, example):
+    """1 when the completion has an even number of characters: free to score, and groups have
+    variance whatever the (untrained) model samples, from a character or a filler vocabulary."""
     from tether.rewards import RewardResult
 
-    ok = completion[:1].isdigit()
-    return RewardResult(float(ok), {"digit": float(ok)})
+    ok = len(completion) % 2 == 0
+    return RewardResult(float(ok), {"even": float(ok)})
 
 
 def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str = "recompute"):
@@ -87,7 +89,7 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         sync(device)
         t0 = time.perf_counter()
         model.eval()
-        scored = collect(engine, stream, digit_reward, cfg, params, seed=step, pad_id=tokenizer.pad_token_id)
+        scored = collect(engine, stream, parity_reward, cfg, params, seed=step, pad_id=tokenizer.pad_token_id)
         model.train()
         sync(device)
         t1 = time.perf_counter()
@@ -156,7 +158,7 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between)
                 self.starts.append(time.perf_counter())
 
     def reward(prompts, completions, **kwargs):
-        return [float(c[:1].isdigit()) for c in completions]
+        return [float(len(c) % 2 == 0) for c in completions]
 
     batch = args.prompts * args.group
     with tempfile.TemporaryDirectory() as out:
@@ -188,6 +190,8 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--mini-batches", type=int, default=2, help="optimiser steps per generation batch")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="pad the character vocabulary with filler tokens to this size (151936: Qwen2.5's)")
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--objective", default="dapo", help="tether objective preset (TRL is set up as DAPO)")
     p.add_argument("--steps", type=int, default=10, help="measured RL steps per trainer")
@@ -204,7 +208,7 @@ def main() -> None:
         raise SystemExit("--prompts must be divisible by --mini-batches")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = init_model(Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers,
-                               num_heads=args.heads, seed=0)
+                               num_heads=args.heads, seed=0, vocab_size=args.vocab)
         run, args.n_params = tether_runner(model_dir, args, device)
         run_sampler, _ = tether_runner(model_dir, args, device, old_logprobs="sampler")
         run(), run_sampler()  # tether's own warm-up, before TRL starts

@@ -65,6 +65,17 @@ def test_qwen2_arch_and_custom_charset(tmp_path):
     assert model(input_ids=ids).logits.shape == (1, 5, 16)
 
 
+def test_a_real_vocabulary_size_pads_with_fillers_that_text_never_encodes_to(tmp_path):
+    path = init_model(tmp_path / "v", hidden_size=32, num_layers=1, num_heads=2, charset="0123456789+=", vocab_size=5000)
+    model, tok = load_model(path)
+    assert len(tok) == model.config.vocab_size == model.get_output_embeddings().weight.shape[0] == 5000
+    assert tok.encode("1+1=2") == [5, 14, 5, 15, 6]  # the characters keep their ids
+    assert tok.decode([5, 4999, 6]) == "1<|fill:4983|>2"  # a sampled filler decodes to its name
+    assert max(tok.encode("<|fill:0|> <|fill:9|>")) < 16  # text never encodes to a filler
+    with pytest.raises(ValueError, match="smaller than the 16 tokens"):
+        init_model(tmp_path / "w", charset="0123456789+=", vocab_size=10)
+
+
 def test_default_parameter_count(tmp_path):
     model, _ = load_model(init_model(tmp_path / "d"))
     params = sum(p.numel() for p in model.parameters())

@@ -12,6 +12,8 @@ from tether.rollout import (
     SamplingParams,
     engine_names,
     get_engine,
+    sample_categorical,
+    sample_tokens,
     top_p_filter,
 )
 
@@ -168,6 +170,55 @@ def test_top_p():
     assert kept.tolist() == [[True, True, False, False]]
     assert torch.isfinite(top_p_filter(logits, 0.5)).tolist() == [[True, False, False, False]]
     assert torch.isfinite(top_p_filter(logits[:, [3, 1, 0, 2]], 0.9)).tolist() == [[False, True, True, True]]
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.9)])
+def test_sampling_draws_from_the_tempered_nucleus_with_its_logprobs(temperature, top_p):
+    """200,000 draws from one row: frequencies match softmax(logits / T) renormalised over the
+    top-p nucleus (to 5 standard errors), excluded tokens never appear, and every recorded
+    log-prob is that distribution's."""
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -3.0, 0.5])
+    n = 200_000
+    tokens, logprobs = sample_tokens(logits.expand(n, -1), temperature, top_p, torch.Generator().manual_seed(0))
+    target = top_p_filter((logits / temperature)[None], top_p).log_softmax(-1)[0]
+    assert_draws_follow(tokens, target)
+    torch.testing.assert_close(logprobs, target[tokens], atol=1e-6, rtol=0)
+
+
+def assert_draws_follow(tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
+    n = tokens.numel()
+    freq = torch.bincount(tokens, minlength=logprobs.numel()).double() / n
+    probs = logprobs.exp().double()
+    assert (freq[probs == 0] == 0).all()
+    assert torch.all((freq - probs).abs() <= 5 * (probs * (1 - probs) / n).sqrt() + 1e-12)
+
+
+@pytest.mark.parametrize("block", [1, 2, 4, 5, 7])
+def test_two_level_sampling_is_exact_for_any_block_size(block):
+    """Blocks that do and do not divide V (the last one shorter), with an excluded token at a
+    block edge: the draws still follow softmax(logits)."""
+    logits = torch.tensor([0.3, -float("inf"), 1.2, -0.5, 2.0, 0.0, -2.0])
+    n = 200_000
+    tokens, logprobs = sample_categorical(logits.expand(n, -1), torch.Generator().manual_seed(2), block=block)
+    target = logits.log_softmax(-1)
+    assert_draws_follow(tokens, target)
+    torch.testing.assert_close(logprobs, target[tokens], atol=1e-6, rtol=0)
+
+
+def test_sampling_never_draws_an_excluded_token():
+    """Zero-weight tokens (-inf logits) have empty intervals, first, last or between, and a
+    near-certain token next to many tiny ones is still drawn with its exact probability."""
+    inf = float("inf")
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.tensor([[-inf, 0.0, -inf, 1.0, -inf]]).expand(50_000, -1)
+    tokens, logprobs = sample_categorical(logits, gen)
+    assert set(tokens.unique().tolist()) == {1, 3}
+    torch.testing.assert_close(logprobs, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
+    wide = torch.full((4, 151_936), -30.0)
+    wide[:, -1] = 0.0  # the last token holds all but ~1e-8 of the mass
+    assert (sample_categorical(wide, gen)[0] == 151_935).all()
+    tokens, _ = sample_categorical(torch.tensor([[-inf, -inf, 5.0]]).expand(1000, -1), gen)
+    assert (tokens == 2).all()
 
 
 def test_tiny_top_p_is_greedy_with_logprob_zero(stopping):

@@ -94,7 +94,7 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     from .models import init_model
 
     init_model(args.out_dir, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.layers,
-               num_heads=args.heads, seed=args.seed)
+               num_heads=args.heads, seed=args.seed, vocab_size=args.vocab_size)
     print(f"wrote a tiny {args.arch} model and its character tokenizer to {args.out_dir}")
     return 0
 
@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="pad the character vocabulary with filler tokens to this size (e.g. 151936, Qwen2.5's), "
+                        "for a tiny model with a real LLM's head and sampling cost")
     p.set_defaults(func=cmd_init_model)
     p = sub.add_parser("compare", help="train several objectives x seeds on one budget and write a report",
                        description="tether compare [CONFIG] --objectives grpo,dapo,atr_grpo --seeds 3 [key=value ...]")

@@ -113,16 +113,26 @@ def load_model(
     return model, tokenizer
 
 
-def char_tokenizer(charset: str = DEFAULT_CHARSET) -> Any:
+def char_tokenizer(charset: str = DEFAULT_CHARSET, vocab_size: int | None = None) -> Any:
     """A character-level `PreTrainedTokenizerFast`: ids 0-3 are <pad> <bos> <eos> <unk>.
 
     Every character of `charset` is one token; any other character encodes to <unk>.
+    `vocab_size`, when larger than that, pads the vocabulary with filler tokens `<|fill:i|>` up
+    to the size: text never encodes to them (input is split into single characters), but a model
+    may sample them and they decode to their names. That gives a tiny model the output head and
+    sampling cost of a real LLM vocabulary (Qwen2.5's 151,936), which benchmarks need.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     chars = list(dict.fromkeys(charset))  # de-duplicate, keep order
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
+    tokens = [*SPECIAL_TOKENS, *chars]
+    if vocab_size is not None:
+        if vocab_size < len(tokens):
+            raise ValueError(f"vocab_size {vocab_size} is smaller than the {len(tokens)} tokens the charset needs "
+                             "(4 special tokens + one per character); pass at least that, or None")
+        tokens += [f"<|fill:{i}|>" for i in range(vocab_size - len(tokens))]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     # [\s\S] rather than ".": Oniguruma's "." does not match newline, and "isolated" would then
     # keep "\n\n" as one (unknown) piece.
@@ -148,11 +158,14 @@ def init_model(
     max_positions: int = 256,
     seed: int = 0,
     charset: str | None = None,
+    vocab_size: int | None = None,
 ) -> Path:
     """Write a randomly initialised tiny causal LM and its character tokenizer to `out_dir`.
 
     The MLP width is 4 x hidden_size; with the defaults (128 x 4 layers, ~100 characters) the
     model has about 1.1M parameters. Embeddings are untied, as in the measured CPU baselines.
+    `vocab_size` pads the character vocabulary with filler tokens to that size (see
+    `char_tokenizer`): the cost profile of a real LLM's head on a tiny body, for benchmarks.
 
     Returns:
         the directory, loadable with `load_model(out_dir)`.
@@ -161,7 +174,7 @@ def init_model(
 
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
-    tokenizer = char_tokenizer(DEFAULT_CHARSET if charset is None else charset)
+    tokenizer = char_tokenizer(DEFAULT_CHARSET if charset is None else charset, vocab_size)
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

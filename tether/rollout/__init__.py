@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from ..core.registry import Registry
 from .base import FinishReason, RolloutBatch, RolloutEngine, SamplingParams
-from .hf import HFEngine, encode_prompts, sample_tokens, top_p_filter
+from .hf import HFEngine, encode_prompts, sample_categorical, sample_tokens, top_p_filter
 
 ENGINES: Registry[Callable[..., RolloutEngine]] = Registry("rollout engine")
 ENGINES.register("hf")(HFEngine)
@@ -31,5 +31,5 @@ def engine_names() -> list[str]:
 
 __all__ = [
     "ENGINES", "FinishReason", "HFEngine", "RolloutBatch", "RolloutEngine", "SamplingParams",
-    "encode_prompts", "engine_names", "get_engine", "sample_tokens", "top_p_filter",
+    "encode_prompts", "engine_names", "get_engine", "sample_categorical", "sample_tokens", "top_p_filter",
 ]
