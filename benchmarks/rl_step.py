@@ -1,12 +1,15 @@
 """Benchmark (b): one RL step of tether vs TRL's GRPOTrainer, same model, prompts and settings.
 
     python benchmarks/rl_step.py                     # tiny Llama 256 x 4 (4.2M), 16 prompts x 8, 16 new tokens
+    python benchmarks/rl_step.py --vocab 151936      # the same body with Qwen2.5's vocabulary size (82M)
     python benchmarks/rl_step.py --device cuda --dtype bfloat16 --out benchmarks/results/performance/rl_step_gpu.md
 
 An RL step is: sample prompts_per_step x group_size completions, score them, recompute the old
 log-probs, and take `mini_batches` optimiser steps over the batch. Both trainers get the same:
 
-- model (one saved checkpoint, loaded twice), dtype, device and torch threads;
+- model (one saved checkpoint, loaded twice), dtype, device and torch threads; with --vocab the
+  character vocabulary is padded with filler tokens (`init_model(vocab_size=...)`), which gives
+  the tiny body a real LLM's output head and sampling cost;
 - prompts (the arithmetic task's training stream), group size, max new tokens, temperature 1,
   top-p 1 (plain sampling), stop on eos;
 - reward (1 when the completion has an even number of characters: groups have variance, scoring is free);
@@ -243,14 +246,16 @@ def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict])
          f"{med(theirs, 'generation'):.3f} s (generate)", "", ""],
         ["old log-probs pass" + (" + reference pass" if args.uses_reference else ""),
          cells(ours, "logprobs"), cells(fast, "logprobs") + " (none)", "-", "", ""],
-        [f"updates ({args.mini_batches} optimiser steps)", cells(ours, "update"), cells(fast, "update"), "-", "", ""],
+        [f"updates ({args.mini_batches} optimiser steps)", cells(ours, "update"), cells(fast, "update"),
+         f"{r_total - med(theirs, 'generation'):.3f} s (old log-probs + updates)", "", ""],
         ["rest (advantages, tensors)", f"{rest[0]:.3f} s", f"{rest[1]:.3f} s", "-", "", ""],
     ]
     return "\n".join([
         f"### One RL step: tether vs TRL GRPOTrainer ({args.device}, {args.dtype})",
         "",
         f"Machine: {machine(device, args)}. Model: tiny Llama {args.hidden} x {args.layers} layers "
-        f"({args.n_params / 1e6:.1f}M parameters, character vocabulary). "
+        f"({args.n_params / 1e6:.1f}M parameters, "
+        f"{'character vocabulary' if args.vocab is None else f'vocabulary {args.vocab:,} (characters + filler tokens)'}). "
         f"{args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens max, "
         f"{args.mini_batches} optimiser steps per batch; median over {len(ours)} (tether) and {len(theirs)} (TRL) "
         f"steps after {args.warmup} warm-up; the three alternate step by step. Mean completion length: tether "

@@ -204,6 +204,8 @@ def test_old_logprobs_from_the_sampler_match_a_recompute(tiny_dir, tmp_path):
     for key in ("loss/policy", "policy/kl_old", "policy/entropy", "reward/mean", "eval/accuracy"):
         rows = [(ra[key], rb[key]) for ra, rb in zip(a, b) if key in ra]
         assert rows and all(x == pytest.approx(y, rel=1e-3, abs=1e-5) for x, y in rows), (key, rows)
-    assert max(abs(r["policy/ratio_mean"] - 1) for r in b[1:]) < 1e-2
+    # the ratio moves off 1 only through the first mini-batch's update, the same in both modes
+    ratios = [(ra["policy/ratio_mean"], rb["policy/ratio_mean"]) for ra, rb in zip(a, b) if "policy/ratio_mean" in ra]
+    assert ratios and all(x == pytest.approx(y, abs=1e-5) for x, y in ratios), ratios
     with pytest.raises(ConfigError, match="old_logprobs=sampler"):
         load_config(None, ["trainer.old_logprobs=sampler", "rollout.top_p=0.9"])

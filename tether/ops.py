@@ -292,10 +292,14 @@ def causal_lm_token_logprobs(
         raise ValueError(f"start must be >= 1 (the first target is predicted from position start - 1), got {start}")
     T = targets.shape[1]
     tau = temperature if temperature > 0 else 1.0
+    # Columns after start - 2 + T predict nothing that is scored (the last is always one of them):
+    # a causal model's outputs at earlier positions do not depend on them, so they are not run.
+    end = start - 1 + T
+    input_ids, attention_mask, position_ids = input_ids[:, :end], attention_mask[:, :end], position_ids[:, :end]
     if fused and not fused_head_reason(model) and not _probe(model, input_ids, attention_mask):
         out = _decoder(model)(input_ids=input_ids, attention_mask=attention_mask,
                               position_ids=position_ids, use_cache=False)
-        hidden = out.last_hidden_state[:, start - 1: start - 1 + T]  # (N, T, H)
+        hidden = out.last_hidden_state[:, start - 1:]  # (N, T, H)
         if mask is not None:
             targets = targets.masked_fill(mask == 0, IGNORE_INDEX)
         lp, ent = token_logprobs_and_entropy(hidden, model.get_output_embeddings().weight, targets,
@@ -303,9 +307,9 @@ def causal_lm_token_logprobs(
         return lp, ent, True
     args = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     try:  # the head on the completion positions only
-        logits = model(**args, logits_to_keep=input_ids.shape[1] - start + 1).logits[:, :T]
+        logits = model(**args, logits_to_keep=T).logits
     except TypeError:  # a model without logits_to_keep
-        logits = model(**args).logits[:, start - 1: start - 1 + T]
+        logits = model(**args).logits[:, start - 1:]
     logits = logits.float() / tau  # (N, T, V): positions start - 1 .. start - 2 + T
     logp = torch.log_softmax(logits, -1)
     lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
