@@ -1,6 +1,7 @@
 """Benchmark (d): rollout tokens/s of the `hf` engine, and what a static KV cache / torch.compile give.
 
     python benchmarks/rollout.py                                # tiny Llamas on CPU, no compile
+    python benchmarks/rollout.py --vocab 151936 --sizes 256x4   # with Qwen2.5's vocabulary size
     python benchmarks/rollout.py --device cuda --dtype bfloat16 --compile --sizes 512x8 1024x16
 
 tether's `hf` engine decodes with the model's dynamic KV cache (tether/rollout/hf.py) and has no
@@ -10,6 +11,9 @@ with `cache_implementation="static"`, and (--compile) static + torch.compile of 
 All sample at temperature 1, top-p 1, no top-k, and stop rows on eos. Tokens/s counts completion
 tokens up to and including eos, over the wall time of the whole call (prefill included); the
 median of --reps calls after one warm-up call (the compile happens in the warm-up, timed apart).
+With --vocab the character vocabulary is padded with filler tokens to that size, so the head and
+the sampling over the vocabulary cost what they do for a real LLM (tether's engine samples by a
+two-level inverse CDF, `generate` by softmax + torch.multinomial).
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--vocab", type=int, default=None,
+                   help="pad the character vocabulary with filler tokens to this size (151936: Qwen2.5's)")
     p.add_argument("--compile", action="store_true", help="also static cache + torch.compile (slow to compile on CPU)")
     add_common_args(p)
     args = p.parse_args()
@@ -104,7 +110,7 @@ def main() -> None:
         hidden, layers = (int(x) for x in size.split("x"))
         with tempfile.TemporaryDirectory() as tmp:
             path = init_model(Path(tmp) / "m", hidden_size=hidden, num_layers=layers, num_heads=max(2, hidden // 64),
-                              max_positions=max(256, 2 * args.max_new_tokens))
+                              max_positions=max(256, 2 * args.max_new_tokens), vocab_size=args.vocab)
             model, tokenizer = load_model(path, dtype=args.dtype, device=str(device))
         model.eval()
         variants = [("tether hf engine (dynamic cache)", engine_generate(model, tokenizer, prompts, args)),
@@ -125,6 +131,7 @@ def main() -> None:
         "",
         f"Machine: {machine(device, args)}. {args.prompts} prompts x {args.group} samples = "
         f"{args.prompts * args.group} rows, up to {args.max_new_tokens} new tokens, sampling at temperature 1; "
+        f"{'character vocabulary' if args.vocab is None else f'vocabulary {args.vocab:,} (characters + filler tokens)'}; "
         f"completion tokens per second of wall time, median of {args.reps} calls after one warm-up call.",
         "",
         table(["model (d x layers)", "generator", "tokens/s", "vs tether engine", "warm-up call"], rows),

@@ -138,6 +138,24 @@ def test_sampler_logprobs_match_recomputed(stopping, batch_size):
         torch.testing.assert_close(batch.sampler_logprobs[i, :length], expected, atol=1e-4, rtol=0)
 
 
+def test_prefill_runs_each_distinct_prompt_once(stopping):
+    """The n samples of a prompt share its prefill: the first forward has one row per distinct
+    prompt, and the sampler's log-probs are still the policy's (checked against a recompute)."""
+    model, tok = stopping
+    seen = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, a, out: seen.append(tuple(a[0].shape)))
+    try:
+        batch = HFEngine(model, tok).generate(PROMPTS, n=4, params=SamplingParams(max_new_tokens=6), seed=3)
+    finally:
+        handle.remove()
+    assert seen[0] == (3, max(len(p) for p in PROMPTS)) and seen[1] == (12, 1)
+    for i in range(len(batch)):
+        length = int(batch.mask[i].sum())
+        expected = recomputed_logits(model, batch, i).log_softmax(-1)
+        expected = expected.gather(-1, batch.completion_ids[i, :length, None]).squeeze(-1)
+        torch.testing.assert_close(batch.sampler_logprobs[i, :length], expected, atol=1e-4, rtol=0)
+
+
 def test_temperature_logprobs_are_of_the_scaled_distribution(model_and_tok):
     model, tok = model_and_tok
     batch = HFEngine(model, tok).generate(PROMPTS, n=2, params=SamplingParams(temperature=0.5, max_new_tokens=8), seed=0)

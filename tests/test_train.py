@@ -195,6 +195,24 @@ def test_the_fused_head_leaves_the_losses_unchanged(tiny_dir, tmp_path):
     assert any(abs(r["loss/policy"]) > 1e-4 for r in on[1:])  # the comparison is not of zeros
 
 
+def test_shared_prompts_leave_the_losses_unchanged(tiny_dir, tmp_path):
+    """trainer.share_prompts on vs off (objective with a reference, so all three passes share):
+    the same losses and metrics to float32 rounding."""
+    logged = []
+    runs = {flag: _rows(train(_cfg(tiny_dir, tmp_path / flag, "trainer.total_steps=2", "objective=rpg_fkl",
+                                   "trainer.plots=false", f"trainer.share_prompts={flag}"), log=logged.append))
+            for flag in ("true", "false")}
+    assert not [line for line in logged if "shared prompts off" in str(line)]  # sharing really ran
+    on, off = runs["true"], runs["false"]
+    assert [r["step"] for r in on] == [r["step"] for r in off] == [0, 1, 2]
+    for a, b in zip(on, off):
+        assert set(a) == set(b)
+        for key in a:
+            if key != "time/step_s":
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    assert any(abs(r["loss/policy"]) > 1e-4 for r in on[1:])
+
+
 def test_old_logprobs_from_the_sampler_match_a_recompute(tiny_dir, tmp_path):
     """The hf engine's log-probs are the policy's: training on them gives the same step to rounding."""
     runs = {mode: _rows(train(_cfg(tiny_dir, tmp_path / mode, "trainer.total_steps=2", "objective=dapo",

@@ -115,6 +115,11 @@ class TrainerConfig:
     (exact gradients); models whose head is not a plain linear layer fall back to their logits."""
     logprob_chunk_size: Optional[int] = None
     """Tokens per chunk of the fused head; null: about 256 MB of float32 logits per chunk."""
+    share_prompts: bool = True
+    """With the fused head, the samples of one prompt run that prompt through the model once and
+    their completions on its copied KV cache: the same log-probs and gradients (up to rounding)
+    with the prompt's compute divided by the group size. Off by itself under gradient
+    checkpointing, or if a one-off check finds the model's cached forward differs."""
     lr: float = 5e-5
     """AdamW learning rate (RL on the tiny model collapses at 4e-4; 5e-5 learns steadily)."""
     weight_decay: float = 0.0

@@ -31,6 +31,18 @@ Where this departs from the naive `log_softmax` path:
    (and no gradient), where the naive path computes values that a loss mask then discards.
 5. Only a plain linear head is fused: no bias, no logit scaling or soft-capping.
    `causal_lm_token_logprobs` checks the model and otherwise falls back to the model's own logits.
+
+Shared prompts (`causal_lm_token_logprobs(..., share_prompts=True)`). GRPO scores G completions
+of every prompt, and a causal model's states at the prompt's positions do not depend on what
+follows them. So the decoder runs once per distinct prompt (U rows instead of N), its key/value
+cache is copied out to the N rows with `index_select`, and the completion columns run on top of
+that cache. Autograd's backward of the copy sums the N rows' gradients into their prompt's, so
+log-probs, entropies and gradients equal the unshared ones up to float rounding: the same
+arithmetic, with the prompt part done U instead of N times (the idea of Prefix Grouper,
+arXiv 2506.05433). It applies to the fused path when some rows share a prompt, the model's cache
+is a plain `DynamicCache` and gradient checkpointing is off (HF turns the cache off with it);
+a one-off comparison with the unshared forward on the first call guards against models whose
+cached forward differs (the reason is then in `shared_prompt_reason`, and the unshared path is used).
 """
 
 from __future__ import annotations
@@ -197,6 +209,7 @@ def token_logprobs_and_entropy(
 # (Gemma 2/3 soft-capping, Cohere's logit_scale, Granite's logits_scaling, Falcon-H1's multiplier).
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier")
 _PROBED: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_SHARE_PROBED: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 
 
 def fused_head_reason(model: Any) -> str:
@@ -227,6 +240,92 @@ def fused_head_reason(model: Any) -> str:
 def _decoder(model: Any) -> Any:
     body = model.get_decoder() if hasattr(model, "get_decoder") else None
     return body if body is not None else getattr(model, "base_model", model)
+
+
+def _prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int):
+    """(first (U,), inverse (N,)): rows whose first `start` columns (ids and mask) are identical
+    share a prompt; `first` holds one row of each distinct prompt and row i's prompt is
+    first[inverse[i]]. None when no two rows share a prompt."""
+    key = torch.cat([input_ids[:, :start], attention_mask[:, :start].to(input_ids.dtype)], 1)
+    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
+    n, u = key.shape[0], distinct.shape[0]
+    if u == n:
+        return None
+    rows = torch.arange(n, device=key.device)
+    first = torch.full((u,), n, dtype=torch.long, device=key.device).scatter_reduce(0, inverse, rows, "amin")
+    return first, inverse
+
+
+def _cache_reason(cache: Any) -> str:
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    if type(cache) is not DynamicCache:
+        return f"the model's cache is {type(cache).__name__}, not a plain DynamicCache"
+    odd = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
+    return f"the model's cache has {sorted(odd)} layers, not only DynamicLayer" if odd else ""
+
+
+def _hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+            start: int, groups=None) -> tuple[torch.Tensor, str]:
+    """The decoder body's final hidden states at columns start - 1 .. L - 1 (N, L - start + 1, H).
+
+    With `groups` (from `_prompt_groups`), each distinct prompt runs once and the completion
+    columns run on its copied cache (module docstring). Returns (hidden, reason): reason is ""
+    when the groups were used, else why not (the unshared forward was then run)."""
+    body = _decoder(model)
+    if groups is not None:
+        first, inverse = groups
+        pre = body(input_ids=input_ids[first, :start], attention_mask=attention_mask[first, :start],
+                   position_ids=position_ids[first, :start], use_cache=True)
+        reason = _cache_reason(pre.past_key_values)
+        if not reason:
+            last = pre.last_hidden_state[:, -1:].index_select(0, inverse)  # (N, 1, H): predicts column start
+            if input_ids.shape[1] == start:
+                return last, ""
+            cache = pre.past_key_values
+            cache.reorder_cache(inverse)  # (U, ...) -> (N, ...) per layer, through autograd
+            rest = body(input_ids=input_ids[:, start:], attention_mask=attention_mask,
+                        position_ids=position_ids[:, start:], past_key_values=cache, use_cache=True)
+            return torch.cat([last, rest.last_hidden_state], 1), ""
+    else:
+        reason = "no two rows share a prompt"
+    out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.last_hidden_state[:, start - 1:], reason
+
+
+def shared_prompt_reason(model: Any) -> str:
+    """Why prompts are not shared for this model, or "" when they are (or it has not run yet)."""
+    if getattr(model, "is_gradient_checkpointing", False):
+        return "gradient checkpointing is on (Hugging Face models then run without a cache)"
+    return _SHARE_PROBED.get(model, "")
+
+
+@torch.no_grad()
+def _share_probe(model: Any, input_ids, attention_mask, position_ids, start: int, groups) -> str:
+    """Compare the shared and unshared forward on one shared prompt's rows (once per model)."""
+    if model in _SHARE_PROBED:
+        return _SHARE_PROBED[model]
+    first, inverse = groups
+    g = int(torch.bincount(inverse).argmax())
+    rows = (inverse == g).nonzero().flatten()[:4]
+    sub = [x[rows] for x in (input_ids, attention_mask, position_ids)]
+    was_training = model.training
+    model.eval()
+    try:
+        ours, reason = _hidden(model, *sub, start, _prompt_groups(sub[0], sub[1], start))
+        if not reason:
+            plain, _ = _hidden(model, *sub, start)
+            keep = sub[1][:, start - 1:].bool()
+            keep[:, 0] = True  # the last prompt position always predicts
+            err = (ours.float() - plain.float()).abs()[keep].max().item()
+            scale = max(plain.float().abs()[keep].max().item(), 1.0)
+            tol = 1e-4 if model.dtype in (torch.float32, torch.float64) else 2e-2
+            if err > tol * scale:
+                reason = f"the cached forward differs from the full one by {err:.3g}"
+    finally:
+        model.train(was_training)
+    _SHARE_PROBED[model] = reason
+    return reason
 
 
 @torch.no_grad()
@@ -266,6 +365,7 @@ def causal_lm_token_logprobs(
     mask: Optional[torch.Tensor] = None,
     chunk_size: Optional[int] = None,
     fused: bool = True,
+    share_prompts: bool = True,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], bool]:
     """log pi(targets) (N, T) and entropy (N, T) of a causal LM, through the fused head when possible.
 
@@ -283,6 +383,8 @@ def causal_lm_token_logprobs(
         mask: (N, T), optional; where 0, the head is skipped and log-prob and entropy are 0.
         chunk_size: tokens per head chunk (None: see `token_logprobs_and_entropy`).
         fused: False forces the model's own logits.
+        share_prompts: run each distinct prompt once when rows share it (module docstring;
+            fused path only, exact up to rounding).
 
     Returns:
         (logprobs (N, T) float32, entropy (N, T) float32 or None, fused): `fused` is False when
@@ -297,9 +399,12 @@ def causal_lm_token_logprobs(
     end = start - 1 + T
     input_ids, attention_mask, position_ids = input_ids[:, :end], attention_mask[:, :end], position_ids[:, :end]
     if fused and not fused_head_reason(model) and not _probe(model, input_ids, attention_mask):
-        out = _decoder(model)(input_ids=input_ids, attention_mask=attention_mask,
-                              position_ids=position_ids, use_cache=False)
-        hidden = out.last_hidden_state[:, start - 1:]  # (N, T, H)
+        groups = None
+        if share_prompts and not shared_prompt_reason(model):
+            groups = _prompt_groups(input_ids, attention_mask, start)
+            if groups is not None and _share_probe(model, input_ids, attention_mask, position_ids, start, groups):
+                groups = None
+        hidden, _ = _hidden(model, input_ids, attention_mask, position_ids, start, groups)  # (N, T, H)
         if mask is not None:
             targets = targets.masked_fill(mask == 0, IGNORE_INDEX)
         lp, ent = token_logprobs_and_entropy(hidden, model.get_output_embeddings().weight, targets,

@@ -12,7 +12,8 @@
         log metrics (one host sync), evaluate held-out accuracy, checkpoint
 
 Log-probs are computed at the sampling temperature (logits / T), as the sampler drew them, by
-tether.ops' chunked LM head (trainer.fused_logprobs): the (N, T, V) logits are never held.
+tether.ops' chunked LM head (trainer.fused_logprobs): the (N, T, V) logits are never held; the
+samples of one prompt run that prompt once (trainer.share_prompts).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from . import checkpoint, faults, objectives
 from .config import Config, save_config
 from .data import PromptStream
-from .ops import causal_lm_token_logprobs, fused_head_reason
+from .ops import causal_lm_token_logprobs, fused_head_reason, shared_prompt_reason
 from .rewards import score_batch, with_completion_tokens
 from .rewards.base import REWARD_ERROR
 from .rollout import RolloutBatch, SamplingParams, get_engine
@@ -74,26 +75,27 @@ def to_tokens(rollout, pad_id: int, device: torch.device) -> Tokens:
 
 
 def token_logprobs(model, tokens: Tokens, temperature: float, with_entropy: bool, fused: bool = True,
-                   chunk_size: Optional[int] = None):
+                   chunk_size: Optional[int] = None, share: bool = True):
     """log pi(o_t | h) (N, T) and, optionally, the per-token entropy (N, T); 0 at padding.
 
     With `fused`, the LM head runs chunked (tether.ops) and the (N, T, V) logits never exist;
-    otherwise (or for a head that cannot be fused) the model's own logits are used.
+    otherwise (or for a head that cannot be fused) the model's own logits are used. With `share`,
+    rows with the same prompt run it once (tether.ops, shared prompts; exact up to rounding).
     """
     lp, ent, _ = causal_lm_token_logprobs(
         model, tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.prompt_len,
         tokens.completion_ids, temperature=temperature, with_entropy=with_entropy, mask=tokens.mask,
-        chunk_size=chunk_size, fused=fused)
+        chunk_size=chunk_size, fused=fused, share_prompts=share)
     return lp, ent
 
 
 @torch.no_grad()
 def batched_logprobs(model, tokens: Tokens, temperature: float, micro: int, fused: bool = True,
-                     chunk_size: Optional[int] = None) -> torch.Tensor:
+                     chunk_size: Optional[int] = None, share: bool = True) -> torch.Tensor:
     parts = []
     for start in range(0, tokens.input_ids.shape[0], micro):
         idx = torch.arange(start, min(start + micro, tokens.input_ids.shape[0]), device=tokens.input_ids.device)
-        parts.append(token_logprobs(model, tokens.select(idx), temperature, False, fused, chunk_size)[0])
+        parts.append(token_logprobs(model, tokens.select(idx), temperature, False, fused, chunk_size, share)[0])
     return torch.cat(parts)
 
 
@@ -104,7 +106,7 @@ def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config) -> torch.Te
     if t.old_logprobs == "sampler":
         return rollout.sampler_logprobs.to(device=tokens.mask.device, dtype=torch.float32) * tokens.mask
     return batched_logprobs(model, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
-                            t.logprob_chunk_size)
+                            t.logprob_chunk_size, t.share_prompts)
 
 
 # ---------------------------------------------------------------- rollout and rewards
@@ -271,7 +273,7 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
                 idx = idx.to(device)
                 sub = tokens.select(idx)
                 lp, ent = token_logprobs(model, sub, cfg.rollout.temperature, True, t.fused_logprobs,
-                                         t.logprob_chunk_size)
+                                         t.logprob_chunk_size, t.share_prompts)
                 batch = objectives.TokenBatch(
                     logprobs=lp, old_logprobs=old_lp[idx], advantages=adv[idx], mask=sub.mask,
                     ref_logprobs=None if ref_lp is None else ref_lp[idx], group_ids=groups[idx],
@@ -515,9 +517,12 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
             old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
             ref_lp = None if reference is None else batched_logprobs(
-                reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size)
+                reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size,
+                t.share_prompts)
             gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
             metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
+            if step == start + 1 and t.share_prompts and t.fused_logprobs and not unfused and shared_prompt_reason(model):
+                log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
             metrics.update(scored.metrics)
             bad_steps = bad_steps + 1 if metrics["optim/skipped_updates"] > 0 else 0
             if metrics["optim/skipped_updates"] > 0:

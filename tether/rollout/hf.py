@@ -6,8 +6,9 @@ and seeded reproducibility; owning the ~40-line loop gives all four without post
 recomputation, on CPU or CUDA alike (everything lives on the model's device).
 
 The loop, per chunk of B rows (prompts repeated n times, left-padded to length P):
-  1. one forward over the prompts with attention mask and position ids counted from each row's
-     first real token (left padding must not shift positions), keeping only the last logits;
+  1. one forward over the distinct prompts with attention mask and position ids counted from
+     each row's first real token (left padding must not shift positions), keeping only the last
+     logits; the cache and those logits are then copied to every row that repeats the prompt;
   2. each step: sample a token per row from softmax(logits / temperature) restricted to the
      top-p nucleus (greedy at temperature 0), record its log-prob, and feed it back through the
      cache. Rows that have finished keep receiving pad (their logits are ignored);
@@ -170,10 +171,7 @@ class HFEngine:
             attention[r, : plen - len(ids)] = 0
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention[:, :plen].cumsum(-1) - 1).clamp(min=0)  # (B, P)
-        out = self.model(
-            input_ids=input_ids, attention_mask=attention[:, :plen], position_ids=positions,
-            use_cache=True, logits_to_keep=1,
-        )
+        out = self._prefill(rows, input_ids, attention[:, :plen], positions)
         stop_ids = torch.tensor(_eos_ids(self.model, self.tokenizer, params.stop_token_ids), device=device)
         tokens = torch.full((batch, steps), pad, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, steps), dtype=torch.float32, device=device)
@@ -197,6 +195,25 @@ class HFEngine:
             )
             next_pos = next_pos + 1
         return tokens[:, : t + 1], logprobs[:, : t + 1], lengths, finished
+
+    def _prefill(self, rows: list[list[int]], input_ids, attention, positions):
+        """The prompts' forward, each distinct prompt once: its cache and last logits are then
+        copied to the rows that repeat it (the n samples of a prompt share it)."""
+        distinct: dict[tuple[int, ...], int] = {}
+        inverse = [distinct.setdefault(tuple(r), len(distinct)) for r in rows]
+        if len(distinct) == len(rows):
+            return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                              use_cache=True, logits_to_keep=1)
+        first = torch.tensor([inverse.index(i) for i in range(len(distinct))], device=input_ids.device)
+        out = self.model(input_ids=input_ids[first], attention_mask=attention[first], position_ids=positions[first],
+                         use_cache=True, logits_to_keep=1)
+        if not hasattr(out.past_key_values, "reorder_cache"):  # a legacy cache: prefill every row
+            return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                              use_cache=True, logits_to_keep=1)
+        inverse_t = torch.tensor(inverse, device=input_ids.device)
+        out.past_key_values.reorder_cache(inverse_t)
+        out.logits = out.logits.index_select(0, inverse_t)
+        return out
 
     def _hit_stop_string(self, tokens: torch.Tensor, finished: torch.Tensor, stops: tuple[str, ...]) -> torch.Tensor:
         """(B,) bool: active rows whose last few decoded tokens contain a stop string.
