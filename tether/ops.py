@@ -39,7 +39,10 @@ cache is copied out to the N rows with `index_select`, and the completion column
 that cache. Autograd's backward of the copy sums the N rows' gradients into their prompt's, so
 log-probs, entropies and gradients equal the unshared ones up to float rounding: the same
 arithmetic, with the prompt part done U instead of N times (the idea of Prefix Grouper,
-arXiv 2506.05433). It applies to the fused path when some rows share a prompt, the model's cache
+arXiv 2506.05433). Where this departs from that paper: instead of a grouped attention kernel
+that lets the suffixes read one shared prefix, the prefix's keys and values are copied to each
+row (G x the prompt's K/V memory per layer) and a stock Hugging Face model attends through its
+own cache, so any model with a plain cache works unmodified. It applies to the fused path when some rows share a prompt, the model's cache
 is a plain `DynamicCache` and gradient checkpointing is off (HF turns the cache off with it);
 a one-off comparison with the unshared forward on the first call guards against models whose
 cached forward differs (the reason is then in `shared_prompt_reason`, and the unshared path is used).
