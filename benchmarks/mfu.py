@@ -61,7 +61,7 @@ def model_flops(model, batch: int, length: int) -> float:
     return 6 * n * batch * length + 12 * c.num_hidden_layers * c.hidden_size * length**2 * batch
 
 
-def train_step_fn(model, tokens, path: str):
+def train_step_fn(model, tokens, path: str, share: bool = True):
     from tether.ops import causal_lm_token_logprobs
     from tether.train import token_logprobs
 
@@ -72,7 +72,8 @@ def train_step_fn(model, tokens, path: str):
             lp, ent = token_logprobs(model, tokens, 1.0, with_entropy=True, fused=False)
         else:
             lp, ent, _ = causal_lm_token_logprobs(model, tokens.input_ids, tokens.attention_mask, tokens.position_ids,
-                                                  tokens.prompt_len, tokens.completion_ids, temperature=1.0)
+                                                  tokens.prompt_len, tokens.completion_ids, temperature=1.0,
+                                                  share_prompts=share)
         loss = -((lp + 0.01 * ent) * tokens.mask).sum() / tokens.mask.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_common_args, emit, machine, median, setup, table, timed  # noqa: E402
-from mfu import build  # noqa: E402
+from mfu import build, train_step_fn  # noqa: E402
 
 
 def grouped_tokens(prompts: int, group: int, prompt_len: int, completion_len: int, vocab: int, device):
@@ -38,24 +38,6 @@ def grouped_tokens(prompts: int, group: int, prompt_len: int, completion_len: in
     position = torch.arange(length).expand(n, length).contiguous()
     return Tokens(ids.to(device), attention.to(device), position.to(device), completion.to(device),
                   torch.ones(n, completion_len, device=device), prompt_len)
-
-
-def step_fn(model, tokens, share: bool):
-    from tether.ops import causal_lm_token_logprobs
-
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    def step():
-        lp, ent, _ = causal_lm_token_logprobs(model, tokens.input_ids, tokens.attention_mask, tokens.position_ids,
-                                              tokens.prompt_len, tokens.completion_ids, temperature=1.0,
-                                              share_prompts=share)
-        loss = -((lp + 0.01 * ent) * tokens.mask).sum() / tokens.mask.sum()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
 
 
 def main() -> None:
@@ -80,7 +62,7 @@ def main() -> None:
     for shape in args.shapes:
         P, T = (int(x) for x in shape.split("x"))
         tokens = grouped_tokens(args.prompts, args.group, P, T, args.vocab, device)
-        steps = {share: step_fn(model, tokens, share) for share in (False, True)}
+        steps = {share: train_step_fn(model, tokens, "fused", share) for share in (False, True)}
         for fn in steps.values():
             fn()  # warm-up (and the one-off checks)
         times = {False: [], True: []}

@@ -54,16 +54,22 @@ def grouped_tokens(prompt_lens=(5, 2, 4), group_sizes=(3, 1, 4), comp_lens=(6, 1
 
 
 def run(model, tok, temperature=1.0, share=True):
+    """causal_lm_token_logprobs on a Tokens batch: (log-probs, entropy, fused)."""
     return causal_lm_token_logprobs(model, tok.input_ids, tok.attention_mask, tok.position_ids, tok.prompt_len,
                                     tok.completion_ids, temperature=temperature, mask=tok.mask, chunk_size=5,
                                     share_prompts=share)
 
 
-def batch_sizes_seen(model) -> tuple[list, torch.utils.hooks.RemovableHandle]:
-    """(rows, columns) of every decoder call, recorded through the input embedding."""
+def decoder_calls(model, tok, **kw):
+    """run(model, tok, **kw) after a first call (the one-off checks), and the (rows, columns)
+    of every decoder call it made, recorded through the input embedding."""
+    run(model, tok, **kw)
     seen = []
     handle = model.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
-    return seen, handle
+    try:
+        return run(model, tok, **kw), seen
+    finally:
+        handle.remove()
 
 
 def assert_same(model, tok, shared, plain):
@@ -82,13 +88,11 @@ def assert_same(model, tok, shared, plain):
 def test_shared_prompts_give_the_unshared_values_and_gradients(arch, tie, temperature):
     model = tiny(arch, tie).train()
     tok = grouped_tokens()
-    seen, handle = batch_sizes_seen(model)
-    shared = run(model, tok, temperature)
-    handle.remove()
+    shared, seen = decoder_calls(model, tok, temperature=temperature)
     assert shared_prompt_reason(model) == ""
-    # after the first call's one-off check (a group's rows, both ways), one pass per distinct
-    # prompt, then the 8 rows' completion columns: all but the last, which predicts nothing
-    assert seen[-2:] == [(3, 5), (8, 5)]
+    # one pass per distinct prompt, then the 8 rows' completion columns: all but the last,
+    # which predicts nothing
+    assert seen == [(3, 5), (8, 5)]
     plain = run(model, tok, temperature, share=False)
     assert_same(model, tok, shared, plain)
     assert (shared[0] != 0).sum() == int(tok.mask.sum())  # every real token scored, padding 0
@@ -96,22 +100,14 @@ def test_shared_prompts_give_the_unshared_values_and_gradients(arch, tie, temper
 
 def test_one_token_completions_run_only_the_prompts():
     model = tiny()
-    tok = grouped_tokens(comp_lens=(1,) * 8, T=1)
-    run(model, tok)  # the one-off checks
-    seen, handle = batch_sizes_seen(model)
-    shared = run(model, tok)
-    handle.remove()
+    shared, seen = decoder_calls(model, tok := grouped_tokens(comp_lens=(1,) * 8, T=1))
     assert seen == [(3, 5)]
     assert_same(model, tok, shared, run(model, tok, share=False))
 
 
 def test_distinct_prompts_take_one_unshared_pass():
     model = tiny()
-    tok = grouped_tokens(group_sizes=(1, 1, 1), comp_lens=(6, 3, 1))
-    run(model, tok)  # the head's one-off check
-    seen, handle = batch_sizes_seen(model)
-    shared = run(model, tok)
-    handle.remove()
+    shared, seen = decoder_calls(model, tok := grouped_tokens(group_sizes=(1, 1, 1), comp_lens=(6, 3, 1)))
     assert seen == [(3, 10)]
     assert_same(model, tok, shared, run(model, tok, share=False))
 
@@ -120,11 +116,7 @@ def test_gradient_checkpointing_turns_sharing_off():
     model = tiny()
     model.gradient_checkpointing_enable()
     model.train()
-    tok = grouped_tokens()
-    run(model, tok)  # the head's one-off check
-    seen, handle = batch_sizes_seen(model)
-    shared = run(model, tok)
-    handle.remove()
+    shared, seen = decoder_calls(model, tok := grouped_tokens())
     assert "gradient checkpointing" in shared_prompt_reason(model)
     assert seen == [(8, 10)]
     assert_same(model, tok, shared, run(model, tok, share=False))

@@ -180,30 +180,16 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tin
     assert all(torch.equal(before[k], after[k]) for k in before)  # no NaN update reached the weights
 
 
-def test_the_fused_head_leaves_the_losses_unchanged(tiny_dir, tmp_path):
-    """trainer.fused_logprobs on vs off: the same losses and metrics to float32 rounding."""
-    runs = {flag: _rows(train(_cfg(tiny_dir, tmp_path / flag, "trainer.total_steps=2", "objective=etr",
-                                   "trainer.plots=false", f"trainer.fused_logprobs={flag}"), log=lambda *_: None))
+def _runs_with(tiny_dir, tmp_path, objective, key, log=lambda *_: None):
+    """Two 2-step runs with trainer.<key> true and false; their metrics rows."""
+    runs = {flag: _rows(train(_cfg(tiny_dir, tmp_path / flag, "trainer.total_steps=2", f"objective={objective}",
+                                   "trainer.plots=false", f"trainer.{key}={flag}"), log=log))
             for flag in ("true", "false")}
-    on, off = runs["true"], runs["false"]
-    assert [r["step"] for r in on] == [r["step"] for r in off] == [0, 1, 2]
-    for a, b in zip(on, off):
-        assert set(a) == set(b)
-        for key in a:
-            if key != "time/step_s":
-                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    assert any(abs(r["loss/policy"]) > 1e-4 for r in on[1:])  # the comparison is not of zeros
+    return runs["true"], runs["false"]
 
 
-def test_shared_prompts_leave_the_losses_unchanged(tiny_dir, tmp_path):
-    """trainer.share_prompts on vs off (objective with a reference, so all three passes share):
-    the same losses and metrics to float32 rounding."""
-    logged = []
-    runs = {flag: _rows(train(_cfg(tiny_dir, tmp_path / flag, "trainer.total_steps=2", "objective=rpg_fkl",
-                                   "trainer.plots=false", f"trainer.share_prompts={flag}"), log=logged.append))
-            for flag in ("true", "false")}
-    assert not [line for line in logged if "shared prompts off" in str(line)]  # sharing really ran
-    on, off = runs["true"], runs["false"]
+def _assert_same_metrics(on, off):
+    """Every logged loss and metric equal to float32 rounding, and the comparison not of zeros."""
     assert [r["step"] for r in on] == [r["step"] for r in off] == [0, 1, 2]
     for a, b in zip(on, off):
         assert set(a) == set(b)
@@ -211,6 +197,20 @@ def test_shared_prompts_leave_the_losses_unchanged(tiny_dir, tmp_path):
             if key != "time/step_s":
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
     assert any(abs(r["loss/policy"]) > 1e-4 for r in on[1:])
+
+
+def test_the_fused_head_leaves_the_losses_unchanged(tiny_dir, tmp_path):
+    """trainer.fused_logprobs on vs off: the same losses and metrics to float32 rounding."""
+    _assert_same_metrics(*_runs_with(tiny_dir, tmp_path, "etr", "fused_logprobs"))
+
+
+def test_shared_prompts_leave_the_losses_unchanged(tiny_dir, tmp_path):
+    """trainer.share_prompts on vs off (objective with a reference, so all three passes share):
+    the same losses and metrics to float32 rounding."""
+    logged = []
+    on, off = _runs_with(tiny_dir, tmp_path, "rpg_fkl", "share_prompts", log=logged.append)
+    assert not [line for line in logged if "shared prompts off" in str(line)]  # sharing really ran
+    _assert_same_metrics(on, off)
 
 
 def test_old_logprobs_from_the_sampler_match_a_recompute(tiny_dir, tmp_path):
