@@ -13,7 +13,9 @@ tokens up to and including eos, over the wall time of the whole call (prefill in
 median of --reps calls after one warm-up call (the compile happens in the warm-up, timed apart).
 With --vocab the character vocabulary is padded with filler tokens to that size, so the head and
 the sampling over the vocabulary cost what they do for a real LLM (tether's engine samples by a
-two-level inverse CDF, `generate` by softmax + torch.multinomial).
+two-level inverse CDF, `generate` by softmax + torch.multinomial). With --eos-bias rows stop at
+spread-out lengths: tether's engine drops finished rows from the batch once at most half are still
+running, where `generate` keeps decoding them to the longest.
 """
 
 from __future__ import annotations
@@ -57,6 +59,19 @@ def hf_generate(model, tokenizer, prompts, args, cache: str | None, compile_: bo
     return run
 
 
+def add_eos_bias(model, eos_id: int, bias: float) -> None:
+    """Give the output head a bias that raises eos's logit, so completions stop at spread-out
+    lengths (an untrained model otherwise runs nearly every row to the limit)."""
+    old = model.get_output_embeddings()
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True, device=old.weight.device,
+                           dtype=old.weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.zero_()
+        head.bias[eos_id] = bias
+    model.set_output_embeddings(head)
+
+
 def engine_generate(model, tokenizer, prompts, args):
     from tether.rollout import SamplingParams, get_engine
 
@@ -91,6 +106,8 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--eos-bias", type=float, default=0.0,
+                   help="add this to eos's logit, so rows stop at spread-out lengths (e.g. 2.5)")
     p.add_argument("--vocab", type=int, default=None,
                    help="pad the character vocabulary with filler tokens to this size (151936: Qwen2.5's)")
     p.add_argument("--compile", action="store_true", help="also static cache + torch.compile (slow to compile on CPU)")
@@ -112,6 +129,8 @@ def main() -> None:
             path = init_model(Path(tmp) / "m", hidden_size=hidden, num_layers=layers, num_heads=max(2, hidden // 64),
                               max_positions=max(256, 2 * args.max_new_tokens), vocab_size=args.vocab)
             model, tokenizer = load_model(path, dtype=args.dtype, device=str(device))
+        if args.eos_bias:
+            add_eos_bias(model, tokenizer.eos_token_id, args.eos_bias)
         model.eval()
         variants = [("tether hf engine (dynamic cache)", engine_generate(model, tokenizer, prompts, args)),
                     ("HF generate, dynamic cache", hf_generate(model, tokenizer, prompts, args, None, False)),
@@ -132,6 +151,7 @@ def main() -> None:
         f"Machine: {machine(device, args)}. {args.prompts} prompts x {args.group} samples = "
         f"{args.prompts * args.group} rows, up to {args.max_new_tokens} new tokens, sampling at temperature 1; "
         f"{'character vocabulary' if args.vocab is None else f'vocabulary {args.vocab:,} (characters + filler tokens)'}; "
+        f"{f'eos logit raised by {args.eos_bias:g}, so rows stop at spread-out lengths; ' if args.eos_bias else ''}"
         f"completion tokens per second of wall time, median of {args.reps} calls after one warm-up call.",
         "",
         table(["model (d x layers)", "generator", "tokens/s", "vs tether engine", "warm-up call"], rows),

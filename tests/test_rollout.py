@@ -156,6 +156,30 @@ def test_prefill_runs_each_distinct_prompt_once(stopping):
         torch.testing.assert_close(batch.sampler_logprobs[i, :length], expected, atol=1e-4, rtol=0)
 
 
+def test_finished_rows_leave_the_batch_and_the_rest_are_unaffected(stopping):
+    """Once at most half the decoded rows are still running, finished ones are dropped from the
+    batch and the KV cache: later decode steps run fewer rows, and every kept row's tokens,
+    log-probs (against a full recompute), length and stop reason are still right."""
+    model, tok = stopping
+    seen = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, a, out: seen.append(a[0].shape[0]))
+    try:
+        batch = HFEngine(model, tok).generate(PROMPTS, n=8, params=SamplingParams(max_new_tokens=16), seed=5)
+    finally:
+        handle.remove()
+    decode_rows = seen[1:]
+    assert decode_rows[0] == 24 and min(decode_rows) < 12 and decode_rows == sorted(decode_rows, reverse=True)
+    lengths = batch.mask.sum(1)
+    assert len(set(lengths.tolist())) > 3 and int(lengths.max()) > 3
+    for i in range(len(batch)):
+        length = int(lengths[i])
+        assert (batch.completion_ids[i, length:] == tok.pad_token_id).all()
+        assert (batch.finish_reasons[i] == "stop") == (int(batch.completion_ids[i, length - 1]) == tok.eos_token_id)
+        expected = recomputed_logits(model, batch, i).log_softmax(-1)
+        expected = expected.gather(-1, batch.completion_ids[i, :length, None]).squeeze(-1)
+        torch.testing.assert_close(batch.sampler_logprobs[i, :length], expected, atol=1e-4, rtol=0)
+
+
 def test_temperature_logprobs_are_of_the_scaled_distribution(model_and_tok):
     model, tok = model_and_tok
     batch = HFEngine(model, tok).generate(PROMPTS, n=2, params=SamplingParams(temperature=0.5, max_new_tokens=8), seed=0)

@@ -11,7 +11,9 @@ The loop, per chunk of B rows (prompts repeated n times, left-padded to length P
      logits; the cache and those logits are then copied to every row that repeats the prompt;
   2. each step: sample a token per row from softmax(logits / temperature) restricted to the
      top-p nucleus (greedy at temperature 0), record its log-prob, and feed it back through the
-     cache. Rows that have finished keep receiving pad (their logits are ignored);
+     cache. Rows that have finished receive pad (their logits are ignored) until at most half
+     of the rows the model runs are still going; then the finished ones leave the batch and
+     the KV cache (`batch_select_indices`), so long-tailed lengths do not decode dead rows;
   3. stop when every row has stopped or `max_new_tokens` is reached.
 Per step this is one forward plus a few vectorised ops and one host sync (the "all finished"
 test); stop strings add a batch decode of the last few tokens of the active rows.
@@ -178,19 +180,29 @@ class HFEngine:
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         next_pos = positions[:, -1:] + 1  # (B, 1)
+        live = torch.arange(batch, device=device)  # the rows the model still runs
         for t in range(steps):
             token, logprob = sample_tokens(out.logits[:, -1, :], params.temperature, params.top_p, generator)
-            token = token.masked_fill(finished, pad)
-            tokens[:, t], logprobs[:, t] = token, logprob.masked_fill(finished, 0.0)
+            done = finished[live]
+            token = token.masked_fill(done, pad)
+            tokens[live, t], logprobs[live, t] = token, logprob.masked_fill(done, 0.0)
             lengths = torch.where(finished, lengths, t + 1)
-            stopped = ~finished & torch.isin(token, stop_ids)
+            stopped = ~finished & torch.isin(tokens[:, t], stop_ids)
             if params.stop_strings:
                 stopped |= self._hit_stop_string(tokens[:, : t + 1], finished, params.stop_strings)
             finished |= stopped
-            if t + 1 == steps or bool(finished.all()):
+            if t + 1 == steps:
                 break
+            running = ~finished[live]
+            n_running = int(running.sum())  # the step's one host sync
+            if n_running == 0:
+                break
+            if n_running <= len(live) // 2 and hasattr(out.past_key_values, "batch_select_indices"):
+                keep = running.nonzero().squeeze(1)  # drop finished rows from the batch and the cache
+                out.past_key_values.batch_select_indices(keep)
+                live, token, next_pos = live[keep], token[keep], next_pos[keep]
             out = self.model(
-                input_ids=token[:, None], attention_mask=attention[:, : plen + t + 1],
+                input_ids=token[:, None], attention_mask=attention[live, : plen + t + 1],
                 position_ids=next_pos, past_key_values=out.past_key_values, use_cache=True,
             )
             next_pos = next_pos + 1
