@@ -42,10 +42,11 @@ arithmetic, with the prompt part done U instead of N times (the idea of Prefix G
 arXiv 2506.05433). Where this departs from that paper: instead of a grouped attention kernel
 that lets the suffixes read one shared prefix, the prefix's keys and values are copied to each
 row (G x the prompt's K/V memory per layer) and a stock Hugging Face model attends through its
-own cache, so any model with a plain cache works unmodified. It applies to the fused path when some rows share a prompt, the model's cache
-is a plain `DynamicCache` and gradient checkpointing is off (HF turns the cache off with it);
-a one-off comparison with the unshared forward on the first call guards against models whose
-cached forward differs (the reason is then in `shared_prompt_reason`, and the unshared path is used).
+own cache, so any model with a plain cache works unmodified. It applies to the fused path when
+some rows share a prompt, the model's cache is a plain `DynamicCache` and gradient checkpointing
+is off (HF turns the cache off with it); a one-off comparison with the unshared forward on the
+first call guards against models whose cached forward differs (the reason is then in
+`shared_prompt_reason`, and the unshared path is used).
 """
 
 from __future__ import annotations
