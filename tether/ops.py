@@ -246,7 +246,7 @@ def _decoder(model: Any) -> Any:
     return body if body is not None else getattr(model, "base_model", model)
 
 
-def _prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int):
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int):
     """(first (U,), inverse (N,)): rows whose first `start` columns (ids and mask) are identical
     share a prompt; `first` holds one row of each distinct prompt and row i's prompt is
     first[inverse[i]]. None when no two rows share a prompt."""
@@ -273,7 +273,7 @@ def _hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, p
             start: int, groups=None) -> tuple[torch.Tensor, str]:
     """The decoder body's final hidden states at columns start - 1 .. L - 1 (N, L - start + 1, H).
 
-    With `groups` (from `_prompt_groups`), each distinct prompt runs once and the completion
+    With `groups` (from `prompt_groups`), each distinct prompt runs once and the completion
     columns run on its copied cache (module docstring). Returns (hidden, reason): reason is ""
     when the groups were used, else why not (the unshared forward was then run)."""
     body = _decoder(model)
@@ -316,7 +316,7 @@ def _share_probe(model: Any, input_ids, attention_mask, position_ids, start: int
     was_training = model.training
     model.eval()
     try:
-        ours, reason = _hidden(model, *sub, start, _prompt_groups(sub[0], sub[1], start))
+        ours, reason = _hidden(model, *sub, start, prompt_groups(sub[0], sub[1], start))
         if not reason:
             plain, _ = _hidden(model, *sub, start)
             keep = sub[1][:, start - 1:].bool()
@@ -405,7 +405,7 @@ def causal_lm_token_logprobs(
     if fused and not fused_head_reason(model) and not _probe(model, input_ids, attention_mask):
         groups = None
         if share_prompts and not shared_prompt_reason(model):
-            groups = _prompt_groups(input_ids, attention_mask, start)
+            groups = prompt_groups(input_ids, attention_mask, start)
             if groups is not None and _share_probe(model, input_ids, attention_mask, position_ids, start, groups):
                 groups = None
         hidden, _ = _hidden(model, input_ids, attention_mask, position_ids, start, groups)  # (N, T, H)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..ops import prompt_groups
 from .base import FinishReason, RolloutBatch, SamplingParams
 
 
@@ -89,7 +90,7 @@ def sample_categorical(
     index = chosen * block + torch.arange(block, device=logits.device)  # (B, block)
     inside = index < vocab
     cdf = weights.gather(-1, index.clamp(max=vocab - 1)).masked_fill(~inside, 0.0).double().cumsum(dim=-1)
-    tokens = (chosen + 0).mul_(block).add_(torch.searchsorted(cdf, _below(u, cdf[:, -1:]), right=True)).squeeze(-1)
+    tokens = (chosen * block + torch.searchsorted(cdf, _below(u, cdf[:, -1:]), right=True)).squeeze(-1)
     logprobs = logits.gather(-1, tokens[:, None]).squeeze(-1) - peak.squeeze(-1) - total.squeeze(-1).log().float()
     return tokens, logprobs
 
@@ -173,7 +174,7 @@ class HFEngine:
             attention[r, : plen - len(ids)] = 0
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention[:, :plen].cumsum(-1) - 1).clamp(min=0)  # (B, P)
-        out = self._prefill(rows, input_ids, attention[:, :plen], positions)
+        out = self._prefill(input_ids, attention[:, :plen], positions)
         stop_ids = torch.tensor(_eos_ids(self.model, self.tokenizer, params.stop_token_ids), device=device)
         tokens = torch.full((batch, steps), pad, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, steps), dtype=torch.float32, device=device)
@@ -208,23 +209,22 @@ class HFEngine:
             next_pos = next_pos + 1
         return tokens[:, : t + 1], logprobs[:, : t + 1], lengths, finished
 
-    def _prefill(self, rows: list[list[int]], input_ids, attention, positions):
+    def _prefill(self, input_ids, attention, positions):
         """The prompts' forward, each distinct prompt once: its cache and last logits are then
         copied to the rows that repeat it (the n samples of a prompt share it)."""
-        distinct: dict[tuple[int, ...], int] = {}
-        inverse = [distinct.setdefault(tuple(r), len(distinct)) for r in rows]
-        if len(distinct) == len(rows):
-            return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                              use_cache=True, logits_to_keep=1)
-        first = torch.tensor([inverse.index(i) for i in range(len(distinct))], device=input_ids.device)
-        out = self.model(input_ids=input_ids[first], attention_mask=attention[first], position_ids=positions[first],
-                         use_cache=True, logits_to_keep=1)
+        def forward(rows=slice(None)):
+            return self.model(input_ids=input_ids[rows], attention_mask=attention[rows],
+                              position_ids=positions[rows], use_cache=True, logits_to_keep=1)
+
+        groups = prompt_groups(input_ids, attention, input_ids.shape[1])
+        if groups is None:
+            return forward()
+        first, inverse = groups
+        out = forward(first)
         if not hasattr(out.past_key_values, "reorder_cache"):  # a legacy cache: prefill every row
-            return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                              use_cache=True, logits_to_keep=1)
-        inverse_t = torch.tensor(inverse, device=input_ids.device)
-        out.past_key_values.reorder_cache(inverse_t)
-        out.logits = out.logits.index_select(0, inverse_t)
+            return forward()
+        out.past_key_values.reorder_cache(inverse)
+        out.logits = out.logits.index_select(0, inverse)
         return out
 
     def _hit_stop_string(self, tokens: torch.Tensor, finished: torch.Tensor, stops: tuple[str, ...]) -> torch.Tensor:
