@@ -200,7 +200,7 @@ def test_rpg_style_clip_gradient_is_dual_clip_ppo_plus_masked_kl_weight(kl, anch
     g_ppo = _token_grads(lambda lp: S.ppo_clip(lp, lp_old, adv, el, eh, c), lp0)
     w = (lp0 - lp_old).exp()
     a = adv[:, None].expand(N, T)
-    mask = torch.where(a >= 0, w < 1 + eh, (w > 1 - el) & (w < c)).double()
+    mask = torch.where(a > 0, w < 1 + eh, (w > 1 - el) & (w < c)).double()  # released code: A > 0
     c_kl = rpg.c_kl(kl, beta, torch.log(w.clamp(1 - el, 1 + eh)), log_q)
     torch.testing.assert_close(g_rpg, g_ppo - mask * c_kl, **TOL)
     assert 0 < mask.mean() < 1  # both kept and dropped tokens were exercised

@@ -128,6 +128,67 @@ def test_clipped_differentiable_form_clamps_the_kl_term():
     assert g.item() == 0.0
 
 
+RPG_KLS = ("fkl", "ufkl", "rkl", "urkl")
+RPG_FORMS = (  # (form, clip) -> the surrogate function with its trust region off or on
+    ("differentiable", "none"), ("differentiable", "rpg"), ("reinforce", "none"), ("reinforce", "rpg"))
+
+
+def _rpg_surrogate(form, clip):
+    return {("differentiable", "none"): rpg.rpg_differentiable, ("differentiable", "rpg"): rpg.rpg_clipped_differentiable,
+            ("reinforce", "none"): rpg.rpg_reinforce, ("reinforce", "rpg"): rpg.rpg_style_clip}[(form, clip)]
+
+
+@pytest.mark.parametrize("kl", RPG_KLS)
+@pytest.mark.parametrize("form,clip", RPG_FORMS)
+@pytest.mark.parametrize("anchor", ["old", "ref"])
+def test_no_clamp_changes_a_gradient_the_objective_defines(kl, form, clip, anchor):
+    # Log-probs far below -10 with every ratio inside the trust region (0.8, 1.28) and every
+    # |term| small: each token's gradient must be the objective's, d l / d lp = -(w A + C_KL(w))
+    # (Prop. 4.1 token by token), whatever the size of lp itself (issue 13, item 1).
+    g = torch.Generator().manual_seed(1)
+    N, T = 4, 6
+    lp_old = -11.0 - 20.0 * torch.rand(N, T, generator=g, dtype=D)  # log pi_old in (-31, -11)
+    lp0 = lp_old + 0.3 * (torch.rand(N, T, generator=g, dtype=D) - 0.5)  # w in (0.86, 1.16)
+    adv = torch.randn(N, generator=g, dtype=D)
+    log_q = torch.zeros(N, T, dtype=D) if anchor == "old" else 0.1 * torch.randn(N, T, generator=g, dtype=D)
+    beta = 0.7
+    out, grad = _grad(lambda lp: _rpg_surrogate(form, clip)(kl, lp, lp_old, adv, beta, log_q), lp0)
+    log_w = lp0 - lp_old
+    want = -(torch.exp(log_w) * adv[:, None] + rpg.c_kl(kl, beta, log_w, log_q))
+    torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
+def test_fkl_clipped_differentiable_issue_example():
+    # The issue's case: A = 0, on-policy (w = 1, q = 1), beta = 1, token-mean over 5 tokens: the
+    # gradient of each token is -beta q / 5 = -0.2, also for log pi = -12 and -15 (was 0 there,
+    # when the clamp acted on -q lp instead of -q log rho).
+    from tether import objectives
+
+    obj = objectives.build({"name": "rpg", "kl": "fkl", "form": "differentiable", "clip": "rpg", "beta": 1.0})
+    lp = torch.tensor([[-0.5, -3.0, -9.0, -12.0, -15.0]], dtype=D, requires_grad=True)
+    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=lp.detach(), advantages=torch.zeros(1, dtype=D),
+                                    mask=torch.ones(1, 5, dtype=D)))
+    out.loss.backward()
+    torch.testing.assert_close(lp.grad, torch.full((1, 5), -0.2, dtype=D), rtol=1e-12, atol=1e-12)
+    assert out.loss.item() == pytest.approx(0.0, abs=1e-15)  # -q log rho = 0 on-policy
+
+
+def test_rpg_style_clip_branch_on_advantage_sends_a_zero_advantage_to_the_negative_branch():
+    # branch_on="advantage" follows the released code, torch.where(A > 0, ...): A = 0 (a zero-
+    # variance group) takes the negative branch, whose mask is 1 - eps_low < w < c. urkl, beta
+    # 0.1, q = 1; weights w = 1.5, 0.7, 1.1:
+    #   w = 1.5 > 1.28: kept (negative branch), gradient -C_KL(w_bar = 1.28) = 0.1 * 1.28 log 1.28
+    #   w = 0.7 < 0.8: dropped, gradient 0 (the positive branch, A >= 0, would have kept it)
+    #   w = 1.1: kept, gradient -C_KL(1.1) = 0.1 * 1.1 log 1.1
+    lp_old = torch.full((1, 3), -1.0, dtype=D)
+    w = torch.tensor([[1.5, 0.7, 1.1]], dtype=D)
+    out, g = _grad(lambda lp: rpg.rpg_style_clip("urkl", lp, lp_old, torch.zeros(1, dtype=D), 0.1,
+                                                 torch.zeros(1, 3, dtype=D), branch_on="advantage"), lp_old + w.log())
+    want = torch.tensor([[0.1 * 1.28 * math.log(1.28), 0.0, 0.1 * 1.1 * math.log(1.1)]], dtype=D)
+    torch.testing.assert_close(g, want, rtol=1e-12, atol=1e-15)
+    assert out.clip_low.tolist() == [[False, True, False]] and not out.clip_high.any()
+
+
 def test_etr_bounds_hand_case():
     # Group 0 rewards (1,0,1,0): p = 1/2, nu = 4 p (1-p) = 1. Group 1 (1,0,0,0): p = 1/4, nu = 0.75.
     # mean nu = 0.875; eta = 0.5: macro_0 = 1 + 0.5 * 0.125 = 1.0625, macro_1 = 1 - 0.0625 = 0.9375.

@@ -227,8 +227,9 @@ class RPGConfig(ObjectiveConfig):
     """KL regulariser: fkl/ufkl (forward, normalised/unnormalised), rkl/urkl (reverse)."""
     form: Literal["differentiable", "reinforce"] = "reinforce"
     """differentiable: -w A + beta term (Table 1); reinforce: -SG(w A + C_KL) lp (Table 2)."""
-    beta: float = 1e-4
-    """KL coefficient."""
+    beta: float = 5e-5
+    """KL coefficient, relative to the reward scale: 5e-5 for 0/1 rewards is the paper's 1e-4 for its +1/-1
+    rewards (docs/algorithms/rpg.md, "Reward scale and beta"); in general 1e-4 * (R_max - R_min) / 2."""
     anchor: Literal["old", "ref"] = "old"
     """The policy the KL is taken to: old (pi_old, the paper's choice) or ref (needs ref_logprobs)."""
     clip: Literal["none", "rpg"] = "rpg"
@@ -240,7 +241,8 @@ class RPGConfig(ObjectiveConfig):
     dual_clip_c: Optional[float] = 10.0
     """Dual-clip bound for negative advantages; null disables it."""
     branch_on: Literal["regularized_advantage", "advantage"] = "regularized_advantage"
-    """RPG-Style Clip branches on the sign of A' = A + C_KL / w (SPEC) or of A (authors' code)."""
+    """RPG-Style Clip's positive branch: A' = A + C_KL / w >= 0 (SPEC), or A > 0 (the authors' code; A = 0 then
+    takes the negative branch)."""
     advantage: str = "dr_grpo"
     """RPG uses A = R - group mean, no std division ([RPG] Algorithm 2, lines 6 and 12)."""
 

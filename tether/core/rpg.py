@@ -5,7 +5,7 @@ w = pi_theta / pi_old, q = pi_a / pi_old (no gradient; q = 1 when the anchor is 
 rho = w / q, every gradient is E_old[(w A + C_KL) grad lp]:
 
     kl      Div                           C_KL                     differentiable KL term (x beta)
-    fkl     KL(pi_a || pi_theta)          beta q                   -q lp
+    fkl     KL(pi_a || pi_theta)          beta q                   -q log rho  (= -q lp + const)
     ufkl    UKL(pi_a || pi_theta)         -beta (w - q)            q k3(rho)
     rkl     KL(pi_theta || pi_a)          -beta w (log rho + 1)    w log rho
     urkl    UKL(pi_theta || pi_a)         -beta w log rho          w k3(1/rho) = q - w + w log rho
@@ -17,7 +17,8 @@ Stabilised forms:
     RPG-Style Clip   l = -mask (A SG(w) + SG(C_KL(w_bar))) lp     ([RPG] section 3.3, Algorithm 2)
                      w_bar = clip(w, 1 - eps_low, 1 + eps_high), A' = A + C_KL(w_bar) / w,
                      mask = [A' >= 0 and w < 1 + eps_high] or [A' < 0 and 1 - eps_low < w < c]
-    clipped diff.    l = PPO dual-clip loss on A + beta clamp(term, -10, 10)   ([RPG] Algorithm 1, as released)
+    clipped diff.    l = PPO dual-clip loss on A + beta * term, the term clamped to [-10, 10]
+                     for ufkl, rkl, urkl and not clamped for fkl    ([RPG] Algorithm 1, as released)
 
 Departures from the paper:
 1. A general anchor pi_a (the reference model, refreshed every K steps; SPEC 2.5) besides
@@ -27,12 +28,23 @@ Departures from the paper:
    region and only through beta-sized terms). `branch_on="advantage"` branches on the sign
    of A instead of A', as the authors' released code does.
 3. The loss of the paper's Algorithm 2 uses l = -log pi and branches on psi = A' l; since
-   l > 0 that is the sign of A', which is what is implemented.
+   l > 0 that is the sign of A', which is what is implemented. A' = 0 takes the positive
+   branch (SPEC 2.2). With `branch_on="advantage"` the branch is A > 0, as in the released
+   code (`torch.where(advantages > 0, ...)`): A = 0, every token of a zero-variance group,
+   takes the negative branch (mask 1 - eps_low < w < c).
+4. The fkl term is written -q log rho (the released code's `-(lp - ref_lp)`), not -q lp: the
+   same gradient, but a value near 0, and it is never clamped, as in the released code. The
+   clamp of the clipped differentiable form applies to ufkl, rkl and urkl only, whose terms
+   depend on the ratios alone; written as -q lp, a clamp at -10 zeroed the KL gradient of
+   every token with log pi < -10 (a defect until tether 0.1; issue 13).
+5. Rewards: the paper scores +1 / -1 (its `math_dapo.py`), tether's verifiers 0 / 1, which
+   halves A = R - mean; the presets use beta = 5e-5 so that beta / A keeps the paper's ratio
+   (docs/algorithms/rpg.md shows the arithmetic).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -61,7 +73,7 @@ def _c_kl_urkl(beta, w, log_w, log_q):
 
 
 def _term_fkl(lp, w, log_w, log_q):
-    return -torch.exp(log_q) * lp
+    return -torch.exp(log_q) * (log_w - log_q)  # -q log rho: gradient -q grad lp, value near 0
 
 
 def _term_ufkl(lp, w, log_w, log_q):
@@ -76,13 +88,19 @@ def _term_urkl(lp, w, log_w, log_q):
     return w * k3_of_log(log_q - log_w)
 
 
-for _name, _c, _t in (
-    ("fkl", _c_kl_fkl, _term_fkl),
-    ("ufkl", _c_kl_ufkl, _term_ufkl),
-    ("rkl", _c_kl_rkl, _term_rkl),
-    ("urkl", _c_kl_urkl, _term_urkl),
+class RPGVariant(NamedTuple):
+    c_kl: Callable  # (beta, w, log_w, log_q) -> C_KL
+    term: Callable  # (lp, w, log_w, log_q) -> the differentiable KL term (without beta)
+    clamped: bool  # whether the clipped differentiable form clamps the term to [-10, 10] (as released)
+
+
+for _name, _variant in (
+    ("fkl", RPGVariant(_c_kl_fkl, _term_fkl, clamped=False)),
+    ("ufkl", RPGVariant(_c_kl_ufkl, _term_ufkl, clamped=True)),
+    ("rkl", RPGVariant(_c_kl_rkl, _term_rkl, clamped=True)),
+    ("urkl", RPGVariant(_c_kl_urkl, _term_urkl, clamped=True)),
 ):
-    RPG_VARIANTS.register(_name)((_c, _t))
+    RPG_VARIANTS.register(_name)(_variant)
 
 
 def anchor_log_q(old_logprobs: torch.Tensor, anchor_logprobs: Optional[torch.Tensor]) -> torch.Tensor:
@@ -94,13 +112,13 @@ def anchor_log_q(old_logprobs: torch.Tensor, anchor_logprobs: Optional[torch.Ten
 
 def c_kl(kl: str, beta: float, log_w: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     """The per-token KL weight C_KL at log-ratio log_w (detached inputs give a detached result)."""
-    return RPG_VARIANTS.get(kl)[0](beta, torch.exp(log_w), log_w, log_q)
+    return RPG_VARIANTS.get(kl).c_kl(beta, torch.exp(log_w), log_w, log_q)
 
 
 def kl_term(kl: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     """The differentiable KL term (without beta), whose E_old-gradient is -C_KL / beta grad lp."""
     log_w = log_ratio(logprobs, old_logprobs)
-    return RPG_VARIANTS.get(kl)[1](logprobs, torch.exp(log_w), log_w, log_q)
+    return RPG_VARIANTS.get(kl).term(logprobs, torch.exp(log_w), log_w, log_q)
 
 
 def _flags(like: torch.Tensor) -> torch.Tensor:
@@ -151,7 +169,7 @@ def rpg_style_clip(
         branch = adv
     else:
         raise ValueError(f"branch_on must be 'regularized_advantage' or 'advantage', got {branch_on!r}")
-    pos = branch >= 0
+    pos = branch >= 0 if branch_on == "regularized_advantage" else branch > 0  # released code: A > 0
     keep = torch.where(pos, w < high, (w > low) & (w < c))
     loss = -keep.to(logprobs.dtype) * (adv * w + ckl) * logprobs
     return TokenLoss(loss, ~pos & (w <= low), pos & (w >= high), ~pos & (w >= c))
@@ -160,9 +178,12 @@ def rpg_style_clip(
 def rpg_clipped_differentiable(
     kl, logprobs, old_logprobs, advantages, beta, log_q, eps_low=0.2, eps_high=0.28, dual_clip_c=10.0
 ) -> TokenLoss:
-    """[RPG] Algorithm 1 as released: PPO dual-clip on A plus beta * clamp(term, -10, 10)."""
+    """[RPG] Algorithm 1 as released: PPO dual-clip on A plus beta * term (clamped to [-10, 10]
+    except for fkl, departure 4)."""
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))
     adv = per_token(advantages, logprobs)
     ppo = clip_ratio_loss(ratio, adv, 1.0 - eps_low, 1.0 + eps_high, dual_clip_c)
-    term = kl_term(kl, logprobs, old_logprobs, log_q).clamp(-KL_TERM_CLAMP, KL_TERM_CLAMP)
+    term = kl_term(kl, logprobs, old_logprobs, log_q)
+    if RPG_VARIANTS.get(kl).clamped:
+        term = term.clamp(-KL_TERM_CLAMP, KL_TERM_CLAMP)
     return ppo._replace(loss=ppo.loss + beta * term)
