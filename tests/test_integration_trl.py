@@ -28,8 +28,8 @@ from tether.integrations.trl import (  # noqa: E402
     group_advantages,
     make_trainer,
     reward_func,
+    inactive_trust_region,
     to_dataset,
-    whole_group_chunks,
 )
 from tether.schema import ConfigError  # noqa: E402
 from tether.tasks import Example  # noqa: E402
@@ -91,6 +91,7 @@ def _record(trainer, inputs, batch, out):
         advantages=inputs["advantages"].clone(),
         rewards=inputs["tether_rewards"].clone(),
         groups=inputs["tether_group_ids"].clone(),
+        stats=batch.group_stats,
         loss_norm=batch.loss_norm,
         texts=tok.batch_decode(inputs["completion_ids"], skip_special_tokens=True),
         prompts=[tuple(p[m.bool()].tolist()) for p, m in zip(inputs["prompt_ids"], inputs["prompt_mask"])],
@@ -171,20 +172,27 @@ def test_rpg_with_reference_anchor_gets_reference_logprobs(tiny_dir, tmp_path):
     assert (recs[1]["lp"] - recs[1]["trl_old"])[m].abs().max() > 1e-3
 
 
-def test_etr_micro_batches_hold_whole_groups(tiny_dir, tmp_path):
-    # 4 prompts x 2 samples per generation batch, shuffled by TRL, re-split into whole groups.
-    trainer, recs, before = _train(tiny_dir, tmp_path, {"preset": "etr", "reward_range": [0.0, 1.0]},
-                                   num_generations=2, gradient_accumulation_steps=2)
+def test_etr_micro_batches_get_the_whole_generation_batchs_group_statistics(tiny_dir, tmp_path):
+    # 4 prompts x 2 samples per generation batch, shuffled by TRL and split into micro-batches of 2
+    # rows, so groups are split: each micro-batch's ETR statistics are still the whole batch's.
+    trainer, recs, before = _train(tiny_dir, tmp_path, "etr", num_generations=2, per_device_train_batch_size=2,
+                                   gradient_accumulation_steps=4, num_iterations=2)
     obj = trainer.tether_objective
     assert _changed(trainer, before)
-    for step in (recs[:2], recs[2:]):
+    for step in (recs[:4], recs[4:]):
         _check_batch_source(step, obj, group_size=2)
+        stats = obj.group_stats(_cat(step, "rewards"), _cat(step, "groups"))
         norm = obj.normalizer(_cat(step, "completion_mask"))
+        start = 0
         for r in step:
-            assert sorted(r["groups"].bincount()[r["groups"].unique()].tolist()) == [2, 2]
-            expected = _objective_on(obj, [r], r["lp"], loss_norm=norm)
-            torch.testing.assert_close(r["loss"], expected, rtol=1e-5, atol=1e-7)
-        assert any(k.startswith("etr/") for k in trainer.state.log_history[0])
+            rows = torch.arange(start, start + len(r["groups"]))
+            start += len(r["groups"])
+            torch.testing.assert_close(r["stats"].nu_shift, stats.nu_shift[rows], rtol=0, atol=1e-7)
+            batch = objectives.TokenBatch(r["lp"], r["trl_old"], r["advantages"], r["completion_mask"].float(),
+                                          loss_norm=norm, group_stats=stats.select(rows))
+            torch.testing.assert_close(r["loss"], obj(batch).loss, rtol=1e-5, atol=1e-7)
+    assert any(len(set(r["groups"].tolist())) == 2 for r in recs)  # some micro-batch split two groups
+    assert any(k.startswith("etr/") for k in trainer.state.log_history[0])
 
 
 def test_unknown_objective_fails_before_loading_the_model():
@@ -202,27 +210,20 @@ def test_settings_tether_cannot_honour_are_refused(tmp_path, setting, message):
         TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path, **setting), objective="dapo")
 
 
-def test_etr_needs_whole_groups_per_micro_batch(tmp_path):
-    with pytest.raises(ConfigError, match="whole prompt groups"):
-        TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path, num_generations=8, per_device_train_batch_size=4,
-                                                            gradient_accumulation_steps=2), objective="etr")
-
-
-def test_whole_group_chunks_moves_every_field_together():
-    torch.manual_seed(0)
-    perm = torch.randperm(8)
-    groups = (torch.arange(8) // 2)[perm]  # 4 groups of 2, shuffled as TRL shuffles
-    chunk = {"tether_group_ids": groups, "x": torch.arange(8)[perm, None].expand(8, 3), "ids": perm.tolist(),
-             "num_items_in_batch": torch.tensor(24)}
-    chunks = [{k: (v if k == "num_items_in_batch" else v[i * 4 : (i + 1) * 4]) for k, v in chunk.items()}
-              for i in range(2)]
-    out = whole_group_chunks(chunks)
-    assert len(out) == 2
-    for c in out:
-        assert sorted(c["tether_group_ids"].bincount()[c["tether_group_ids"].unique()].tolist()) == [2, 2]
-        assert c["x"][:, 0].tolist() == c["ids"] and (c["x"][:, 0] // 2).tolist() == c["tether_group_ids"].tolist()
-        assert c["num_items_in_batch"].item() == 24
-    assert sorted(i for c in out for i in c["ids"]) == list(range(8))
+@pytest.mark.parametrize("setting, warns", [
+    ({}, True),  # TRL's defaults: every generation batch within one optimiser step
+    ({"gradient_accumulation_steps": 2}, True),
+    ({"num_iterations": 2}, False),
+    ({"gradient_accumulation_steps": 2, "steps_per_generation": 4}, False),
+])
+def test_an_inactive_trust_region_is_warned_about(tmp_path, setting, warns):
+    # Issue 13, item 7: with on-policy updates DAPO's clip reduces to plain policy gradient.
+    args = _args(tmp_path, **setting)
+    assert (inactive_trust_region(args, objectives.build("dapo")) is not None) == warns
+    assert inactive_trust_region(args, objectives.build("reinforce")) is None  # nothing to warn about
+    if warns:
+        with pytest.warns(UserWarning, match="the clip is inactive.*num_iterations>=2"), pytest.raises(Exception):
+            TetherGRPOTrainer("no/such-model", odd_chars, args, objective="dapo")
 
 
 def test_unscorable_completions_get_zero_advantage_and_no_part_in_the_baseline():

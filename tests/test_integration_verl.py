@@ -457,3 +457,31 @@ def test_default_objective_when_verl_passes_another_config():
     t = objectives.build("cispo")(objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"],
                                                         mask=d["mask"]))
     torch.testing.assert_close(loss, t.loss)
+
+
+# ---------------------------------------------------------------- verl's own KL terms (issue 13, item 8)
+
+
+def test_verl_kl_loss_on_top_of_a_tether_kl_is_refused_naming_the_key():
+    d = _data(seed=5)
+    d["adv_tok"], d["returns"] = d["token_rewards"], d["token_rewards"]
+    pl = tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="rpg_urkl", overrides={"anchor": "ref"})
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.kl_loss_coef=0\.001.*set actor_rollout_ref\.actor\.kl_loss_coef=0"):
+        _verl_loss("tether_rpg", d, _actor_config(pl, use_kl_loss=True), "token-mean")
+    _verl_loss("tether_rpg", d, _actor_config(pl, use_kl_loss=True, kl_loss_coef=0.0), "token-mean")  # the fix works
+    # An objective without a reference: verl's KL loss is the user's own choice, not hidden.
+    plain = tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="rpg_urkl")
+    _verl_loss("tether_rpg", d, _actor_config(plain, use_kl_loss=True), "token-mean")
+
+
+def test_verl_kl_in_reward_under_a_tether_estimator_is_refused_naming_the_key():
+    from verl.trainer.config import AlgoConfig, KLControlConfig
+
+    d = _data(seed=6)
+    est = core_algos.get_adv_estimator_fn("tether_grpo")
+    with pytest.raises(ConfigError, match=r"algorithm\.kl_ctrl\.kl_coef=0\.001.*set algorithm\.kl_ctrl\.kl_coef=0"):
+        est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"],
+            config=AlgoConfig(use_kl_in_reward=True))
+    adv, _ = est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"],
+                 config=AlgoConfig(use_kl_in_reward=True, kl_ctrl=KLControlConfig(kl_coef=0.0)))
+    assert torch.isfinite(adv).all()

@@ -211,18 +211,17 @@ def test_aggregation_hand_values():
 @pytest.mark.parametrize("aggregation", G.AGGREGATIONS.names())
 def test_micro_batches_sum_to_the_full_batch_gradient(preset, aggregation):
     b = _batch(N=8, T=6, seed=3)
-    spec = {"preset": preset, "aggregation": aggregation}
-    if preset == "etr":
-        spec["macro"] = "implicit"  # groups are whole in each micro-batch; see core.etr departure 2
-    obj = objectives.build(spec)
+    obj = objectives.build({"preset": preset, "aggregation": aggregation})
     full = obj(b).loss
+    stats = obj.group_stats(b.rewards, b.group_ids)  # over the whole batch, once (ETR's nu_bar)
     (g_full,) = torch.autograd.grad(full, b.logprobs)
     norm = obj.normalizer(b.mask)
     total, g_sum = 0.0, torch.zeros_like(b.logprobs)
     for idx in (slice(0, 4), slice(4, 8)):  # two micro-batches of one group each
         lp = b.logprobs.detach()[idx].clone().requires_grad_()
         mb = objectives.TokenBatch(lp, b.old_logprobs[idx], b.advantages[idx], b.mask[idx], b.ref_logprobs[idx],
-                                   b.group_ids[idx], b.rewards[idx], b.entropy[idx], loss_norm=norm)
+                                   b.group_ids[idx], b.rewards[idx], b.entropy[idx], loss_norm=norm,
+                                   group_stats=None if stats is None else stats.select(torch.arange(8)[idx]))
         loss = obj(mb).loss
         total = total + loss.detach()
         g_sum[idx] = torch.autograd.grad(loss, lp)[0]

@@ -196,16 +196,23 @@ def test_etr_bounds_hand_case():
     rewards = torch.tensor([1.0, 0, 1, 0, 1, 0, 0, 0], dtype=D)
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     adv = torch.tensor([0.866, -0.866, 0.866, -0.866, 1.5, -0.5, -0.5, -0.5], dtype=D)
-    b = E.etr_bounds(adv, rewards, groups, 0.2, 0.28, alpha=0.5, eta=0.5, eps_min=0.0, eps_max=10.0)
-    torch.testing.assert_close(b.nu, torch.tensor([1.0] * 4 + [0.75] * 4, dtype=D))
+    stats = E.etr_group_stats(rewards, groups)
+    b = E.etr_bounds(adv, stats, 0.2, 0.28, alpha=0.5, eta=0.5, eps_min=0.0, eps_max=10.0)
+    torch.testing.assert_close(stats.nu, torch.tensor([1.0] * 4 + [0.75] * 4, dtype=D))
+    torch.testing.assert_close(stats.nu_shift, torch.tensor([0.125] * 4 + [-0.125] * 4, dtype=D))
     assert b.eps_high[0].item() == pytest.approx(0.28 * (1 + 0.5 * math.tanh(0.866)) * 1.0625, rel=1e-12)
     assert b.eps_low[4].item() == pytest.approx(0.2 * (1 + 0.5 * math.tanh(1.5)) * 0.9375, rel=1e-12)
-    torch.testing.assert_close(b.pass_rate, torch.tensor([0.5] * 4 + [0.25] * 4, dtype=D))
+    torch.testing.assert_close(stats.pass_rate, torch.tensor([0.5] * 4 + [0.25] * 4, dtype=D))
+    # The statistics of a subset of rows are the whole batch's, selected: group 1 alone keeps its
+    # macro factor 0.9375 (a micro-batch holding only group 1 would have had nu_bar = nu_1, factor 1).
+    sub = E.etr_bounds(adv[4:], stats.select(torch.arange(4, 8)), 0.2, 0.28, alpha=0.5, eta=0.5, eps_min=0.0,
+                       eps_max=10.0)
+    torch.testing.assert_close(sub.eps_low, b.eps_low[4:], rtol=0, atol=0)
     # Every factor can be switched off: alpha = eta = 0 gives the base eps everywhere.
-    flat = E.etr_bounds(adv, rewards, groups, 0.2, 0.28, alpha=0.0, eta=0.0, eps_min=0.0, eps_max=10.0)
+    flat = E.etr_bounds(adv, stats, 0.2, 0.28, alpha=0.0, eta=0.0, eps_min=0.0, eps_max=10.0)
     assert torch.all(flat.eps_high == 0.28) and torch.all(flat.eps_low == 0.2)
     # Clamping to [eps_min, eps_max].
-    tight = E.etr_bounds(adv, rewards, groups, 0.2, 0.28, alpha=5.0, eta=0.5, eps_min=0.1, eps_max=0.3)
+    tight = E.etr_bounds(adv, stats, 0.2, 0.28, alpha=5.0, eta=0.5, eps_min=0.1, eps_max=0.3)
     assert tight.eps_high.max().item() == 0.3
 
 
@@ -215,6 +222,7 @@ def test_etr_implicit_mode_uses_unnormalised_deviation():
     rewards = torch.tensor([1.0, 0, 1, 0, 1, 0, 0, 0], dtype=D)
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     adv = torch.full((8,), 100.0, dtype=D)
-    b = E.etr_bounds(adv, rewards, groups, 0.2, 0.28, alpha=0.5, eta=0.5, eps_min=0.0, eps_max=10.0, macro="implicit")
+    b = E.etr_bounds(adv, E.etr_group_stats(rewards, groups), 0.2, 0.28, alpha=0.5, eta=0.5, eps_min=0.0,
+                     eps_max=10.0, macro="implicit")
     assert b.eps_high[4].item() == pytest.approx(0.28 * (1 + 0.5 * math.tanh(0.75)), rel=1e-12)
     assert b.eps_high[0].item() == pytest.approx(0.28 * (1 + 0.5 * math.tanh(0.5)), rel=1e-12)

@@ -227,3 +227,113 @@ def test_old_logprobs_from_the_sampler_match_a_recompute(tiny_dir, tmp_path):
     assert ratios and all(x == pytest.approx(y, abs=1e-5) for x, y in ratios), ratios
     with pytest.raises(ConfigError, match="old_logprobs=sampler"):
         load_config(None, ["trainer.old_logprobs=sampler", "rollout.top_p=0.9"])
+
+
+# ---------------------------------------------------------------- micro-batching, eval mode, reference refresh
+
+
+class _RecordingSGD(torch.optim.SGD):
+    """SGD that keeps a copy of every gradient it applies."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, lr=lr)
+        self.grads = []
+
+    def step(self, closure=None):
+        self.grads.append([p.grad.detach().clone() for g in self.param_groups for p in g["params"]])
+        return super().step(closure)
+
+
+class _NoSchedule:
+    def step(self):
+        pass
+
+
+def _etr_update(tiny_dir, micro: int):
+    """One rollout step's update of ETR on a fixed batch (float64), with micro_batch_size=micro:
+    8 prompts x 8 samples, pass rates 1/8 ... 7/8 and 0, two mini-batches (the second off-policy)."""
+    from tether import objectives
+    from tether.models import load_model
+    from tether.rollout import SamplingParams, get_engine
+    from tether.train import Scored, Tokens, old_policy_logprobs, to_tokens, update
+
+    torch.manual_seed(0)
+    model, tok = load_model(str(tiny_dir), device="cpu")
+    model = model.double()
+    cfg = _cfg(tiny_dir, "unused", "objective=etr", "rollout.prompts_per_step=8", "rollout.group_size=8",
+               f"trainer.micro_batch_size={micro}", "trainer.mini_batches=2", "trainer.max_grad_norm=0")
+    engine = get_engine("hf", model=model, tokenizer=tok)
+    rollout = engine.generate([f"{i}+{i}=" for i in range(8)], n=8, params=SamplingParams(max_new_tokens=6), seed=3)
+    groups = torch.tensor(rollout.prompt_index)
+    rewards = torch.tensor([float(j < g) for g, j in zip(groups.tolist(), [i % 8 for i in range(64)])],
+                           dtype=torch.float64)  # group g has g successes out of 8
+    obj = objectives.build(cfg.objective)
+    tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
+    tokens = Tokens(tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.completion_ids,
+                    tokens.mask.double(), tokens.prompt_len)
+    old = old_policy_logprobs(model, tokens, rollout, cfg)
+    opt = _RecordingSGD(model.parameters(), lr=0.5)
+    scored = Scored(rollout, [None] * 64, rewards, groups, {})
+    metrics = update(model, opt, _NoSchedule(), obj, tokens, old, None, obj.advantages(rewards, groups), scored, cfg,
+                     torch.Generator().manual_seed(7), lambda: None)
+    return metrics, opt.grads
+
+
+def test_etr_loss_gradient_and_metrics_do_not_depend_on_the_micro_batch_size(tiny_dir):
+    # Issue 13, item 2: with one group per micro-batch (8), ETR's macro factor used to vanish
+    # (nu_bar taken per micro-batch), and averaged metrics weighted micro-batches equally.
+    ref_metrics, ref_grads = _etr_update(tiny_dir, 64)
+    assert ref_metrics["policy/ratio_max"] != 1.0  # the second mini-batch is off-policy: clipping can act
+    assert ref_metrics["etr/nu_mean"] > 0 and ref_metrics["etr/eps_high_pass_25-50"] != ref_metrics["etr/eps_high_pass_0-25"]
+    for micro in (8, 16):
+        metrics, grads = _etr_update(tiny_dir, micro)
+        assert set(metrics) == set(ref_metrics)
+        for k, v in ref_metrics.items():
+            assert metrics[k] == pytest.approx(v, rel=1e-9, abs=1e-12, nan_ok=True), (micro, k)
+        for step_a, step_b in zip(grads, ref_grads, strict=True):
+            for a, b in zip(step_a, step_b):
+                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
+    # Issue 13, item 5: sampling runs in eval mode, so pi_old must too; in train mode a model
+    # with dropout gives a dropout sample of pi_old. The model's own mode is restored after.
+    from tether.models import load_model
+    from tether.rollout import SamplingParams, get_engine
+    from tether.train import old_policy_logprobs, to_tokens
+
+    model, tok = load_model(str(tiny_dir), device="cpu")
+    model.config.attention_dropout = 0.5
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    rollout = get_engine("hf", model=model.eval(), tokenizer=tok).generate(
+        ["1+2=", "3+4="], n=2, params=SamplingParams(max_new_tokens=5), seed=0)
+    tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
+    cfg = _cfg(tiny_dir, "unused")
+    model.train()
+    a = old_policy_logprobs(model, tokens, rollout, cfg)
+    b = old_policy_logprobs(model, tokens, rollout, cfg)
+    assert model.training
+    torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout noise
+    torch.testing.assert_close(a, rollout.sampler_logprobs * tokens.mask, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("every, kl, before, after, window, want", [
+    (3, 0.0, 0, 2, [], False),  # 2 optimiser steps: no multiple of 3 reached
+    (3, 0.0, 2, 4, [], True),  # 3 reached inside this rollout step: refreshed at its end
+    (3, 0.0, 4, 6, [], True),  # 6 reached exactly
+    (2, 0.0, 2, 3, [], False),
+    (0, 0.1, 0, 2, [0.05, 0.05, 0.05, 0.3], True),  # mean of (0.05, 0.05, 0.05, 0.3, 0.1) = 0.11 > 0.1
+    (0, 0.1, 0, 2, [0.05, 0.05, 0.05, 0.05], False),  # mean 0.06
+])
+def test_reference_refresh_is_checked_once_per_rollout_step(every, kl, before, after, window, want):
+    from types import SimpleNamespace
+
+    from tether.train import refresh_reference
+
+    policy, reference = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    t = SimpleNamespace(ref_update_every=every, ref_update_kl=kl)
+    done, new_window = refresh_reference(reference, policy, t, before, after, window, 0.1)
+    assert done == want
+    assert torch.equal(reference.weight, policy.weight) == want
+    assert new_window == ([] if want else (window + [0.1] if kl else window)[-5:])

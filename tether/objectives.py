@@ -17,9 +17,10 @@ The math lives in `tether.core`; this module validates configs and assembles met
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, ClassVar, Literal, NamedTuple, Optional, Union
 
 import torch
 import yaml
@@ -54,14 +55,29 @@ class TokenBatch:
     ref_logprobs: Optional[torch.Tensor] = None
     """(N, T) log-probs under the reference/anchor policy; needed by `kl_penalty` and rpg anchor=ref."""
     group_ids: Optional[torch.Tensor] = None
-    """(N,) integer prompt-group label of each sequence; needed by ETR's macro factor."""
+    """(N,) integer prompt-group label of each sequence; ETR's group statistics come from it when `group_stats` is None."""
     rewards: Optional[torch.Tensor] = None
-    """(N,) scalar reward of each sequence; needed by ETR's macro factor."""
+    """(N,) scalar reward of each sequence; ETR's group statistics come from it when `group_stats` is None."""
     entropy: Optional[torch.Tensor] = None
     """(N, T) per-token entropy of pi_theta; needed when entropy_coef != 0, logged when given."""
     loss_norm: Optional[Union[float, torch.Tensor]] = None
     """The mini-batch normaliser (`Objective.normalizer(mini_batch_mask)`) when this is one
     micro-batch of several; None means this batch is the whole mini-batch."""
+    group_stats: Optional[Any] = None
+    """Per-sequence statistics of each sample's group over the WHOLE rollout batch
+    (`Objective.group_stats(rewards, group_ids)`, rows selected like this batch's; ETR's nu_g - nu_bar).
+    None: an objective that needs them computes them from `rewards` and `group_ids`, taking this batch
+    as the whole rollout batch, which is right only when it is (never pass a micro-batch that way)."""
+
+
+class Mean(NamedTuple):
+    """A metric that is a mean, with the count behind it, so micro-batches merge exactly."""
+
+    value: torch.Tensor
+    count: torch.Tensor
+
+
+MergeRule = Union[torch.Tensor, Literal["min", "max", "share"]]
 
 
 @dataclass
@@ -70,6 +86,48 @@ class ObjectiveOutput:
     """Scalar, differentiable w.r.t. `logprobs` (and `entropy` when entropy_coef != 0)."""
     metrics: dict[str, torch.Tensor]
     """Detached scalar tensors, namespaced (`loss/`, `policy/`, `kl/`, `etr/`, `rpg/`)."""
+    merge: dict[str, MergeRule] = field(default_factory=dict)
+    """How each metric merges over micro-batches (`MetricMerger`): a tensor is the count behind a mean
+    (tokens or sequences); "min"/"max"; "share" for `loss/*` values that are shares of the mini-batch
+    loss (summed within a mini-batch)."""
+
+
+class MetricMerger:
+    """The metrics of many micro-batches (and mini-batches) merged exactly as if computed at once:
+    means weighted by their counts, minima and maxima, and `loss/*` shares summed per mini-batch
+    then averaged over mini-batches. The result does not depend on the micro-batch size."""
+
+    def __init__(self):
+        self._num: dict[str, torch.Tensor] = {}
+        self._den: dict[str, torch.Tensor] = {}
+        self._ext: dict[str, tuple[str, torch.Tensor]] = {}
+        self._share: dict[str, torch.Tensor] = {}
+        self._shares: dict[str, list[torch.Tensor]] = {}
+
+    def add(self, out: ObjectiveOutput) -> None:
+        for k, v in out.metrics.items():
+            rule = out.merge[k]
+            v = v.detach().double()
+            if isinstance(rule, torch.Tensor):
+                w = rule.detach().double()
+                self._num[k] = self._num.get(k, 0.0) + v * w
+                self._den[k] = self._den.get(k, 0.0) + w
+            elif rule == "share":
+                self._share[k] = self._share.get(k, 0.0) + v
+            else:
+                pick = torch.minimum if rule == "min" else torch.maximum
+                self._ext[k] = (rule, v if k not in self._ext else pick(self._ext[k][1], v))
+
+    def end_mini_batch(self) -> None:
+        for k, v in self._share.items():
+            self._shares.setdefault(k, []).append(v)
+        self._share = {}
+
+    def result(self) -> dict[str, torch.Tensor]:
+        out = {k: self._num[k] / torch.clamp(self._den[k], min=1e-300) for k in self._num}
+        out.update({k: v for k, (_, v) in self._ext.items()})
+        out.update({k: torch.stack(v).mean() for k, v in self._shares.items()})
+        return out
 
 
 # ---------------------------------------------------------------- configs
@@ -121,6 +179,19 @@ class ObjectiveConfig:
     def uses_reference(self) -> bool:
         """Whether a reference model's log-probs are needed (the trainer loads it only then)."""
         return self.kl_penalty is not None and self.kl_penalty.coef > 0
+
+    GROUP_STATS: ClassVar[Optional[type]] = None
+    """The NamedTuple type of `group_stats` (fields: (N,) tensors or None), for adapters that carry
+    it as separate batch columns; None when the objective reads no group statistics."""
+
+    def needs_group_stats(self) -> bool:
+        """Whether the loss reads statistics of each sample's group over the whole rollout batch
+        (`group_stats`); the trainers compute them once per rollout batch and slice them per micro-batch."""
+        return False
+
+    def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Any:
+        """Per-sequence group statistics over a whole rollout batch (rewards, group_ids (N,)); None if unused."""
+        return None
 
 
 def _check(ok: bool, key: str, value: Any, expected: str) -> None:
@@ -294,14 +365,18 @@ class ETRConfig(ObjectiveConfig):
             _check(len(self.reward_range) == 2 and self.reward_range[1] > self.reward_range[0],
                    "reward_range", self.reward_range, "[R_min, R_max] with R_max > R_min")
 
-    def required_fields(self) -> list[str]:
-        need = super().required_fields()
-        return need + (["rewards", "group_ids"] if self.macro != "off" else [])
+    GROUP_STATS: ClassVar[Optional[type]] = _etr.ETRGroupStats
+
+    def needs_group_stats(self) -> bool:
+        return self.macro != "off"
+
+    def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Optional[_etr.ETRGroupStats]:
+        return _etr.etr_group_stats(rewards, group_ids, self.reward_range) if self.needs_group_stats() else None
 
 
 # ---------------------------------------------------------------- surrogate functions
 
-Extra = dict[str, torch.Tensor]
+Extra = dict[str, Union[torch.Tensor, "Mean"]]  # a plain tensor is a mean over the batch's counted tokens
 LossFn = Callable[[Any, TokenBatch, torch.Tensor, torch.Tensor], "tuple[_sur.TokenLoss, Extra]"]
 
 
@@ -381,25 +456,27 @@ _PASS_BUCKETS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0001))
 
 @objective("etr", ETRConfig)
 def _etr_loss(cfg: ETRConfig, b: TokenBatch, lp, old):
-    bounds = _etr.etr_bounds(
-        b.advantages, b.rewards, b.group_ids, cfg.eps_low, cfg.eps_high, cfg.alpha, cfg.eta,
-        cfg.eps_min, cfg.eps_max, cfg.macro, cfg.reward_range,
-    )
+    stats = b.group_stats  # set by Objective.__call__ when the config needs it
+    bounds = _etr.etr_bounds(b.advantages, stats, cfg.eps_low, cfg.eps_high, cfg.alpha, cfg.eta,
+                             cfg.eps_min, cfg.eps_max, cfg.macro)
     eps_low, eps_high = (e[:, None] if e.dim() == 1 else e for e in (bounds.eps_low, bounds.eps_high))
     out = _sur.ppo_clip(lp, old, b.advantages, eps_low, eps_high, cfg.dual_clip_c)
     m = b.mask
-    extra = {
+    extra: Extra = {
         "etr/eps_low_mean": masked_mean(eps_low.expand_as(lp), m),
         "etr/eps_high_mean": masked_mean(eps_high.expand_as(lp), m),
-        "etr/nu_mean": bounds.nu.mean(),
     }
-    # Effective upper eps per pass-rate bucket: where the update budget goes.
-    seq_eps_high = eps_high.expand_as(lp)
-    seq_eps_high = (seq_eps_high * m).sum(-1) / m.sum(-1).clamp(min=1)  # (N,)
-    for lo, hi in _PASS_BUCKETS:
-        inb = ((bounds.pass_rate >= lo) & (bounds.pass_rate < hi)).to(lp.dtype)
-        name = f"etr/eps_high_pass_{int(lo * 100)}-{min(int(hi * 100), 100)}"
-        extra[name] = (seq_eps_high * inb).sum() / inb.sum().clamp(min=1)
+    n_seq = torch.tensor(float(lp.shape[0]), dtype=lp.dtype, device=lp.device)
+    if stats is not None and stats.nu is not None:
+        extra["etr/nu_mean"] = Mean(stats.nu.to(lp.dtype).mean(), n_seq)
+    if stats is not None and stats.pass_rate is not None:
+        # Effective upper eps per pass-rate bucket: where the update budget goes.
+        seq_eps_high = eps_high.expand_as(lp)
+        seq_eps_high = (seq_eps_high * m).sum(-1) / m.sum(-1).clamp(min=1)  # (N,)
+        for lo, hi in _PASS_BUCKETS:
+            inb = ((stats.pass_rate >= lo) & (stats.pass_rate < hi)).to(lp.dtype)
+            name = f"etr/eps_high_pass_{int(lo * 100)}-{min(int(hi * 100), 100)}"
+            extra[name] = Mean((seq_eps_high * inb).sum() / inb.sum().clamp(min=1), inb.sum())
     return out, extra
 
 
@@ -411,6 +488,10 @@ def _masked_fill(x: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torc
     if x is None:
         return None
     return torch.where(mask.bool(), x, torch.zeros_like(x))
+
+
+POLICY_METRIC_EXTREMES: dict[str, MergeRule] = {"policy/ratio_min": "min", "policy/ratio_max": "max"}
+"""The `policy_metrics` that merge over micro-batches as extremes; the others are token means."""
 
 
 def policy_metrics(tokens: _sur.TokenLoss, log_w: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -455,9 +536,19 @@ class Objective:
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         return _adv.compute_advantages(self.config.advantage, rewards, group_ids)
 
+    def needs_group_stats(self) -> bool:
+        return self.config.needs_group_stats()
+
+    def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Any:
+        """Statistics of each sample's group over a whole rollout batch, for `TokenBatch.group_stats`
+        (select rows with `.select(idx)`); None when the objective reads none."""
+        return self.config.group_stats(rewards, group_ids)
+
     def __call__(self, batch: TokenBatch) -> ObjectiveOutput:
         self._validate(batch)
         cfg, m = self.config, batch.mask
+        if cfg.needs_group_stats() and batch.group_stats is None:  # this batch is the whole rollout batch
+            batch = dataclasses.replace(batch, group_stats=cfg.group_stats(batch.rewards, batch.group_ids))
         lp = _masked_fill(batch.logprobs, m)
         old = _masked_fill(batch.old_logprobs, m).detach()
         tokens, extra = self._loss(cfg, batch, lp, old)
@@ -485,10 +576,22 @@ class Objective:
                 metrics["loss/entropy"] = ent_loss.detach()
         metrics["loss/total"] = total.detach()
         metrics.update(policy_metrics(tokens, log_w, m))
-        metrics.update({k: v.detach() for k, v in extra.items()})
-        return ObjectiveOutput(total, metrics)
+        n_tokens = m.detach().sum().to(torch.float64)
+        merge: dict[str, MergeRule] = {k: ("share" if k.startswith("loss/") else n_tokens) for k in metrics}
+        merge.update(POLICY_METRIC_EXTREMES)
+        for k, v in extra.items():
+            metrics[k], merge[k] = (v.value.detach(), v.count.detach()) if isinstance(v, Mean) else (v.detach(), n_tokens)
+        return ObjectiveOutput(total, metrics, merge)
 
     def _validate(self, batch: TokenBatch) -> None:
+        if self.config.needs_group_stats() and batch.group_stats is None:
+            for name in ("rewards", "group_ids"):
+                if getattr(batch, name) is None:
+                    raise ValueError(
+                        f"objective {self.name!r} needs TokenBatch.group_stats (Objective.group_stats over the whole "
+                        f"rollout batch) or, for a batch that is the whole rollout batch, TokenBatch.{name}, which is "
+                        f"None ({_WHY_NEEDED[name]}); pass it or change the config"
+                    )
         for name in self.config.required_fields():
             if getattr(batch, name) is None:
                 raise ValueError(

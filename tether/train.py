@@ -18,6 +18,7 @@ samples of one prompt run that prompt once (trainer.share_prompts).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -99,14 +100,27 @@ def batched_logprobs(model, tokens: Tokens, temperature: float, micro: int, fuse
     return torch.cat(parts)
 
 
+@contextlib.contextmanager
+def eval_mode(model):
+    """Run a block with the model in eval mode (no dropout), then restore the mode it had."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config) -> torch.Tensor:
-    """pi_old's log-probs (N, T), before any update: recomputed, or the sampler's own
+    """pi_old's log-probs (N, T), before any update: recomputed in eval mode, as the sampler ran
+    (a model with dropout would otherwise give a dropout sample of pi_old), or the sampler's own
     (trainer.old_logprobs=sampler: the same weights, no extra pass)."""
     t = cfg.trainer
     if t.old_logprobs == "sampler":
         return rollout.sampler_logprobs.to(device=tokens.mask.device, dtype=torch.float32) * tokens.mask
-    return batched_logprobs(model, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
-                            t.logprob_chunk_size, t.share_prompts)
+    with eval_mode(model):
+        return batched_logprobs(model, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
+                                t.logprob_chunk_size, t.share_prompts)
 
 
 # ---------------------------------------------------------------- rollout and rewards
@@ -253,14 +267,16 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
            cfg: Config, gen: torch.Generator, on_opt_step) -> dict[str, float]:
     """ppo_epochs x mini-batches optimiser steps; returns the step's metrics on the host.
 
-    Micro-batch metrics are averaged, except `loss/*`: with the mini-batch normaliser each
-    micro-batch's loss is its share, so those are summed per mini-batch, then averaged.
+    Group statistics (ETR's nu_g - nu_bar) are computed once over the whole rollout batch and
+    sliced per micro-batch; metrics merge exactly over micro-batches (`objectives.MetricMerger`:
+    means weighted by their token or sequence counts, `loss/*` shares summed per mini-batch), so
+    neither depends on `trainer.micro_batch_size`.
     """
     t = cfg.trainer
     device = tokens.input_ids.device
     rewards, groups = scored.rewards.to(device), scored.group_ids.to(device)
-    sums: dict[str, torch.Tensor] = {}
-    n_micro = n_mini = 0
+    stats = obj.group_stats(rewards, groups)  # None unless the objective reads group statistics
+    merger = objectives.MetricMerger()
     skipped = {"loss": 0, "gradient": 0}
     grad_norms = []
     params = [p for p in model.parameters() if p.requires_grad]
@@ -278,15 +294,14 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
                     logprobs=lp, old_logprobs=old_lp[idx], advantages=adv[idx], mask=sub.mask,
                     ref_logprobs=None if ref_lp is None else ref_lp[idx], group_ids=groups[idx],
                     rewards=rewards[idx], entropy=ent if obj.config.entropy_coef else ent.detach(), loss_norm=norm,
+                    group_stats=None if stats is None else stats.select(idx),
                 )
                 out = obj(batch)
                 loss_bad = loss_bad | ~torch.isfinite(out.loss.detach())
                 out.loss.backward()
                 faults.point("update")
-                for k, v in out.metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v.float()
-                n_micro += 1
-            n_mini += 1
+                merger.add(out)
+            merger.end_mini_batch()
             max_norm = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
             norm_ = torch.nn.utils.clip_grad_norm_(params, max_norm)
             if torch.isfinite(norm_):  # one host sync per optimiser step
@@ -297,15 +312,45 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
             else:  # a NaN/inf loss or gradient: skip this update, keep the weights as they were
                 skipped["loss" if loss_bad.item() else "gradient"] += 1
             optimizer.zero_grad(set_to_none=True)
-    metrics = {k: v / (n_mini if k.startswith("loss/") else n_micro) for k, v in sums.items()}
+    metrics = merger.result()
     nan = torch.tensor(float("nan"), device=device)
     metrics["optim/grad_norm"] = torch.stack(grad_norms).float().mean() if grad_norms else nan
     metrics["optim/skipped_updates"] = torch.tensor(float(sum(skipped.values())), device=device)
     metrics["optim/skipped_nonfinite_loss"] = torch.tensor(float(skipped["loss"]), device=device)
     metrics["optim/skipped_nonfinite_grad"] = torch.tensor(float(skipped["gradient"]), device=device)
     keys = list(metrics)
-    values = torch.stack([metrics[k].to(device).float() for k in keys]).tolist()  # the one host sync
+    values = torch.stack([metrics[k].to(device).double() for k in keys]).tolist()  # the one host sync
     return dict(zip(keys, values))
+
+
+# ---------------------------------------------------------------- the reference refresh
+
+
+KL_WINDOW = 5
+"""Rollout steps over which the KL-triggered reference refresh averages `kl/ref`."""
+
+
+def refresh_reference(reference, model, t, opt_steps_before: int, opt_steps: int, kl_window: list[float],
+                      kl_ref: Optional[float]) -> tuple[bool, list[float]]:
+    """RPG's iterative reference update (SPEC 2.5), checked once per rollout step, after its updates.
+
+    The reference becomes the current policy when this step's optimiser steps reached a multiple
+    of `trainer.ref_update_every` (K), or when the mean `kl/ref` of the last KL_WINDOW rollout steps
+    exceeds `trainer.ref_update_kl`. The reference log-probs are computed once per rollout step,
+    so a refresh takes effect from the next rollout step on in either case; checking here, rather
+    than inside the updates, makes that rounding explicit (K is rounded up to the end of the
+    rollout step that reaches it). Returns (refreshed, the new KL window).
+    """
+    if reference is None:
+        return False, kl_window
+    if t.ref_update_kl > 0 and kl_ref is not None:
+        kl_window = (kl_window + [kl_ref])[-KL_WINDOW:]
+    due_k = t.ref_update_every > 0 and opt_steps // t.ref_update_every > opt_steps_before // t.ref_update_every
+    due_kl = t.ref_update_kl > 0 and bool(kl_window) and sum(kl_window) / len(kl_window) > t.ref_update_kl
+    if not (due_k or due_kl):
+        return False, kl_window
+    reference.load_state_dict(model.state_dict())
+    return True, []
 
 
 # ---------------------------------------------------------------- evaluation
@@ -489,11 +534,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     bad_steps = 0
 
     def on_opt_step():
-        nonlocal opt_steps, ref_updates
+        nonlocal opt_steps
         opt_steps += 1
-        if reference is not None and t.ref_update_every and opt_steps % t.ref_update_every == 0:
-            reference.load_state_dict(model.state_dict())
-            ref_updates += 1
 
     def save(step: int):
         checkpoint.save(run_dir, step, model, tokenizer,
@@ -520,6 +562,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size,
                 t.share_prompts)
             gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
+            opt_steps_before = opt_steps
             metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
             if step == start + 1 and t.share_prompts and t.fused_logprobs and not unfused and shared_prompt_reason(model):
                 log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
@@ -539,12 +582,9 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                     f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). "
                     f"The weights are those of the last good update; a checkpoint was written to {run_dir / 'checkpoints'}."
                 )
-            if reference is not None and t.ref_update_kl > 0:
-                kl_window = (kl_window + [metrics.get("kl/ref", 0.0)])[-5:]
-                if sum(kl_window) / len(kl_window) > t.ref_update_kl:
-                    reference.load_state_dict(model.state_dict())
-                    ref_updates += 1
-                    kl_window = []
+            refreshed, kl_window = refresh_reference(reference, model, t, opt_steps_before, opt_steps, kl_window,
+                                                     metrics.get("kl/ref"))
+            ref_updates += refreshed
             metrics.update({"optim/lr": scheduler.get_last_lr()[0], "ref/updates": float(ref_updates),
                             "time/step_s": time.perf_counter() - tic})
             if step % t.eval_every == 0 or step == t.total_steps:

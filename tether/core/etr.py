@@ -13,10 +13,18 @@ documented family of SPEC section 3, every factor switchable:
 `implicit` macro mode: eta = 0, and micro uses the un-normalised |R - mean_g(R)|, whose size
 already grows with the group's spread. The surrogate is PPO clip with these per-token bounds.
 
+The group statistics (nu_g, nu_bar, the pass rate, |R - mean_g R|) are computed ONCE per rollout
+batch by `etr_group_stats` and handed, per sequence, to every micro-batch (`etr_bounds` reads only
+per-sequence values): with one group per micro-batch, a per-micro-batch nu_bar would equal nu_g and
+the macro factor would vanish (SPEC 3). tether's trainer, the TRL adapter and the verl plugin all
+use this one path.
+
 Departures (all ours, since the paper's forms are reconstructed):
-1. R_min, R_max default to the batch's observed reward range (configurable as `reward_range`);
-   a batch with a single reward value has nu = 0 everywhere.
-2. The mean over groups is over the groups present in the batch (or micro-batch) given.
+1. R_min, R_max default to the rollout batch's observed reward range (configurable as
+   `reward_range`); a batch with a single reward value has nu = 0 everywhere.
+2. nu_bar is the mean over the groups of the rollout batch given to `etr_group_stats` (each group
+   once, among groups with nu > 0). Until issue 13 the mean was over the groups of each
+   micro-batch, which made the macro factor depend on `trainer.micro_batch_size`.
 """
 
 from __future__ import annotations
@@ -30,17 +38,46 @@ from .masked import group_stats
 MACRO_MODES = ("explicit", "implicit", "off")
 
 
+class ETRGroupStats(NamedTuple):
+    """Per-sequence statistics of each sample's group, over a whole rollout batch. All (N,)."""
+
+    nu_shift: torch.Tensor  # nu_g - nu_bar
+    nu: Optional[torch.Tensor] = None  # reward-variance share of the group, in [0, 1]
+    pass_rate: Optional[torch.Tensor] = None  # group mean reward scaled to [0, 1]
+    spread: Optional[torch.Tensor] = None  # |R - mean_g(R)|, the implicit mode's magnitude
+
+    def select(self, idx: torch.Tensor) -> "ETRGroupStats":
+        return ETRGroupStats(*(None if t is None else t[idx] for t in self))
+
+
 class ETRBounds(NamedTuple):
     eps_low: torch.Tensor  # (N,) or (N, T)
     eps_high: torch.Tensor  # (N,) or (N, T)
-    nu: torch.Tensor  # (N,) reward-variance share of the sample's group, in [0, 1]
-    pass_rate: torch.Tensor  # (N,) group mean reward scaled to [0, 1]
+
+
+def etr_group_stats(
+    rewards: torch.Tensor, group_ids: torch.Tensor, reward_range: Optional[tuple[float, float]] = None
+) -> ETRGroupStats:
+    """nu_g, nu_g - nu_bar, pass rate and |R - mean_g R| of each sample; rewards, group_ids (N,)."""
+    r = rewards.detach()
+    stats = group_stats(r, group_ids)
+    if reward_range is None:
+        r_min, r_max = r.min(), r.max()
+    else:
+        r_min, r_max = (torch.as_tensor(v, dtype=r.dtype, device=r.device) for v in reward_range)
+    span = r_max - r_min
+    var_max = span**2 / 4.0
+    nu = torch.where(var_max > 0, stats["var"] / var_max.clamp(min=1e-12), torch.zeros_like(r)).clamp(0.0, 1.0)
+    pass_rate = torch.where(span > 0, (stats["mean"] - r_min) / span.clamp(min=1e-12), torch.zeros_like(r))
+    # Mean over groups (each group weighted once) among groups with nu > 0.
+    live = (nu > 0).to(r.dtype) / stats["count"]
+    nu_bar = (nu * live).sum() / live.sum().clamp(min=1e-12)
+    return ETRGroupStats(nu - nu_bar, nu, pass_rate, (r - stats["mean"]).abs())
 
 
 def etr_bounds(
     advantages: torch.Tensor,
-    rewards: Optional[torch.Tensor],
-    group_ids: Optional[torch.Tensor],
+    stats: Optional[ETRGroupStats],
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     alpha: float = 0.5,
@@ -48,39 +85,22 @@ def etr_bounds(
     eps_min: float = 0.05,
     eps_max: float = 0.5,
     macro: str = "explicit",
-    reward_range: Optional[tuple[float, float]] = None,
 ) -> ETRBounds:
-    """Per-sample clip ranges. advantages (N,) or (N, T); rewards, group_ids (N,) unless macro="off"."""
+    """Per-sample clip ranges. advantages (N,) or (N, T); `stats` from `etr_group_stats` (its rows
+    selected like the advantages' rows) unless macro="off"."""
     if macro not in MACRO_MODES:
         raise ValueError(f"ETR macro must be one of {MACRO_MODES}, got {macro!r}")
     adv = advantages.detach()
     if macro == "off":
-        nu = torch.zeros(adv.shape[0], dtype=adv.dtype, device=adv.device)
-        pass_rate = torch.full_like(nu, float("nan"))
-        magnitude = adv.abs()
-        macro_factor = torch.ones_like(nu)
+        magnitude, macro_factor = adv.abs(), torch.ones(adv.shape[0], dtype=adv.dtype, device=adv.device)
+    elif macro == "implicit":
+        magnitude, macro_factor = stats.spread.to(adv.dtype), torch.ones_like(stats.spread, dtype=adv.dtype)
     else:
-        r = rewards.detach().to(adv.dtype)
-        stats = group_stats(r, group_ids)
-        if reward_range is None:
-            r_min, r_max = r.min(), r.max()
-        else:
-            r_min, r_max = (torch.as_tensor(v, dtype=r.dtype, device=r.device) for v in reward_range)
-        span = r_max - r_min
-        var_max = span**2 / 4.0
-        nu = torch.where(var_max > 0, stats["var"] / var_max.clamp(min=1e-12), torch.zeros_like(r)).clamp(0.0, 1.0)
-        pass_rate = torch.where(span > 0, (stats["mean"] - r_min) / span.clamp(min=1e-12), torch.zeros_like(r))
-        if macro == "implicit":
-            magnitude = (r - stats["mean"]).abs()
-            macro_factor = torch.ones_like(nu)
-        else:
-            magnitude = adv.abs()
-            # Mean over groups (each group weighted once) among groups with nu > 0.
-            live = (nu > 0).to(r.dtype) / stats["count"]
-            nu_bar = (nu * live).sum() / live.sum().clamp(min=1e-12)
-            macro_factor = 1.0 + eta * (nu - nu_bar)
+        magnitude, macro_factor = adv.abs(), 1.0 + eta * stats.nu_shift.to(adv.dtype)
     micro = 1.0 + alpha * torch.tanh(magnitude)
-    scale = micro * (macro_factor[:, None] if micro.dim() == 2 else macro_factor)
+    if micro.dim() == 2 and macro_factor.dim() == 1:
+        macro_factor = macro_factor[:, None]
+    scale = micro * macro_factor
     low = (eps_low * scale).clamp(eps_min, eps_max)
     high = (eps_high * scale).clamp(eps_min, eps_max)
-    return ETRBounds(low, high, nu, pass_rate)
+    return ETRBounds(low, high)

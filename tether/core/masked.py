@@ -36,7 +36,7 @@ def masked_max(x: torch.Tensor, mask: torch.Tensor, empty: float = 0.0) -> torch
 def masked_fraction(cond: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Share of masked tokens where `cond` holds (0 for an all-masked input)."""
     m = mask.bool()
-    return (cond & m).sum().to(torch.float32) / m.sum().clamp(min=1).to(torch.float32)
+    return (cond & m).sum().to(torch.float64) / m.sum().clamp(min=1).to(torch.float64)  # exact k / n
 
 
 def seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

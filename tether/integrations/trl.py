@@ -16,12 +16,13 @@ TRL samples, scores, batches and steps the optimiser; a tether `Objective` compu
   not used; the objective's metrics go to TRL's `_metrics` under their tether names.
 - `_calculate_rewards`: keeps TRL's rewards, gathered over all processes, for the next one.
 - `_generate_and_score_completions`: adds `tether_rewards` and `tether_group_ids`, both (N,), to
-  the batch, and replaces TRL's advantages by the objective's estimator (`grpo`, `dr_grpo`,
-  `rloo`) over the same groups; `advantages="trl"` keeps TRL's.
+  the batch, replaces TRL's advantages by the objective's estimator (`grpo`, `dr_grpo`, `rloo`)
+  over the same groups (`advantages="trl"` keeps TRL's), and, for objectives that read group
+  statistics (ETR), computes them once over the whole generation batch, gathered over processes
+  (`Objective.group_stats`), and adds them as (N,) columns `tether_stat_*` that TRL shuffles and
+  splits with the rows, so any micro-batch, whole groups or not, gets its rows' statistics.
 - `_prepare_inputs`: once TRL has buffered a new generation batch, computes the aggregation
-  normaliser of each of its chunks (summed over processes) and, for objectives that need whole
-  prompt groups in a micro-batch (ETR), re-splits the shuffled batch so that each chunk holds
-  whole groups.
+  normaliser of each of its chunks (summed over processes).
 
 Where the loss path departs from TRL's, and why:
 1. Gradient accumulation (SPEC section 4): every micro-batch's loss is its share of the objective
@@ -42,6 +43,10 @@ Where the loss path departs from TRL's, and why:
 5. TRL options that act inside its own loss are refused rather than silently ignored (see
    `unsupported_options`), among them vLLM's importance-sampling correction: a tether
    objective's only behaviour policy is `old_logprobs`.
+6. With TRL's defaults (`num_iterations=1`, `steps_per_generation` = `gradient_accumulation_steps`)
+   every generation batch is used within one optimiser step: the old log-probs are the current
+   ones, w = 1, and a trust region (DAPO, ATR, ETR, RPG-Style Clip) is inactive. The trainer warns
+   then, as tether's own trainer does (`inactive_trust_region`).
 """
 
 from __future__ import annotations
@@ -61,7 +66,6 @@ from ..schema import ConfigError
 try:
     import trl
     from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer.utils import split_tensor_dict
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "tether.integrations.trl needs TRL: pip install 'tether[trl]' (tested with trl>=1.16,<1.17)"
@@ -106,9 +110,23 @@ def prepare_objective(spec: ObjectiveSpec, max_completion_length: Optional[int])
     return obj
 
 
-def needs_whole_groups(obj: Objective) -> bool:
-    """Whether each micro-batch must hold whole prompt groups (ETR's group statistics)."""
-    return "group_ids" in obj.config.required_fields()
+def inactive_trust_region(args: Any, obj: Objective) -> Optional[str]:
+    """A warning when the objective's trust region can never act under these settings (departure 6).
+
+    TRL computes old log-probs only when a generation batch outlives one optimiser step, that is
+    when `gradient_accumulation_steps` is not a multiple of `steps_per_generation * num_iterations`.
+    """
+    generate_every = (args.steps_per_generation or args.gradient_accumulation_steps) * args.num_iterations
+    if not obj.has_trust_region() or args.gradient_accumulation_steps % generate_every != 0:
+        return None
+    return (
+        f"objective {obj.name!r} clips by the ratio to the sampling policy, but with num_iterations="
+        f"{args.num_iterations}, steps_per_generation={args.steps_per_generation} and gradient_accumulation_steps="
+        f"{args.gradient_accumulation_steps} every generation batch is used within one optimiser step: the ratio is "
+        "1, the clip is inactive and the objective reduces to its unclipped policy gradient. Set num_iterations>=2, "
+        "or steps_per_generation to a multiple of gradient_accumulation_steps greater than it "
+        "(generation_batch_size = k x the optimiser batch), for an active trust region."
+    )
 
 
 def reference_beta(obj: Objective) -> float:
@@ -141,12 +159,6 @@ def unsupported_options(args: Any, obj: Objective) -> list[str]:
             f"sync_ref_model=True, but objective {obj.name!r} uses no reference model; set it False, "
             "or use kl_penalty or an RPG objective with anchor: ref"
         )
-    if needs_whole_groups(obj) and args.per_device_train_batch_size % args.num_generations:
-        problems.append(
-            f"per_device_train_batch_size={args.per_device_train_batch_size} is not a multiple of "
-            f"num_generations={args.num_generations}: objective {obj.name!r} needs whole prompt groups in each "
-            "micro-batch (or set macro: off)"
-        )
     return problems
 
 
@@ -170,40 +182,27 @@ def group_advantages(obj: Objective, rewards: torch.Tensor, groups: torch.Tensor
     return adv
 
 
-def _concat(chunks: Sequence[dict]) -> dict:
-    out = {}
-    for key, first in chunks[0].items():
-        parts = [c[key] for c in chunks]
-        if first is None or (isinstance(first, torch.Tensor) and first.dim() == 0):
-            out[key] = first  # per-batch values (num_items_in_batch) are the same in every chunk
-        elif isinstance(first, torch.Tensor):
-            out[key] = torch.cat(parts)
-        else:
-            out[key] = [x for p in parts for x in p]
-    return out
+STAT_PREFIX = "tether_stat_"
+"""Batch columns that carry the objective's per-sequence group statistics (ETR's nu_g - nu_bar, ...)."""
 
 
-def _take(value: Any, order: torch.Tensor) -> Any:
-    if isinstance(value, torch.Tensor) and value.dim() > 0:
-        return value[order.to(value.device)]
-    if isinstance(value, list):
-        return [value[i] for i in order.tolist()]
-    return value
+def group_stat_columns(obj: Objective, rewards: torch.Tensor, groups: torch.Tensor, rows: slice) -> dict:
+    """The objective's group statistics over the whole generation batch (rewards, groups (N_all,)),
+    as (n,) columns for this process's `rows`; empty when the objective reads none."""
+    stats = obj.group_stats(rewards, groups)
+    if stats is None:
+        return {}
+    return {STAT_PREFIX + name: t[rows] for name, t in stats._asdict().items() if t is not None}
 
 
-def whole_group_chunks(chunks: Sequence[dict], key: str = "tether_group_ids") -> list[dict]:
-    """The rows of `chunks`, re-split into as many chunks of whole groups, groups in random order.
-
-    Rows of a group stay in the order they had (TRL's shuffle); the chunks hold whole groups
-    when every group has the same size and that size divides the chunk size.
-    """
-    if any(k in chunks[0] for k in ("pixel_values", "num_images")):
-        raise NotImplementedError("whole-group micro-batches (ETR) do not support image inputs")
-    merged = _concat(chunks)
-    _, label = torch.unique(merged[key].cpu(), return_inverse=True)  # (N,) group index 0..n_groups-1
-    rank = torch.randperm(int(label.max()) + 1)[label]  # (N,) a random rank per group
-    order = torch.sort(rank, stable=True).indices
-    return split_tensor_dict({k: _take(v, order) for k, v in merged.items()}, len(chunks))
+def group_stats_of(obj: Objective, inputs: dict) -> Any:
+    """The group statistics of the rows of `inputs` (a micro-batch), rebuilt from their columns."""
+    if not obj.needs_group_stats():
+        return None
+    columns = {k[len(STAT_PREFIX):]: v for k, v in inputs.items() if k.startswith(STAT_PREFIX)}
+    if not columns:
+        raise RuntimeError(f"objective {obj.name!r} reads group statistics, but the batch has no {STAT_PREFIX}* columns")
+    return obj.config.GROUP_STATS(**columns)
 
 
 # ---------------------------------------------------------------- the trainer
@@ -242,10 +241,12 @@ class TetherGRPOTrainer(GRPOTrainer):
             raise ConfigError("GRPOConfig settings tether cannot honour:\n- " + "\n- ".join(problems))
         args = copy.copy(args)  # never mutate the caller's config
         args.beta = reference_beta(obj)
+        warning = inactive_trust_region(args, obj)
+        if warning:
+            warnings.warn(warning, stacklevel=2)
         self.tether_objective = obj  # not `objective`: transformers' Trainer uses that name
         self.tether_advantages = advantages
         self.on_objective = on_objective
-        self._tether_whole_groups = needs_whole_groups(obj)
         self._tether_rewards_per_func: Optional[torch.Tensor] = None
         self._tether_chunk_norms: Optional[torch.Tensor] = None
         super().__init__(model, reward_funcs, args=args, **kwargs)
@@ -271,6 +272,7 @@ class TetherGRPOTrainer(GRPOTrainer):
             out["advantages"] = group_advantages(self.tether_objective, total, groups)[local]
         out["tether_rewards"] = torch.nan_to_num(total[local], nan=0.0)
         out["tether_group_ids"] = groups[local]
+        out.update(group_stat_columns(self.tether_objective, torch.nan_to_num(total, nan=0.0), groups, local))
         return out
 
     def _prepare_inputs(self, generation_batch):
@@ -281,9 +283,6 @@ class TetherGRPOTrainer(GRPOTrainer):
         inputs = super()._prepare_inputs(generation_batch)
         if not fresh:
             return inputs
-        if self._tether_whole_groups:
-            self._buffered_inputs = whole_group_chunks(self._buffered_inputs)
-            inputs = self._buffered_inputs[self._step % spg]
         local = torch.stack([self.tether_objective.normalizer(loss_mask(c)) for c in self._buffered_inputs])
         self._tether_chunk_norms = self.accelerator.reduce(local.float(), reduction="sum")  # (spg,)
         return inputs
@@ -339,6 +338,7 @@ class TetherGRPOTrainer(GRPOTrainer):
             ref_logprobs=ref,
             group_ids=inputs.get("tether_group_ids"),
             rewards=inputs.get("tether_rewards"),
+            group_stats=group_stats_of(obj, inputs),
             entropy=ent if obj.config.entropy_coef else ent.detach(),
             loss_norm=self._step_normalizer() if train else None,
         )

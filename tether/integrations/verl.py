@@ -24,12 +24,13 @@ Where this departs from tether's own trainer, and why:
    `aggregation` must name the same mode as `actor.loss_agg_mode` (an error says which to change),
    because verl also aggregates the entropy and KL terms with that mode; tether's `max_len` is
    verl's `actor.loss_scale_factor`.
-2. ETR's macro factor 1 + eta (nu_g - nu_bar) takes nu_g - nu_bar from tether's advantage
-   estimators, which compute it over the whole training batch on the driver and hand it to the
-   loss in verl's `returns` slot. The loss cannot compute it: it sees micro-batches, whose groups
-   verl's sequence-length balancing splits across ranks. tether's trainer computes it per
-   micro-batch of whole groups (tether.core.etr, departure 2). `macro: implicit` and
-   `reward_range` would need each group's rewards in the loss and are refused.
+2. ETR's group statistic nu_g - nu_bar comes from tether's advantage estimators, which compute it
+   over the whole training batch on the driver (`tether.core.etr.etr_group_stats`, the function
+   tether's trainer and the TRL adapter call once per rollout batch) and hand it to the loss in
+   verl's `returns` slot. The loss cannot compute it: it sees micro-batches, whose groups verl's
+   sequence-length balancing splits across ranks. The loss then runs the objective's own ETR
+   surrogate with those statistics. `macro: implicit` and `reward_range` would need each group's
+   rewards in the loss and are refused; `etr/nu_mean` and the pass-rate buckets are not logged.
 3. verl's loss signature has no slot for the reference log-probs or `returns`. A pass-through
    wrapper around verl's `ppo_loss` publishes each micro-batch while the loss runs
    (`install_batch_hook`); objectives that need those fields raise an error naming the fix when
@@ -243,13 +244,21 @@ def _reference(obj: objectives.Objective, like: torch.Tensor) -> torch.Tensor:
         why = "rpg anchor='ref'" if getattr(obj.config, "anchor", None) == "ref" else "kl_penalty.coef > 0"
         raise ValueError(
             f"tether objective {obj.name!r} needs the reference log-probs ({why}), but verl's micro-batch has no "
-            "'ref_log_prob'. verl computes them only when actor_rollout_ref.actor.use_kl_loss=True (add "
-            "actor_rollout_ref.actor.kl_loss_coef=0 to keep verl's own KL term out) or "
-            "algorithm.use_kl_in_reward=True, "
-            f"and tether reads them through its ppo_loss hook ({HOOK_ENV} must not be 0). "
+            "'ref_log_prob'. verl computes them only when actor_rollout_ref.actor.use_kl_loss=True, which also adds "
+            "verl's own low_var_kl loss unless actor_rollout_ref.actor.kl_loss_coef=0 (set both), or when "
+            "algorithm.use_kl_in_reward=True, which also subtracts verl's KL from the rewards tether's estimators "
+            "read unless algorithm.kl_ctrl.kl_coef=0 (set both); tether checks both coefficients at run time. "
+            f"tether reads the log-probs through its ppo_loss hook ({HOOK_ENV} must not be 0). "
             "Or use anchor=old / kl_penalty.coef=0."
         )
     return ref
+
+
+def _group_stats_from_batch(advantages: torch.Tensor, mask: torch.Tensor) -> _etr.ETRGroupStats:
+    """ETR's per-sequence nu_g - nu_bar, read from verl's `returns` (N, T), where the estimator put it."""
+    shift = _group_shift_from_batch(advantages, mask)
+    m = mask.to(shift.dtype)
+    return _etr.ETRGroupStats(nu_shift=(shift * m).sum(-1) / m.sum(-1).clamp(min=1.0))  # (N,)
 
 
 def _group_shift_from_batch(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -291,17 +300,17 @@ def policy_loss(
     cfg = obj.config
     batch_info = dict(_get(config, "global_batch_info") or {})
     _check_aggregation(obj, loss_agg_mode, batch_info)
+    _check_no_hidden_kl_loss(obj, config)
     mask = response_mask.bool()
     zeros = torch.zeros_like(log_prob)
     lp = torch.where(mask, log_prob, zeros)
     old = torch.where(mask, old_log_prob.to(log_prob.dtype), zeros).detach()
     adv = advantages.to(log_prob.dtype)
     ref = _reference(obj, log_prob) if obj.uses_reference() else _batch_field("ref_log_prob", log_prob, required=False)
-    batch = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, ref_logprobs=ref)
-    if obj.name == "etr":
-        tokens, extra = _etr_tokens(cfg, batch)
-    else:
-        tokens, extra = objectives.OBJECTIVES.get(obj.name).loss(cfg, batch, lp, old)
+    stats = _group_stats_from_batch(adv, mask) if obj.needs_group_stats() else None
+    batch = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, ref_logprobs=ref,
+                                  group_stats=stats)
+    tokens, extra = objectives.OBJECTIVES.get(obj.name).loss(cfg, batch, lp, old)
 
     def reduce(per_token: torch.Tensor) -> torch.Tensor:
         per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
@@ -313,6 +322,32 @@ def policy_loss(
         ref_m = torch.where(mask, ref, zeros).detach()
         loss = loss + cfg.kl_penalty.coef * reduce(_kl.kl_penalty(cfg.kl_penalty.estimator, lp, ref_m, old))
     return loss, _metrics(tokens, lp, old, ref, mask, extra)
+
+
+def _check_no_hidden_kl_loss(obj: objectives.Objective, config: Any) -> None:
+    """An objective with its own KL to the reference must not get verl's KL loss on top of it.
+
+    verl computes `ref_log_prob` only with `use_kl_loss=True` (or KL in the reward), and that also
+    adds its low_var_kl loss at `kl_loss_coef` (default 0.001): the user asked for tether's KL only.
+    """
+    coef = _get(config, "kl_loss_coef")
+    if obj.uses_reference() and _get(config, "use_kl_loss") and coef:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.kl_loss_coef={coef}: with use_kl_loss=True verl adds its own KL loss to tether "
+            f"objective {obj.name!r}, which has its own KL to the reference; set actor_rollout_ref.actor.kl_loss_coef=0 "
+            "(use_kl_loss=True then only makes verl compute ref_log_prob)"
+        )
+
+
+def _check_no_kl_in_reward(config: Any) -> None:
+    """tether's estimators read outcome rewards; verl's KL-in-reward would change them unseen."""
+    coef = _get(_get(config, "kl_ctrl"), "kl_coef")
+    if _get(config, "use_kl_in_reward") and coef:
+        raise ConfigError(
+            f"algorithm.kl_ctrl.kl_coef={coef}: with algorithm.use_kl_in_reward=True verl subtracts its KL penalty from "
+            "the rewards tether's advantage estimators read; set algorithm.kl_ctrl.kl_coef=0 (then it only makes verl "
+            "compute ref_log_prob) or algorithm.use_kl_in_reward=False, and put the KL in the objective (kl_penalty, RPG)"
+        )
 
 
 def _check_aggregation(obj: objectives.Objective, mode: str, batch_info: dict) -> None:
@@ -336,26 +371,6 @@ def _check_aggregation(obj: objectives.Objective, mode: str, batch_info: dict) -
         )
 
 
-def _etr_tokens(cfg: objectives.ETRConfig, b: objectives.TokenBatch):
-    """ETR with the macro factor from the estimator: the per-token base eps carry 1 + eta (nu_g - nu_bar)."""
-    mask = b.mask
-    if cfg.macro == "explicit" and cfg.eta != 0:
-        macro = 1.0 + cfg.eta * _group_shift_from_batch(b.advantages, mask)  # (N, T)
-    else:
-        macro = torch.ones_like(b.logprobs)
-    bounds = _etr.etr_bounds(
-        b.advantages, None, None, cfg.eps_low * macro, cfg.eps_high * macro, cfg.alpha, 0.0,
-        cfg.eps_min, cfg.eps_max, macro="off",
-    )
-    tokens = _sur.ppo_clip(b.logprobs, b.old_logprobs, b.advantages, bounds.eps_low, bounds.eps_high, cfg.dual_clip_c)
-    extra = {
-        "etr/eps_low_mean": masked_mean(bounds.eps_low.expand_as(b.logprobs), mask),
-        "etr/eps_high_mean": masked_mean(bounds.eps_high.expand_as(b.logprobs), mask),
-        "etr/macro_mean": masked_mean(macro, mask),
-    }
-    return tokens, extra
-
-
 def _metrics(tokens, lp, old, ref, mask, extra) -> dict[str, float]:
     """verl's three standard keys (its definitions), then tether's own metrics under actor/tether/."""
     log_w = _sur.log_ratio(lp, old).detach()
@@ -370,7 +385,7 @@ def _metrics(tokens, lp, old, ref, mask, extra) -> dict[str, float]:
     if ref is not None:
         ref_m = torch.where(m, ref, torch.zeros_like(ref)).detach()
         named["actor/tether/kl/ref"] = masked_mean(k3_of_log(ref_m - lp.detach()), m)
-    named.update({f"actor/tether/{k}": v for k, v in extra.items()})
+    named.update({f"actor/tether/{k}": v.value if isinstance(v, objectives.Mean) else v for k, v in extra.items()})
     # One host sync for all of them; verl's own losses return floats.
     values = torch.stack([v.detach().reshape(()).to(torch.float64) for v in named.values()]).tolist()
     return dict(zip(named, values))
@@ -400,14 +415,9 @@ def _make_loss(loss_mode: str):
 
 
 def group_shift(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """nu_g - nu_bar (N,): ETR's centred reward-variance share of each sample's group.
-
-    Read off tether.core.etr itself so the formula has one home: with base eps 1, alpha 0,
-    eta 1 and no clamp, `etr_bounds` returns exactly 1 + (nu_g - nu_bar).
-    """
-    inf = float("inf")
-    bounds = _etr.etr_bounds(rewards, rewards, group_ids, 1.0, 1.0, 0.0, 1.0, -inf, inf, macro="explicit")
-    return bounds.eps_low - 1.0
+    """nu_g - nu_bar (N,): ETR's centred reward-variance share of each sample's group, over the
+    whole batch (`tether.core.etr.etr_group_stats`, the one home of the formula)."""
+    return _etr.etr_group_stats(rewards, group_ids).nu_shift
 
 
 def _group_ids(index: Any, device: torch.device) -> torch.Tensor:
@@ -428,6 +438,7 @@ def _make_estimator(adv_estimator: str):
                 f"{adv_estimator} groups samples by prompt and needs `index` (verl passes non_tensor_batch['uid']); "
                 "this batch has no 'uid'"
             )
+        _check_no_kl_in_reward(config)
         with torch.no_grad():
             rewards = token_level_rewards.sum(-1)  # (N,) outcome reward
             group_ids = _group_ids(index, rewards.device)
