@@ -240,8 +240,8 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
 def _mini_batches(groups: torch.Tensor, n_mini: int, gen: torch.Generator) -> list[list[torch.Tensor]]:
     """Split samples into n_mini mini-batches of whole groups, in a seeded random order.
 
-    Each mini-batch is a list of groups (index tensors), so micro-batches can keep groups
-    whole (ETR's group statistics need them whole).
+    Each mini-batch is a list of groups (index tensors), and micro-batches keep groups whole
+    (not needed for correctness: group statistics come from the whole rollout batch).
     """
     ids = sorted(set(groups.tolist()))
     order = [ids[i] for i in torch.randperm(len(ids), generator=gen).tolist()]
