@@ -25,6 +25,30 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="also write the Markdown to this file")
 
 
+MODEL_PRESETS = {
+    # Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, vocabulary 151,936) as a tiny-model Llama:
+    # MLP 4 x hidden, full K/V heads, untied head: 0.58B parameters; and the issue-14 workload, 256 new tokens.
+    "qwen0.5b": {"hidden": 896, "layers": 24, "heads": 14, "vocab": 151936, "max_new_tokens": 256},
+}
+"""Named model shapes for the GPU tables; `--preset NAME` sets these arguments (explicit flags win)."""
+
+
+def add_preset_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=sorted(MODEL_PRESETS), default=None,
+                        help="a documented model shape: " + "; ".join(
+                            f"{k} = {', '.join(f'--{a.replace(chr(95), chr(45))} {v}' for a, v in p.items())}"
+                            for k, p in MODEL_PRESETS.items()))
+
+
+def apply_preset(args, parser: argparse.ArgumentParser) -> None:
+    """Fill the preset's values into arguments the command line left at their defaults."""
+    if getattr(args, "preset", None) is None:
+        return
+    for key, value in MODEL_PRESETS[args.preset].items():
+        if hasattr(args, key) and getattr(args, key) == parser.get_default(key):
+            setattr(args, key, value)
+
+
 def setup(args) -> torch.device:
     """Threads and device from the arguments; remembers the load average at the start."""
     args.load_start = os.getloadavg()

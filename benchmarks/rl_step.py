@@ -3,6 +3,7 @@
     python benchmarks/rl_step.py                     # tiny Llama 256 x 4 (4.2M), 16 prompts x 8, 16 new tokens
     python benchmarks/rl_step.py --vocab 151936      # the same body with Qwen2.5's vocabulary size (82M)
     python benchmarks/rl_step.py --device cuda --dtype bfloat16 --out benchmarks/results/performance/rl_step_gpu.md
+    python benchmarks/rl_step.py --preset qwen0.5b --device cuda --dtype bfloat16 --steps 5 --out benchmarks/results/performance/rl_step_gpu_qwen0.5b.md
 
 An RL step is: sample prompts_per_step x group_size completions, score them, recompute the old
 log-probs, and take `mini_batches` optimiser steps over the batch. Both trainers get the same:
@@ -38,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_common_args, emit, machine, median, setup, sync, table  # noqa: E402
+from common import add_common_args, add_preset_arg, apply_preset, emit, machine, median, setup, sync, table  # noqa: E402
 
 
 def parity_reward(completion, example):
@@ -199,8 +200,10 @@ def main() -> None:
     p.add_argument("--objective", default="dapo", help="tether objective preset (TRL is set up as DAPO)")
     p.add_argument("--steps", type=int, default=10, help="measured RL steps per trainer")
     p.add_argument("--warmup", type=int, default=1, help="RL steps dropped before measuring")
+    add_preset_arg(p)
     add_common_args(p)
     args = p.parse_args()
+    apply_preset(args, p)
     device = setup(args)
     from tether.models import init_model
     from transformers.utils import logging as hf_logging

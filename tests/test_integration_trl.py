@@ -242,3 +242,11 @@ def test_reward_func_scores_tether_examples_with_a_tether_verifier():
     assert score(prompts=rows["prompt"], completions=["2", "6"], answer=rows["answer"], id=rows["id"],
                  meta=rows["meta"], trainer_state=None) == [1.0, 0.0]
     assert score.__name__ == "exact_match"
+
+
+@pytest.mark.gpu
+def test_the_adapter_trains_on_cuda_in_bf16(tiny_dir, tmp_path):
+    trainer, recs, before = _train(tiny_dir, tmp_path, "dapo", use_cpu=False, bf16=True, num_iterations=2)
+    assert next(trainer.model.parameters()).device.type == "cuda"
+    assert _changed(trainer, before)
+    assert all(torch.isfinite(r["loss"]) for r in recs)

@@ -337,3 +337,74 @@ def test_reference_refresh_is_checked_once_per_rollout_step(every, kl, before, a
     assert done == want
     assert torch.equal(reference.weight, policy.weight) == want
     assert new_window == ([] if want else (window + [0.1] if kl else window)[-5:])
+
+
+# ---------------------------------------------------------------- devices and precision (issue 14, item 3)
+
+
+def test_auto_device_keeps_a_small_model_on_the_cpu_and_says_why(monkeypatch):
+    from tether.train import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    device, why = pick_device("auto", 4_200_000, 20_000_000)
+    assert device.type == "cpu" and "4.2M parameters" in why and "trainer.device=cuda" in why
+    assert pick_device("auto", 500_000_000, 20_000_000) == (torch.device("cuda"), "")
+    assert pick_device("auto", 4_200_000, 0) == (torch.device("cuda"), "")  # 0: always the GPU
+    assert pick_device("cpu", 500_000_000, 20_000_000) == (torch.device("cpu"), "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device("auto", 500_000_000, 20_000_000) == (torch.device("cpu"), "")
+    with pytest.raises(RuntimeError, match="trainer.device=cpu"):
+        pick_device("cuda", 1, 0)
+
+
+def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
+    # ppo_epochs x mini_batches = 1: pi_old is the policy being differentiated, so the recompute
+    # pass is skipped; the gradient is the one a recomputed pi_old gives (float64, no dropout).
+    from tether import objectives
+    from tether.models import load_model
+    from tether.rollout import SamplingParams, get_engine
+    from tether.train import Scored, Tokens, batched_logprobs, old_policy_logprobs, to_tokens, update
+
+    model, tok = load_model(str(tiny_dir), device="cpu")
+    model = model.double()
+    cfg = _cfg(tiny_dir, "unused", "objective=dapo", "trainer.mini_batches=1", "trainer.max_grad_norm=0")
+    rollout = get_engine("hf", model=model, tokenizer=tok).generate(
+        ["1+2=", "3+4="], n=4, params=SamplingParams(max_new_tokens=6), seed=0)
+    tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
+    tokens = Tokens(tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.completion_ids,
+                    tokens.mask.double(), tokens.prompt_len)
+    assert old_policy_logprobs(model, tokens, rollout, cfg) is None
+    recomputed = batched_logprobs(model, tokens, 1.0, 64)
+    obj = objectives.build(cfg.objective)
+    groups, rewards = torch.tensor(rollout.prompt_index), torch.tensor([1.0, 0, 1, 0, 0, 0, 1, 1], dtype=torch.float64)
+    grads = []
+    for old in (None, recomputed):
+        opt = _RecordingSGD(model.parameters(), lr=0.0)
+        m = update(model, opt, _NoSchedule(), obj, tokens, old, None, obj.advantages(rewards, groups),
+                   Scored(rollout, [None] * 8, rewards, groups, {}), cfg, torch.Generator().manual_seed(0), lambda: None)
+        assert m["policy/ratio_max"] == pytest.approx(1.0, abs=1e-12)
+        grads.append(opt.grads[0])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)
+
+
+def test_bf16_autocast_trains_on_fp32_master_weights(tiny_dir, tmp_path):
+    # trainer.autocast=bf16 (auto's choice on CUDA) on the CPU: forward passes in bfloat16, float32
+    # weights and optimiser state, finite metrics, and the weights move.
+    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "objective=dapo", "trainer.autocast=bf16",
+                     "trainer.plots=false"), log=lambda *_: None)
+    rows = _rows(run)
+    assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("loss/total", "policy/entropy", "optim/grad_norm"))
+    after = load_file(str(run / "checkpoints" / "step_000002" / "model" / "model.safetensors"))
+    assert all(v.dtype == torch.float32 for v in after.values())
+    before = load_file(str(tiny_dir / "model.safetensors"))
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.gpu
+def test_three_step_train_on_cuda_in_bf16(tiny_dir, tmp_path):
+    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=3", "objective=etr", "trainer.device=cuda",
+                     "trainer.plots=false"), log=lambda *_: None)
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert all(math.isfinite(r["loss/total"]) and math.isfinite(r["optim/grad_norm"]) for r in rows[1:])

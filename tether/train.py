@@ -111,14 +111,18 @@ def eval_mode(model):
         model.train(was_training)
 
 
-def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config) -> torch.Tensor:
+def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config) -> Optional[torch.Tensor]:
     """pi_old's log-probs (N, T), before any update: recomputed in eval mode, as the sampler ran
     (a model with dropout would otherwise give a dropout sample of pi_old), or the sampler's own
-    (trainer.old_logprobs=sampler: the same weights, no extra pass)."""
+    (trainer.old_logprobs=sampler: the same weights, no extra pass). None when there is a single
+    update per rollout batch (ppo_epochs x mini_batches = 1): it is on-policy, pi_old is the policy
+    being differentiated, and `update` uses its log-probs, detached (the pass is skipped)."""
     t = cfg.trainer
     if t.old_logprobs == "sampler":
         return rollout.sampler_logprobs.to(device=tokens.mask.device, dtype=torch.float32) * tokens.mask
-    with eval_mode(model):
+    if t.ppo_epochs * t.mini_batches == 1:
+        return None
+    with eval_mode(model), precision(tokens.mask.device, cfg):
         return batched_logprobs(model, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
                                 t.logprob_chunk_size, t.share_prompts)
 
@@ -288,10 +292,13 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
             for idx in _micro_batches(mb_groups, t.micro_batch_size):
                 idx = idx.to(device)
                 sub = tokens.select(idx)
-                lp, ent = token_logprobs(model, sub, cfg.rollout.temperature, True, t.fused_logprobs,
-                                         t.logprob_chunk_size, t.share_prompts)
+                with precision(device, cfg):
+                    lp, ent = token_logprobs(model, sub, cfg.rollout.temperature, True, t.fused_logprobs,
+                                             t.logprob_chunk_size, t.share_prompts)
                 batch = objectives.TokenBatch(
-                    logprobs=lp, old_logprobs=old_lp[idx], advantages=adv[idx], mask=sub.mask,
+                    # No old log-probs: one update per rollout batch, on-policy, pi_old = pi_theta.
+                    logprobs=lp, old_logprobs=lp.detach() if old_lp is None else old_lp[idx], advantages=adv[idx],
+                    mask=sub.mask,
                     ref_logprobs=None if ref_lp is None else ref_lp[idx], group_ids=groups[idx],
                     rewards=rewards[idx], entropy=ent if obj.config.entropy_coef else ent.detach(), loss_norm=norm,
                     group_stats=None if stats is None else stats.select(idx),
@@ -371,12 +378,31 @@ def evaluate(engine, examples, reward_fn, cfg: Config, seed: int) -> dict[str, f
 # ---------------------------------------------------------------- setup
 
 
-def _device(name: str) -> torch.device:
+def pick_device(name: str, n_params: int, small_model_params: int) -> tuple[torch.device, str]:
+    """The training device, and a log line when `auto` keeps a small model on the CPU.
+
+    A model of a few million parameters is launch-bound on a GPU: every step is thousands of tiny
+    kernels, and 2 CPU cores run the README's main job faster (152 s against 226 s on an H100).
+    """
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu"), ""
+        if n_params < small_model_params:
+            return torch.device("cpu"), (
+                f"trainer.device=auto: training on the CPU, not the GPU: the model has {n_params / 1e6:.1f}M "
+                f"parameters (< trainer.small_model_params={small_model_params:_}), too few to keep a GPU busy "
+                "(each step would be launch-bound, slower than the CPU); set trainer.device=cuda to use the GPU")
+        return torch.device("cuda"), ""
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"trainer.device={name} but no CUDA device is available; use trainer.device=cpu")
-    return torch.device(name)
+    return torch.device(name), ""
+
+
+def precision(device: torch.device, cfg: Config) -> contextlib.AbstractContextManager:
+    """bf16 autocast for a forward pass when trainer.autocast says so (auto: on CUDA only)."""
+    mode = cfg.trainer.autocast
+    on = mode == "bf16" or (mode == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on)
 
 
 def _scheduler(optimizer, cfg: Config, total_opt_steps: int):
@@ -484,7 +510,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     t = cfg.trainer
     if t.threads > 0:
         torch.set_num_threads(t.threads)
-    device = _device(t.device)
+    if t.device != "auto":
+        pick_device(t.device, 0, 0)  # a missing CUDA device fails here, before any warm start
     torch.manual_seed(t.seed)
 
     obj = objectives.build(cfg.objective)
@@ -495,13 +522,18 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg)
     source = str(ckpt / "model") if ckpt else initial_model(cfg, task, reward_fn, log=log)
-    model, tokenizer = load_model(source, dtype=cfg.model.dtype, device=str(device),
+    # Loaded on the CPU (dtype auto: float32, the master weights under bf16 autocast), then moved.
+    model, tokenizer = load_model(source, dtype=cfg.model.dtype, device="cpu",
                                   gradient_checkpointing=cfg.model.gradient_checkpointing)
-    model.train()
+    device, why = pick_device(t.device, sum(p.numel() for p in model.parameters()), t.small_model_params)
+    if why:
+        log(why)
+    model.to(device).train()
     reference = None
     if obj.uses_reference():
         ref_source = initial_model(cfg, task, reward_fn, log=log) if ckpt else source
-        reference, _ = load_model(ref_source, dtype=cfg.model.dtype, device=str(device))
+        reference, _ = load_model(ref_source, dtype=cfg.model.dtype, device="cpu")
+        reference.to(device)
         if ckpt:
             checkpoint.load_reference(ckpt, reference)
         reference.eval().requires_grad_(False)
@@ -545,7 +577,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
 
     try:
         if start == 0:
-            m = evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed)
+            with precision(device, cfg):
+                m = evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed)
             for s in sinks:
                 s.log(0, m)
             progress.update(0, m)
@@ -553,14 +586,17 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         for step in range(start + 1, t.total_steps + 1):
             tic = time.perf_counter()
             model.eval()
-            scored = collect(engine, stream, reward_fn, cfg, params, t.seed * 1_000_003 + step, tokenizer.pad_token_id)
+            with precision(device, cfg):
+                scored = collect(engine, stream, reward_fn, cfg, params, t.seed * 1_000_003 + step,
+                                 tokenizer.pad_token_id)
             model.train()
             tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
             adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
             old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
-            ref_lp = None if reference is None else batched_logprobs(
-                reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size,
-                t.share_prompts)
+            with precision(device, cfg):
+                ref_lp = None if reference is None else batched_logprobs(
+                    reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
+                    t.logprob_chunk_size, t.share_prompts)
             gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
             opt_steps_before = opt_steps
             metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
@@ -589,7 +625,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                             "time/step_s": time.perf_counter() - tic})
             if step % t.eval_every == 0 or step == t.total_steps:
                 model.eval()
-                metrics.update(evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed))
+                with precision(device, cfg):
+                    metrics.update(evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed))
             for s in sinks:
                 s.log(step, metrics)
             _write_samples(samples_file, step, scored, t.log_samples)
