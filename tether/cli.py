@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from . import objectives
 from .divergences import MEASURES, interval
@@ -174,12 +176,30 @@ def main(argv: list[str] | None = None) -> int:
     from .tasks import DataError
 
     hf_logging.disable_progress_bar()  # tether draws its own progress bars
+    from .stopping import Interrupted
 
+    # SIGTERM (a scheduler's stop) outside the training loop, which handles it itself: stop like Ctrl-C.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return args.func(args)
     except (ConfigError, DataError, FileExistsError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # a clean stop: checkpoint, summary and plots are written
+        print(str(e), file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt as e:  # before or after the loop, or a second Ctrl-C: nothing half-written
+        signum = e.args[0] if e.args else signal.SIGINT
+        print(f"interrupted ({signal.Signals(signum).name}); checkpoints already written are intact", file=sys.stderr)
+        return 128 + signum
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(signum)
 
 
 if __name__ == "__main__":

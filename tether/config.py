@@ -171,7 +171,10 @@ class TrainerConfig:
     wandb_project: str = "tether"
     """Weights & Biases project."""
     progress: bool = True
-    """Show a live progress bar."""
+    """Show progress: a live bar on a terminal; plain log lines (every `log_every` steps and at each
+    held-out evaluation) when the output is not a terminal (a file, nohup, Slurm, tee)."""
+    log_every: int = 25
+    """Rollout steps between plain progress lines when the output is not a terminal."""
     plots: bool = True
     """Write PNG plots of the metrics at the end."""
 

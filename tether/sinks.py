@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import netrc
+import os
+import sys
+import time
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -80,15 +84,33 @@ class TensorBoardSink:
         self._w.close()
 
 
+def wandb_problem() -> str:
+    """Why trainer.wandb=true cannot log (checked before training starts), or "" when it can.
+
+    wandb needs credentials unless it runs offline: WANDB_API_KEY, or a `wandb login` entry in
+    ~/.netrc. Without them `wandb.init` fails (or prompts) only once training has begun.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        return ("trainer.wandb=true but Weights & Biases is not installed: `pip install wandb`, "
+                "or set trainer.wandb=false (metrics.jsonl and TensorBoard are always written)")
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return ""
+    try:
+        if netrc.netrc().authenticators(os.environ.get("WANDB_BASE_URL", "api.wandb.ai").split("://")[-1]):
+            return ""
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return ("trainer.wandb=true but no Weights & Biases credentials were found: set WANDB_API_KEY (or run "
+            "`wandb login`), or log offline with WANDB_MODE=offline (sync later with `wandb sync`), or set "
+            "trainer.wandb=false (metrics.jsonl and TensorBoard are always written)")
+
+
 class WandbSink:
     def __init__(self, project: str, run_dir: Path, config: dict):
-        try:
-            import wandb
-        except ImportError:
-            raise RuntimeError(
-                "trainer.wandb=true but Weights & Biases is not installed: `pip install wandb`, "
-                "or set trainer.wandb=false (metrics.jsonl and TensorBoard are always written)"
-            ) from None
+        import wandb
+
         self._run = wandb.init(project=project, dir=str(run_dir), config=config, name=run_dir.name, resume="allow")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -98,8 +120,40 @@ class WandbSink:
         self._run.finish()
 
 
+def _duration(seconds: float) -> str:
+    seconds = max(int(round(seconds)), 0)
+    h, rest = divmod(seconds, 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
+
+
+class PlainProgress:
+    """Progress as plain log lines, for output that is not a terminal (a file, nohup, Slurm, tee):
+    one line every `every` steps and at every held-out evaluation, each complete on its own."""
+
+    def __init__(self, total: int, start: int = 0, every: int = 25, log=print):
+        self._total, self._start, self._every, self._log = total, start, max(1, every), log
+        self._tic = time.perf_counter()
+        self._acc = float("nan")
+
+    def update(self, step: int, m: dict[str, float]) -> None:
+        evaluated = "eval/accuracy" in m
+        self._acc = m.get("eval/accuracy", self._acc)
+        if step <= self._start or not (evaluated or step % self._every == 0 or step == self._total):
+            return
+        elapsed = time.perf_counter() - self._tic
+        rate = (step - self._start) / max(elapsed, 1e-9)
+        eta = (self._total - step) / rate if rate > 0 else float("nan")
+        acc = f"  held-out acc {self._acc:.3f}" + (" (new)" if evaluated else "") if self._acc == self._acc else ""
+        self._log(f"step {step}/{self._total}  reward {m.get('reward/mean', float('nan')):.3f}{acc}  "
+                  f"{rate:.2f} steps/s  elapsed {_duration(elapsed)}  ETA {_duration(eta) if eta == eta else '?'}")
+
+    def close(self) -> None:
+        pass
+
+
 class Progress:
-    """A live bar: step, reward, held-out accuracy, KL and entropy (rich; silent when disabled)."""
+    """A live bar: step, reward, held-out accuracy, KL and entropy (rich; silent when disabled).
+    Use `make_progress` to get plain log lines instead when stdout is not a terminal."""
 
     def __init__(self, total: int, start: int = 0, enabled: bool = True):
         self._bar = None
@@ -128,3 +182,11 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def make_progress(total: int, start: int, enabled: bool, every: int, log=print, stream=None):
+    """A live bar on a terminal; plain log lines every `every` steps otherwise; nothing when disabled."""
+    stream = sys.stdout if stream is None else stream
+    if enabled and not stream.isatty():
+        return PlainProgress(total, start, every, log)
+    return Progress(total, start, enabled)

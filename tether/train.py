@@ -35,8 +35,9 @@ from .ops import causal_lm_token_logprobs, fused_head_reason, shared_prompt_reas
 from .rewards import score_batch, with_completion_tokens
 from .rewards.base import REWARD_ERROR
 from .rollout import RolloutBatch, SamplingParams, get_engine
-from .sinks import JsonlSink, Progress, TensorBoardSink, WandbSink, read_jsonl, truncate_jsonl
-from .schema import to_dict
+from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, read_jsonl, truncate_jsonl, wandb_problem
+from .schema import ConfigError, to_dict
+from .stopping import Interrupted, StopSignals
 
 
 # ---------------------------------------------------------------- tensors from a rollout
@@ -470,6 +471,32 @@ def _sinks(cfg: Config, run_dir: Path, resume_after: Optional[int]):
     return sinks
 
 
+def summary_header(cfg: Config, obj, run_dir: Path, start: int, steps_done: int, wall_s: float,
+                   device: torch.device, signum: Optional[int] = None) -> str:
+    """What the run was, for the top of summary.md: objective, model, task, progress, device, best
+    held-out accuracy and its checkpoint, and the command that reproduces it."""
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    evals = [(r["eval/accuracy"], r["step"]) for r in rows if r.get("eval/accuracy") is not None]
+    best_acc, best_step = max(evals, key=lambda e: (e[0], -e[1])) if evals else (float("nan"), None)
+    ckpt = run_dir / "checkpoints" / f"step_{best_step:06d}" if best_step is not None else None
+    where = f"`{ckpt}`" if ckpt is not None and ckpt.exists() else "no checkpoint of that step was kept"
+    status = ("finished" if signum is None
+              else f"interrupted by signal {signum}; resume with `tether train --resume {run_dir}`")
+    task = cfg.data.task + (f" {dict(cfg.data.task_args)}" if cfg.data.task_args else "")
+    params = ", ".join(f"{k}={v}" for k, v in objectives.describe(obj).items() if k != "name")
+    return "\n".join([
+        f"# Run {run_dir.name}",
+        "",
+        f"- objective: **{obj.name}** ({params})",
+        f"- model: {cfg.model.name_or_path} (dtype {cfg.model.dtype}); task: {task}; reward: {cfg.reward.name}",
+        f"- steps: {steps_done} of {cfg.trainer.total_steps} ({status})",
+        f"- wall time: {wall_s:.0f} s on {device}" + (f" (this session, resumed at step {start})" if start else ""),
+        f"- best held-out accuracy: {best_acc:.3f} at step {best_step} ({where})",
+        f"- reproduce: `tether train {run_dir / 'config.yaml'} output_dir={run_dir}-rerun`",
+        "",
+    ])
+
+
 def summary_table(run_dir: Path) -> str:
     """Start / end / best of the headline metrics, as text (also saved to summary.md)."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -494,10 +521,13 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # tether draws its own progress bar
+    if cfg.trainer.wandb and wandb_problem():  # before anything is written
+        raise ConfigError(wandb_problem())
     if resume_dir is None and "{time}" in cfg.output_dir:
         cfg.output_dir = cfg.output_dir.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = Path(resume_dir or cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    log(f"run directory: {run_dir}")
     if resume_dir:
         checkpoint.remove_partial(run_dir, log=log)
     ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
@@ -560,92 +590,106 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     sinks = _sinks(cfg, run_dir, resume_after)
     if resume_after is not None and (run_dir / "samples.jsonl").exists():
         truncate_jsonl(run_dir / "samples.jsonl", resume_after)
-    progress = Progress(t.total_steps, start, enabled=t.progress)
+    progress = make_progress(t.total_steps, start, t.progress, t.log_every, log)
     samples_file = (run_dir / "samples.jsonl").open("a")
     kl_window: list[float] = []
     bad_steps = 0
+    tic_run, last_step, saved_step = time.perf_counter(), start, start
+    stop = StopSignals()  # SIGINT / SIGTERM: finish the step, checkpoint it, then stop (tether.stopping)
 
     def on_opt_step():
         nonlocal opt_steps
         opt_steps += 1
 
     def save(step: int):
+        nonlocal saved_step
+        saved_step = step
         checkpoint.save(run_dir, step, model, tokenizer,
                         {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                          "position": stream.position, "opt_steps": opt_steps, "ref_updates": ref_updates},
                         reference=reference, keep_last=t.keep_last)
 
     try:
-        if start == 0:
-            with precision(device, cfg):
-                m = evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed)
-            for s in sinks:
-                s.log(0, m)
-            progress.update(0, m)
-            log(f"step 0: held-out accuracy {m['eval/accuracy']:.3f}")
-        for step in range(start + 1, t.total_steps + 1):
-            tic = time.perf_counter()
-            model.eval()
-            with precision(device, cfg):
-                scored = collect(engine, stream, reward_fn, cfg, params, t.seed * 1_000_003 + step,
-                                 tokenizer.pad_token_id)
-            model.train()
-            tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
-            adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
-            old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
-            with precision(device, cfg):
-                ref_lp = None if reference is None else batched_logprobs(
-                    reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
-                    t.logprob_chunk_size, t.share_prompts)
-            gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
-            opt_steps_before = opt_steps
-            metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
-            if step == start + 1 and t.share_prompts and t.fused_logprobs and not unfused and shared_prompt_reason(model):
-                log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
-            metrics.update(scored.metrics)
-            bad_steps = bad_steps + 1 if metrics["optim/skipped_updates"] > 0 else 0
-            if metrics["optim/skipped_updates"] > 0:
-                log(f"step {step}: {int(metrics['optim/skipped_updates'])} update(s) skipped: "
-                    f"{int(metrics['optim/skipped_nonfinite_loss'])} with a non-finite loss, "
-                    f"{int(metrics['optim/skipped_nonfinite_grad'])} with a finite loss but a non-finite gradient "
-                    f"(loss/total={metrics.get('loss/total')}, reward/mean={scored.rewards.mean().item()})")
-            if bad_steps >= t.max_nonfinite_steps:
-                for sink in sinks:
-                    sink.log(step, metrics)
-                save(step)
-                raise RuntimeError(
-                    f"stopping at step {step}: {bad_steps} steps in a row had a non-finite loss or gradient "
-                    f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). "
-                    f"The weights are those of the last good update; a checkpoint was written to {run_dir / 'checkpoints'}."
-                )
-            refreshed, kl_window = refresh_reference(reference, model, t, opt_steps_before, opt_steps, kl_window,
-                                                     metrics.get("kl/ref"))
-            ref_updates += refreshed
-            metrics.update({"optim/lr": scheduler.get_last_lr()[0], "ref/updates": float(ref_updates),
-                            "time/step_s": time.perf_counter() - tic})
-            if step % t.eval_every == 0 or step == t.total_steps:
+        with stop:
+            if start == 0:
+                with precision(device, cfg):
+                    m = evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed)
+                for s in sinks:
+                    s.log(0, m)
+                progress.update(0, m)
+                log(f"step 0: held-out accuracy {m['eval/accuracy']:.3f}")
+            for step in range(start + 1, t.total_steps + 1):
+                if stop.signum is not None:
+                    break
+                tic = time.perf_counter()
                 model.eval()
                 with precision(device, cfg):
-                    metrics.update(evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed))
-            for s in sinks:
-                s.log(step, metrics)
-            _write_samples(samples_file, step, scored, t.log_samples)
-            progress.update(step, metrics)
-            faults.point("logged")
-            if step % t.save_every == 0 or step == t.total_steps:
-                save(step)
+                    scored = collect(engine, stream, reward_fn, cfg, params, t.seed * 1_000_003 + step,
+                                     tokenizer.pad_token_id)
+                model.train()
+                tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
+                adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
+                old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
+                with precision(device, cfg):
+                    ref_lp = None if reference is None else batched_logprobs(
+                        reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
+                        t.logprob_chunk_size, t.share_prompts)
+                gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
+                opt_steps_before = opt_steps
+                metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
+                if step == start + 1 and t.share_prompts and t.fused_logprobs and not unfused and shared_prompt_reason(model):
+                    log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
+                metrics.update(scored.metrics)
+                bad_steps = bad_steps + 1 if metrics["optim/skipped_updates"] > 0 else 0
+                if metrics["optim/skipped_updates"] > 0:
+                    log(f"step {step}: {int(metrics['optim/skipped_updates'])} update(s) skipped: "
+                        f"{int(metrics['optim/skipped_nonfinite_loss'])} with a non-finite loss, "
+                        f"{int(metrics['optim/skipped_nonfinite_grad'])} with a finite loss but a non-finite gradient "
+                        f"(loss/total={metrics.get('loss/total')}, reward/mean={scored.rewards.mean().item()})")
+                if bad_steps >= t.max_nonfinite_steps:
+                    for sink in sinks:
+                        sink.log(step, metrics)
+                    save(step)
+                    raise RuntimeError(
+                        f"stopping at step {step}: {bad_steps} steps in a row had a non-finite loss or gradient "
+                        f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). "
+                        f"The weights are those of the last good update; a checkpoint was written to {run_dir / 'checkpoints'}."
+                    )
+                refreshed, kl_window = refresh_reference(reference, model, t, opt_steps_before, opt_steps, kl_window,
+                                                         metrics.get("kl/ref"))
+                ref_updates += refreshed
+                metrics.update({"optim/lr": scheduler.get_last_lr()[0], "ref/updates": float(ref_updates),
+                                "time/step_s": time.perf_counter() - tic})
+                if step % t.eval_every == 0 or step == t.total_steps:
+                    model.eval()
+                    with precision(device, cfg):
+                        metrics.update(evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed))
+                for s in sinks:
+                    s.log(step, metrics)
+                _write_samples(samples_file, step, scored, t.log_samples)
+                progress.update(step, metrics)
+                faults.point("logged")
+                last_step = step
+                if step % t.save_every == 0 or step == t.total_steps:
+                    save(step)
+            if stop.signum is not None and saved_step != last_step:
+                save(last_step)  # the last finished step, so the resume loses nothing
     finally:
         progress.close()
         samples_file.close()
         for s in sinks:
             s.close()
     table = summary_table(run_dir)
-    (run_dir / "summary.md").write_text(table + "\n")
+    header = summary_header(cfg, obj, run_dir, start, last_step, time.perf_counter() - tic_run, device, stop.signum)
+    (run_dir / "summary.md").write_text(header + "\n" + table + "\n")
     log(table)
     if t.plots:
         from .plots import plot_run
 
         plot_run(run_dir)
+    log(f"run directory: {run_dir}")
+    if stop.signum is not None:
+        raise Interrupted(stop.signum, last_step, str(run_dir))
     return run_dir
 
 
