@@ -30,6 +30,7 @@ import torch
 
 from . import checkpoint, faults, objectives
 from .config import Config, save_config
+from .models import pick_device
 from .data import PromptStream
 from .ops import causal_lm_token_logprobs, fused_head_reason, shared_prompt_reason
 from .rewards import score_batch, with_completion_tokens
@@ -377,26 +378,6 @@ def evaluate(engine, examples, reward_fn, cfg: Config, seed: int) -> dict[str, f
 
 
 # ---------------------------------------------------------------- setup
-
-
-def pick_device(name: str, n_params: int, small_model_params: int) -> tuple[torch.device, str]:
-    """The training device, and a log line when `auto` keeps a small model on the CPU.
-
-    A model of a few million parameters is launch-bound on a GPU: every step is thousands of tiny
-    kernels, and 2 CPU cores run the README's main job faster (152 s against 226 s on an H100).
-    """
-    if name == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu"), ""
-        if n_params < small_model_params:
-            return torch.device("cpu"), (
-                f"trainer.device=auto: training on the CPU, not the GPU: the model has {n_params / 1e6:.1f}M "
-                f"parameters (< trainer.small_model_params={small_model_params:_}), too few to keep a GPU busy "
-                "(each step would be launch-bound, slower than the CPU); set trainer.device=cuda to use the GPU")
-        return torch.device("cuda"), ""
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"trainer.device={name} but no CUDA device is available; use trainer.device=cpu")
-    return torch.device(name), ""
 
 
 def precision(device: torch.device, cfg: Config) -> contextlib.AbstractContextManager:
