@@ -3,7 +3,8 @@
     reward = get_reward("exact_match")
     reward = get_reward("overlong", max_tokens=64, cache=16)
     reward = get_reward({"math": 1.0, "format": 0.1,
-                         "overlong": {"weight": 1.0, "max_tokens": 512, "cache": 128}})
+                         "overlong": {"weight": 1.0, "max_tokens": 512, "cache": 128}},
+                        timeout_s=10.0, strict=True)     # options shared by the parts that take them
     results = score_batch(reward, completions, examples)   # list[RewardResult]
 
 Registered rewards are either plain functions (no parameters) or small frozen dataclasses
@@ -20,8 +21,8 @@ from typing import Any, Mapping, Sequence
 
 from ..tasks import Example
 from ..core.registry import Registry
-from .base import RewardFn, RewardResult, score_batch
-from .math_verifier import Math, MathVerifier, math_verify_score
+from .base import RewardFn, RewardResult, score_batch, verifier_faults
+from .math_verifier import Math, MathVerifier, asks_for_boxed, math_verify_score, strict_for_task
 from .simple import (
     Format,
     Overlong,
@@ -51,14 +52,15 @@ class Combined:
     parts: tuple[tuple[str, float, RewardFn], ...]
 
     def _merge(self, results: Sequence[RewardResult]) -> RewardResult:
-        total, components, reasons = 0.0, {}, []
+        total, components, reasons, faults = 0.0, {}, [], ()
         for (name, weight, _), result in zip(self.parts, results):
             total += weight * result.score
             components[name] = result.score
             components.update({f"{name}/{k}": v for k, v in result.components.items() if k != name})
             if result.reason:
                 reasons.append(f"{name}: {result.reason}")
-        return RewardResult(total, components, "; ".join(reasons))
+            faults += result.faults
+        return RewardResult(total, components, "; ".join(reasons), faults)
 
     def score_batch(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
         per_part = [score_batch(reward, completions, examples) for _, _, reward in self.parts]
@@ -89,17 +91,25 @@ def _build(name: str, params: Mapping[str, Any]) -> RewardFn:
 
 
 def get_reward(name_or_config: str | Mapping[str, Any], **params: Any) -> RewardFn:
-    """A reward from a name (plus parameters) or a weighted config.
+    """A reward from a name (plus its parameters) or a weighted config (plus shared options).
 
     A config maps names to a weight, or to a dict of a "weight" and that reward's parameters:
     `{"exact_match": 1.0, "format": 0.1}`, `{"overlong": {"weight": 1, "max_tokens": 64, "cache": 16}}`.
+    With a config, keyword arguments are options shared by its parts: each goes to every part
+    that has a parameter of that name and does not set it itself, so
+    `get_reward({"math": 1.0, "format": 0.1}, timeout_s=10, strict=False)` builds the math part
+    with both (the trainer passes `reward.timeout_s` and `reward.strict` this way). An option
+    that no registered reward takes is an error.
     """
     if isinstance(name_or_config, str):
         return _build(name_or_config, params)
-    if params:
-        raise ValueError("pass parameters inside the config dict, not as keyword arguments")
     if not name_or_config:
         raise ValueError("empty reward config")
+    known = {f.name for entry in map(REWARDS.get, REWARDS.names()) if isinstance(entry, type)
+             for f in dataclasses.fields(entry) if f.init}
+    unknown = {k: difflib.get_close_matches(k, sorted(known), n=1) for k in params if k not in known}
+    if unknown:
+        raise ValueError(f"no reward takes the option(s) {unknown}; options: {sorted(known)}")
     parts = []
     for name, spec in name_or_config.items():
         if isinstance(spec, Mapping):
@@ -109,7 +119,10 @@ def get_reward(name_or_config: str | Mapping[str, Any], **params: Any) -> Reward
             weight, spec = spec, {}
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ValueError(f"weight of reward {name!r} must be a number, got {weight!r}")
-        parts.append((name, float(weight), _build(name, spec)))
+        entry = REWARDS.get(name)
+        takes = {f.name for f in dataclasses.fields(entry) if f.init} if isinstance(entry, type) else set()
+        shared = {k: v for k, v in params.items() if k in takes and k not in spec}
+        parts.append((name, float(weight), _build(name, {**shared, **spec})))
     return Combined(tuple(parts))
 
 
@@ -120,7 +133,7 @@ def reward_names() -> list[str]:
 
 __all__ = [
     "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "RewardFn",
-    "RewardResult", "boxed_answers", "countdown", "exact_match", "get_reward",
-    "math_verify_score", "overlong_penalty", "reward_names", "score_batch",
-    "with_completion_tokens",
+    "RewardResult", "asks_for_boxed", "boxed_answers", "countdown", "exact_match", "get_reward",
+    "math_verify_score", "overlong_penalty", "reward_names", "score_batch", "strict_for_task",
+    "verifier_faults", "with_completion_tokens",
 ]

@@ -26,11 +26,15 @@ class RewardResult:
         score: the scalar reward.
         components: named parts, for logging (a single reward reports itself under its name).
         reason: why the score is what it is, when that is not obvious ("" otherwise).
+        faults: why the verifier gave up, for the trainer's fault counters (`verifier_faults`):
+            "timeout" (a time limit cut it short), "error" (the verifier raised, or its worker
+            died); one entry per part of a combined reward that gave up, () when none did.
     """
 
     score: float
     components: dict[str, float] = field(default_factory=dict)
     reason: str = ""
+    faults: tuple[str, ...] = ()
 
 
 class RewardFn(Protocol):
@@ -70,7 +74,15 @@ def _guarded(reward: RewardFn, completion: str, example: Example) -> RewardResul
     try:
         return reward(completion, example)
     except Exception as err:
-        return RewardResult(0.0, {}, f"{REWARD_ERROR}: {type(err).__name__}: {str(err)[:80]}")
+        return RewardResult(0.0, {}, f"{REWARD_ERROR}: {type(err).__name__}: {str(err)[:80]}", ("error",))
+
+
+def verifier_faults(results: Sequence[RewardResult]) -> dict[str, float]:
+    """`reward/timeouts`: completions a verifier gave up on for lack of time (scored 0);
+    `reward/errors`: completions a verifier failed on (it raised, or its worker died). A
+    completion counts once per kind, whichever part of a combined reward gave up."""
+    return {"reward/timeouts": float(sum("timeout" in r.faults for r in results)),
+            "reward/errors": float(sum("error" in r.faults for r in results))}
 
 
 def brief(text: str, limit: int = 40) -> str:

@@ -21,10 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..tasks import Example, check_countdown
+from ._math_worker import boxed_answers  # one scanner, shared with the math worker
 from .base import RewardResult, brief
-
-_BRACE = re.compile(r"[{}]")
-_BOXED = "\\boxed{"
 
 
 def exact_match(completion: str, example: Example) -> RewardResult:
@@ -42,29 +40,6 @@ def countdown(completion: str, example: Example) -> RewardResult:
         return RewardResult(0.0, {"countdown": 0.0}, "example has no meta['numbers'] / meta['target']")
     ok, reason = check_countdown(completion.strip(), numbers, target)
     return RewardResult(float(ok), {"countdown": float(ok)}, reason)
-
-
-def boxed_answers(text: str, limit: int = 64) -> list[str]:
-    """Contents of the `\\boxed{...}` in `text` (at most `limit`), in order, braces balanced.
-
-    One pass over the braces with a stack, so adversarial input ("\\boxed{" repeated without
-    closing, deep nesting) stays linear; unclosed boxes are ignored. When there are more than
-    `limit` boxes, the first `limit` to close are kept.
-    """
-    opens: list[tuple[int, bool]] = []  # (content start, opened by "\\boxed{")
-    found: list[tuple[int, str]] = []
-    for match in _BRACE.finditer(text):
-        i = match.start()
-        if text[i] == "{":
-            is_box = i + 1 >= len(_BOXED) and text.startswith(_BOXED, i + 1 - len(_BOXED))
-            opens.append((i + 1, is_box))
-        elif opens:
-            start, is_box = opens.pop()
-            if is_box:
-                found.append((start, text[start:i]))
-                if len(found) == limit:
-                    break
-    return [content for _, content in sorted(found)]
 
 
 @dataclass(frozen=True)
