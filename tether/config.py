@@ -75,7 +75,13 @@ class RewardConfig:
     weights: dict[str, float] = field(default_factory=dict)
     """Weighted combination instead of one reward, e.g. {math: 1.0, format: 0.1}."""
     timeout_s: float = 5.0
-    """Hard timeout of the math verifier per call (the worker is killed on expiry)."""
+    """Hard time limit of the math verifier per completion (the worker is killed on expiry and
+    the completion scores 0, counted in reward/timeouts); applies to `weights` too."""
+    strict: bool = True
+    """Math answer extraction. true: when the task's template asks for \\boxed{} (math tasks'
+    default), only the completion's final boxed answer counts, so "The answer is 2." scores 0.
+    false: lenient, any answer math-verify finds in the completion counts (tether's behaviour
+    before this option; it rewards stray numbers). Templates without \\boxed{} are always lenient."""
 
 
 @dataclass
