@@ -1,15 +1,16 @@
 """Hostile model output: every verifier scores each of 30+ pathological completions within a
 bounded time, never hangs and never raises, and the trainer's fault metrics count what the
-math verifier gave up on."""
+math verifier gave up on. The math verifier's bound is the one its module header states, per
+item: the timeout plus at most one worker start, with the start measured here, so the test holds
+on any machine (a fixed 0.5 s allowance failed on a 16-core machine whose start took 2.4 s)."""
 
 import time
 
 import pytest
 
-from tether.rewards import RewardResult, get_reward, score_batch
+from tether.rewards import RewardResult, get_reward, score_batch, verifier_faults
 from tether.rewards.math_verifier import Math
 from tether.tasks import Example
-from tether.train import verifier_faults
 
 MB = 1 << 20
 
@@ -68,36 +69,60 @@ def test_the_suite_is_large_and_varied():
     assert max(len(c) for c in HOSTILE.values()) >= MB
 
 
-@pytest.fixture(scope="module")
-def math_reward():
-    reward = Math(timeout_s=3.0)
+# Rewarded despite the noise: an honest final boxed 81 (strict and lenient), plus, under lenient
+# extraction only, whatever math-verify finds in the rest.
+HONEST = {"1 MB of digits then an answer", "nested boxes", "control characters",
+          "comment and escape", "NUL bytes", "zero-width joiners"}
+MARGIN_S = 0.5  # sending, receiving and killing: milliseconds on an idle machine
+
+
+@pytest.fixture(scope="module", params=[True, pytest.param(False, marks=pytest.mark.slow)], ids=["strict", "lenient"])
+def math_reward(request):
+    reward = Math(timeout_s=3.0, strict=request.param)
     yield reward
     reward.close()
 
 
 def test_math_verifier_scores_every_hostile_completion_in_bounded_time(math_reward):
+    verifier = math_reward.verifier
     results, faults = {}, {"reward/timeouts": 0.0, "reward/errors": 0.0}
     for name, completion in HOSTILE.items():
-        restarts = math_reward.verifier.restarts
+        starts, start_s = verifier.starts, verifier.start_s
         start = time.perf_counter()
         [result] = math_reward.score_batch([completion], [GOLD])
         elapsed = time.perf_counter() - start
-        # At most the hard timeout, plus a fresh worker's start when the last item killed one.
-        assert elapsed < math_reward.timeout_s + 0.5 + 10.0 * (restarts > 0), (name, elapsed)
+        # The stated guarantee for one item: the timeout plus at most one worker start, which is
+        # measured (the first call and the call after a kill start one; the others do not).
+        started = verifier.starts - starts
+        assert started <= 1, (name, started)
+        bound = math_reward.timeout_s + (verifier.start_s - start_s) + MARGIN_S
+        assert elapsed < bound, (name, elapsed, bound, started)
         assert isinstance(result, RewardResult) and result.score in (0.0, 1.0), name
         results[name] = result
         for key, value in verifier_faults([result]).items():
             faults[key] += value
-    # Nothing hostile is rewarded except an honest answer after noise.
     rewarded = {n for n, r in results.items() if r.score == 1.0}
-    assert rewarded <= {"1 MB of digits then an answer", "nested boxes", "control characters",
-                        "comment and escape", "NUL bytes", "zero-width joiners"}, rewarded
+    if math_reward.strict:
+        assert rewarded <= HONEST, rewarded
+        assert rewarded >= {"1 MB of digits then an answer", "control characters"}, rewarded
+    else:
+        assert rewarded <= HONEST | {"many equations", "huge matrix"}, rewarded
     # Every item math-verify (or the hard limit) gave up on is counted, and there were some.
     gave_up = [n for n, r in results.items() if r.reason == "timeout"]
     assert faults["reward/timeouts"] == len(gave_up) >= 3, gave_up
     assert faults["reward/errors"] == sum("error" in r.reason or "died" in r.reason for r in results.values())
     # The worker still works afterwards.
     assert math_reward("so \\boxed{81}", GOLD).score == 1.0
+
+
+def test_issue_13_reward_hacking_strings_score_zero_when_strict():
+    reward = Math(timeout_s=3.0)
+    two = Example(id="two", prompt="What is 1 + 1?", answer="2")
+    try:
+        hacks = ["2Z*xr9{sliUC/", "blah 2 blah", "The answer is 2.", "2", "$2$", "\\(2\\)", "x = 2", "2 \\boxed{}"]
+        assert [r.score for r in reward.score_batch(hacks, [two] * len(hacks))] == [0.0] * len(hacks)
+    finally:
+        reward.close()
 
 
 @pytest.mark.parametrize("reward_name, params", [

@@ -11,11 +11,14 @@ from tether.rewards import (
     Combined,
     MathVerifier,
     RewardResult,
+    asks_for_boxed,
     boxed_answers,
     get_reward,
     overlong_penalty,
     reward_names,
     score_batch,
+    strict_for_task,
+    verifier_faults,
     with_completion_tokens,
 )
 from tether.tasks import Example, get_task, load_math_dataset
@@ -184,26 +187,176 @@ def math_reward():
     reward.close()
 
 
+@pytest.fixture(scope="module")
+def lenient_math():
+    reward = get_reward("math", strict=False)
+    yield reward
+    reward.close()
+
+
+TWO = Example("two", "What is 1 + 1?", "2")
+
+
 @pytest.mark.parametrize(
-    "completion, score",
+    "completion, gold, strict, lenient",
     [
-        ("The answer is $\\boxed{81}$.", 1.0),
-        ("\\boxed{\\frac{162}{2}}", 1.0),
-        ("\\boxed{\\boxed{81}}", 1.0),
-        ("so 81", 1.0),
-        ("\\boxed{80} and \\boxed{81}", 0.0),  # two answers is not one right answer
-        ("\\boxed{81.0001}", 0.0),
-        ("", 0.0),
-        ("\\boxed{", 0.0),
-        ("８１", 0.0),
-        (INJECTED, 0.0),
-        (HUGE, 0.0),
+        ("The answer is $\\boxed{81}$.", ADD, 1.0, 1.0),
+        ("\\boxed{\\frac{162}{2}}", ADD, 1.0, 1.0),
+        ("\\boxed{\\boxed{81}}", ADD, 1.0, 1.0),
+        ("so 81", ADD, 0.0, 1.0),  # strict: a number outside the box is no answer
+        # The issue's reward-hacking examples: lenient extraction finds a "2" in any noise.
+        ("2Z*xr9{sliUC/", TWO, 0.0, 1.0),
+        ("blah 2 blah", TWO, 0.0, 1.0),
+        ("The answer is 2.", TWO, 0.0, 1.0),
+        ("\\boxed{blah 2 blah}", TWO, 0.0, 0.0),  # the box holds noise, not 2
+        # Strict reads the final answer: the last box and the boxes joined to it by separators.
+        ("\\boxed{80} and \\boxed{81}", ADD, 0.0, 0.0),  # one answer {80, 81}, not 81
+        ("A step gives \\boxed{80}. Correcting the carry, the answer is \\boxed{81}.", ADD, 1.0, 0.0),
+        ("\\boxed{81}. Check: 80 + 1 = 81.", ADD, 1.0, 1.0),
+        ("\\boxed{81.0001}", ADD, 0.0, 0.0),
+        ("\\boxed{}", ADD, 0.0, 0.0),
+        ("", ADD, 0.0, 0.0),
+        ("\\boxed{", ADD, 0.0, 0.0),
+        ("８１", ADD, 0.0, 0.0),
+        (INJECTED, ADD, 0.0, 0.0),
+        (HUGE, ADD, 0.0, 0.0),
     ],
 )
-def test_math_table(math_reward, completion, score):
-    result = math_reward(completion, ADD)
-    assert result.score == score and result.components == {"math": score}
-    assert (result.reason == "") == (score == 1.0)
+def test_math_table_strict_and_lenient(math_reward, lenient_math, completion, gold, strict, lenient):
+    for reward, score in ((math_reward, strict), (lenient_math, lenient)):
+        result = reward(completion, gold)
+        assert (result.score, result.components) == (score, {"math": score}), (reward.strict, result)
+        assert (result.reason == "") == (score == 1.0)
+    if strict == 0.0 and "\\boxed" not in completion:
+        assert "no \\boxed{} answer" in math_reward(completion, gold).reason
+
+
+PERCENT, PERCENT_PLAIN = Example("p", "p", "28\\%"), Example("q", "q", "62.5%")
+
+
+@pytest.mark.parametrize(
+    "completion, gold, strict, lenient",
+    [
+        # A trailing percent is dropped on both sides: the number written is compared.
+        ("\\boxed{28}", PERCENT, 1.0, 1.0),
+        ("\\boxed{28\\%}", PERCENT, 1.0, 1.0),
+        ("\\boxed{28 \\%}", PERCENT, 1.0, 1.0),
+        ("\\boxed{28 percent}", PERCENT, 1.0, 1.0),
+        ("\\boxed{28\\text{ percent}}", PERCENT, 1.0, 1.0),
+        ("$\\boxed{28}$ %", PERCENT, 1.0, 1.0),
+        ("28 percent", PERCENT, 0.0, 1.0),
+        ("28 %", PERCENT, 0.0, 1.0),
+        ("$28$ %", PERCENT, 0.0, 1.0),
+        ("\\boxed{62.5\\%}", PERCENT_PLAIN, 1.0, 1.0),
+        ("\\boxed{62.5}", PERCENT_PLAIN, 1.0, 1.0),
+        ("\\boxed{29\\%}", PERCENT, 0.0, 0.0),
+        ("\\boxed{0.28}", PERCENT, 0.0, 0.0),  # 28% is compared as 28 (documented)
+        ("\\boxed{0.625}", PERCENT_PLAIN, 0.0, 0.0),
+    ],
+)
+def test_math_percent_golds(math_reward, lenient_math, completion, gold, strict, lenient):
+    assert math_reward(completion, gold).score == strict
+    assert lenient_math(completion, gold).score == lenient
+
+
+@pytest.mark.parametrize(
+    "completion, gold, score",
+    [
+        # "1,22" is the list {1, 22} (as datasets write several solutions: "11,13", "-2,1").
+        ("\\boxed{1,22}", "1,22", 1.0),
+        ("\\boxed{22, 1}", "1,22", 1.0),
+        ("\\boxed{1}, \\boxed{22}", "1,22", 1.0),
+        ("\\boxed{1.22}", "1,22", 0.0),  # never a decimal comma
+        ("\\boxed{122}", "1,22", 0.0),
+        # Three-digit groups after a non-zero lead are a thousands separator.
+        ("\\boxed{1220}", "1,220", 1.0),
+        ("\\boxed{1,220}", "1220", 1.0),
+        ("\\boxed{1,234,567}", "1234567", 1.0),
+        ("\\boxed{1, 220}", "1,220", 0.0),
+        # A zero lead is not a thousands number: a list (math-verify alone reads 0.111).
+        ("\\boxed{0,111}", "0, 111", 1.0),
+        ("\\boxed{0.111}", "0,111", 0.0),
+    ],
+)
+def test_math_commas_between_digits(math_reward, completion, gold, score):
+    assert math_reward(completion, Example("c", "c", gold)).score == score
+
+
+def test_gold_that_parses_only_as_a_string_falls_back_to_another_reading(math_reward):
+    # "\\boxed{28\\%}" alone is only a string to math-verify 0.9; "10/9" boxed is fine.
+    assert math_reward("\\boxed{\\frac{10}{9}}", Example("f", "f", "10/9")).score == 1.0
+    assert math_reward("\\boxed{28}", Example("g", "g", "$28\\%$")).score == 1.0
+
+
+def test_gold_parse_cut_short_by_a_time_limit_is_retried_not_cached(monkeypatch):
+    """Issue 13, item 10: the gold's parse is made slow once; that completion scores 0 as a
+    timeout (counted in reward/timeouts) and the next one re-parses the gold and scores 1."""
+    import math_verify.parser as parser
+
+    from tether.rewards import _math_worker as worker
+    from tether.rewards.math_verifier import _faults
+
+    real, calls = parser.extract_target_from_pred, []
+
+    def slow_once(pred, *args, **kwargs):
+        calls.append(pred)
+        if len(calls) == 1:
+            time.sleep(5)  # interrupted by math-verify's own 1 s alarm
+        return real(pred, *args, **kwargs)
+
+    monkeypatch.setattr(parser, "extract_target_from_pred", slow_once)
+    monkeypatch.setattr(worker, "INNER_TIMEOUT_S", 1)
+    gold = "\\frac{7}{13}"  # not parsed before in this process
+    worker._GOLD_CACHE.pop(gold, None)
+    start = time.perf_counter()
+    assert worker.math_verify_score("\\boxed{\\frac{14}{26}}", gold) == (0.0, "timeout")
+    assert time.perf_counter() - start < 4.0 and calls[0] == f"\\boxed{{{gold}}}"
+    assert gold not in worker._GOLD_CACHE
+    assert worker.math_verify_score("\\boxed{\\frac{14}{26}}", gold) == (1.0, "")
+    assert gold in worker._GOLD_CACHE
+    # The reason maps to the fault the trainer counts in reward/timeouts.
+    assert verifier_faults([RewardResult(0.0, {}, "timeout", _faults("timeout"))]) == {
+        "reward/timeouts": 1.0, "reward/errors": 0.0}
+
+
+def test_weighted_config_passes_timeout_and_strict_to_its_math_part():
+    """Issue 13, item 12: `reward.weights` built the math part with its default 5 s."""
+    reward = get_reward({"math": 1.0, "format": 0.1}, timeout_s=7.5, strict=False)
+    (_, _, math), (_, _, fmt) = reward.parts
+    assert (math.timeout_s, math.strict) == (7.5, False) and fmt == get_reward("format")
+    assert math.verifier.timeout_s == 7.5 and math.verifier.strict is False
+    own = get_reward({"math": {"weight": 1.0, "timeout_s": 2.0}}, timeout_s=7.5)
+    assert own.parts[0][2].timeout_s == 2.0  # a part's own setting wins
+    assert get_reward({"exact_match": 1.0}, timeout_s=7.5, strict=True).parts[0][2] is get_reward("exact_match")
+    with pytest.raises(ValueError, match="timeout_s"):
+        get_reward({"math": 1.0}, timeout=3)
+
+
+def test_combined_reward_reports_the_math_part_timeout():
+    """A timeout inside a weighted reward is counted (its reason is "math: timeout")."""
+    from tether.rewards import Math
+
+    math = Math(timeout_s=1.0)
+    math._verifier = MathVerifier(timeout_s=1.0, verify_fn=slow_verify)
+    reward = Combined((("math", 1.0, math), ("format", 0.1, get_reward("format"))))
+    try:
+        results = score_batch(reward, ["hang", "a", "raise"], [Example("x", "p", "a")] * 3)
+    finally:
+        math.close()
+    assert [r.faults for r in results] == [("timeout",), (), ("error",)]
+    assert results[0].reason.startswith("math: timeout")
+    assert verifier_faults(results) == {"reward/timeouts": 1.0, "reward/errors": 1.0}
+
+
+def test_strict_applies_when_the_template_asks_for_a_box(tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}+1?", "answer": str(i + 1)}) + "\n" for i in range(20)))
+    assert asks_for_boxed("boxed") and not asks_for_boxed("plain") and not asks_for_boxed("qa")
+    assert asks_for_boxed("Solve {problem}. Answer in \\boxed{}.")
+    assert strict_for_task(get_task("math", train=str(data))) is True
+    assert strict_for_task(get_task("math", train=str(data)), strict=False) is False
+    assert strict_for_task(get_task("math", train=str(data), template="qa")) is False
+    assert strict_for_task(get_task("arithmetic")) is False
 
 
 @needs_math_data
@@ -218,30 +371,65 @@ def test_math_on_real_rows(math_reward):
     assert [r.score for r in math_reward.score_batch(right, rows)] == [1.0] * len(rows)
     assert [r.score for r in math_reward.score_batch(wrong, [a for a, _ in pairs])] == [0.0] * len(pairs)
 
+
+@needs_math_data
+def test_gsm8k_answers_strict_and_lenient(math_reward, lenient_math):
     with (MATH_DATA / "gsm8k_test.jsonl").open() as f:
         raw = [json.loads(next(f)) for _ in range(20)]
     gsm = load_math_dataset(MATH_DATA / "gsm8k_test.jsonl", limit=20)
-    right = [f"{row['solution']}\nThe answer is {row['answer']}." for row in raw]
-    wrong = [f"{row['solution']}\nThe answer is {int(row['answer']) + 1}." for row in raw]
-    assert [r.score for r in math_reward.score_batch(right, gsm)] == [1.0] * 20
+    plain = [f"{row['solution']}\nThe answer is {row['answer']}." for row in raw]
+    boxed = [f"{row['solution']}\nThe answer is \\boxed{{{row['answer']}}}." for row in raw]
+    wrong = [f"{row['solution']}\nThe answer is \\boxed{{{int(row['answer']) + 1}}}." for row in raw]
+    assert [r.score for r in lenient_math.score_batch(plain, gsm)] == [1.0] * 20
+    assert [r.score for r in math_reward.score_batch(plain, gsm)] == [0.0] * 20  # strict: no box, no answer
+    assert [r.score for r in math_reward.score_batch(boxed, gsm)] == [1.0] * 20
     assert [r.score for r in math_reward.score_batch(wrong, gsm)] == [0.0] * 20
+    assert [r.score for r in lenient_math.score_batch(wrong, gsm)] == [0.0] * 20
 
 
 def test_math_timeout_kills_and_recovers():
+    """The time bound, per item: the timeout plus at most one worker start (the verifier records
+    the starts' durations; `test_recorded_start_time_is_what_a_start_takes` checks that record)."""
     verifier = MathVerifier(timeout_s=1.0, verify_fn=slow_verify)
+    margin = 0.5  # sending, receiving and killing
     try:
         assert verifier.score_batch(["a", "raise"], ["a", "a"]) == [(1.0, ""), (0.0, "verifier error: RuntimeError: verifier bug")]
+        assert verifier.starts == 1
         start = time.perf_counter()
         assert verifier.score_batch(["hang"], ["a"]) == [(0.0, "timeout")]
-        assert time.perf_counter() - start < 1.0 + 0.5  # the timeout plus a small margin
-        assert verifier.restarts == 1
+        assert time.perf_counter() - start < 1.0 + margin  # the worker was alive: no start
+        assert (verifier.restarts, verifier.starts) == (1, 1)
         # The rest of a batch after a hang is scored by a fresh worker.
-        start = time.perf_counter()
+        start, spent = time.perf_counter(), verifier.start_s
         assert verifier.score_batch(["a", "hang", "b", "a"], ["a", "a", "a", "a"]) == [
             (1.0, ""), (0.0, "timeout"), (0.0, ""), (1.0, "")
         ]
-        assert verifier.restarts == 2
-        assert time.perf_counter() - start < 2 * 1.0 + 2 * 10  # two timeouts of 1 s + two worker starts
+        assert (verifier.restarts, verifier.starts) == (2, 3)  # one start for the call, one after the hang
+        starts_s = verifier.start_s - spent
+        assert time.perf_counter() - start < 1.0 + starts_s + margin, starts_s
         assert verifier.score_batch(["b"], ["b"]) == [(1.0, "")]
     finally:
         verifier.close()
+
+
+def test_recorded_start_time_is_what_a_start_takes():
+    verifier, recorded = MathVerifier(), []
+    try:
+        for _ in range(2):
+            verifier.close()
+            start = time.perf_counter()
+            verifier.start()
+            took = time.perf_counter() - start
+            assert 0.0 < verifier.last_start_s <= took
+            recorded.append(verifier.last_start_s)
+        assert verifier.starts == 2 and verifier.start_s == pytest.approx(sum(recorded))
+    finally:
+        verifier.close()
+
+
+def test_a_worker_that_does_not_start_in_time_is_an_error_not_a_hang():
+    verifier = MathVerifier(start_timeout_s=0.01)
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="failed to start"):
+        verifier.score_batch(["\\boxed{1}"], ["1"])
+    assert time.perf_counter() - start < 2.0 and verifier._proc is None

@@ -10,7 +10,11 @@ For one problem with n samples of which c are judged correct by the verifier:
 
 and a source's (benchmark's) value is the mean over its problems. The verifier is the one the
 trainer uses (`tether.rewards`): the task's own reward for synthetic tasks, `math` (math-verify)
-for math data, so an evaluation number and a training reward mean the same thing.
+for math data, so an evaluation number and a training reward mean the same thing. Math answers
+are extracted strictly by default, as in training (`reward.strict`): with a template that asks
+for `\\boxed{}`, only the final boxed answer counts; `strict=False` (`--lenient`) takes any
+answer math-verify finds. The settings (settings.json, results.md, the printed summary) say
+which was used under "extraction". Before strict extraction existed, evaluation was lenient.
 
 Where this departs from the papers, and why:
 1. pass@k is computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i), Chen et al.'s numerically stable
@@ -42,7 +46,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .rewards import RewardFn, boxed_answers, get_reward, score_batch, with_completion_tokens
+from .rewards import RewardFn, asks_for_boxed, boxed_answers, get_reward, reward_options, score_batch, with_completion_tokens
 from .tasks import TASKS, Example, get_task, load_math_dataset, render_prompt, stable_hash
 
 DEFAULT_TASK_PROBLEMS = 200  # = the trainer's data.eval_size default: `task:X` is its held-out set
@@ -405,13 +409,14 @@ def results_markdown(results: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- the evaluation
 
 
-def _reward_picker(reward: str | RewardFn | None) -> tuple[Callable[[Example], RewardFn], Callable[[], None]]:
-    """(example -> its verifier, close): the task's own reward, or `reward` for every example."""
+def _reward_picker(reward: str | RewardFn | None, strict: bool) -> tuple[Callable[[Example], RewardFn], Callable[[], None]]:
+    """(example -> its verifier, close): the task's own reward, or `reward` for every example;
+    a named reward that has a `strict` option gets `strict`."""
     built: dict[str, Any] = {}
 
     def named(name: str) -> Any:
         if name not in built:
-            built[name] = get_reward(name)
+            built[name] = get_reward(name, **({"strict": strict} if "strict" in reward_options(name) else {}))
         return built[name]
 
     def pick(ex: Example) -> RewardFn:
@@ -475,6 +480,7 @@ def evaluate(
     progress: bool = True,
     reward: str | RewardFn | None = None,
     *,
+    strict: bool = True,
     template: str = "boxed",
     limit: int | None = None,
     stop_strings: Sequence[str] = (),
@@ -497,6 +503,9 @@ def evaluate(
         progress: show a rich progress bar.
         reward: a reward name or function to use for every problem instead of each task's
             own verifier; its scores must be 0 or 1.
+        strict: math answers only count in the final `\\boxed{}` when `template` asks for one
+            (the trainer's default, `reward.strict`); False: lenient extraction. The settings
+            record the one used as "extraction": "strict" or "lenient".
         template, limit: prompt template of math data; problems per spec (`load_eval_data`).
         engine: a `RolloutEngine` to use instead of loading `model_path` (tests inject one).
         device, dtype: for loading the model ("auto": CUDA when available).
@@ -516,9 +525,10 @@ def evaluate(
         max_new_tokens = DEFAULT_MAX_NEW_TOKENS["task" if synthetic else "math"]
     params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                             stop_strings=tuple(stop_strings))
+    strict = bool(strict) and asks_for_boxed(template)
     settings = _settings(model_path, reward, n=n, temperature=temperature, top_p=top_p,
                          max_new_tokens=max_new_tokens, stop_strings=list(stop_strings),
-                         seed=seed, template=template)
+                         seed=seed, template=template, extraction="strict" if strict else "lenient")
     out = Path(out_dir) if out_dir is not None else default_out_dir(model_path)
     _check_settings(out, settings)
     done = read_problems(out / PROBLEMS_FILE)
@@ -527,7 +537,7 @@ def evaluate(
     todo = [ex for ex in examples if _key(ex) not in done]
     if todo and engine is None:
         engine = _engine_for(model_path, device, dtype)
-    pick, close = _reward_picker(reward)
+    pick, close = _reward_picker(reward, strict)
     try:
         with (out / PROBLEMS_FILE).open("a", encoding="utf-8") as f, \
                 _progress(progress, len(examples), len(examples) - len(todo)) as advance:
@@ -576,10 +586,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.model, args.data, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens, out_dir=out, seed=args.seed,
             progress=not args.no_progress, template=args.template, limit=args.limit,
+            strict=not args.lenient,
         )
     except EvalError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    extraction = results["settings"]["extraction"]
+    print(f"math answer extraction: {extraction}"
+          + (" (only the final \\boxed{} answer counts)" if extraction == "strict" else " (any answer in the completion counts)"))
     print(summary_markdown(results))
     print(f"\nwrote {Path(out) / 'results.json'} and {Path(out) / 'results.md'}")
     return 0
@@ -603,6 +617,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="generation budget (default: 32 for synthetic tasks only, else 2048)")
     p.add_argument("--out", metavar="DIR", default=None, help="output directory (default runs/eval/<model>)")
     p.add_argument("--template", default="boxed", help="prompt template of math data (default boxed)")
+    p.add_argument("--lenient", action="store_true",
+                   help="lenient math answer extraction: any answer in the completion counts, not only the "
+                        "final \\boxed{} one (strict is the default with a template that asks for \\boxed{})")
     p.add_argument("--limit", type=int, default=None, help="problems per data spec (tasks: default 200)")
     p.add_argument("--seed", type=int, default=0, help="base sampling seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

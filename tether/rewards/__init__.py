@@ -105,8 +105,7 @@ def get_reward(name_or_config: str | Mapping[str, Any], **params: Any) -> Reward
         return _build(name_or_config, params)
     if not name_or_config:
         raise ValueError("empty reward config")
-    known = {f.name for entry in map(REWARDS.get, REWARDS.names()) if isinstance(entry, type)
-             for f in dataclasses.fields(entry) if f.init}
+    known = set().union(*map(reward_options, REWARDS.names()))
     unknown = {k: difflib.get_close_matches(k, sorted(known), n=1) for k in params if k not in known}
     if unknown:
         raise ValueError(f"no reward takes the option(s) {unknown}; options: {sorted(known)}")
@@ -119,11 +118,15 @@ def get_reward(name_or_config: str | Mapping[str, Any], **params: Any) -> Reward
             weight, spec = spec, {}
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ValueError(f"weight of reward {name!r} must be a number, got {weight!r}")
-        entry = REWARDS.get(name)
-        takes = {f.name for f in dataclasses.fields(entry) if f.init} if isinstance(entry, type) else set()
-        shared = {k: v for k, v in params.items() if k in takes and k not in spec}
+        shared = {k: v for k, v in params.items() if k in reward_options(name) and k not in spec}
         parts.append((name, float(weight), _build(name, {**shared, **spec})))
     return Combined(tuple(parts))
+
+
+def reward_options(name: str) -> set[str]:
+    """The parameters the named reward takes (empty for a plain function)."""
+    entry = REWARDS.get(name)
+    return {f.name for f in dataclasses.fields(entry) if f.init} if isinstance(entry, type) else set()
 
 
 def reward_names() -> list[str]:
@@ -134,6 +137,6 @@ def reward_names() -> list[str]:
 __all__ = [
     "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "RewardFn",
     "RewardResult", "asks_for_boxed", "boxed_answers", "countdown", "exact_match", "get_reward",
-    "math_verify_score", "overlong_penalty", "reward_names", "score_batch", "strict_for_task",
+    "math_verify_score", "overlong_penalty", "reward_names", "reward_options", "score_batch", "strict_for_task",
     "verifier_faults", "with_completion_tokens",
 ]

@@ -76,6 +76,7 @@ class MathVerifier:
             more (sympy evaluating 9^9^9^9) fails with MemoryError, reason "verifier error".
         restarts: how many times a worker was killed (timeouts and crashes).
         starts: how many workers were started.
+        start_s: seconds spent starting them, in all.
         last_start_s: seconds the latest worker start took (0 before the first).
     """
 
@@ -86,6 +87,7 @@ class MathVerifier:
     memory_limit_mb: int = 4096
     restarts: int = field(default=0, init=False)
     starts: int = field(default=0, init=False)
+    start_s: float = field(default=0.0, init=False)
     last_start_s: float = field(default=0.0, init=False)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _conn: Connection | None = field(default=None, init=False, repr=False)
@@ -118,6 +120,7 @@ class MathVerifier:
             raise RuntimeError(f"math verification worker failed to start: {detail}")
         self.starts += 1
         self.last_start_s = time.perf_counter() - began
+        self.start_s += self.last_start_s
         return self._conn
 
     def close(self, graceful: bool = True) -> None:
