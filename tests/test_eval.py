@@ -294,6 +294,42 @@ def test_math_data_uses_math_verify(tmp_path):
     assert results["settings"]["max_new_tokens"] == 2048  # math data's default budget
 
 
+def test_math_extraction_is_strict_by_default_and_stated(tmp_path):
+    """Issue 13: `tether eval` uses the trainer's strict extraction and says which it used."""
+    path = tmp_path / "two.jsonl"
+    path.write_text(json.dumps({"id": "q", "problem": "1+1?", "answer": "2"}) + "\n")
+    samples = [("The answer is 2.", "stop"), ("blah 2 blah", "stop"), ("so \\boxed{2}", "stop")]
+    runs = {}
+    for name, kwargs in (("strict", {}), ("lenient", {"strict": False}), ("plain", {"template": "plain"})):
+        examples = load_eval_data(str(path), None, kwargs.get("template", "boxed"))
+        engine = ScriptedEngine({examples[0].prompt: samples})
+        runs[name] = evaluate("scripted", [str(path)], n=3, ks=(1,), out_dir=tmp_path / name,
+                              progress=False, engine=engine, **kwargs)
+    assert runs["strict"]["settings"]["extraction"] == "strict"
+    assert runs["strict"]["problems"][0]["c"] == 1  # only the boxed sample counts
+    assert runs["lenient"]["settings"]["extraction"] == "lenient"
+    assert runs["lenient"]["problems"][0]["c"] == 3
+    assert runs["plain"]["settings"]["extraction"] == "lenient"  # no box was asked for
+    assert "extraction=strict" in (tmp_path / "strict" / "results.md").read_text()
+
+
+def test_cli_states_the_extraction(tmp_path, capsys, monkeypatch):
+    calls = []
+
+    def fake_evaluate(*args, **kwargs):
+        calls.append(kwargs["strict"])
+        return {"settings": {"extraction": "strict" if kwargs["strict"] else "lenient"}, "ks": [1],
+                "summary": {}, "problems": []}
+
+    monkeypatch.setattr(ev, "evaluate", fake_evaluate)
+    monkeypatch.setattr(ev, "summary_markdown", lambda results: "")
+    for flags, word in (([], "strict"), (["--lenient"], "lenient")):
+        args = eval_parser().parse_args(["eval", "m", "d.jsonl", "--out", str(tmp_path), *flags])
+        assert args.func(args) == 0
+        assert f"math answer extraction: {word}" in capsys.readouterr().out
+    assert calls == [True, False]
+
+
 def test_non_binary_reward_is_refused(tmp_path):
     arith = load_eval_data("task:arithmetic", limit=1)
     engine = ScriptedEngine({arith[0].prompt: [(arith[0].answer, "stop")]})
@@ -377,6 +413,7 @@ def test_cli_defaults_and_bad_k():
     assert (args.n, args.k) == (16, [1, 4, 16])
     assert (args.temperature, args.top_p, args.max_new_tokens, args.out) == (0.6, 0.95, None, None)
     assert (args.template, args.limit, args.seed, args.func) == ("boxed", None, 0, ev.cmd_eval)
+    assert args.lenient is False  # strict math extraction unless asked
     with pytest.raises(SystemExit):
         eval_parser().parse_args(["eval", "m", "d", "--k", "1,x"])
 
