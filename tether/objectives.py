@@ -1,6 +1,7 @@
 """Policy objectives: one config class per surrogate, composed with the orthogonal axes.
 
-An objective = surrogate (ppo_clip, divergence_clip, gspo, cispo, reinforce, rpg, etr)
+An objective = surrogate (ppo_clip, divergence_clip, gspo, cispo, reinforce, rpg, etr, dppo, sapo,
+gmpo, clip_cov, kl_cov)
 + aggregation mode + optional KL-to-reference penalty + optional entropy bonus
 + the advantage estimator the trainer should use. "GRPO", "DAPO", "ATR-GRPO", "RPG-URKL"...
 are presets (YAML files in `tether/presets/`) choosing one value per axis.
@@ -27,10 +28,14 @@ import yaml
 
 from .core import advantages as _adv
 from .core import aggregation as _agg
+from .core import covariance as _cov
 from .core import divergences as _div
+from .core import dppo as _dppo
 from .core import etr as _etr
+from .core import gmpo as _gmpo
 from .core import kl as _kl
 from .core import rpg as _rpg
+from .core import sapo as _sapo
 from .core import surrogates as _sur
 from .core.kl import k3_of_log
 from .core.masked import masked_fraction, masked_max, masked_mean, masked_min
@@ -180,6 +185,11 @@ class ObjectiveConfig:
         """Whether a reference model's log-probs are needed (the trainer loads it only then)."""
         return self.kl_penalty is not None and self.kl_penalty.coef > 0
 
+    def has_trust_region(self) -> bool:
+        """Whether the loss limits how far an update may move from the sampling policy (a clip, mask, truncation,
+        soft gate or |log w| penalty); every such limit acts only on off-policy updates (w != 1)."""
+        return True
+
     GROUP_STATS: ClassVar[Optional[type]] = None
     """The NamedTuple type of `group_stats` (fields: (N,) tensors or None), for adapters that carry
     it as separate batch columns; None when the objective reads no group statistics."""
@@ -289,6 +299,9 @@ class ReinforceConfig(ObjectiveConfig):
     importance_weight: bool = False
     """Multiply by SG(w) (unbiased off-policy; unbounded variance)."""
 
+    def has_trust_region(self) -> bool:
+        return False
+
 
 @dataclass
 class RPGConfig(ObjectiveConfig):
@@ -332,6 +345,9 @@ class RPGConfig(ObjectiveConfig):
     def uses_reference(self) -> bool:
         return super().uses_reference() or self.anchor == "ref"
 
+    def has_trust_region(self) -> bool:
+        return self.clip != "none"
+
 
 @dataclass
 class ETRConfig(ObjectiveConfig):
@@ -372,6 +388,115 @@ class ETRConfig(ObjectiveConfig):
 
     def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Optional[_etr.ETRGroupStats]:
         return _etr.etr_group_stats(rewards, group_ids, self.reward_range) if self.needs_group_stats() else None
+
+
+def _check_measure(measure: Any, extra: tuple[str, ...] = ()) -> None:
+    if isinstance(measure, str):
+        if measure not in extra and measure not in _div.MEASURES:
+            valid = list(extra) + _div.MEASURES.names()
+            raise ConfigError(f"measure: {unknown_name_message('divergence measure', measure, valid)}")
+    elif not callable(measure):
+        valid = ", ".join(list(extra) + _div.MEASURES.names())
+        raise ConfigError(f"measure: got {measure!r}, expected one of {valid} or a callable D(w)")
+
+
+@dataclass
+class DPPOConfig(ObjectiveConfig):
+    """DPPO [arXiv 2602.04879]: mask the tokens whose update left a divergence trust region (tether.core.dppo)."""
+
+    measure: Any = "binary_tv"
+    """binary_tv or binary_kl (divergence of the sampled token's Bernoulli, the paper's), or a ratio measure
+    (ratio, log_ratio, kl2, kl3, kl3_reverse, chi2, hellinger, or a callable D(w)): then the mask keeps
+    D(w) <= delta on the side the advantage pushes, ATR-GRPO's region."""
+    delta_low: float = 0.15
+    """Threshold for tokens with A <= 0 (verl's clip_ratio_low); the paper: 0.15 for binary_tv, 0.05 for binary_kl."""
+    delta_high: float = 0.15
+    """Threshold for tokens with A > 0 (verl's clip_ratio_high)."""
+    truncation_c: Optional[float] = 20.0
+    """Cap c of the importance weight SG(min(w, c)) (truncated IS; verl's clip_ratio_c, 20 when unset there);
+    null for none (the authors' runs set 10000, i.e. off)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_measure(self.measure, tuple(_dppo.BINARY_MEASURES.names()))
+        _check(self.delta_low > 0, "delta_low", self.delta_low, "a number > 0")
+        _check(self.delta_high > 0, "delta_high", self.delta_high, "a number > 0")
+        _check(self.truncation_c is None or self.truncation_c > 0, "truncation_c", self.truncation_c,
+               "a number > 0, or null for no truncation")
+        self.bounds: Optional[tuple[float, float]] = None
+        if not (isinstance(self.measure, str) and self.measure in _dppo.BINARY_MEASURES):
+            self.bounds = (_div.interval(self.measure, self.delta_low)[0], _div.interval(self.measure, self.delta_high)[1])
+
+
+@dataclass
+class SAPOConfig(ObjectiveConfig):
+    """SAPO [arXiv 2511.20347]: soft sigmoid gate (4 / tau) sigmoid(tau (w - 1)) instead of a hard clip."""
+
+    aggregation: str = "seq-mean-token-mean"
+    """The paper's (and verl's sapo's) aggregation."""
+    tau_pos: float = 1.0
+    """Gate temperature for A > 0 (larger: the gradient decays faster as w leaves 1)."""
+    tau_neg: float = 1.05
+    """Gate temperature for A <= 0; the paper takes tau_neg > tau_pos."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(self.tau_pos > 0, "tau_pos", self.tau_pos, "a number > 0")
+        _check(self.tau_neg > 0, "tau_neg", self.tau_neg, "a number > 0")
+
+
+@dataclass
+class GMPOConfig(ObjectiveConfig):
+    """GMPO [arXiv 2507.20673]: geometric mean of the token ratios, each clipped in log space first."""
+
+    aggregation: str = "seq-mean-token-mean"
+    """With it the loss is the paper's mean over sequences of -A_i * (geometric-mean ratio)."""
+    eps_low: float = 0.4
+    """Log-space lower clip: log w >= -eps_low for A < 0 (ratio e^-0.4 = 0.670, the paper's)."""
+    eps_high: float = 0.4
+    """Log-space upper clip: log w <= eps_high for A > 0 (ratio e^0.4 = 1.492, the paper's)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_eps(self, "eps_low", "eps_high")
+
+
+@dataclass
+class ClipCovConfig(ObjectiveConfig):
+    """Clip-Cov [arXiv 2505.22617]: PPO clip, plus no gradient for a random few high-covariance tokens."""
+
+    eps_low: float = 0.2
+    """PPO lower clip."""
+    eps_high: float = 0.2
+    """PPO upper clip."""
+    select_frac: float = 2e-4
+    """Share r of the batch's tokens to detach: k = max(floor(r N_tok), 1) (the paper's 2e-4)."""
+    cov_lb: float = 1.0
+    """Candidates have cov_lb < (A - mean A)(lp - mean lp) < cov_ub (the paper's 1)."""
+    cov_ub: float = 5.0
+    """Upper covariance bound of the candidates (the paper's 5)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_eps(self, "eps_low", "eps_high")
+        _check(0 < self.select_frac <= 1, "select_frac", self.select_frac, "a share in (0, 1]")
+        _check(self.cov_ub > self.cov_lb, "cov_ub", self.cov_ub, f"a number > cov_lb ({self.cov_lb})")
+
+
+@dataclass
+class KLCovConfig(ObjectiveConfig):
+    """KL-Cov [arXiv 2505.22617]: no clip; a |log w| penalty on the top-covariance tokens."""
+
+    select_frac: float = 2e-3
+    """Share r of the batch's tokens penalised: the top k = max(floor(r N_tok), 1) by covariance
+    (the paper: 2e-3 for 7B models, 2e-4 for 32B)."""
+    kl_coef: float = 1.0
+    """Coefficient of |log w| on the selected tokens (the paper's beta = 1; verl's ppo_kl_coef, 0.1 there by default)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(0 < self.select_frac <= 1, "select_frac", self.select_frac, "a share in (0, 1]")
+        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
 
 
 # ---------------------------------------------------------------- surrogate functions
@@ -480,6 +605,50 @@ def _etr_loss(cfg: ETRConfig, b: TokenBatch, lp, old):
     return out, extra
 
 
+@objective("dppo", DPPOConfig)
+def _dppo_loss(cfg: DPPOConfig, b: TokenBatch, lp, old):
+    if cfg.bounds is None:
+        valid = _dppo.binary_valid(cfg.measure, lp, old, b.advantages, cfg.delta_low, cfg.delta_high)
+    else:
+        valid = _dppo.interval_valid(lp, old, b.advantages, *cfg.bounds)
+    out, truncated = _dppo.dppo(lp, old, b.advantages, valid, cfg.truncation_c)
+    return out, {"dppo/truncfrac": masked_fraction(truncated, b.mask)}
+
+
+@objective("sapo", SAPOConfig)
+def _sapo_loss(cfg: SAPOConfig, b: TokenBatch, lp, old):
+    out, slope = _sapo.sapo(lp, old, b.advantages, cfg.tau_pos, cfg.tau_neg)
+    return out, {"sapo/gate_slope_mean": masked_mean(slope, b.mask)}
+
+
+@objective("gmpo", GMPOConfig)
+def _gmpo_loss(cfg: GMPOConfig, b: TokenBatch, lp, old):
+    out, seq_ratio = _gmpo.gmpo(lp, old, b.advantages, b.mask, cfg.eps_low, cfg.eps_high)
+    has_tokens = (b.mask.sum(-1) > 0).to(lp.dtype)  # (N,)
+    n_seq = has_tokens.sum()
+    mean_ratio = (seq_ratio * has_tokens).sum() / n_seq.clamp(min=1.0)
+    return out, {"gmpo/seq_ratio_mean": Mean(mean_ratio, n_seq)}
+
+
+def _cov_metrics(out: "_cov.CovLoss", m: torch.Tensor) -> Extra:
+    return {"cov/selected_frac": masked_fraction(out.selected, m), "cov/candidate_frac": masked_fraction(out.candidates, m)}
+
+
+@objective("clip_cov", ClipCovConfig)
+def _clip_cov_loss(cfg: ClipCovConfig, b: TokenBatch, lp, old):
+    out = _cov.clip_cov(lp, old, b.advantages, b.mask, cfg.eps_low, cfg.eps_high, cfg.select_frac, cfg.cov_lb,
+                        cfg.cov_ub)
+    return out.tokens, _cov_metrics(out, b.mask)
+
+
+@objective("kl_cov", KLCovConfig)
+def _kl_cov_loss(cfg: KLCovConfig, b: TokenBatch, lp, old):
+    out = _cov.kl_cov(lp, old, b.advantages, b.mask, cfg.select_frac, cfg.kl_coef)
+    extra = _cov_metrics(out, b.mask)
+    extra["cov/kl_abs_mean"] = masked_mean(_sur.log_ratio(lp, old).detach().abs(), b.mask)
+    return out.tokens, extra
+
+
 # ---------------------------------------------------------------- the objective
 
 
@@ -525,9 +694,9 @@ class Objective:
         return self.config.uses_reference()
 
     def has_trust_region(self) -> bool:
-        """Whether the loss clips or truncates by the ratio to the old policy (all but plain
-        REINFORCE and unclipped RPG); such a clip can act only on off-policy updates."""
-        return not (self.name == "reinforce" or (self.name == "rpg" and self.config.clip == "none"))
+        """Whether the loss limits the update by the ratio to the old policy (all but plain REINFORCE and
+        unclipped RPG; the config's capability); such a limit can act only on off-policy updates."""
+        return self.config.has_trust_region()
 
     def normalizer(self, mask: torch.Tensor) -> torch.Tensor:
         """The aggregation normaliser of a whole mini-batch; pass it as `TokenBatch.loss_norm`."""
@@ -672,6 +841,16 @@ def build(spec: Union[str, dict]) -> Objective:
         raise ConfigError(unknown_name_message("objective or preset", name, names() + preset_names()))
     config = from_dict(OBJECTIVES.get(name).config, spec, "objective")
     return Objective(name, config)
+
+
+def resolved(spec: Union[str, dict], max_len: Optional[int] = None) -> dict:
+    """THE place a preset or objective spec is interpreted: the full mapping {name, every parameter}
+    it stands for, with `max_len` filled in when the spec leaves it null. A config records this, so
+    a run never depends on what a preset says later; `build(resolved(spec))` is the same objective."""
+    obj = build(spec)
+    if max_len is not None and obj.config.max_len is None:
+        obj.config.max_len = max_len
+    return describe(obj)
 
 
 def describe(obj: Objective) -> dict:

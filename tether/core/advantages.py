@@ -3,13 +3,28 @@
     grpo      (R - mean_g) / (std_g + 1e-6)      [DeepSeekMath, 2402.03300]; std is the sample std (n - 1)
     dr_grpo   R - mean_g                         [Dr. GRPO, 2503.20783; also RPG Algorithm 2]
     rloo      R - mean of the other samples      [Ahmadian et al., 2402.14740] = G/(G-1) (R - mean_g)
+    reinforce_pp  REINFORCE++ with baseline      [REINFORCE++, 2501.03262]:
+              a = R - mean_g, then whitened over the whole batch: (a - mean_B a) / sqrt(var_B a + 1e-8),
+              mean and (Bessel-corrected) variance weighted by `weights` (default 1 per sequence)
 
 A group whose rewards are all equal gets advantage exactly 0 (tested by min == max, since a
 computed mean can differ from the common value in the last bit). A group of one sample has
 no baseline and also gets 0.
+
+`compute_advantages` takes `weights` (N,), the weight of each sequence in batch-level statistics; only the
+estimators in `BATCH_WEIGHTED` (`reinforce_pp`) have any, and only they receive it. Pass the response lengths to whiten over tokens,
+as OpenRLHF and verl (`reinforce_plus_plus_baseline`) do; the default weighs each sequence once.
+
+Departures of `reinforce_pp` from verl's `reinforce_plus_plus_baseline` (equal elsewhere, tested):
+1. A zero-variance group (and a group of one) gets exactly 0, as every tether estimator (SPEC 4), after
+   taking part in the batch statistics. verl gives it (0 - mean_B) / std_B, which is not 0 when lengths differ;
+   a group of one gets (R - mean_B) / std_B there (its baseline is 0).
+2. verl's masked means divide by (count + 1e-8); tether's by the count (a relative difference below 1e-9).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -17,6 +32,8 @@ from .masked import group_stats
 from .registry import Registry
 
 ADVANTAGES: Registry = Registry("advantage estimator")
+BATCH_WEIGHTED = frozenset({"reinforce_pp"})
+"""Estimators with batch-level statistics, which read `weights`."""
 
 
 def _finish(adv: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -45,10 +62,27 @@ def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     return _finish((rewards - s["mean"]) * n / (n - 1).clamp(min=1), s)
 
 
-def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp(rewards: torch.Tensor, group_ids: torch.Tensor, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    s = group_stats(rewards, group_ids)
+    a = rewards - s["mean"]
+    w = torch.ones_like(a) if weights is None else weights.to(a.dtype)
+    total = w.sum()
+    mean = (w * a).sum() / total
+    var = (w * (a - mean) ** 2).sum() / total * total / (total - 1.0).clamp(min=1e-12)  # Bessel, as verl
+    return _finish((a - mean) * torch.rsqrt(var + 1e-8), s)
+
+
+def compute_advantages(
+    name: str, rewards: torch.Tensor, group_ids: torch.Tensor, weights: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """Advantages (N,) of estimator `name`; `weights` (N,) weigh sequences in batch statistics (reinforce_pp)."""
     if rewards.shape != group_ids.shape or rewards.dim() != 1:
         raise ValueError(f"rewards and group_ids must both be (N,); got {tuple(rewards.shape)} and {tuple(group_ids.shape)}")
-    return ADVANTAGES.get(name)(rewards, group_ids)
+    if weights is not None and weights.shape != rewards.shape:
+        raise ValueError(f"weights must be (N,) like rewards; got {tuple(weights.shape)}")
+    fn = ADVANTAGES.get(name)
+    return fn(rewards, group_ids) if weights is None or name not in BATCH_WEIGHTED else fn(rewards, group_ids, weights)
 
 
 def zero_variance_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
