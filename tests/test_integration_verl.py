@@ -101,7 +101,7 @@ def test_plugin_loads_in_a_fresh_process(route):
     assert out.returncode == 0, out.stderr[-2000:]
     losses, estimators, hooked = out.stdout.strip().splitlines()[-3:]
     assert eval(losses) == sorted(f"tether_{n}" for n in objectives.names())
-    assert eval(estimators) == ["tether_dr_grpo", "tether_grpo", "tether_rloo"]
+    assert eval(estimators) == sorted(f"tether_{n}" for n in A.ADVANTAGES.names())
     assert hooked == "True"
 
 
@@ -145,6 +145,13 @@ CASES = [
     ("tether_etr", "etr", {}),
     ("tether_etr", "etr", {"macro": "off", "dual_clip_c": 3.0}),
     ("tether_etr", "etr", {"alpha": 0.0, "eta": 1.0}),
+    ("tether_dppo", "dppo_tv", {}),
+    ("tether_dppo", "dppo_kl", {"truncation_c": 1.3, "aggregation": "token-mean"}),
+    ("tether_dppo", "dppo", {"measure": "kl3", "delta_low": 0.0231, "delta_high": 0.05}),
+    ("tether_sapo", "sapo", {}),
+    ("tether_gmpo", "gmpo", {}),
+    ("tether_clip_cov", "clip_cov", {"select_frac": 1.0, "cov_lb": 0.02}),  # every candidate chosen: no draw
+    ("tether_kl_cov", "kl_cov", {"select_frac": 0.1}),
 ]
 
 
@@ -260,7 +267,7 @@ def test_estimators_equal_tethers_and_verls():
         "tether_dr_grpo": lambda: core_algos.compute_grpo_outcome_advantage(r, m, uids, norm_adv_by_std_in_grpo=False),
         "tether_rloo": lambda: core_algos.compute_rloo_outcome_advantage(r, m, uids),
     }
-    for name in A.ADVANTAGES.names():
+    for name in sorted(set(A.ADVANTAGES.names()) - A.BATCH_WEIGHTED):  # reinforce_pp: test_reinforce_pp_* below
         adv, returns = core_algos.get_adv_estimator_fn(f"tether_{name}")(token_level_rewards=r, response_mask=m,
                                                                           index=uids, config=None)
         expected = A.compute_advantages(name, d["rewards"], d["groups"])[:, None] * m
@@ -485,3 +492,153 @@ def test_verl_kl_in_reward_under_a_tether_estimator_is_refused_naming_the_key():
     adv, _ = est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"],
                  config=AlgoConfig(use_kl_in_reward=True, kl_ctrl=KLControlConfig(kl_coef=0.0)))
     assert torch.isfinite(adv).all()
+
+
+# ---------------------------------------------------------------- issue 18: DPPO, SAPO, GMPO, Clip-Cov, KL-Cov, REINFORCE++
+
+from verl.workers.config import PolicyLossConfig  # noqa: E402
+
+from tether.core.masked import group_stats  # noqa: E402
+
+# (verl loss_mode, verl actor keys, verl policy_loss keys, tether objective spec, aggregation modes verl honours).
+# Settings are chosen so that every mechanism acts on _data's ratios (~0.5 to ~2): masks, TIS truncation, clips,
+# the covariance selection; verl's `sapo` and `geo_mean` aggregate their own way whatever loss_agg_mode says.
+ALL_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+VERL_OWN = [
+    ("dppo_tv", dict(clip_ratio=0.15, clip_ratio_low=0.1, clip_ratio_high=0.15, clip_ratio_c=1.5), {},
+     {"name": "dppo", "measure": "binary_tv", "delta_low": 0.1, "delta_high": 0.15, "truncation_c": 1.5}, ALL_AGG),
+    ("dppo_kl", dict(clip_ratio=0.05, clip_ratio_low=0.05, clip_ratio_high=0.03, clip_ratio_c=1.5), {},
+     {"name": "dppo", "measure": "binary_kl", "delta_low": 0.05, "delta_high": 0.03, "truncation_c": 1.5}, ALL_AGG),
+    ("sapo", dict(tau_pos=1.0, tau_neg=1.05), {}, {"name": "sapo", "tau_pos": 1.0, "tau_neg": 1.05},
+     ("seq-mean-token-mean",)),
+    ("sapo", dict(tau_pos=2.0, tau_neg=3.0), {}, {"name": "sapo", "tau_pos": 2.0, "tau_neg": 3.0},
+     ("seq-mean-token-mean",)),
+    ("geo_mean", dict(clip_ratio=0.4, clip_ratio_low=0.4, clip_ratio_high=0.3), {},
+     {"name": "gmpo", "eps_low": 0.4, "eps_high": 0.3}, ("seq-mean-token-mean",)),
+    ("clip_cov", dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28),
+     dict(clip_cov_ratio=1.0, clip_cov_lb=0.05, clip_cov_ub=5.0),  # k >= candidates: verl's draw is forced
+     {"name": "clip_cov", "eps_low": 0.2, "eps_high": 0.28, "select_frac": 1.0, "cov_lb": 0.05, "cov_ub": 5.0}, ALL_AGG),
+    ("kl_cov", {}, dict(kl_cov_ratio=0.1, ppo_kl_coef=1.0), {"name": "kl_cov", "select_frac": 0.1, "kl_coef": 1.0},
+     ALL_AGG),
+    ("kl_cov", {}, dict(kl_cov_ratio=2e-3, ppo_kl_coef=0.1), {"name": "kl_cov", "select_frac": 2e-3, "kl_coef": 0.1},
+     ("token-mean",)),
+]
+VERL_OWN_IDS = [f"{c[0]}-{i}" for i, c in enumerate(VERL_OWN)]
+
+
+def _own_data(seed=2):
+    d = _data(seed=seed)
+    adv = torch.randn(d["mask"].shape[0], 1, dtype=D) * d["mask"]  # (N, T), sequence-level values, 0 on padding
+    d["adv_tok"], d["returns"] = adv, adv
+    return d
+
+
+def _verl_own(mode, d, agg, actor_kw, pl_kw, weights=None, info=None):
+    config = _actor_config(PolicyLossConfig(loss_mode=mode, **pl_kw), loss_agg_mode=agg, **actor_kw)
+    config.global_batch_info.update(info or {})
+    return _verl_loss(mode, d, config, agg, weights=weights)
+
+
+def _tether_own(spec, d, agg):
+    obj = objectives.build({**spec, "aggregation": agg})
+    lp = d["lp"].clone().requires_grad_()
+    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"], mask=d["mask"]))
+    out.loss.backward()
+    return out.loss.detach(), lp.grad, out.metrics
+
+
+@pytest.mark.parametrize("mode,actor_kw,pl_kw,spec,aggs", VERL_OWN, ids=VERL_OWN_IDS)
+def test_new_objectives_equal_verls_own_losses(mode, actor_kw, pl_kw, spec, aggs):
+    # tether's own objective (tether's aggregation) against verl 0.9.1's loss function, float64.
+    d = _own_data()
+    for agg in aggs:
+        v_loss, v_grad, vm = _verl_own(mode, d, agg, actor_kw, pl_kw)
+        t_loss, t_grad, tm = _tether_own(spec, d, agg)
+        assert v_loss.abs() > 1e-3 and v_grad.abs().sum() > 1e-2  # a case that tests nothing is a defect
+        torch.testing.assert_close(t_loss, v_loss, rtol=0, atol=1e-12)
+        torch.testing.assert_close(t_grad, v_grad, rtol=0, atol=1e-12)
+        if mode.startswith("dppo"):  # verl's clipfrac is tether's masked share on both sides
+            masked = float(tm["policy/clipfrac_low"] + tm["policy/clipfrac_high"])
+            zero_adv = float((d["mask"] & (d["adv_tok"] == 0)).sum() / d["mask"].sum())  # A = 0: masked or not
+            assert abs(vm["actor/pg_clipfrac"] - masked) <= zero_adv + 1e-6
+            assert vm["actor/pg_clipfrac_lower"] == pytest.approx(float(tm["dppo/truncfrac"]), abs=1e-6)
+        if mode == "clip_cov":
+            assert vm["actor/pg_clipfrac"] == pytest.approx(float(tm["cov/selected_frac"]), abs=1e-6)
+            assert 0 < tm["cov/selected_frac"] < 1
+        if mode == "kl_cov":
+            assert vm["actor/ppo_kl"] == pytest.approx(float(tm["cov/kl_abs_mean"]), rel=1e-9)
+    if mode.startswith("dppo"):
+        assert tm["dppo/truncfrac"] > 0 and tm["policy/clipfrac_high"] > 0 and tm["policy/clipfrac_low"] > 0
+
+
+@pytest.mark.parametrize("mode,actor_kw,pl_kw,spec,aggs", VERL_OWN, ids=VERL_OWN_IDS)
+def test_new_tether_losses_inside_verl_equal_verls_own(mode, actor_kw, pl_kw, spec, aggs):
+    # The plugin's tether_<name> against verl's own, both through verl's agg_loss, with rollout IS weights and
+    # global batch info, except for geo_mean: verl reduces it by a plain mean over rows (no global batch info)
+    # and takes the geometric mean of the IS weights per sequence, where the plugin weighs each token.
+    d = _own_data(seed=4)
+    gmpo = mode == "geo_mean"
+    weights = None if gmpo else d["weights"]
+    info = None if gmpo else {"dp_size": 2, "batch_num_tokens": 40, "global_batch_size": 20, "loss_scale_factor": 9}
+    loss_mode = f"tether_{spec['name']}"
+    for agg in aggs:
+        overrides = {k: v for k, v in spec.items() if k != "name"} | {"aggregation": agg}
+        ours = _actor_config(tv.TetherPolicyLossConfig(loss_mode=loss_mode, overrides=overrides), loss_agg_mode=agg)
+        ours.global_batch_info.update(info or {})
+        o_loss, o_grad, _ = _verl_loss(loss_mode, d, ours, agg, weights=weights)
+        v_loss, v_grad, _ = _verl_own(mode, d, agg, actor_kw, pl_kw, weights=weights, info=info)
+        assert v_grad.abs().sum() > 1e-2
+        torch.testing.assert_close(o_loss, v_loss, rtol=0, atol=1e-12)
+        torch.testing.assert_close(o_grad, v_grad, rtol=0, atol=1e-12)
+
+
+def test_clip_cov_random_choice_equals_verls_given_the_same_draw(monkeypatch):
+    # When k < the number of candidates both draw a uniformly random k-subset, from different random numbers
+    # (tether.core.covariance, departure 1). Hand verl tether's draw through its randperm: then loss and
+    # gradient agree exactly, so the random choice is the only difference.
+    from tether.core import covariance as C
+
+    d = _own_data(seed=5)
+    spec = {"name": "clip_cov", "eps_low": 0.2, "eps_high": 0.28, "select_frac": 0.1, "cov_lb": 0.02, "cov_ub": 5.0}
+    lp, m = d["lp"], d["mask"]
+    torch.manual_seed(11)
+    chosen = C.clip_cov(torch.where(m, lp, 0 * lp), torch.where(m, d["old"], 0 * lp), d["adv_tok"], m, 0.2, 0.28,
+                        0.1, 0.02, 5.0)
+    n_cand, n_sel = int(chosen.candidates.sum()), int(chosen.selected.sum())
+    assert n_sel == max(int(0.1 * int(m.sum())), 1) and n_cand > n_sel  # a real choice
+    torch.manual_seed(11)
+    t_loss, t_grad, _ = _tether_own(spec, d, "token-mean")
+
+    cand_idx = torch.nonzero(chosen.candidates)  # verl's order: row-major over the candidates
+    first = [i for i in range(n_cand) if chosen.selected[tuple(cand_idx[i])]]
+    perm = torch.tensor(first + [i for i in range(n_cand) if i not in first])
+    monkeypatch.setattr(torch, "randperm", lambda n, *a, **k: perm if n == n_cand else torch.arange(n))
+    v_loss, v_grad, _ = _verl_own("clip_cov", d, "token-mean", dict(clip_ratio_low=0.2, clip_ratio_high=0.28),
+                                  dict(clip_cov_ratio=0.1, clip_cov_lb=0.02, clip_cov_ub=5.0))
+    torch.testing.assert_close(t_loss, v_loss, rtol=0, atol=1e-12)
+    torch.testing.assert_close(t_grad, v_grad, rtol=0, atol=1e-12)
+
+
+def test_reinforce_pp_equals_verls_reinforce_plus_plus_baseline():
+    d = _data(seed=3)
+    r, m, uids = d["token_rewards"], d["mask"], d["uids"]
+    ours, returns = core_algos.get_adv_estimator_fn("tether_reinforce_pp")(token_level_rewards=r, response_mask=m,
+                                                                           index=uids, config=None)
+    theirs, _ = core_algos.get_adv_estimator_fn("reinforce_plus_plus_baseline")(token_level_rewards=r.clone(),
+                                                                               response_mask=m, index=uids)
+    lengths = m.sum(-1).to(D)
+    expected = A.compute_advantages("reinforce_pp", d["rewards"], d["groups"], weights=lengths)
+    torch.testing.assert_close(ours, expected[:, None] * m, rtol=0, atol=1e-15)
+    torch.testing.assert_close(returns, tv.group_shift(d["rewards"], d["groups"])[:, None] * m)
+    # Groups with reward variance: equal. Zero-variance groups (group 0, all correct, and here group 2): tether 0
+    # (SPEC 4), verl (0 - mean_B) / sqrt(var_B + 1e-8), token-weighted batch statistics (advantages.py, departure 1).
+    s = group_stats(d["rewards"], d["groups"])
+    flat = (s["min"] == s["max"])[:, None] & m
+    live = m & ~flat
+    assert live.sum() > 0 and flat[0].any() and ours[flat].abs().max() == 0
+    torch.testing.assert_close(ours[live], theirs[live], rtol=0, atol=1e-12)
+    a = d["rewards"] - s["mean"]
+    mean = (a * lengths).sum() / lengths.sum()
+    var = (lengths * (a - mean) ** 2).sum() / (lengths.sum() - 1)
+    torch.testing.assert_close(theirs[flat], (-mean * torch.rsqrt(var + 1e-8)).expand(int(flat.sum())),
+                               rtol=0, atol=1e-12)

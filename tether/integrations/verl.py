@@ -4,8 +4,10 @@ Importing this module registers with verl
 
     policy losses          tether_<objective>   one per tether objective (`tether.objectives.names()`):
                                                 tether_ppo_clip, tether_divergence_clip, tether_gspo,
-                                                tether_cispo, tether_reinforce, tether_rpg, tether_etr
-    advantage estimators   tether_<estimator>   tether_grpo, tether_dr_grpo, tether_rloo
+                                                tether_cispo, tether_reinforce, tether_rpg, tether_etr,
+                                                tether_dppo, tether_sapo, tether_gmpo, tether_clip_cov,
+                                                tether_kl_cov
+    advantage estimators   tether_<estimator>   tether_grpo, tether_dr_grpo, tether_rloo, tether_reinforce_pp
 
 verl >= 0.9.1 imports it in every process that imports verl (the driver and every Ray worker)
 through the `verl.plugins` entry point in tether's pyproject.toml; older versions import it
@@ -442,8 +444,9 @@ def _make_estimator(adv_estimator: str):
         with torch.no_grad():
             rewards = token_level_rewards.sum(-1)  # (N,) outcome reward
             group_ids = _group_ids(index, rewards.device)
-            adv = _adv.compute_advantages(name, rewards, group_ids)
             mask = response_mask.to(rewards.dtype)
+            # Response lengths weigh batch-level statistics (reinforce_pp whitens over tokens, as verl does).
+            adv = _adv.compute_advantages(name, rewards, group_ids, weights=mask.sum(-1))
             return adv[:, None] * mask, group_shift(rewards, group_ids)[:, None] * mask
 
     estimator.__name__ = estimator.__qualname__ = adv_estimator
