@@ -11,15 +11,18 @@ A group whose rewards are all equal gets advantage exactly 0 (tested by min == m
 computed mean can differ from the common value in the last bit). A group of one sample has
 no baseline and also gets 0.
 
-`compute_advantages` takes `weights` (N,), the weight of each sequence in batch-level statistics; only the
-estimators in `BATCH_WEIGHTED` (`reinforce_pp`) have any, and only they receive it. Pass the response lengths to whiten over tokens,
-as OpenRLHF and verl (`reinforce_plus_plus_baseline`) do; the default weighs each sequence once.
+`compute_advantages` takes `weights` (N,), the weight of each sequence in batch-level statistics; only
+the estimators in `BATCH_WEIGHTED` (`reinforce_pp`) have any, and only they receive it. Pass the response
+lengths to whiten over tokens, as OpenRLHF and verl (`reinforce_plus_plus_baseline`) do; the default weighs
+each sequence once.
 
 Departures of `reinforce_pp` from verl's `reinforce_plus_plus_baseline` (equal elsewhere, tested):
 1. A zero-variance group (and a group of one) gets exactly 0, as every tether estimator (SPEC 4), after
    taking part in the batch statistics. verl gives it (0 - mean_B) / std_B, which is not 0 when lengths differ;
    a group of one gets (R - mean_B) / std_B there (its baseline is 0).
-2. verl's masked means divide by (count + 1e-8); tether's by the count (a relative difference below 1e-9).
+2. verl computes the Bessel factor n / (n - 1) of its variance in float32 (an integer tensor division), a
+   relative error up to ~3e-8 in the advantages; tether's is float64. (verl's "+ 1e-8" in its masked means is
+   added to a float32 count and vanishes.)
 """
 
 from __future__ import annotations
