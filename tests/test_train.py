@@ -113,7 +113,9 @@ def test_yaml_file_then_overrides(tmp_path):
     p.write_text("objective: {preset: dapo, eps_high: 0.3}\ntrainer: {total_steps: 7, lr: 1.0e-4}\n")
     cfg = load_config(str(p), ["trainer.total_steps=9", "objective.eps_low=0.1"])
     assert cfg.trainer.total_steps == 9 and cfg.trainer.lr == 1e-4
-    assert cfg.objective == {"preset": "dapo", "eps_high": 0.3, "eps_low": 0.1}
+    # Resolved on load: the preset's every parameter, the overrides on top, max_len = the generation budget.
+    assert cfg.objective == {"name": "ppo_clip", "aggregation": "token-mean", "kl_penalty": None, "entropy_coef": 0.0,
+                             "advantage": "grpo", "max_len": 16, "eps_low": 0.1, "eps_high": 0.3, "dual_clip_c": None}
 
 
 def test_cli_reports_config_errors_without_a_traceback(tmp_path):

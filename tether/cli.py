@@ -60,10 +60,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         from pathlib import Path
 
+        from .schema import ConfigError
+
         cfg_path = Path(args.resume) / "config.yaml"
         if not cfg_path.is_file():
-            raise SystemExit(f"error: {args.resume} has no config.yaml; is it a tether run directory?")
-        cfg = load_config(str(cfg_path), args.args)
+            raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a tether run directory?")
+        # The run's own config, with the overrides; train() refuses any that changes more than the
+        # budget, logging or checkpointing (tether.config.RESUMABLE_KEYS), and config.yaml stays as it was.
+        cfg = load_config(str(cfg_path), [*args.args, f"output_dir={args.resume}"])
         train(cfg, resume_dir=args.resume)
         return 0
     path, overrides = _split_config_args(args.args)

@@ -9,6 +9,8 @@ what was expected.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -205,7 +207,10 @@ class Config:
     """The optimisation loop."""
 
     def __post_init__(self):
-        objectives.build(self.objective)  # validate now, before any expensive work
+        # The one place the objective spec is interpreted: from here on it is the full mapping
+        # {name, every parameter} (max_len: the generation budget, Dr. GRPO's constant T_max).
+        self.objective = objectives.resolved(self.objective, max_len=self.rollout.max_new_tokens)
+        _check_names(self)
         t, r = self.trainer, self.rollout
         positive = {
             "trainer.total_steps": t.total_steps, "trainer.ppo_epochs": t.ppo_epochs,
@@ -235,6 +240,35 @@ class Config:
                 f"with rollout.top_p=1 and rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); "
                 "use trainer.old_logprobs=recompute"
             )
+
+
+def _check_names(cfg: "Config") -> None:
+    """Task, task knobs, reward and engine exist: checked on load, before any directory is written."""
+    from .core.registry import unknown_name_message
+    from .rewards import REWARDS
+    from .rollout import ENGINES
+    from .tasks import TASKS
+
+    def name(registry, value: str, key: str, extra: tuple[str, ...] = ()) -> None:
+        if value not in registry and value not in extra:
+            raise ConfigError(f"{key}: {unknown_name_message(registry.kind, value, [*extra, *registry.names()])}")
+
+    name(TASKS, cfg.data.task, "data.task")
+    task_cls = TASKS.get(cfg.data.task)
+    knobs = {f.name: f for f in dataclasses.fields(task_cls) if f.init}
+    hints = typing.get_type_hints(task_cls)
+    for knob, value in cfg.data.task_args.items():
+        if knob not in knobs:
+            close = difflib.get_close_matches(knob, list(knobs), n=3, cutoff=0.5)
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise ConfigError(f"data.task_args.{knob}: task {cfg.data.task!r} has no knob {knob!r}.{hint} "
+                              f"Valid knobs: {', '.join(k for k in knobs if k != 'tokenizer')}.")
+        if knob != "tokenizer":
+            coerce(value, hints[knob], f"data.task_args.{knob}")
+    name(REWARDS, cfg.reward.name, "reward.name", ("auto",))
+    for reward in cfg.reward.weights:
+        name(REWARDS, reward, "reward.weights")
+    name(ENGINES, cfg.rollout.engine, "rollout.engine")
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -289,6 +323,7 @@ def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[st
             raise ConfigError(f"{path}: not valid tether YAML ({str(err).splitlines()[0]}); fix the file") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        loaded.pop(VERSION_KEY, None)  # a run directory's config.yaml records its version
         tree = loaded
     for text in overrides:
         key, value = parse_override(text)
@@ -300,8 +335,51 @@ def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[st
     return from_dict(Config, tree)
 
 
+VERSION_KEY = "tether_version"
+"""Written at the top of a run's config.yaml: the tether version that ran it (not a config key)."""
+
+RESUMABLE_KEYS = (
+    "trainer.total_steps", "trainer.eval_every", "trainer.save_every", "trainer.keep_last", "trainer.log_every",
+    "trainer.progress", "trainer.plots", "trainer.tensorboard", "trainer.wandb", "trainer.wandb_project",
+    "trainer.threads", "trainer.log_samples", "trainer.max_nonfinite_steps",
+)
+"""What `tether train --resume RUN key=value` may change: the budget, logging and checkpointing.
+Anything else would make the resumed run a different run than the one its directory records."""
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and not prefix.startswith("objective."):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def check_resume(cfg: Config, run_dir: Path) -> None:
+    """A resumed run must be the run its directory records: only the budget, logging and
+    checkpointing (RESUMABLE_KEYS) may differ from RUN_DIR/config.yaml. Raises ConfigError naming
+    the keys and the way to train with the new values (a new run)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a tether run directory?")
+    saved = _flat(to_dict(load_config(str(path), [f"output_dir={cfg.output_dir}"])))
+    now = _flat(to_dict(cfg))
+    changed = [k for k in now if k not in RESUMABLE_KEYS and k != "output_dir" and now[k] != saved.get(k)]
+    if changed:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in changed[:5])
+        raise ConfigError(
+            f"--resume {run_dir}: a resumed run cannot change {shown}{' ...' if len(changed) > 5 else ''} "
+            f"(it would no longer be the run {path} records); only {', '.join(RESUMABLE_KEYS)} can change. "
+            f"To train with the new values start a new run: tether train {path} KEY=VALUE ... output_dir=NEW_DIR"
+        )
+
+
 def save_config(cfg: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """The resolved config (the objective with every parameter) and the tether version."""
+    from . import __version__
+
+    path.write_text(yaml.safe_dump({VERSION_KEY: __version__, **to_dict(cfg)}, sort_keys=False))
 
 
 def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -321,4 +399,5 @@ def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str
     return rows
 
 
-__all__ = ["Config", "ConfigError", "load_config", "save_config", "describe_fields", "coerce"]
+__all__ = ["Config", "ConfigError", "check_resume", "load_config", "save_config", "describe_fields",
+           "coerce"]

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .rewards import RewardFn, get_reward, score_batch
+from .rewards import RewardFn, score_batch, task_reward
 from .rollout import HFEngine, SamplingParams, encode_prompts
 from .tasks import Example, Task
 
@@ -111,7 +111,7 @@ def sft(
         raise ValueError(
             f"steps_max, eval_every and batch_size must be >= 1, got {steps_max}, {eval_every}, {batch_size}"
         )
-    reward = get_reward(task.reward) if reward is None else reward
+    reward = task_reward(task) if reward is None else reward
     held_out = list(eval_examples) if eval_examples is not None else task.examples("test", n_eval, seed=seed)
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)

@@ -29,12 +29,11 @@ from typing import Any, Optional
 import torch
 
 from . import checkpoint, faults, objectives
-from .config import Config, save_config
+from .config import Config, check_resume, save_config
 from .models import pick_device
 from .data import PromptStream
 from .ops import causal_lm_token_logprobs, fused_head_reason, shared_prompt_reason
-from .rewards import score_batch, with_completion_tokens
-from .rewards.base import REWARD_ERROR
+from .rewards import score_batch, verifier_faults, with_completion_tokens
 from .rollout import RolloutBatch, SamplingParams, get_engine
 from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, read_jsonl, truncate_jsonl, wandb_problem
 from .schema import ConfigError, to_dict
@@ -147,14 +146,6 @@ def _score(rollout, examples, reward_fn):
     per_sample = with_completion_tokens(per_sample, rollout.mask.sum(1).tolist())
     results = score_batch(reward_fn, rollout.completions, per_sample)
     return torch.tensor([r.score for r in results], dtype=torch.float32), per_sample, results
-
-
-def verifier_faults(results) -> dict[str, float]:
-    """How many completions the verifier gave up on (hard timeout), and how many it failed on:
-    the verifier raised (math-verify inside its worker, or any reward function) or its worker died."""
-    errors = ("verifier error", "worker died", REWARD_ERROR)
-    return {"reward/timeouts": float(sum(r.reason == "timeout" for r in results)),
-            "reward/errors": float(sum(any(e in r.reason for e in errors) for r in results))}
 
 
 def select_rollout(ro: RolloutBatch, idx: list[int]) -> RolloutBatch:
@@ -402,8 +393,10 @@ def _scheduler(optimizer, cfg: Config, total_opt_steps: int):
 
 
 def build_task_and_reward(cfg: Config, tokenizer=None):
-    """The task (math prompts rendered with the model's chat template) and its verifier."""
-    from .rewards import get_reward
+    """The task (math prompts rendered with the model's chat template) and its verifier, with
+    `reward.timeout_s` and `reward.strict` for every reward that takes them (strict extraction
+    only when the task's template asks for a final \\boxed{} answer)."""
+    from .rewards import task_reward
     from .tasks import get_task
 
     args = dict(cfg.data.task_args)
@@ -414,10 +407,8 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
         args.setdefault("tokenizer", tokenizer)
     task = get_task(cfg.data.task, **args)
-    if cfg.reward.weights:
-        return task, get_reward(dict(cfg.reward.weights))
-    name = task.reward if cfg.reward.name == "auto" else cfg.reward.name
-    return task, get_reward(name, timeout_s=cfg.reward.timeout_s) if name == "math" else get_reward(name)
+    r = cfg.reward
+    return task, task_reward(task, r.name, r.weights, r.timeout_s, r.strict)
 
 
 def _eval_examples(task, cfg: Config) -> list:
@@ -507,6 +498,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     if resume_dir is None and "{time}" in cfg.output_dir:
         cfg.output_dir = cfg.output_dir.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = Path(resume_dir or cfg.output_dir)
+    if resume_dir:
+        check_resume(cfg, run_dir)  # before anything in the directory is touched
     run_dir.mkdir(parents=True, exist_ok=True)
     log(f"run directory: {run_dir}")
     if resume_dir:
@@ -525,9 +518,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         pick_device(t.device, 0, 0)  # a missing CUDA device fails here, before any warm start
     torch.manual_seed(t.seed)
 
-    obj = objectives.build(cfg.objective)
-    if obj.config.max_len is None:  # Dr. GRPO's constant T_max is the generation budget
-        obj.config.max_len = cfg.rollout.max_new_tokens
+    obj = objectives.build(cfg.objective)  # resolved on load (tether.config): every parameter is recorded
     task, reward_fn = build_task_and_reward(cfg)
     for warning in config_warnings(cfg, obj):
         log(f"warning: {warning}")

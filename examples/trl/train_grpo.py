@@ -46,6 +46,7 @@ def main(argv=None) -> None:
 
     from tether.integrations.trl import make_trainer, reward_func, to_dataset
     from tether.models import init_model
+    from tether.rewards import task_reward
     from tether.tasks import get_task
 
     if a.tiny == (a.model is not None):
@@ -74,7 +75,10 @@ def main(argv=None) -> None:
         save_strategy="no",
         report_to="none",
     )
-    trainer = make_trainer(model, reward_func(task.reward), train, objective=objective, args=config)
+    # task_reward: the task's verifier as tether's trainer builds it (strict \boxed{} extraction when the
+    # template asks for a box).
+    trainer = make_trainer(model, reward_func(task_reward(task), name=task.reward), train, objective=objective,
+                           args=config)
     trainer.train()
     trainer.save_model()
 

@@ -15,6 +15,7 @@ T = TypeVar("T")
 
 def unknown_name_message(kind: str, name: object, valid: list[str]) -> str:
     """The one wording every "unknown X" error uses: what was asked, what exists, what is close."""
+    valid = list(dict.fromkeys(valid))  # each name once, in order (a preset may share an objective's name)
     close = difflib.get_close_matches(str(name), valid, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return f"unknown {kind} {name!r}.{hint} Valid: {', '.join(valid)}."

@@ -390,6 +390,8 @@ def reward_func(reward: Any, name: Optional[str] = None) -> Callable[..., list[f
     """A TRL reward function from a tether reward (a name, a weighted config or a `RewardFn`).
 
     It reads the dataset columns `to_dataset` writes, so training and evaluation share one verifier.
+    For a tether task pass `tether.rewards.task_reward(task)`: the verifier tether's own trainer
+    uses (strict final-\\boxed{} extraction only when the task's template asks for a box).
     """
     from ..rewards import get_reward, score_batch
     from ..tasks import Example

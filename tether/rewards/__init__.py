@@ -129,6 +129,18 @@ def reward_options(name: str) -> set[str]:
     return {f.name for f in dataclasses.fields(entry) if f.init} if isinstance(entry, type) else set()
 
 
+def task_reward(task: Any, name: str = "auto", weights: Mapping[str, Any] | None = None, timeout_s: float = 5.0,
+                strict: bool = True) -> RewardFn:
+    """The verifier a task is trained and evaluated with: its own reward (`name="auto"`), a named
+    one, or a weighted combination, each part given `timeout_s` and `strict` when it takes them
+    (strict extraction only when the task's template asks for a final \\boxed{} answer)."""
+    options = {"timeout_s": timeout_s, "strict": strict_for_task(task, strict)}
+    if weights:
+        return get_reward(dict(weights), **options)
+    name = task.reward if name == "auto" else name
+    return get_reward(name, **{k: v for k, v in options.items() if k in reward_options(name)})
+
+
 def reward_names() -> list[str]:
     """Names of the registered rewards."""
     return REWARDS.names()
@@ -138,5 +150,6 @@ __all__ = [
     "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "RewardFn",
     "RewardResult", "asks_for_boxed", "boxed_answers", "countdown", "exact_match", "get_reward",
     "math_verify_score", "overlong_penalty", "reward_names", "reward_options", "score_batch", "strict_for_task",
+    "task_reward",
     "verifier_faults", "with_completion_tokens",
 ]
