@@ -263,7 +263,9 @@ def test_metrics_of_a_scripted_model(tmp_path):
     p3 = rows[arith[3].id]
     assert (p3["c"], p3["maj_answer"], p3["maj_correct"]) == (0, arith[3].answer + "1", False)
 
-    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
+    assert results["out_dir"] == str(out)
+    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(
+        {k: v for k, v in results.items() if k != "out_dir"}))
     md = (out / "results.md").read_text()
     assert "## Summary" in md and "## Problems" in md
     assert "| arithmetic | 4 | 0.625 | 0.625 | 0.708 | 0.750 | 0.500 | 0.500 | 0.750 |" in md
@@ -319,7 +321,7 @@ def test_cli_states_the_extraction(tmp_path, capsys, monkeypatch):
     def fake_evaluate(*args, **kwargs):
         calls.append(kwargs["strict"])
         return {"settings": {"extraction": "strict" if kwargs["strict"] else "lenient"}, "ks": [1],
-                "summary": {}, "problems": []}
+                "summary": {}, "problems": [], "out_dir": kwargs["out_dir"]}
 
     monkeypatch.setattr(ev, "evaluate", fake_evaluate)
     monkeypatch.setattr(ev, "summary_markdown", lambda results: "")
@@ -395,7 +397,7 @@ def test_killed_and_resumed_matches_uninterrupted(tiny_model, tmp_path):
         f.write('{"source": "arithm')  # a line cut short by the kill
     resumed = evaluate(tiny_model, ["task:arithmetic"], out_dir=tmp_path / "b", engine=engine, **kwargs)
     assert read_problems(tmp_path / "a/problems.jsonl") == read_problems(tmp_path / "b/problems.jsonl")
-    assert resumed == whole
+    assert {**resumed, "out_dir": None} == {**whole, "out_dir": None}
 
 
 # ---------------------------------------------------------------- command line, end to end
@@ -437,3 +439,30 @@ def test_cli_end_to_end_on_a_tiny_model(tiny_model, tmp_path, capsys):
     args = eval_parser().parse_args([*argv, "--n", "3"])  # same dir, other settings
     assert args.func(args) == 2
     assert "n: 2 there, 3 now" in capsys.readouterr().err
+
+
+def test_default_output_folders_are_named_after_model_data_and_settings(tmp_path, monkeypatch):
+    # Issue 17, item 5: the same checkpoint on another dataset, or with another --n, gets its own
+    # folder instead of a refusal; the same evaluation resumes its folder.
+    monkeypatch.chdir(tmp_path)
+    arith = load_eval_data("task:arithmetic", limit=2)
+    engine = ScriptedEngine({ex.prompt: [(ex.answer, "stop")] * 4 for ex in arith})
+    common = dict(ks=(1,), limit=2, progress=False, engine=engine)
+    a = evaluate("ckpt/model", ["task:arithmetic"], n=2, **common)
+    b = evaluate("ckpt/model", ["task:arithmetic"], n=4, **common)
+    c = evaluate("ckpt/model", ["task:arithmetic"], n=2, **common)
+    assert a["out_dir"] != b["out_dir"] and a["out_dir"] == c["out_dir"]
+    assert Path(a["out_dir"]).name.startswith("ckpt_model__task_arithmetic__n2-")
+
+
+def test_a_settings_clash_names_out_and_a_failed_start_leaves_no_folder(tmp_path):
+    arith = load_eval_data("task:arithmetic", limit=1)
+    engine = ScriptedEngine({arith[0].prompt: [(arith[0].answer, "stop")] * 2})
+    out = tmp_path / "eval"
+    evaluate("m", ["task:arithmetic"], n=1, ks=(1,), limit=1, out_dir=out, progress=False, engine=engine)
+    with pytest.raises(EvalError, match="--out DIR"):
+        evaluate("m", ["task:arithmetic"], n=2, ks=(1,), limit=1, out_dir=out, progress=False, engine=engine)
+    fresh = tmp_path / "fresh"
+    with pytest.raises(Exception):
+        evaluate("m", [str(tmp_path / "missing.jsonl")], n=1, ks=(1,), out_dir=fresh, progress=False, engine=engine)
+    assert not fresh.exists()  # no folder holding only settings.json

@@ -18,6 +18,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 
 from . import objectives
+from .models import SMALL_MODEL_PARAMS
 from .schema import ConfigError, coerce, from_dict, to_dict, unknown_key_error
 
 
@@ -163,7 +164,7 @@ class TrainerConfig:
     """cpu, cuda, cuda:N or auto: cuda when available, except for models under
     `small_model_params` parameters, which train faster on the CPU (launch-bound on a GPU; a log
     line says so)."""
-    small_model_params: int = 20_000_000
+    small_model_params: int = SMALL_MODEL_PARAMS
     """With device=auto, models with fewer parameters stay on the CPU (0: always the GPU when there is one).
     The default tiny model (4.2M) ran its 1000 steps in 152 s on 2 CPU cores against 226 s on an H100."""
     autocast: Literal["auto", "bf16", "off"] = "auto"

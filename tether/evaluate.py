@@ -37,8 +37,10 @@ and the metric functions `pass_at_k`, `maj_at_k`, `majority_vote`, `extract_answ
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
+import shutil
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -230,13 +232,27 @@ def _key(ex: Example) -> tuple[str, str]:
 # ---------------------------------------------------------------- output directory and resume
 
 
-def default_out_dir(model_path: str | Path) -> Path:
-    """`runs/eval/<model path with separators replaced>`: the same model resumes the same dir."""
-    return Path("runs/eval") / (re.sub(r"[^A-Za-z0-9._-]+", "_", str(model_path)).strip("._") or "model")
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
 
 
-def _check_settings(out_dir: Path, settings: dict[str, Any]) -> None:
-    """Write settings.json, or check that the one already there matches `settings`.
+def default_out_dir(model_path: str | Path, data_specs: Sequence[str] = (), settings: dict[str, Any] | None = None
+                    ) -> Path:
+    """`runs/eval/<model>__<data>__n<N>-<digest>`, the digest over the data specs and every setting:
+    the same evaluation resumes the same directory, and any other (another dataset, another --n,
+    strict or lenient) gets its own instead of being refused."""
+    model = _slug(str(model_path))[-60:] or "model"
+    data = "+".join(_slug(Path(s).stem if s.endswith((".jsonl", ".parquet")) else s) for s in data_specs)[:60]
+    if settings is None:
+        return Path("runs/eval") / "__".join(p for p in (model, data) if p)
+    digest = hashlib.sha256(json.dumps({"data": list(data_specs), **settings}, sort_keys=True).encode()).hexdigest()[:8]
+    return Path("runs/eval") / "__".join(p for p in (model, data, f"n{settings['n']}-{digest}") if p)
+
+
+def _check_settings(out_dir: Path, settings: dict[str, Any], write: bool = True) -> None:
+    """Check that a settings.json already in `out_dir` matches `settings`; with `write`, write it
+    when there is none (called again with `write` only once the data and the model have loaded, so
+    a failed start leaves no directory behind).
 
     A directory without any results yet (say, a start that failed) takes the new settings.
     """
@@ -251,8 +267,11 @@ def _check_settings(out_dir: Path, settings: dict[str, Any]) -> None:
         if diff:
             raise EvalError(
                 f"{out_dir} holds results sampled with other settings ({'; '.join(diff)}). "
-                "Pass the same settings to resume it, or choose another output directory."
+                "Pass the same settings to resume it, or write elsewhere with --out DIR (without --out, "
+                "each evaluation gets a directory named after its model, data and settings)."
             )
+        return
+    if not write:
         return
     out_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(settings, indent=2) + "\n")
@@ -455,14 +474,15 @@ def _tokenizer_for(model_path: str | Path) -> Any:
 
 
 def _engine_for(model_path: str | Path, device: str, dtype: str) -> Any:
-    import torch
-
-    from .models import load_model
+    from .models import SMALL_MODEL_PARAMS, load_model, pick_device
     from .rollout import get_engine
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_model(model_path, dtype=dtype, device=device)
+    model, tokenizer = load_model(model_path, dtype=dtype, device="cpu" if device == "auto" else device)
+    if device == "auto":  # the trainer's rule: a model too small to keep a GPU busy stays on the CPU
+        where, why = pick_device("auto", sum(p.numel() for p in model.parameters()), SMALL_MODEL_PARAMS, key="device")
+        if why:
+            print(why, file=sys.stderr)
+        model.to(where)
     return get_engine("hf", model=model, tokenizer=tokenizer)
 
 
@@ -529,14 +549,27 @@ def evaluate(
     settings = _settings(model_path, reward, n=n, temperature=temperature, top_p=top_p,
                          max_new_tokens=max_new_tokens, stop_strings=list(stop_strings),
                          seed=seed, template=template, extraction="strict" if strict else "lenient")
-    out = Path(out_dir) if out_dir is not None else default_out_dir(model_path)
-    _check_settings(out, settings)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(model_path, data_specs, settings)
+    _check_settings(out, settings, write=False)  # a mismatch fails before anything loads or is written
+    created = not out.exists()
+    try:
+        return _run(out, settings, model_path, data_specs, n, ks, params, seed, batch_prompts, progress, reward,
+                    strict, template, limit, engine, device, dtype)
+    except BaseException:
+        if created and out.exists() and not (out / PROBLEMS_FILE).exists():  # a failed start leaves nothing
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _run(out, settings, model_path, data_specs, n, ks, params, seed, batch_prompts, progress, reward, strict,
+         template, limit, engine, device, dtype) -> dict[str, Any]:
     done = read_problems(out / PROBLEMS_FILE)
     tokenizer = getattr(engine, "tokenizer", None) if engine is not None else _tokenizer_for(model_path)
     examples = _unique([ex for spec in data_specs for ex in load_eval_data(spec, tokenizer, template, limit)])
     todo = [ex for ex in examples if _key(ex) not in done]
     if todo and engine is None:
         engine = _engine_for(model_path, device, dtype)
+    _check_settings(out, settings)
     pick, close = _reward_picker(reward, strict)
     try:
         with (out / PROBLEMS_FILE).open("a", encoding="utf-8") as f, \
@@ -562,7 +595,7 @@ def _write_results(out: Path, settings: dict[str, Any], ks: list[int], specs: li
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(results_markdown(results))
-    return results
+    return {**results, "out_dir": str(out)}  # where they are (not in results.json: a folder can move)
 
 
 # ---------------------------------------------------------------- command line
@@ -580,11 +613,10 @@ def _int_list(text: str) -> list[int]:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """`tether eval`: run `evaluate` and print the summary table; 2 on a user error."""
-    out = args.out or default_out_dir(args.model)
     try:
         results = evaluate(
             args.model, args.data, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens, out_dir=out, seed=args.seed,
+            max_new_tokens=args.max_new_tokens, out_dir=args.out, seed=args.seed,
             progress=not args.no_progress, template=args.template, limit=args.limit,
             strict=not args.lenient,
         )
@@ -595,7 +627,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"math answer extraction: {extraction}"
           + (" (only the final \\boxed{} answer counts)" if extraction == "strict" else " (any answer in the completion counts)"))
     print(summary_markdown(results))
-    print(f"\nwrote {Path(out) / 'results.json'} and {Path(out) / 'results.md'}")
+    out = Path(results["out_dir"])
+    print(f"\nwrote {out / 'results.json'} and {out / 'results.md'}")
     return 0
 
 
@@ -615,7 +648,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus mass (default 0.95)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="generation budget (default: 32 for synthetic tasks only, else 2048)")
-    p.add_argument("--out", metavar="DIR", default=None, help="output directory (default runs/eval/<model>)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="output directory (default runs/eval/<model>__<data>__n<N>-<settings digest>)")
     p.add_argument("--template", default="boxed", help="prompt template of math data (default boxed)")
     p.add_argument("--lenient", action="store_true",
                    help="lenient math answer extraction: any answer in the completion counts, not only the "

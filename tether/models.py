@@ -51,6 +51,10 @@ def resolve_dtype(dtype: DType, device: str | torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+SMALL_MODEL_PARAMS = 20_000_000
+"""Below this many parameters `device=auto` keeps a model on the CPU (`trainer.small_model_params`)."""
+
+
 def pick_device(name: str, n_params: int, small_model_params: int, key: str = "trainer.device",
                 small_key: str = "trainer.small_model_params") -> tuple[torch.device, str]:
     """The device for a model, and a log line when `auto` keeps a small model on the CPU
