@@ -161,7 +161,7 @@ class ObjectiveConfig:
     entropy_coef: float = 0.0
     """Entropy bonus: the loss gets -entropy_coef * mean entropy (needs `entropy` in the batch)."""
     advantage: str = "grpo"
-    """Advantage estimator the trainer uses with this objective: grpo, dr_grpo, rloo."""
+    """Advantage estimator the trainer uses with this objective: grpo, dr_grpo, rloo, reinforce_pp."""
     max_len: Optional[int] = None
     """T_max of seq-mean-token-sum-norm (the generation budget); None: the batch's padded width."""
 

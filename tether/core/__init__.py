@@ -8,7 +8,11 @@ modules, each opening with its math and its departures from the paper:
 - `rpg`: Regularized Policy Gradient, both forms, RPG-Style Clip, the clipped differentiable form.
 - `kl`: KL-to-reference penalty estimators k1, k2, k3, k3_iw.
 - `etr`: Elastic Trust Regions (a documented reconstruction).
-- `advantages`: grpo, dr_grpo, rloo.
+- `dppo`: DPPO's Binary-TV / Binary-KL (or any ratio measure) trust-region masks with truncated IS.
+- `sapo`: SAPO's soft sigmoid gate.
+- `gmpo`: GMPO's geometric mean of log-space-clipped token ratios.
+- `covariance`: Clip-Cov and KL-Cov, entropy control on high-covariance tokens.
+- `advantages`: grpo, dr_grpo, rloo, reinforce_pp.
 - `aggregation`: the four loss aggregation modes with mini-batch normalisers.
 - `masked`: masked reductions and sync-free group statistics.
 """
