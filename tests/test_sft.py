@@ -61,9 +61,10 @@ def test_greedy_accuracy_uses_the_reward(tiny):
     def always(completion: str, example: Example) -> RewardResult:
         return RewardResult(1.0)
 
-    def never(completion: str, example: Example) -> RewardResult:
-        return RewardResult(0.5)  # below 1: not solved
+    def shaped(completion: str, example: Example) -> RewardResult:
+        return RewardResult(0.5)  # a shaped score: a reward, never an accuracy
 
     assert greedy_accuracy(model, tok, examples, always, max_new_tokens=3) == 1.0
-    assert greedy_accuracy(model, tok, examples, never, max_new_tokens=3) == 0.0
+    with pytest.raises(ValueError, match="accuracy needs a 0/1 verifier"):  # one definition (rewards.accuracy)
+        greedy_accuracy(model, tok, examples, shaped, max_new_tokens=3)
     assert greedy_accuracy(model, tok, examples, get_reward("exact_match"), max_new_tokens=3) == 0.0  # untrained

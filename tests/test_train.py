@@ -410,3 +410,19 @@ def test_three_step_train_on_cuda_in_bf16(tiny_dir, tmp_path):
     rows = _rows(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert all(math.isfinite(r["loss/total"]) and math.isfinite(r["optim/grad_norm"]) for r in rows[1:])
+
+
+def test_held_out_accuracy_is_the_task_verifiers_never_the_training_reward(tiny_dir):
+    # Issue 15, item 4: one definition of accuracy. A shaped or weighted training reward is logged
+    # as reward/*, and eval/accuracy (and the warm start) use the task's own 0/1 verifier.
+    from tether.rewards import REWARDS, accuracy
+    from tether.train import build_task_and_reward
+
+    task, reward, verifier = build_task_and_reward(_cfg(tiny_dir, "unused", "reward.weights={exact_match: 1.0, format: 0.5}"))
+    assert verifier is REWARDS.get(task.reward) and reward is not verifier
+    task, reward, verifier = build_task_and_reward(_cfg(tiny_dir, "unused", "reward.name=auto"))
+    assert reward is verifier  # the task's own reward: one object
+    with pytest.raises(ValueError, match="0/1 verifier"):
+        from tether.rewards import RewardResult
+
+        accuracy([RewardResult(1.5)], "a weighted reward")

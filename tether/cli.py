@@ -91,8 +91,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     path, overrides = _split_config_args(args.args)
     cfg = load_config(path, [*overrides, "warm_start.enabled=true"])
-    task, reward_fn = build_task_and_reward(cfg)
-    print(initial_model(cfg, task, reward_fn))
+    task, _, verifier = build_task_and_reward(cfg)
+    print(initial_model(cfg, task, verifier))
     return 0
 
 

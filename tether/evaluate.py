@@ -48,7 +48,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .rewards import RewardFn, asks_for_boxed, boxed_answers, get_reward, reward_options, score_batch, with_completion_tokens
+from .rewards import (RewardFn, asks_for_boxed, boxed_answers, check_verdicts, get_reward, reward_options,
+                      rollout_examples, score_batch)
 from .tasks import TASKS, Example, get_task, load_math_dataset, render_prompt, stable_hash
 
 DEFAULT_TASK_PROBLEMS = 200  # = the trainer's data.eval_size default: `task:X` is its held-out set
@@ -301,12 +302,8 @@ def _score(examples: list[Example], completions: list[str], rewards: Callable[[E
     verdicts = [False] * len(examples)
     for fn, idx in groups.values():
         results = score_batch(fn, [completions[i] for i in idx], [examples[i] for i in idx])
+        check_verdicts(results, fn, [examples[i] for i in idx])  # accuracy is a 0/1 verdict (rewards.accuracy)
         for i, result in zip(idx, results):
-            if result.score not in (0.0, 1.0):
-                raise ValueError(
-                    f"evaluation needs a 0/1 verifier; {fn!r} scored {result.score} on "
-                    f"{examples[i].id!r} (use a verifier, not a shaped or weighted reward)"
-                )
             verdicts[i] = result.score == 1.0
     return verdicts
 
@@ -317,7 +314,7 @@ def _sample_batch(engine: Any, batch: list[Example], n: int, params: Any, seed: 
     batch_seed = stable_hash("\x00".join([str(seed), *("\x01".join(_key(ex)) for ex in batch)])) % 2**63
     rollout = engine.generate([ex.prompt for ex in batch], n=n, params=params, seed=batch_seed)
     lengths = [int(x) for x in rollout.mask.sum(1).tolist()]
-    per_sample = with_completion_tokens([batch[i] for i in rollout.prompt_index], lengths)
+    per_sample = rollout_examples(rollout, batch)  # as training scores (rewards.score_rollout)
     correct = _score(per_sample, list(rollout.completions), rewards)
     records = []
     for p, ex in enumerate(batch):

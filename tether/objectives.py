@@ -702,8 +702,11 @@ class Objective:
         """The aggregation normaliser of a whole mini-batch; pass it as `TokenBatch.loss_norm`."""
         return _agg.normalizer(self.config.aggregation, mask, self.config.max_len)
 
-    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-        return _adv.compute_advantages(self.config.advantage, rewards, group_ids)
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor,
+                   lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Advantages (N,); `lengths` (N,), each sequence's counted tokens, weigh the batch statistics of
+        the estimators that whiten over tokens (reinforce_pp, as verl does); the others ignore them."""
+        return _adv.compute_advantages(self.config.advantage, rewards, group_ids, lengths)
 
     def needs_group_stats(self) -> bool:
         return self.config.needs_group_stats()

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .rewards import RewardFn, score_batch, task_reward
+from .rewards import RewardFn, accuracy, score_rollout, task_reward
 from .rollout import HFEngine, SamplingParams, encode_prompts
 from .tasks import Example, Task
 
@@ -35,14 +35,14 @@ def greedy_accuracy(
     max_new_tokens: int,
     batch_size: int | None = None,
 ) -> float:
-    """Share of `examples` whose greedy completion scores >= 1 under `reward`."""
+    """Greedy accuracy on `examples` (rewards.accuracy: the share the 0/1 verifier `reward` accepts),
+    scored as training and `tether eval` score (rewards.score_rollout)."""
     if not examples:
         raise ValueError("no examples to evaluate")
     engine = HFEngine(model, tokenizer, batch_size=batch_size)
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     batch = engine.generate([e.prompt for e in examples], n=1, params=params)
-    results = score_batch(reward, batch.completions, list(examples))
-    return sum(r.score >= 1.0 for r in results) / len(results)
+    return accuracy(score_rollout(reward, batch, list(examples)).results, reward)
 
 
 def sft_batch(

@@ -33,8 +33,9 @@ from .config import Config, check_resume, save_config
 from .models import pick_device
 from .data import PromptStream
 from .ops import causal_lm_token_logprobs, fused_head_reason, shared_prompt_reason
-from .rewards import score_batch, verifier_faults, with_completion_tokens
+from .rewards import accuracy, score_rollout, verifier_faults
 from .rollout import RolloutBatch, SamplingParams, get_engine
+from .tasks import Example
 from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, read_jsonl, truncate_jsonl, wandb_problem
 from .schema import ConfigError, to_dict
 from .stopping import Interrupted, StopSignals
@@ -133,18 +134,18 @@ def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config) -> Optional
 
 @dataclass
 class Scored:
-    rollout: Any
-    examples: list  # one per sample
+    """A rollout batch with its rewards, ready for advantages and the update."""
+
+    rollout: RolloutBatch
+    examples: list[Example]  # (N,) the example of each sample
     rewards: torch.Tensor  # (N,)
-    group_ids: torch.Tensor  # (N,)
-    metrics: dict[str, float]
+    group_ids: torch.Tensor  # (N,) prompt group of each sample
+    metrics: dict[str, float]  # rollout and reward metrics, on the host
 
 
-def _score(rollout, examples, reward_fn):
-    """Rewards (N,) and the example of each sample (with its completion length, for `overlong`)."""
-    per_sample = [examples[i] for i in rollout.prompt_index]
-    per_sample = with_completion_tokens(per_sample, rollout.mask.sum(1).tolist())
-    results = score_batch(reward_fn, rollout.completions, per_sample)
+def _score(rollout: RolloutBatch, examples, reward_fn):
+    """Rewards (N,), the example of each sample and the results (rewards.score_rollout)."""
+    per_sample, results = score_rollout(reward_fn, rollout, examples)
     return torch.tensor([r.score for r in results], dtype=torch.float32), per_sample, results
 
 
@@ -357,14 +358,13 @@ def refresh_reference(reference, model, t, opt_steps_before: int, opt_steps: int
 
 
 @torch.no_grad()
-def evaluate(engine, examples, reward_fn, cfg: Config, seed: int) -> dict[str, float]:
-    """Greedy held-out accuracy: mean verifier score over `examples`."""
+def evaluate(engine, examples, verifier, cfg: Config, seed: int) -> dict[str, float]:
+    """Greedy held-out accuracy (rewards.accuracy: the share the task's 0/1 `verifier` accepts,
+    never a shaped training reward) and mean completion length over `examples`."""
     params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=cfg.rollout.max_new_tokens,
                             stop_strings=tuple(cfg.rollout.stop_strings))
     rollout = engine.generate([e.prompt for e in examples], n=1, params=params, seed=seed)
-    per_sample = with_completion_tokens([examples[i] for i in rollout.prompt_index], rollout.mask.sum(1).tolist())
-    scores = [r.score for r in score_batch(reward_fn, rollout.completions, per_sample)]
-    return {"eval/accuracy": sum(scores) / max(len(scores), 1),
+    return {"eval/accuracy": accuracy(score_rollout(verifier, rollout, examples).results, verifier),
             "eval/len_mean": rollout.mask.sum(1).float().mean().item()}
 
 
@@ -393,9 +393,10 @@ def _scheduler(optimizer, cfg: Config, total_opt_steps: int):
 
 
 def build_task_and_reward(cfg: Config, tokenizer=None):
-    """The task (math prompts rendered with the model's chat template) and its verifier, with
-    `reward.timeout_s` and `reward.strict` for every reward that takes them (strict extraction
-    only when the task's template asks for a final \\boxed{} answer)."""
+    """The task (math prompts rendered with the model's chat template), the training reward, and
+    the task's own 0/1 verifier that held-out accuracy uses (the same object when the reward is the
+    task's own), each with `reward.timeout_s` and `reward.strict` where they take them (strict
+    extraction only when the task's template asks for a final \\boxed{} answer)."""
     from .rewards import task_reward
     from .tasks import get_task
 
@@ -408,7 +409,9 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
         args.setdefault("tokenizer", tokenizer)
     task = get_task(cfg.data.task, **args)
     r = cfg.reward
-    return task, task_reward(task, r.name, r.weights, r.timeout_s, r.strict)
+    verifier = task_reward(task, timeout_s=r.timeout_s, strict=r.strict)
+    own = r.name in ("auto", task.reward) and not r.weights
+    return task, verifier if own else task_reward(task, r.name, r.weights, r.timeout_s, r.strict), verifier
 
 
 def _eval_examples(task, cfg: Config) -> list:
@@ -519,11 +522,11 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     torch.manual_seed(t.seed)
 
     obj = objectives.build(cfg.objective)  # resolved on load (tether.config): every parameter is recorded
-    task, reward_fn = build_task_and_reward(cfg)
+    task, reward_fn, verifier = build_task_and_reward(cfg)
     for warning in config_warnings(cfg, obj):
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg)
-    source = str(ckpt / "model") if ckpt else initial_model(cfg, task, reward_fn, log=log)
+    source = str(ckpt / "model") if ckpt else initial_model(cfg, task, verifier, log=log)
     # Loaded on the CPU (dtype auto: float32, the master weights under bf16 autocast), then moved.
     model, tokenizer = load_model(source, dtype=cfg.model.dtype, device="cpu",
                                   gradient_checkpointing=cfg.model.gradient_checkpointing)
@@ -533,7 +536,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     model.to(device).train()
     reference = None
     if obj.uses_reference():
-        ref_source = initial_model(cfg, task, reward_fn, log=log) if ckpt else source
+        ref_source = initial_model(cfg, task, verifier, log=log) if ckpt else source
         reference, _ = load_model(ref_source, dtype=cfg.model.dtype, device="cpu")
         reference.to(device)
         if ckpt:
@@ -585,7 +588,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         with stop:
             if start == 0:
                 with precision(device, cfg):
-                    m = evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed)
+                    m = evaluate(engine, test_examples, verifier, cfg, seed=t.seed)
                 for s in sinks:
                     s.log(0, m)
                 progress.update(0, m)
@@ -600,7 +603,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                                      tokenizer.pad_token_id)
                 model.train()
                 tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
-                adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
+                adv = obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float()).to(device)
                 old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
                 with precision(device, cfg):
                     ref_lp = None if reference is None else batched_logprobs(
@@ -635,7 +638,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 if step % t.eval_every == 0 or step == t.total_steps:
                     model.eval()
                     with precision(device, cfg):
-                        metrics.update(evaluate(engine, test_examples, reward_fn, cfg, seed=t.seed))
+                        metrics.update(evaluate(engine, test_examples, verifier, cfg, seed=t.seed))
                 for s in sinks:
                     s.log(step, metrics)
                 _write_samples(samples_file, step, scored, t.log_samples)

@@ -52,7 +52,7 @@ def _publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def initial_model(cfg: Config, task, reward_fn, log=print) -> str:
+def initial_model(cfg: Config, task, verifier, log=print) -> str:
     """Path or hub id of the model RL starts from (building and warm-starting it if needed)."""
     base = str(_tiny_model(cfg)) if cfg.model.name_or_path == "tiny" else cfg.model.name_or_path
     ws = cfg.warm_start
@@ -77,7 +77,7 @@ def initial_model(cfg: Config, task, reward_fn, log=print) -> str:
     tic = time.perf_counter()
     result = sft(model, tokenizer, task, steps_max=ws.max_steps, batch_size=ws.batch_size, lr=ws.lr,
                  eval_every=ws.eval_every, target_accuracy=ws.target_accuracy, seed=cfg.trainer.seed,
-                 max_new_tokens=cfg.rollout.max_new_tokens, reward=reward_fn, log=log,
+                 max_new_tokens=cfg.rollout.max_new_tokens, reward=verifier, log=log,
                  # Stop on accuracy over train problems: the held-out split stays unseen until RL's eval.
                  eval_examples=task.examples("train", cfg.data.eval_size, seed=cfg.trainer.seed + 1))
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")

@@ -21,7 +21,8 @@ from typing import Any, Mapping, Sequence
 
 from ..tasks import Example
 from ..core.registry import Registry
-from .base import RewardFn, RewardResult, score_batch, verifier_faults
+from .base import (RewardFn, RewardResult, accuracy, check_verdicts, rollout_examples, score_batch, score_rollout,
+                   verifier_faults)
 from .math_verifier import Math, MathVerifier, asks_for_boxed, math_verify_score, strict_for_task
 from .simple import (
     Format,
@@ -150,6 +151,6 @@ __all__ = [
     "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "RewardFn",
     "RewardResult", "asks_for_boxed", "boxed_answers", "countdown", "exact_match", "get_reward",
     "math_verify_score", "overlong_penalty", "reward_names", "reward_options", "score_batch", "strict_for_task",
-    "task_reward",
+    "task_reward", "accuracy", "check_verdicts", "rollout_examples", "score_rollout",
     "verifier_faults", "with_completion_tokens",
 ]

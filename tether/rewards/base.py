@@ -13,7 +13,7 @@ it wrong ("81 82" is not "81").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 from ..tasks import Example
 
@@ -75,6 +75,45 @@ def _guarded(reward: RewardFn, completion: str, example: Example) -> RewardResul
         return reward(completion, example)
     except Exception as err:
         return RewardResult(0.0, {}, f"{REWARD_ERROR}: {type(err).__name__}: {str(err)[:80]}", ("error",))
+
+
+class Scored(NamedTuple):
+    """A rollout's completions scored: the example of each sample (with its completion length in
+    tokens, for `overlong`) and its result, in the rollout's row order."""
+
+    examples: list[Example]
+    results: list[RewardResult]
+
+
+def rollout_examples(rollout: Any, examples: Sequence[Example]) -> list[Example]:
+    """The example of each sample of `rollout` (a `tether.rollout.RolloutBatch`): its prompt's
+    (`rollout.prompt_index`), with its completion length in tokens attached for length-aware rewards."""
+    from .simple import with_completion_tokens
+
+    return with_completion_tokens([examples[i] for i in rollout.prompt_index],
+                                  [int(n) for n in rollout.mask.sum(1).tolist()])
+
+
+def score_rollout(reward: RewardFn, rollout: Any, examples: Sequence[Example]) -> Scored:
+    """THE scoring path of training, SFT and `tether eval`: each completion of `rollout` against
+    the example of its prompt (`rollout_examples`)."""
+    per_sample = rollout_examples(rollout, examples)
+    return Scored(per_sample, score_batch(reward, list(rollout.completions), per_sample))
+
+
+def check_verdicts(results: Sequence[RewardResult], verifier: object, examples: Sequence[Example] = ()) -> None:
+    """Raise unless every score is 0 or 1: accuracy is a 0/1 verifier's verdict, never a shaped reward."""
+    for i, r in enumerate(results):
+        if r.score not in (0.0, 1.0):
+            on = f" on {examples[i].id!r}" if i < len(examples) else ""
+            raise ValueError(f"accuracy needs a 0/1 verifier; {verifier!r} scored {r.score}{on} "
+                             "(use the task's verifier, not a shaped or weighted reward)")
+
+
+def accuracy(results: Sequence[RewardResult], verifier: object = "the verifier") -> float:
+    """THE definition of accuracy: the share of completions the task's 0/1 verifier accepts."""
+    check_verdicts(results, verifier)
+    return sum(r.score for r in results) / max(len(results), 1)
 
 
 def verifier_faults(results: Sequence[RewardResult]) -> dict[str, float]:
