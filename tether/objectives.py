@@ -97,6 +97,23 @@ class ObjectiveOutput:
     loss (summed within a mini-batch)."""
 
 
+@dataclass
+class TokenTerms:
+    """An objective's per-token terms on one batch (`Objective.terms`), 0 at padding, before any
+    aggregation: loss = agg(tokens.loss) + kl_penalty.coef * agg(kl_penalty) - entropy_coef * agg(entropy)."""
+
+    tokens: Any
+    """`tether.core.surrogates.TokenLoss`: the per-token policy loss (N, T) and its clip flags."""
+    kl_penalty: Optional[torch.Tensor]
+    """(N, T) the KL-penalty estimator per token (with gradient), None when the penalty is off."""
+    entropy: Optional[torch.Tensor]
+    """(N, T) the entropy per token (with gradient) when entropy_coef != 0, else None."""
+    metrics: dict[str, torch.Tensor]
+    """Detached scalar metrics (policy/*, kl/ref, the objective's own), without the loss/* values."""
+    merge: dict[str, MergeRule]
+    """How each metric merges over micro-batches (see `ObjectiveOutput.merge`)."""
+
+
 class MetricMerger:
     """The metrics of many micro-batches (and mini-batches) merged exactly as if computed at once:
     means weighted by their counts, minima and maxima, and `loss/*` shares summed per mini-batch
@@ -202,6 +219,10 @@ class ObjectiveConfig:
     def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Any:
         """Per-sequence group statistics over a whole rollout batch (rewards, group_ids (N,)); None if unused."""
         return None
+
+    def group_stats_needed(self) -> tuple[str, ...]:
+        """The fields of `group_stats` the loss reads (an adapter that can supply only some checks this)."""
+        return ()
 
 
 def _check(ok: bool, key: str, value: Any, expected: str) -> None:
@@ -385,6 +406,9 @@ class ETRConfig(ObjectiveConfig):
 
     def needs_group_stats(self) -> bool:
         return self.macro != "off"
+
+    def group_stats_needed(self) -> tuple[str, ...]:
+        return {"explicit": ("nu_shift",), "implicit": ("spread",), "off": ()}[self.macro]
 
     def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Optional[_etr.ETRGroupStats]:
         return _etr.etr_group_stats(rewards, group_ids, self.reward_range) if self.needs_group_stats() else None
@@ -716,7 +740,11 @@ class Objective:
         (select rows with `.select(idx)`); None when the objective reads none."""
         return self.config.group_stats(rewards, group_ids)
 
-    def __call__(self, batch: TokenBatch) -> ObjectiveOutput:
+    def terms(self, batch: TokenBatch) -> "TokenTerms":
+        """The per-token terms on `batch`, before aggregation: the one implementation of each
+        objective's masking, group statistics, KL penalty, entropy and metrics, which tether's
+        trainer and the TRL adapter aggregate with `__call__` and the verl plugin with verl's own
+        `agg_loss` (tether.integrations.verl)."""
         self._validate(batch)
         cfg, m = self.config, batch.mask
         if cfg.needs_group_stats() and batch.group_stats is None:  # this batch is the whole rollout batch
@@ -724,36 +752,44 @@ class Objective:
         lp = _masked_fill(batch.logprobs, m)
         old = _masked_fill(batch.old_logprobs, m).detach()
         tokens, extra = self._loss(cfg, batch, lp, old)
-
-        def reduce(x: torch.Tensor) -> torch.Tensor:
-            return _agg.aggregate(x, m, cfg.aggregation, batch.loss_norm, cfg.max_len)
-
-        policy_loss = reduce(tokens.loss)
-        total = policy_loss
-        metrics: dict[str, torch.Tensor] = {"loss/policy": policy_loss.detach()}
-        log_w = _sur.log_ratio(lp, old).detach()
+        n_tokens = m.detach().sum().to(torch.float64)
+        metrics: dict[str, torch.Tensor] = {}
+        penalty = None
         if batch.ref_logprobs is not None:
             ref = _masked_fill(batch.ref_logprobs, m).detach()
             metrics["kl/ref"] = masked_mean(k3_of_log(ref - lp.detach()), m)
             if cfg.kl_penalty is not None and cfg.kl_penalty.coef > 0:
-                pen = reduce(_kl.kl_penalty(cfg.kl_penalty.estimator, lp, ref, old))
-                total = total + cfg.kl_penalty.coef * pen
-                metrics["loss/kl_penalty"] = pen.detach()
+                penalty = _kl.kl_penalty(cfg.kl_penalty.estimator, lp, ref, old)
+        entropy = None
         if batch.entropy is not None:
-            ent = _masked_fill(batch.entropy, m)
-            metrics["policy/entropy"] = masked_mean(ent.detach(), m)
-            if cfg.entropy_coef != 0:
-                ent_loss = reduce(ent)
-                total = total - cfg.entropy_coef * ent_loss
-                metrics["loss/entropy"] = ent_loss.detach()
-        metrics["loss/total"] = total.detach()
-        metrics.update(policy_metrics(tokens, log_w, m))
-        n_tokens = m.detach().sum().to(torch.float64)
-        merge: dict[str, MergeRule] = {k: ("share" if k.startswith("loss/") else n_tokens) for k in metrics}
+            entropy = _masked_fill(batch.entropy, m)
+            metrics["policy/entropy"] = masked_mean(entropy.detach(), m)
+        metrics.update(policy_metrics(tokens, log_w=_sur.log_ratio(lp, old).detach(), mask=m))
+        merge: dict[str, MergeRule] = {k: n_tokens for k in metrics}
         merge.update(POLICY_METRIC_EXTREMES)
         for k, v in extra.items():
             metrics[k], merge[k] = (v.value.detach(), v.count.detach()) if isinstance(v, Mean) else (v.detach(), n_tokens)
-        return ObjectiveOutput(total, metrics, merge)
+        return TokenTerms(tokens, penalty, entropy if cfg.entropy_coef != 0 else None, metrics, merge)
+
+    def __call__(self, batch: TokenBatch) -> ObjectiveOutput:
+        """The loss on `batch`: its terms aggregated by `config.aggregation` (with `loss_norm`, as one
+        micro-batch's share of the mini-batch loss), plus the `loss/*` metrics."""
+        cfg, t = self.config, self.terms(batch)
+
+        def reduce(x: torch.Tensor) -> torch.Tensor:
+            return _agg.aggregate(x, batch.mask, cfg.aggregation, batch.loss_norm, cfg.max_len)
+
+        total = policy = reduce(t.tokens.loss)
+        losses = {"loss/policy": policy}
+        if t.kl_penalty is not None:
+            losses["loss/kl_penalty"] = pen = reduce(t.kl_penalty)
+            total = total + cfg.kl_penalty.coef * pen
+        if t.entropy is not None:
+            losses["loss/entropy"] = ent = reduce(t.entropy)
+            total = total - cfg.entropy_coef * ent
+        losses["loss/total"] = total
+        metrics = {**{k: v.detach() for k, v in losses.items()}, **t.metrics}
+        return ObjectiveOutput(total, metrics, {**{k: "share" for k in losses}, **t.merge})
 
     def _validate(self, batch: TokenBatch) -> None:
         if self.config.needs_group_stats() and batch.group_stats is None:

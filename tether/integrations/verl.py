@@ -13,8 +13,10 @@ verl >= 0.9.1 imports it in every process that imports verl (the driver and ever
 through the `verl.plugins` entry point in tether's pyproject.toml; older versions import it
 through VERL_USE_EXTERNAL_MODULES=tether.integrations.verl. docs/verl.md is the user's guide.
 
-No math of its own. Per micro-batch, with l_t the tether objective's per-token loss
-(`tether.core`), m the response mask and c_t verl's rollout importance weights (1 when absent):
+No math of its own. Per micro-batch, with l_t the tether objective's per-token loss and kl_t its
+per-token KL penalty (`Objective.terms`: the same masking, group statistics and metrics as in
+tether's trainer and the TRL adapter), m the response mask and c_t verl's rollout importance
+weights (1 when absent):
 
     pg_loss = agg_loss(c_t l_t, m, loss_agg_mode, **global_batch_info)  [+ coef agg_loss(kl_t, ...)]
 
@@ -63,9 +65,6 @@ from tether import objectives
 from tether.core import advantages as _adv
 from tether.core import aggregation as _agg
 from tether.core import etr as _etr
-from tether.core import kl as _kl
-from tether.core import surrogates as _sur
-from tether.core.kl import k3_of_log
 from tether.core.masked import masked_fraction, masked_mean
 from tether.core.registry import unknown_name_message
 from tether.schema import ConfigError
@@ -134,14 +133,18 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
     cfg = obj.config
     if cfg.entropy_coef != 0:
         raise ConfigError(f"{_KEY}: entropy_coef must be 0 under verl; use actor_rollout_ref.actor.entropy_coeff")
-    if obj.name == "etr" and cfg.macro == "implicit":
+    # Capabilities, not names: verl's `returns` slot carries one group statistic, nu_g - nu_bar,
+    # computed by the tether_* estimators from the batch's observed reward range.
+    unsupported = set(cfg.group_stats_needed()) - {"nu_shift"}
+    if unsupported:
         raise ConfigError(
-            f"{_KEY}: ETR macro='implicit' needs each group's rewards inside the loss, which verl does not pass; "
-            "use macro=explicit (its group statistic comes from a tether_* advantage estimator) or macro=off"
+            f"{_KEY}: objective {obj.name!r} with these settings needs the group statistic(s) {sorted(unsupported)} "
+            "inside the loss (ETR macro='implicit' needs each group's rewards), which verl does not pass; use "
+            "macro=explicit (its statistic comes from a tether_* advantage estimator) or macro=off"
         )
-    if obj.name == "etr" and cfg.reward_range is not None:
+    if cfg.needs_group_stats() and getattr(cfg, "reward_range", None) is not None:
         raise ConfigError(
-            f"{_KEY}: ETR reward_range is not supported under verl: the tether_* advantage estimators compute "
+            f"{_KEY}: reward_range is not supported under verl: the tether_* advantage estimators compute "
             "nu_g from the batch's observed reward range (for 0/1 rewards the same as [0, 1]); set reward_range=null"
         )
     return obj
@@ -299,31 +302,28 @@ def policy_loss(
     old_log_prob, log_prob, advantages, response_mask, rollout_is_weights: (N, T). `config` is
     verl's actor config; only its `global_batch_info` is read here.
     """
-    cfg = obj.config
     batch_info = dict(_get(config, "global_batch_info") or {})
     _check_aggregation(obj, loss_agg_mode, batch_info)
     _check_no_hidden_kl_loss(obj, config)
     mask = response_mask.bool()
-    zeros = torch.zeros_like(log_prob)
-    lp = torch.where(mask, log_prob, zeros)
-    old = torch.where(mask, old_log_prob.to(log_prob.dtype), zeros).detach()
     adv = advantages.to(log_prob.dtype)
     ref = _reference(obj, log_prob) if obj.uses_reference() else _batch_field("ref_log_prob", log_prob, required=False)
     stats = _group_stats_from_batch(adv, mask) if obj.needs_group_stats() else None
-    batch = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, ref_logprobs=ref,
-                                  group_stats=stats)
-    tokens, extra = objectives.OBJECTIVES.get(obj.name).loss(cfg, batch, lp, old)
+    # The objective's own per-token terms (masking, group statistics, KL penalty, metrics: one
+    # implementation, Objective.terms); only the aggregation is verl's.
+    terms = obj.terms(objectives.TokenBatch(logprobs=log_prob, old_logprobs=old_log_prob.to(log_prob.dtype),
+                                            advantages=adv, mask=mask, ref_logprobs=ref, group_stats=stats))
 
     def reduce(per_token: torch.Tensor) -> torch.Tensor:
         per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
         return core_algos.agg_loss(loss_mat=per_token, loss_mask=mask, loss_agg_mode=loss_agg_mode, **batch_info)
 
     weights = 1.0 if rollout_is_weights is None else rollout_is_weights
-    loss = reduce(tokens.loss * weights)
-    if ref is not None and cfg.kl_penalty is not None and cfg.kl_penalty.coef > 0:
-        ref_m = torch.where(mask, ref, zeros).detach()
-        loss = loss + cfg.kl_penalty.coef * reduce(_kl.kl_penalty(cfg.kl_penalty.estimator, lp, ref_m, old))
-    return loss, _metrics(tokens, lp, old, ref, mask, extra)
+    loss = reduce(terms.tokens.loss * weights)
+    if terms.kl_penalty is not None:
+        loss = loss + obj.config.kl_penalty.coef * reduce(terms.kl_penalty)
+    log_w = torch.where(mask, log_prob.detach() - old_log_prob.to(log_prob.dtype), torch.zeros_like(log_prob))
+    return loss, _metrics(terms, log_w, mask)
 
 
 def _check_no_hidden_kl_loss(obj: objectives.Objective, config: Any) -> None:
@@ -373,21 +373,16 @@ def _check_aggregation(obj: objectives.Objective, mode: str, batch_info: dict) -
         )
 
 
-def _metrics(tokens, lp, old, ref, mask, extra) -> dict[str, float]:
-    """verl's three standard keys (its definitions), then tether's own metrics under actor/tether/."""
-    log_w = _sur.log_ratio(lp, old).detach()
-    m = mask
+def _metrics(terms: objectives.TokenTerms, log_w: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """verl's three standard keys (its definitions), then the objective's own metrics under actor/tether/."""
+    tokens = terms.tokens
     named = {
         # verl: share of tokens a ratio bound clipped, mean of log(pi_old / pi_theta), share dual-clipped.
-        "actor/pg_clipfrac": masked_fraction(tokens.clip_low | tokens.clip_high, m),
-        "actor/ppo_kl": masked_mean(-log_w, m),
-        "actor/pg_clipfrac_lower": masked_fraction(tokens.clip_dual, m),
+        "actor/pg_clipfrac": masked_fraction(tokens.clip_low | tokens.clip_high, mask),
+        "actor/ppo_kl": masked_mean(-log_w, mask),
+        "actor/pg_clipfrac_lower": masked_fraction(tokens.clip_dual, mask),
     }
-    named.update({f"actor/tether/{k}": v for k, v in objectives.policy_metrics(tokens, log_w, m).items()})
-    if ref is not None:
-        ref_m = torch.where(m, ref, torch.zeros_like(ref)).detach()
-        named["actor/tether/kl/ref"] = masked_mean(k3_of_log(ref_m - lp.detach()), m)
-    named.update({f"actor/tether/{k}": v.value if isinstance(v, objectives.Mean) else v for k, v in extra.items()})
+    named.update({f"actor/tether/{k}": v for k, v in terms.metrics.items()})
     # One host sync for all of them; verl's own losses return floats.
     values = torch.stack([v.detach().reshape(()).to(torch.float64) for v in named.values()]).tolist()
     return dict(zip(named, values))
