@@ -62,7 +62,7 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     from tether.models import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.tasks import get_task
-    from tether.train import batched_logprobs, collect, old_policy_logprobs, to_tokens, update
+    from tether.train import Optimiser, UpdateBatch, batched_logprobs, collect, old_policy_logprobs, to_tokens, update
 
     batch = args.prompts * args.group
     cfg = load_config(overrides=[
@@ -105,7 +105,8 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         sync(device)
         t2 = time.perf_counter()
         gen = torch.Generator().manual_seed(step)
-        update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, lambda: None)
+        batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp)
+        update(Optimiser(model, optimizer, scheduler), obj, batch, cfg, gen)
         t3 = time.perf_counter()  # update ends with a host sync
         return {"total": t3 - t0, "generation": t1 - t0, "logprobs": t2 - t1, "update": t3 - t2,
                 "tokens": float(scored.rollout.mask.sum())}

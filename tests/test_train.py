@@ -257,7 +257,7 @@ def _etr_update(tiny_dir, micro: int):
     from tether import objectives
     from tether.models import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.train import Scored, Tokens, old_policy_logprobs, to_tokens, update
+    from tether.train import Optimiser, Tokens, UpdateBatch, old_policy_logprobs, to_tokens, update
 
     torch.manual_seed(0)
     model, tok = load_model(str(tiny_dir), device="cpu")
@@ -275,9 +275,8 @@ def _etr_update(tiny_dir, micro: int):
                     tokens.mask.double(), tokens.prompt_len)
     old = old_policy_logprobs(model, tokens, rollout, cfg)
     opt = _RecordingSGD(model.parameters(), lr=0.5)
-    scored = Scored(rollout, [None] * 64, rewards, groups, {})
-    metrics = update(model, opt, _NoSchedule(), obj, tokens, old, None, obj.advantages(rewards, groups), scored, cfg,
-                     torch.Generator().manual_seed(7), lambda: None)
+    batch = UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old)
+    metrics = update(Optimiser(model, opt, _NoSchedule()), obj, batch, cfg, torch.Generator().manual_seed(7))
     return metrics, opt.grads
 
 
@@ -365,7 +364,7 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     from tether import objectives
     from tether.models import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.train import Scored, Tokens, batched_logprobs, old_policy_logprobs, to_tokens, update
+    from tether.train import Optimiser, Tokens, UpdateBatch, batched_logprobs, old_policy_logprobs, to_tokens, update
 
     model, tok = load_model(str(tiny_dir), device="cpu")
     model = model.double()
@@ -382,8 +381,9 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     grads = []
     for old in (None, recomputed):
         opt = _RecordingSGD(model.parameters(), lr=0.0)
-        m = update(model, opt, _NoSchedule(), obj, tokens, old, None, obj.advantages(rewards, groups),
-                   Scored(rollout, [None] * 8, rewards, groups, {}), cfg, torch.Generator().manual_seed(0), lambda: None)
+        m = update(Optimiser(model, opt, _NoSchedule()), obj,
+                   UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old), cfg,
+                   torch.Generator().manual_seed(0))
         assert m["policy/ratio_max"] == pytest.approx(1.0, abs=1e-12)
         grads.append(opt.grads[0])
     for a, b in zip(*grads):

@@ -98,6 +98,11 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
         return dict(value)
+    return _coerce_scalar(value, tp, path)
+
+
+def _coerce_scalar(value: Any, tp: Any, path: str) -> Any:
+    """bool, int, float and str from their own type or from command-line text."""
     if tp is bool:
         if isinstance(value, bool):
             return value

@@ -19,12 +19,13 @@ samples of one prompt run that prompt once (trainer.share_prompts).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -149,34 +150,6 @@ def _score(rollout: RolloutBatch, examples, reward_fn):
     return torch.tensor([r.score for r in results], dtype=torch.float32), per_sample, results
 
 
-def select_rollout(ro: RolloutBatch, idx: list[int]) -> RolloutBatch:
-    return RolloutBatch(
-        prompt_ids=[ro.prompt_ids[i] for i in idx], completion_ids=ro.completion_ids[idx],
-        sampler_logprobs=ro.sampler_logprobs[idx], mask=ro.mask[idx],
-        finish_reasons=[ro.finish_reasons[i] for i in idx], completions=[ro.completions[i] for i in idx],
-        prompt_index=[ro.prompt_index[i] for i in idx],
-    )
-
-
-def concat_rollouts(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
-    """One batch from several, right-padding to the widest; prompt indices renumbered to stay distinct."""
-    T = max(p.completion_ids.shape[1] for p in parts)
-    pad = lambda x, v: torch.nn.functional.pad(x, (0, T - x.shape[1]), value=v)  # noqa: E731
-    offset, index = 0, []
-    for p in parts:
-        index += [offset + i for i in p.prompt_index]
-        offset += max(p.prompt_index) + 1
-    return RolloutBatch(
-        prompt_ids=[ids for p in parts for ids in p.prompt_ids],
-        completion_ids=torch.cat([pad(p.completion_ids, pad_id) for p in parts]),
-        sampler_logprobs=torch.cat([pad(p.sampler_logprobs, 0.0) for p in parts]),
-        mask=torch.cat([pad(p.mask, False) for p in parts]),
-        finish_reasons=[r for p in parts for r in p.finish_reasons],
-        completions=[c for p in parts for c in p.completions],
-        prompt_index=index,
-    )
-
-
 def rollout_metrics(rollout, rewards: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
     from .core.advantages import zero_variance_fraction
 
@@ -217,7 +190,7 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
         live_prompts = sorted(set(groups[live].tolist()))[: want - have]
         if live_prompts:
             keep = [i for i, g in enumerate(rollout.prompt_index) if g in set(live_prompts)]
-            kept_rollouts.append(select_rollout(rollout, keep))
+            kept_rollouts.append(rollout.select(keep))
             kept_examples += [per_sample[i] for i in keep]
             kept_rewards.append(rewards[keep])
             have += len(live_prompts)
@@ -225,7 +198,7 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
             break
     if not kept_rollouts:  # every group was flat: train on the last batch (zero advantages)
         return Scored(rollout, per_sample, rewards, groups, {**first_metrics, "rollout/dynamic_kept_frac": 0.0})
-    merged = concat_rollouts(kept_rollouts, pad_id)
+    merged = RolloutBatch.concat(kept_rollouts, pad_id)
     rewards = torch.cat(kept_rewards)
     groups = torch.tensor(merged.prompt_index)
     return Scored(merged, kept_examples, rewards, groups,
@@ -261,8 +234,29 @@ def _micro_batches(groups: list[torch.Tensor], size: int) -> list[torch.Tensor]:
     return out
 
 
-def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv, scored: Scored,
-           cfg: Config, gen: torch.Generator, on_opt_step) -> dict[str, float]:
+@dataclass
+class UpdateBatch:
+    """A scored rollout batch as the updates read it, on the training device."""
+
+    tokens: Tokens
+    advantages: torch.Tensor  # (N,) or (N, T)
+    rewards: torch.Tensor  # (N,)
+    group_ids: torch.Tensor  # (N,)
+    old_logprobs: Optional[torch.Tensor]  # (N, T); None: one update per batch, on-policy (pi_old = pi_theta)
+    ref_logprobs: Optional[torch.Tensor] = None  # (N, T), when the objective uses a reference
+
+
+@dataclass
+class Optimiser:
+    """What an optimiser step touches: the model, AdamW, the schedule, and a callback per step taken."""
+
+    model: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    on_step: Callable[[], None] = lambda: None
+
+
+def update(opt: Optimiser, obj, batch: UpdateBatch, cfg: Config, gen: torch.Generator) -> dict[str, float]:
     """ppo_epochs x mini-batches optimiser steps; returns the step's metrics on the host.
 
     Group statistics (ETR's nu_g - nu_bar) are computed once over the whole rollout batch and
@@ -271,48 +265,30 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
     neither depends on `trainer.micro_batch_size`.
     """
     t = cfg.trainer
-    device = tokens.input_ids.device
-    rewards, groups = scored.rewards.to(device), scored.group_ids.to(device)
-    stats = obj.group_stats(rewards, groups)  # None unless the objective reads group statistics
+    device = batch.tokens.input_ids.device
+    stats = obj.group_stats(batch.rewards, batch.group_ids)  # None unless the objective reads group statistics
     merger = objectives.MetricMerger()
     skipped = {"loss": 0, "gradient": 0}
     grad_norms = []
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in opt.model.parameters() if p.requires_grad]
     for _ in range(t.ppo_epochs):
-        for mb_groups in _mini_batches(scored.group_ids, t.mini_batches, gen):
-            mb = torch.cat(mb_groups).to(device)
+        for mb_groups in _mini_batches(batch.group_ids.cpu(), t.mini_batches, gen):
+            norm = obj.normalizer(batch.tokens.mask[torch.cat(mb_groups).to(device)])
             loss_bad = torch.zeros((), dtype=torch.bool, device=device)
-            norm = obj.normalizer(tokens.mask[mb])
             for idx in _micro_batches(mb_groups, t.micro_batch_size):
-                idx = idx.to(device)
-                sub = tokens.select(idx)
-                with precision(device, cfg):
-                    lp, ent = token_logprobs(model, sub, cfg.rollout.temperature, True, t.fused_logprobs,
-                                             t.logprob_chunk_size, t.share_prompts)
-                batch = objectives.TokenBatch(
-                    # No old log-probs: one update per rollout batch, on-policy, pi_old = pi_theta.
-                    logprobs=lp, old_logprobs=lp.detach() if old_lp is None else old_lp[idx], advantages=adv[idx],
-                    mask=sub.mask,
-                    ref_logprobs=None if ref_lp is None else ref_lp[idx], group_ids=groups[idx],
-                    rewards=rewards[idx], entropy=ent if obj.config.entropy_coef else ent.detach(), loss_norm=norm,
-                    group_stats=None if stats is None else stats.select(idx),
-                )
-                out = obj(batch)
+                out = _micro_step(opt.model, obj, batch, idx.to(device), norm, stats, cfg)
                 loss_bad = loss_bad | ~torch.isfinite(out.loss.detach())
-                out.loss.backward()
-                faults.point("update")
                 merger.add(out)
             merger.end_mini_batch()
-            max_norm = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
-            norm_ = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            if torch.isfinite(norm_):  # one host sync per optimiser step
-                grad_norms.append(norm_)
-                optimizer.step()
-                scheduler.step()
-                on_opt_step()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm if t.max_grad_norm > 0 else float("inf"))
+            if torch.isfinite(grad_norm):  # one host sync per optimiser step
+                grad_norms.append(grad_norm)
+                opt.optimizer.step()
+                opt.scheduler.step()
+                opt.on_step()
             else:  # a NaN/inf loss or gradient: skip this update, keep the weights as they were
                 skipped["loss" if loss_bad.item() else "gradient"] += 1
-            optimizer.zero_grad(set_to_none=True)
+            opt.optimizer.zero_grad(set_to_none=True)
     metrics = merger.result()
     nan = torch.tensor(float("nan"), device=device)
     metrics["optim/grad_norm"] = torch.stack(grad_norms).float().mean() if grad_norms else nan
@@ -322,6 +298,26 @@ def update(model, optimizer, scheduler, obj, tokens: Tokens, old_lp, ref_lp, adv
     keys = list(metrics)
     values = torch.stack([metrics[k].to(device).double() for k in keys]).tolist()  # the one host sync
     return dict(zip(keys, values))
+
+
+def _micro_step(model, obj, batch: UpdateBatch, idx: torch.Tensor, norm, stats, cfg: Config):
+    """Forward and backward of one micro-batch (rows `idx`), its loss the mini-batch share `norm`."""
+    t = cfg.trainer
+    sub = batch.tokens.select(idx)
+    with precision(idx.device, cfg):
+        lp, ent = token_logprobs(model, sub, cfg.rollout.temperature, True, t.fused_logprobs,
+                                 t.logprob_chunk_size, t.share_prompts)
+    out = obj(objectives.TokenBatch(
+        logprobs=lp, old_logprobs=lp.detach() if batch.old_logprobs is None else batch.old_logprobs[idx],
+        advantages=batch.advantages[idx], mask=sub.mask,
+        ref_logprobs=None if batch.ref_logprobs is None else batch.ref_logprobs[idx],
+        group_ids=batch.group_ids[idx], rewards=batch.rewards[idx],
+        entropy=ent if obj.config.entropy_coef else ent.detach(), loss_norm=norm,
+        group_stats=None if stats is None else stats.select(idx),
+    ))
+    out.loss.backward()
+    faults.point("update")
+    return out
 
 
 # ---------------------------------------------------------------- the reference refresh
@@ -485,160 +481,229 @@ def summary_table(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- the loop
+# ---------------------------------------------------------------- setup of a run
 
 
-def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
-    """Run (or resume) training; returns the run directory."""
-    from .models import load_model
-    from .warmstart import initial_model
+@dataclass
+class Run:
+    """What a training run holds while it runs: built once by `start_run`, then used by the loop."""
 
-    from transformers.utils import logging as hf_logging
+    cfg: Config
+    run_dir: Path
+    start: int  # the step the run resumes after (0 for a new run)
+    obj: objectives.Objective
+    reward_fn: Any  # the training reward (may be shaped)
+    verifier: Any  # the task's 0/1 verifier: held-out accuracy
+    test_examples: list[Example]
+    model: Any
+    tokenizer: Any
+    reference: Any  # the frozen reference policy, or None
+    engine: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    stream: PromptStream
+    params: SamplingParams
+    device: torch.device
+    unfused: str  # why the fused head is off, or ""
+    opt_steps: int = 0
+    ref_updates: int = 0
+    kl_window: list[float] = dataclasses.field(default_factory=list)
+    saved_step: int = -1
 
-    hf_logging.disable_progress_bar()  # tether draws its own progress bar
-    if cfg.trainer.wandb and wandb_problem():  # before anything is written
-        raise ConfigError(wandb_problem())
+    def save(self, step: int) -> None:
+        """A checkpoint of the weights, the optimiser and every counter after `step` (atomic)."""
+        self.saved_step = step
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "position": self.stream.position, "opt_steps": self.opt_steps, "ref_updates": self.ref_updates}
+        checkpoint.save(self.run_dir, step, self.model, self.tokenizer, state, reference=self.reference,
+                        keep_last=self.cfg.trainer.keep_last)
+
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        with precision(self.device, self.cfg):
+            return evaluate(self.engine, self.test_examples, self.verifier, self.cfg, seed=self.cfg.trainer.seed)
+
+
+def _run_dir(cfg: Config, resume_dir: Optional[str], log) -> Path:
+    """The run directory, created; config.yaml written (on resume: the same run, checked first)."""
     if resume_dir is None and "{time}" in cfg.output_dir:
         cfg.output_dir = cfg.output_dir.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = Path(resume_dir or cfg.output_dir)
     if resume_dir:
         check_resume(cfg, run_dir)  # before anything in the directory is touched
+    elif (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(f"{run_dir} already holds a run; resume it with `tether train --resume {run_dir}` "
+                              f"or choose another output_dir=PATH")
     run_dir.mkdir(parents=True, exist_ok=True)
     log(f"run directory: {run_dir}")
     if resume_dir:
         checkpoint.remove_partial(run_dir, log=log)
-    ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
-    if resume_dir is None and (run_dir / "metrics.jsonl").exists():
-        raise FileExistsError(
-            f"{run_dir} already holds a run; resume it with `tether train --resume {run_dir}` "
-            f"or choose another output_dir=PATH"
-        )
     save_config(cfg, run_dir / "config.yaml")
+    return run_dir
+
+
+def _load_policy(cfg: Config, source: str, log):
+    """The policy and tokenizer, loaded on the CPU (dtype auto: float32, the master weights under bf16
+    autocast), then moved to the device `trainer.device` picks for a model of its size."""
+    from .models import load_model
+
+    t = cfg.trainer
+    model, tokenizer = load_model(source, dtype=cfg.model.dtype, device="cpu",
+                                  gradient_checkpointing=cfg.model.gradient_checkpointing)
+    device, why = pick_device(t.device, sum(p.numel() for p in model.parameters()), t.small_model_params)
+    if why:
+        log(why)
+    return model.to(device).train(), tokenizer, device
+
+
+def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
+    """Everything a run needs, in the order that keeps resumed runs bitwise identical: the
+    directory, the objective, task and verifiers (checked before any model loads), the models,
+    the engine, the optimiser, and on resume the checkpoint's state and random-number streams."""
+    from .models import load_model
+    from .warmstart import initial_model
+
+    if cfg.trainer.wandb and wandb_problem():  # before anything is written
+        raise ConfigError(wandb_problem())
+    run_dir = _run_dir(cfg, resume_dir, log)
+    ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
     t = cfg.trainer
     if t.threads > 0:
         torch.set_num_threads(t.threads)
     if t.device != "auto":
         pick_device(t.device, 0, 0)  # a missing CUDA device fails here, before any warm start
     torch.manual_seed(t.seed)
-
     obj = objectives.build(cfg.objective)  # resolved on load (tether.config): every parameter is recorded
     task, reward_fn, verifier = build_task_and_reward(cfg)
     for warning in config_warnings(cfg, obj):
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg)
     source = str(ckpt / "model") if ckpt else initial_model(cfg, task, verifier, log=log)
-    # Loaded on the CPU (dtype auto: float32, the master weights under bf16 autocast), then moved.
-    model, tokenizer = load_model(source, dtype=cfg.model.dtype, device="cpu",
-                                  gradient_checkpointing=cfg.model.gradient_checkpointing)
-    device, why = pick_device(t.device, sum(p.numel() for p in model.parameters()), t.small_model_params)
-    if why:
-        log(why)
-    model.to(device).train()
+    model, tokenizer, device = _load_policy(cfg, source, log)
     reference = None
     if obj.uses_reference():
-        ref_source = initial_model(cfg, task, verifier, log=log) if ckpt else source
-        reference, _ = load_model(ref_source, dtype=cfg.model.dtype, device="cpu")
-        reference.to(device)
+        reference, _ = load_model(initial_model(cfg, task, verifier, log=log) if ckpt else source,
+                                  dtype=cfg.model.dtype, device="cpu")
         if ckpt:
             checkpoint.load_reference(ckpt, reference)
-        reference.eval().requires_grad_(False)
+        reference.to(device).eval().requires_grad_(False)
     unfused = fused_head_reason(model) if t.fused_logprobs else ""
     if unfused:
         log(f"fused log-probs off: {unfused}; using the model's logits")
-    engine = get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    opt_steps_per_rollout = t.ppo_epochs * t.mini_batches
-    scheduler = _scheduler(optimizer, cfg, t.total_steps * opt_steps_per_rollout)
-    start, position, opt_steps, ref_updates = 0, 0, 0, 0
+    scheduler = _scheduler(optimizer, cfg, t.total_steps * t.ppo_epochs * t.mini_batches)
+    state = {"step": 0, "position": 0, "opt_steps": 0, "ref_updates": 0}
     if ckpt:
         state = checkpoint.load_state(ckpt)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         checkpoint.set_rng_state(state["rng"])
-        start, position, opt_steps, ref_updates = state["step"], state["position"], state["opt_steps"], state["ref_updates"]
-        log(f"resuming {run_dir} from step {start}")
-    stream = PromptStream(task, t.seed, position)
+        log(f"resuming {run_dir} from step {state['step']}")
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens, stop_strings=tuple(cfg.rollout.stop_strings))
-    # On resume, drop what was logged after the checkpoint (everything, when there is none).
-    resume_after = start if ckpt else (-1 if resume_dir else None)
-    sinks = _sinks(cfg, run_dir, resume_after)
-    if resume_after is not None and (run_dir / "samples.jsonl").exists():
-        truncate_jsonl(run_dir / "samples.jsonl", resume_after)
-    progress = make_progress(t.total_steps, start, t.progress, t.log_every, log)
-    samples_file = (run_dir / "samples.jsonl").open("a")
-    kl_window: list[float] = []
-    bad_steps = 0
-    tic_run, last_step, saved_step = time.perf_counter(), start, start
-    stop = StopSignals()  # SIGINT / SIGTERM: finish the step, checkpoint it, then stop (tether.stopping)
+    return Run(cfg, run_dir, state["step"], obj, reward_fn, verifier, test_examples, model, tokenizer, reference,
+               get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer), optimizer, scheduler,
+               PromptStream(task, t.seed, state["position"]), params, device, unfused,
+               opt_steps=state["opt_steps"], ref_updates=state["ref_updates"], saved_step=state["step"])
+
+
+# ---------------------------------------------------------------- one RL step
+
+
+def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
+    """Sample and score a batch, advantages, old and reference log-probs, the updates, the
+    reference refresh; returns the batch and the step's metrics (one host sync in `update`)."""
+    cfg, t, model, device = run.cfg, run.cfg.trainer, run.model, run.device
+    tic = time.perf_counter()
+    model.eval()
+    with precision(device, cfg):
+        scored = collect(run.engine, run.stream, run.reward_fn, cfg, run.params, t.seed * 1_000_003 + step,
+                         run.tokenizer.pad_token_id)
+    model.train()
+    tokens = to_tokens(scored.rollout, run.tokenizer.pad_token_id, device)
+    adv = run.obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float()).to(device)
+    old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
+    with precision(device, cfg):
+        ref_lp = None if run.reference is None else batched_logprobs(
+            run.reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
+            t.logprob_chunk_size, t.share_prompts)
+    gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
+    opt_steps_before = run.opt_steps
 
     def on_opt_step():
-        nonlocal opt_steps
-        opt_steps += 1
+        run.opt_steps += 1
 
-    def save(step: int):
-        nonlocal saved_step
-        saved_step = step
-        checkpoint.save(run_dir, step, model, tokenizer,
-                        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                         "position": stream.position, "opt_steps": opt_steps, "ref_updates": ref_updates},
-                        reference=reference, keep_last=t.keep_last)
+    batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp)
+    metrics = update(Optimiser(model, run.optimizer, run.scheduler, on_opt_step), run.obj, batch, cfg, gen)
+    if step == run.start + 1 and t.share_prompts and t.fused_logprobs and not run.unfused and shared_prompt_reason(model):
+        log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
+    metrics.update(scored.metrics)
+    refreshed, run.kl_window = refresh_reference(run.reference, model, t, opt_steps_before, run.opt_steps,
+                                                 run.kl_window, metrics.get("kl/ref"))
+    run.ref_updates += refreshed
+    metrics.update({"optim/lr": run.scheduler.get_last_lr()[0], "ref/updates": float(run.ref_updates),
+                    "time/step_s": time.perf_counter() - tic})
+    return scored, metrics
 
+
+def _skipped_updates(metrics: dict[str, float], step: int, scored: Scored) -> str:
+    """A log line when this step skipped updates with a non-finite loss or gradient, else ""."""
+    if metrics["optim/skipped_updates"] == 0:
+        return ""
+    return (f"step {step}: {int(metrics['optim/skipped_updates'])} update(s) skipped: "
+            f"{int(metrics['optim/skipped_nonfinite_loss'])} with a non-finite loss, "
+            f"{int(metrics['optim/skipped_nonfinite_grad'])} with a finite loss but a non-finite gradient "
+            f"(loss/total={metrics.get('loss/total')}, reward/mean={scored.rewards.mean().item()})")
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
+    """Run (or resume) training; returns the run directory.
+
+    SIGINT and SIGTERM stop it cleanly after the step under way (tether.stopping): a checkpoint
+    of that step, the summary and the plots, then `Interrupted`.
+    """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # tether draws its own progress bar
+    run, t = start_run(cfg, resume_dir, log), cfg.trainer
+    # On resume, drop what was logged after the checkpoint (everything, when there is none).
+    resume_after = run.start if run.start else (-1 if resume_dir else None)
+    sinks = _sinks(cfg, run.run_dir, resume_after)
+    if resume_after is not None and (run.run_dir / "samples.jsonl").exists():
+        truncate_jsonl(run.run_dir / "samples.jsonl", resume_after)
+    progress = make_progress(t.total_steps, run.start, t.progress, t.log_every, log)
+    samples_file = (run.run_dir / "samples.jsonl").open("a")
+    tic, last_step, bad_steps, stop = time.perf_counter(), run.start, 0, StopSignals()
     try:
         with stop:
-            if start == 0:
-                with precision(device, cfg):
-                    m = evaluate(engine, test_examples, verifier, cfg, seed=t.seed)
+            if run.start == 0:
+                m = run.evaluate()
                 for s in sinks:
                     s.log(0, m)
                 progress.update(0, m)
                 log(f"step 0: held-out accuracy {m['eval/accuracy']:.3f}")
-            for step in range(start + 1, t.total_steps + 1):
+            for step in range(run.start + 1, t.total_steps + 1):
                 if stop.signum is not None:
                     break
-                tic = time.perf_counter()
-                model.eval()
-                with precision(device, cfg):
-                    scored = collect(engine, stream, reward_fn, cfg, params, t.seed * 1_000_003 + step,
-                                     tokenizer.pad_token_id)
-                model.train()
-                tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
-                adv = obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float()).to(device)
-                old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
-                with precision(device, cfg):
-                    ref_lp = None if reference is None else batched_logprobs(
-                        reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
-                        t.logprob_chunk_size, t.share_prompts)
-                gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
-                opt_steps_before = opt_steps
-                metrics = update(model, optimizer, scheduler, obj, tokens, old_lp, ref_lp, adv, scored, cfg, gen, on_opt_step)
-                if step == start + 1 and t.share_prompts and t.fused_logprobs and not unfused and shared_prompt_reason(model):
-                    log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
-                metrics.update(scored.metrics)
-                bad_steps = bad_steps + 1 if metrics["optim/skipped_updates"] > 0 else 0
-                if metrics["optim/skipped_updates"] > 0:
-                    log(f"step {step}: {int(metrics['optim/skipped_updates'])} update(s) skipped: "
-                        f"{int(metrics['optim/skipped_nonfinite_loss'])} with a non-finite loss, "
-                        f"{int(metrics['optim/skipped_nonfinite_grad'])} with a finite loss but a non-finite gradient "
-                        f"(loss/total={metrics.get('loss/total')}, reward/mean={scored.rewards.mean().item()})")
+                scored, metrics = rl_step(run, step, log)
+                skipped = _skipped_updates(metrics, step, scored)
+                bad_steps = bad_steps + 1 if skipped else 0
+                if skipped:
+                    log(skipped)
                 if bad_steps >= t.max_nonfinite_steps:
                     for sink in sinks:
                         sink.log(step, metrics)
-                    save(step)
+                    run.save(step)
                     raise RuntimeError(
                         f"stopping at step {step}: {bad_steps} steps in a row had a non-finite loss or gradient "
-                        f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). "
-                        f"The weights are those of the last good update; a checkpoint was written to {run_dir / 'checkpoints'}."
-                    )
-                refreshed, kl_window = refresh_reference(reference, model, t, opt_steps_before, opt_steps, kl_window,
-                                                         metrics.get("kl/ref"))
-                ref_updates += refreshed
-                metrics.update({"optim/lr": scheduler.get_last_lr()[0], "ref/updates": float(ref_updates),
-                                "time/step_s": time.perf_counter() - tic})
+                        f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). The "
+                        f"weights are those of the last good update; a checkpoint was written to "
+                        f"{run.run_dir / 'checkpoints'}.")
                 if step % t.eval_every == 0 or step == t.total_steps:
-                    model.eval()
-                    with precision(device, cfg):
-                        metrics.update(evaluate(engine, test_examples, verifier, cfg, seed=t.seed))
+                    metrics.update(run.evaluate())
                 for s in sinks:
                     s.log(step, metrics)
                 _write_samples(samples_file, step, scored, t.log_samples)
@@ -646,26 +711,31 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 faults.point("logged")
                 last_step = step
                 if step % t.save_every == 0 or step == t.total_steps:
-                    save(step)
-            if stop.signum is not None and saved_step != last_step:
-                save(last_step)  # the last finished step, so the resume loses nothing
+                    run.save(step)
+            if stop.signum is not None and run.saved_step != last_step:
+                run.save(last_step)  # the last finished step, so the resume loses nothing
     finally:
         progress.close()
         samples_file.close()
         for s in sinks:
             s.close()
-    table = summary_table(run_dir)
-    header = summary_header(cfg, obj, run_dir, start, last_step, time.perf_counter() - tic_run, device, stop.signum)
-    (run_dir / "summary.md").write_text(header + "\n" + table + "\n")
+    _finish(run, last_step, time.perf_counter() - tic, stop.signum, log)
+    if stop.signum is not None:
+        raise Interrupted(stop.signum, last_step, str(run.run_dir))
+    return run.run_dir
+
+
+def _finish(run: Run, last_step: int, wall_s: float, signum: Optional[int], log) -> None:
+    """summary.md (what the run was, then the metrics table) and the plots."""
+    table = summary_table(run.run_dir)
+    header = summary_header(run.cfg, run.obj, run.run_dir, run.start, last_step, wall_s, run.device, signum)
+    (run.run_dir / "summary.md").write_text(header + "\n" + table + "\n")
     log(table)
-    if t.plots:
+    if run.cfg.trainer.plots:
         from .plots import plot_run
 
-        plot_run(run_dir)
-    log(f"run directory: {run_dir}")
-    if stop.signum is not None:
-        raise Interrupted(stop.signum, last_step, str(run_dir))
-    return run_dir
+        plot_run(run.run_dir)
+    log(f"run directory: {run.run_dir}")
 
 
 def _write_samples(f, step: int, scored: Scored, k: int) -> None:

@@ -98,6 +98,37 @@ class RolloutBatch:
         """(N,) number of real completion tokens per sample."""
         return self.mask.sum(-1)
 
+    def select(self, idx: list[int]) -> "RolloutBatch":
+        """The samples `idx`, in that order (prompt indices kept)."""
+        return RolloutBatch(
+            prompt_ids=[self.prompt_ids[i] for i in idx], completion_ids=self.completion_ids[idx],
+            sampler_logprobs=self.sampler_logprobs[idx], mask=self.mask[idx],
+            finish_reasons=[self.finish_reasons[i] for i in idx], completions=[self.completions[i] for i in idx],
+            prompt_index=[self.prompt_index[i] for i in idx],
+        )
+
+    @staticmethod
+    def concat(parts: list["RolloutBatch"], pad_id: int) -> "RolloutBatch":
+        """One batch from several, right-padded to the widest; prompt indices renumbered to stay distinct."""
+        T = max(p.completion_ids.shape[1] for p in parts)
+
+        def pad(x: torch.Tensor, value) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (0, T - x.shape[1]), value=value)
+
+        offset, index = 0, []
+        for p in parts:
+            index += [offset + i for i in p.prompt_index]
+            offset += max(p.prompt_index) + 1
+        return RolloutBatch(
+            prompt_ids=[ids for p in parts for ids in p.prompt_ids],
+            completion_ids=torch.cat([pad(p.completion_ids, pad_id) for p in parts]),
+            sampler_logprobs=torch.cat([pad(p.sampler_logprobs, 0.0) for p in parts]),
+            mask=torch.cat([pad(p.mask, False) for p in parts]),
+            finish_reasons=[r for p in parts for r in p.finish_reasons],
+            completions=[c for p in parts for c in p.completions],
+            prompt_index=index,
+        )
+
 
 class RolloutEngine(Protocol):
     """Anything that samples completions and returns the token-level contract."""
