@@ -1,7 +1,7 @@
 """tether compare / report: identical budgets per objective x seed, a well-formed report, resume."""
 
+import json
 import shutil
-
 
 from tether.compare import compare, discover, write_report
 from conftest import DIGIT_REWARD
@@ -41,5 +41,38 @@ def test_compare_two_objectives_two_seeds_and_resume(tiny_dir, tmp_path):
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3]
 
     # tether report rebuilds from the run directories alone.
-    rebuilt = write_report(discover([str(out)]), tmp_path / "again", threshold=0.5)
+    rebuilt = write_report({"cmp": discover([str(out)])}, tmp_path / "again", threshold=0.5)
     assert "| grpo | 2 |" in rebuilt.read_text()
+
+    # The report says the budget and every setting that differs from the defaults.
+    assert "Budget: 3 rollout steps of 4 prompts x 4 samples, 1 x 2 optimiser steps each" in text
+    assert "`rollout.max_new_tokens=5`" in text and "`trainer.total_steps=3`" in text
+
+    # summary.json: per-seed lists per regime and method, and the claims with intervals and verdicts.
+    claims = tmp_path / "claims.yaml"
+    claims.write_text("- {claim: ATR beats GRPO, metric: final_accuracy, method: atr_grpo, baseline: grpo}\n")
+    write_report({"cmp": discover([str(out)])}, tmp_path / "again", threshold=0.5, claims=str(claims))
+    summary = json.loads((tmp_path / "again" / "summary.json").read_text())
+    methods = summary["regimes"]["cmp"]["methods"]
+    assert methods["grpo"]["seeds"] == [0, 1] and len(methods["atr_grpo"]["final_accuracy"]) == 2
+    assert {"clipfrac", "final_entropy", "auc", "max_drop", "entropy_half_step"} <= set(methods["grpo"])
+    assert summary["regimes"]["cmp"]["config"]["trainer"]["total_steps"] == 3
+    (c,) = summary["claims"]
+    assert c["regime"] == "cmp" and len(c["ci95"]) == 2 and c["verdict"] in ("supported", "contradicted", "inconclusive")
+    assert "## Claims" in (tmp_path / "again" / "report.md").read_text()
+
+
+def test_a_rerun_with_other_settings_is_refused_and_overrides_go_anywhere(tiny_dir, tmp_path, capsys):
+    from tether.cli import main
+
+    out = tmp_path / "cmp"
+    args = ["compare", "--objectives", "grpo", "--seeds", "1", "--out", str(out)]
+    assert main([*args, *_overrides(tiny_dir)]) == 0  # key=value after the options
+    text = (out / "report.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| grpo | 1 |"))
+    assert "±" not in row  # a single seed shows no spread
+    capsys.readouterr()
+    assert main([*args, *_overrides(tiny_dir), "trainer.total_steps=4"]) == 2  # another budget
+    err = capsys.readouterr().err
+    assert "holds runs made with other settings" in err and "trainer.total_steps: 3 there, 4 now" in err
+    assert "--out DIR" in err

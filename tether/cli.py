@@ -110,7 +110,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     path, overrides = _split_config_args(args.args)
     objectives_ = [o for o in args.objectives.split(",") if o]
-    report = compare(path, objectives_, args.seeds, overrides, args.out, args.threshold)
+    report = compare(path, objectives_, args.seeds, overrides, args.out, args.threshold, claims=args.claims)
     print(f"report: {report}")
     return 0
 
@@ -120,9 +120,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from .compare import discover, write_report
 
-    runs = discover(args.run_dirs)
+    # Several compare directories: one regime each, named by its directory; else one regime.
+    if len(args.run_dirs) > 1 and all(not (Path(d) / "metrics.jsonl").exists() for d in args.run_dirs):
+        regimes = {Path(d).name: discover([d]) for d in args.run_dirs}
+    else:
+        regimes = {Path(args.run_dirs[0]).name: discover(args.run_dirs)}
     out = Path(args.out or args.run_dirs[0])
-    print(f"report: {write_report(runs, out, args.threshold)}")
+    print(f"report: {write_report(regimes, out, args.threshold, args.claims)}")
     return 0
 
 
@@ -159,11 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/compare", help="directory for the runs and report.md")
     p.add_argument("--threshold", type=float, default=None,
                    help="accuracy for 'steps to reach' (default: mean initial accuracy + 0.1)")
+    p.add_argument("--claims", default=None, help="a claims YAML to test in the report (see tether report)")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("report", help="rebuild report.md and plots from existing runs")
     p.add_argument("run_dirs", nargs="+", help="run directories, or compare directories holding them")
     p.add_argument("--out", default=None, help="where to write report.md (default: the first path)")
     p.add_argument("--threshold", type=float, default=None)
+    p.add_argument("--claims", default=None,
+                   help="a claims YAML (e.g. claims/papers.yaml) to test: difference, 95%% CI, verdict")
     p.set_defaults(func=cmd_report)
     from .evaluate import add_eval_parser
 
@@ -173,7 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # key=value overrides may stand anywhere on the line, also after options (`tether compare CFG
+    # --seeds 5 trainer.lr=1e-4`): argparse leaves those it could not place, and they join the rest.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "args") or any("=" not in e or e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.args = [*args.args, *extra]
     from transformers.utils import logging as hf_logging
 
     from .schema import ConfigError

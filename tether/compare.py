@@ -9,6 +9,7 @@ checkpoint (or restarted when it has none), so an interrupted compare picks up w
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import statistics
@@ -45,21 +46,22 @@ def is_finished(run: Path) -> bool:
 
 
 def compare(config: Optional[str], objectives: list[str], seeds: int, overrides: list[str], out: str,
-            threshold: Optional[float] = None, log=print) -> Path:
+            threshold: Optional[float] = None, log=print, claims: Optional[str] = None) -> Path:
     """Run every objective x seed (skipping finished runs, resuming interrupted ones), then report."""
     from . import checkpoint
     from .config import load_config
     from .train import train
 
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # Validate every combination before any expensive work starts.
+    # Validate every combination, and that runs already there used the same settings, before any work.
     plans = []
     for objective in objectives:
         for seed in range(seeds):
             run = run_dir(out_dir, objective, seed)
             cfg = load_config(config, [*overrides, f"objective={objective}", f"trainer.seed={seed}", f"output_dir={run}"])
+            _check_same_settings(run, cfg, out_dir)
             plans.append((objective, seed, run, cfg))
+    out_dir.mkdir(parents=True, exist_ok=True)
     for i, (objective, seed, run, cfg) in enumerate(plans, 1):
         tag = f"[{i}/{len(plans)}] {objective} seed {seed}"
         if is_finished(run):
@@ -73,7 +75,25 @@ def compare(config: Optional[str], objectives: list[str], seeds: int, overrides:
                 shutil.rmtree(run)  # started but never checkpointed: nothing to keep
             log(f"{tag}: training")
             train(cfg, log=log)
-    return write_report([p[2] for p in plans], out_dir, threshold)
+    return write_report({out_dir.name: [p[2] for p in plans]}, out_dir, threshold, claims)
+
+
+def _check_same_settings(run: Path, cfg, out_dir: Path) -> None:
+    """A run already in `out_dir` must have the settings this compare would give it (budget included):
+    a comparison never mixes runs of different settings."""
+    from .config import config_differences, load_config
+    from .schema import ConfigError
+
+    saved = run / "config.yaml"
+    if not saved.exists():
+        return
+    diff = config_differences(cfg, load_config(str(saved)), ignore=("output_dir",))
+    if diff:
+        shown = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, old, new in diff[:5])
+        raise ConfigError(
+            f"{out_dir} holds runs made with other settings ({run.relative_to(out_dir)}: {shown}); "
+            f"re-run with the same settings to resume them, or pass another --out DIR"
+        )
 
 
 # ---------------------------------------------------------------- report
@@ -136,32 +156,104 @@ def run_summary(run: Path, threshold: float) -> dict:
 
 
 def _ms(values: list[float], digits: int = 3) -> str:
+    """mean ± std over seeds; a single seed has no spread to show."""
     vals = [v for v in values if v is not None and not math.isnan(v)]
     if not vals:
         return "n/a"
-    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return f"{statistics.fmean(vals):.{digits}f} ± {sd:.{digits}f}"
+    if len(vals) == 1:
+        return f"{vals[0]:.{digits}f}"
+    return f"{statistics.fmean(vals):.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
 
 
-def write_report(runs: list[Path], out_dir: Path, threshold: Optional[float] = None) -> Path:
-    """report.md (a table, mean ± std over seeds) and plots/*.png overlaying the methods."""
+def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optional[float] = None,
+                 claims: Optional[str] = None) -> Path:
+    """report.md (per regime: its settings, a table of mean ± std over seeds, overlay plots; then the
+    claims with their intervals and verdicts) and summary.json (per-seed values, `tether.claims`)."""
+    from .claims import claims_markdown, evaluate_claims, load_claims, per_seed
+
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    groups = {name: _by_method(runs) for name, runs in regimes.items()}
+    lines = ["# Method comparison", ""]
+    summary: dict = {"regimes": {}, "claims": []}
+    for name, methods in groups.items():
+        plot_dir = out_dir / "plots" if len(groups) == 1 else out_dir / "plots" / name
+        lines += _regime_section(name if len(groups) > 1 else None, methods, plot_dir, out_dir, threshold)
+        rows = {m: [read_jsonl(r / "metrics.jsonl") for r in rs] for m, rs in methods.items()}
+        values = per_seed(rows)
+        summary["regimes"][name] = {
+            "config": _regime_config(methods),
+            "methods": {m: {"seeds": [_seed_of(r) for r in rs], **values[m]} for m, rs in methods.items()},
+        }
+    if claims:
+        results = evaluate_claims(load_claims(claims), {n: {m: v for m, v in r["methods"].items()}
+                                                        for n, r in summary["regimes"].items()})
+        summary["claims"] = results
+        lines += ["## Claims", "",
+                  f"From `{claims}`: difference of the means over seeds (method minus baseline), its 95% percentile-"
+                  "bootstrap interval over seeds, and the verdict: *supported* when the interval excludes 0 on the "
+                  "claimed side, *contradicted* when it excludes 0 on the other, else *inconclusive*; `detectable` "
+                  "is the interval's half-width, the smallest difference these seeds could tell from 0 "
+                  "(docs/compare.md).", "", claims_markdown(results), ""]
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=_json_safe) + "\n")
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
+
+
+def _json_safe(x):
+    return None if isinstance(x, float) and math.isnan(x) else str(x)
+
+
+def _by_method(runs: list[Path]) -> dict[str, list[Path]]:
     groups: dict[str, list[Path]] = {}
     for run in runs:
         if (run / "metrics.jsonl").exists():
             groups.setdefault(_label(run), []).append(run)
+    return groups
+
+
+def _seed_of(run: Path) -> int:
+    return yaml.safe_load((run / "config.yaml").read_text())["trainer"]["seed"]
+
+
+def _regime_config(methods: dict[str, list[Path]]) -> dict:
+    """The settings every run of a regime shares: the first run's config without objective, seed and paths."""
+    first = next(iter(methods.values()))[0]
+    cfg = yaml.safe_load((first / "config.yaml").read_text())
+    cfg.pop("objective", None), cfg.pop("output_dir", None), cfg.pop("tether_version", None)
+    cfg.get("trainer", {}).pop("seed", None)
+    return cfg
+
+
+def _non_default_settings(methods: dict[str, list[Path]]) -> list[str]:
+    """`key: value` for every shared setting that differs from tether's defaults (the budget included)."""
+    from .config import Config, flatten
+    from .schema import to_dict
+
+    defaults = flatten({k: v for k, v in to_dict(Config()).items() if k != "objective"})
+    shared = flatten(_regime_config(methods))
+    return [f"`{k}={v}`" for k, v in shared.items() if defaults.get(k) != v]
+
+
+def _regime_section(name: Optional[str], methods: dict[str, list[Path]], plot_dir: Path, out_dir: Path,
+                    threshold: Optional[float]) -> list[str]:
     if threshold is None:  # default: 0.1 above the mean starting accuracy
-        starts = [run_summary(r, 1.0)["initial"] for rs in groups.values() for r in rs]
+        starts = [run_summary(r, 1.0)["initial"] for rs in methods.values() for r in rs]
         starts = [s for s in starts if not math.isnan(s)]
         threshold = round((statistics.fmean(starts) if starts else 0.0) + 0.1, 3)
-    lines = [
-        "# Method comparison", "",
-        f"{sum(len(v) for v in groups.values())} runs: {', '.join(f'{k} ({len(v)} seeds)' for k, v in groups.items())}. "
+    cfg = _regime_config(methods)
+    lines = ([f"## Regime {name}", ""] if name else []) + [
+        f"{sum(len(v) for v in methods.values())} runs: {', '.join(f'{k} ({len(v)} seeds)' for k, v in methods.items())}. "
+        f"Budget: {cfg['trainer']['total_steps']} rollout steps of {cfg['rollout']['prompts_per_step']} prompts x "
+        f"{cfg['rollout']['group_size']} samples, {cfg['trainer']['ppo_epochs']} x {cfg['trainer']['mini_batches']} "
+        f"optimiser steps each. Settings that differ from tether's defaults: "
+        f"{', '.join(_non_default_settings(methods)) or 'none'}.", "",
         f"Held-out greedy accuracy; mean ± std over seeds. Threshold for 'steps to reach': {threshold}.", "",
         "| objective | seeds | initial acc | final acc | best acc | steps to reach | final entropy | clip low | clip high | train time (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, rs in groups.items():
+    for label, rs in methods.items():
         s = [run_summary(r, threshold) for r in rs]
         reached = [x["steps_to_threshold"] for x in s if x["steps_to_threshold"] is not None]
         steps = f"{statistics.fmean(reached):.0f} ({len(reached)}/{len(s)} seeds)" if reached else f"never (0/{len(s)})"
@@ -171,13 +263,11 @@ def write_report(runs: list[Path], out_dir: Path, threshold: Optional[float] = N
             f"{_ms([x['clip_low'] for x in s], 4)} | {_ms([x['clip_high'] for x in s], 4)} | "
             f"{_ms([x['wall_s'] for x in s], 0)} |"
         )
-    plots = plot_comparison(groups, out_dir / "plots")
-    lines += ["", "## Curves (mean line, band = min..max over seeds)", ""]
-    lines += [f"![{p.stem}](plots/{p.name})" for p in plots]
-    lines += ["", "## Runs", ""] + [f"- {label}: " + ", ".join(str(r) for r in rs) for label, rs in groups.items()]
-    report = out_dir / "report.md"
-    report.write_text("\n".join(lines) + "\n")
-    return report
+    plots = plot_comparison(methods, plot_dir)
+    lines += ["", "Curves (mean line, band = min..max over seeds):", ""]
+    lines += [f"![{p.stem}]({p.relative_to(out_dir)})" for p in plots]
+    lines += ["", "Runs:", ""] + [f"- {label}: " + ", ".join(str(r) for r in rs) for label, rs in methods.items()]
+    return lines + [""]
 
 
 def _curve(rows: list[dict], key: str, window: int) -> dict[int, float]:

@@ -348,13 +348,19 @@ RESUMABLE_KEYS = (
 Anything else would make the resumed run a different run than the one its directory records."""
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(tree, dict) and not prefix.startswith("objective."):
         out: dict[str, Any] = {}
         for k, v in tree.items():
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: tree}
+
+
+def config_differences(cfg: Config, other: Config, ignore: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in `other`, value in `cfg`) for every setting that differs, but `ignore`."""
+    a, b = flatten(to_dict(other)), flatten(to_dict(cfg))
+    return [(k, a.get(k), b[k]) for k in b if k not in ignore and a.get(k) != b[k]]
 
 
 def check_resume(cfg: Config, run_dir: Path) -> None:
@@ -364,11 +370,10 @@ def check_resume(cfg: Config, run_dir: Path) -> None:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a tether run directory?")
-    saved = _flat(to_dict(load_config(str(path), [f"output_dir={cfg.output_dir}"])))
-    now = _flat(to_dict(cfg))
-    changed = [k for k in now if k not in RESUMABLE_KEYS and k != "output_dir" and now[k] != saved.get(k)]
-    if changed:
-        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in changed[:5])
+    diff = config_differences(cfg, load_config(str(path)), ignore=(*RESUMABLE_KEYS, "output_dir"))
+    if diff:
+        changed = [k for k, _, _ in diff]
+        shown = ", ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in diff[:5])
         raise ConfigError(
             f"--resume {run_dir}: a resumed run cannot change {shown}{' ...' if len(changed) > 5 else ''} "
             f"(it would no longer be the run {path} records); only {', '.join(RESUMABLE_KEYS)} can change. "
@@ -400,5 +405,5 @@ def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str
     return rows
 
 
-__all__ = ["Config", "ConfigError", "check_resume", "load_config", "save_config", "describe_fields",
+__all__ = ["Config", "ConfigError", "check_resume", "config_differences", "load_config", "save_config", "describe_fields",
            "coerce"]

@@ -1,0 +1,85 @@
+"""The claims machinery (issue 16): per-run metrics by hand, the bootstrap verdicts on synthetic
+seeds with a known effect, none, and the opposite, and claims files checked on load."""
+
+import random
+
+import pytest
+
+from tether.claims import METRICS, bootstrap_difference, evaluate_claims, load_claims, per_seed
+from tether.schema import ConfigError
+
+
+def _rows(acc, ent=None, clip=None):
+    """metrics.jsonl rows: evaluations every 10 steps, entropy and clip fractions every step."""
+    rows = []
+    for step in range(0, 10 * (len(acc) - 1) + 1):
+        r = {"step": step}
+        if step % 10 == 0:
+            r["eval/accuracy"] = acc[step // 10]
+        if step > 0:
+            r["policy/entropy"] = ent(step) if ent else 1.0
+            r["policy/clipfrac_low"], r["policy/clipfrac_high"] = clip or (0.01, 0.02)
+        rows.append(r)
+    return rows
+
+
+def test_per_run_metrics_by_hand():
+    rows = _rows([0.2, 0.5, 0.3, 0.6], ent=lambda s: 1.0 - s / 40)
+    m = {name: fn(rows) for name, fn in METRICS.items()}
+    assert m["final_accuracy"] == 0.6 and m["best_accuracy"] == 0.6
+    # trapezoids over steps 0..30: 10*(0.35 + 0.4 + 0.45) / 30 = 0.4
+    assert m["auc"] == pytest.approx(0.4)
+    assert m["max_drop"] == pytest.approx(0.2)  # 0.5 -> 0.3
+    # entropy 1 - s/40 at steps 1..30: half of the first (0.975 / 2 = 0.4875) is first undercut at
+    # s = 21 (1 - 21/40 = 0.475); the last 10% (3 steps: 28, 29, 30) average 1 - 29/40 = 0.275.
+    assert m["entropy_half_step"] == 21 and m["final_entropy"] == pytest.approx(0.275)
+    assert m["clipfrac"] == pytest.approx(0.03)
+    assert METRICS["entropy_half_step"](_rows([0.1, 0.2])) == 11  # never halves: last step + 1
+
+
+def test_a_known_effect_is_supported_none_is_inconclusive_the_opposite_contradicted():
+    rng = random.Random(0)
+    base = [0.40 + rng.gauss(0, 0.02) for _ in range(5)]
+    better = [0.50 + rng.gauss(0, 0.02) for _ in range(5)]
+    same = [0.40 + rng.gauss(0, 0.02) for _ in range(5)]
+    up = bootstrap_difference(better, base, "higher")
+    assert up.verdict == "supported" and up.ci95[0] > 0 and up.difference == pytest.approx(0.1, abs=0.04)
+    assert bootstrap_difference(same, base, "higher").verdict == "inconclusive"
+    assert bootstrap_difference(better, base, "lower").verdict == "contradicted"
+    assert bootstrap_difference(base, better, "lower").verdict == "supported"
+    # The interval is deterministic, and a constant difference has a zero-width interval.
+    assert bootstrap_difference(better, base).ci95 == up.ci95
+    exact = bootstrap_difference([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+    assert exact.ci95 == (1.0, 1.0) and exact.detectable == 0.0 and exact.verdict == "supported"
+
+
+def test_claims_are_evaluated_per_regime_on_synthetic_runs(tmp_path):
+    path = tmp_path / "claims.yaml"
+    path.write_text(
+        "- {claim: B beats A, metric: final_accuracy, method: B, baseline: A, direction: higher}\n"
+        "- {claim: C keeps entropy, metric: final_entropy, method: C, baseline: A, regime: r2}\n")
+    claims = load_claims(path)
+    rng = random.Random(1)
+    runs = lambda acc: [_rows([0.2, acc + rng.gauss(0, 0.01)]) for _ in range(5)]  # noqa: E731
+    same = runs(0.3)  # r2: B and C are A's seeds exactly, no effect at all
+    regimes = {
+        "r1": per_seed({"A": runs(0.3), "B": runs(0.5)}),
+        "r2": per_seed({"A": same, "B": list(reversed(same)), "C": same}),
+    }
+    results = evaluate_claims(claims, regimes)
+    verdicts = {(r["claim"], r["regime"]): r["verdict"] for r in results}
+    assert verdicts == {("B beats A", "r1"): "supported", ("B beats A", "r2"): "inconclusive",
+                        ("C keeps entropy", "r2"): "inconclusive"}
+
+
+@pytest.mark.parametrize("text, match", [
+    ("- {claim: x, metric: final_acc, method: a, baseline: b}", "metric 'final_acc' is not one of"),
+    ("- {claim: x, metric: auc, method: a, baseline: b, direction: up}", "direction 'up'"),
+    ("- {claim: x, metric: auc, method: a}", "missing keys \\['baseline'\\]"),
+    ("claim: x", "expected a YAML list"),
+])
+def test_a_bad_claims_file_names_the_problem(tmp_path, text, match):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_claims(path)
