@@ -13,20 +13,29 @@ The loop, per chunk of B rows (prompts repeated n times, left-padded to length P
      top-p nucleus (greedy at temperature 0), record its log-prob, and feed it back through the
      cache. Rows that have finished receive pad (their logits are ignored) until at most half
      of the rows the model runs are still going; then the finished ones leave the batch and
-     the KV cache (`batch_select_indices`), so long-tailed lengths do not decode dead rows;
+     the KV cache, so long-tailed lengths do not decode dead rows;
   3. stop when every row has stopped or `max_new_tokens` is reached.
 Per step this is one forward plus a few vectorised ops and one host sync (the "all finished"
 test); stop strings add a batch decode of the last few tokens of the active rows.
+
+The forward of step 2 and its cache are a decoder, one of two behind the same four methods
+(`start`, `resize`, `select`, `step`): `_EagerDecoder` runs the model eagerly on the prefill's
+`DynamicCache` and drops finished rows exactly (`batch_select_indices`); `StaticDecoder`
+(`tether.rollout.static`) runs a compiled step on a preallocated cache, CUDA graphs on a GPU,
+and drops them in power-of-two buckets. The engine's `compile` picks one ("auto": compiled on
+CUDA, eager on CPU, where compiling gains little and costs seconds per bucket). Sampling, stop
+handling and bookkeeping are this loop's in both, so they guarantee the same things.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from ..ops import prompt_groups
 from .base import FinishReason, RolloutBatch, SamplingParams
+from .static import StaticDecoder, static_decode_reason
 
 
 def encode_prompts(tokenizer: Any, prompts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
@@ -57,7 +66,7 @@ def _below(x: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
 
 
 def sample_categorical(
-    logits: torch.Tensor, generator: torch.Generator | None, block: int = 1024
+    logits: torch.Tensor, generator: torch.Generator | None, block: int = 1024, uniform: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One draw per row from softmax(logits), by a two-level inverse CDF; (tokens (B,), log-probs (B,)).
 
@@ -68,7 +77,8 @@ def sample_categorical(
     cumulative weight exceeds what is left of u. Each token is drawn with probability w_i / W;
     its log-prob is logits_i - m - log W. Block sums are float32 (pairwise, relative error about
     1e-6 of a block's mass); the cumulative sums and u are float64; an interval's end is never
-    reached by rounding, so a token of weight 0 is never drawn.
+    reached by rounding, so a token of weight 0 is never drawn. `uniform` (B,) float64 in [0, 1)
+    supplies u per row; None draws them from `generator`.
 
     Why not `torch.multinomial`: on CPU it draws one exponential variate per vocabulary entry,
     and a full-vocabulary cumulative sum is a second pass; at V = 151,936 and 128 rows on 2 cores
@@ -84,7 +94,9 @@ def sample_categorical(
         sums.append(weights[:, whole:].sum(-1, keepdim=True))
     block_cdf = torch.cat(sums, dim=1).double().cumsum(dim=-1)  # (B, n_blocks)
     total = block_cdf[:, -1:]
-    u = _below(torch.rand(total.shape, generator=generator, dtype=torch.float64, device=logits.device) * total, total)
+    if uniform is None:
+        uniform = torch.rand(rows, generator=generator, dtype=torch.float64, device=logits.device)
+    u = _below(uniform[:, None] * total, total)  # (B, 1)
     chosen = torch.searchsorted(block_cdf, u, right=True)  # (B, 1)
     u = u - torch.where(chosen > 0, block_cdf.gather(-1, (chosen - 1).clamp(min=0)), 0.0)
     index = chosen * block + torch.arange(block, device=logits.device)  # (B, block)
@@ -96,12 +108,14 @@ def sample_categorical(
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
+    uniform: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; returns (tokens (B,), log-probs (B,) float32).
 
     The log-prob is under the distribution sampled from (temperature, top-p); greedy returns
-    the unscaled model's log-prob of the argmax (see `tether.rollout.base`).
+    the unscaled model's log-prob of the argmax (see `tether.rollout.base`). `uniform`: each
+    row's (B,) random number, as in `sample_categorical`.
     """
     logits = logits.float()
     if temperature == 0:
@@ -110,7 +124,7 @@ def sample_tokens(
     scaled = logits / temperature if temperature != 1 else logits
     if top_p < 1:
         scaled = top_p_filter(scaled, top_p)
-    return sample_categorical(scaled, generator)
+    return sample_categorical(scaled, generator, uniform=uniform)
 
 
 def _eos_ids(model: Any, tokenizer: Any, extra: tuple[int, ...] | None) -> list[int]:
@@ -118,6 +132,35 @@ def _eos_ids(model: Any, tokenizer: Any, extra: tuple[int, ...] | None) -> list[
     config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids.update(config_eos if isinstance(config_eos, (list, tuple)) else [config_eos])
     return sorted(i for i in ids if i is not None)
+
+
+class _EagerDecoder:
+    """Decode steps on the prefill's dynamic cache, every op launched from Python (module docstring).
+
+    The protocol `tether.rollout.static.StaticDecoder` shares: `start`, `resize`, `select`, `step`.
+    """
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def start(self, cache: Any, attention: torch.Tensor, prompt_len: int, length: int) -> None:
+        self.cache, self.attention, self.columns = cache, attention, prompt_len  # (B, P + new tokens) padding mask
+
+    def resize(self, running: int, rows: int) -> int | None:
+        """Drop finished rows once at most half of the decoded rows are running (None: keep all)."""
+        return running if running <= rows // 2 and hasattr(self.cache, "batch_select_indices") else None
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.attention = self.attention[keep]
+
+    def step(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """(S, 1) next tokens and their positions -> (S, V) logits; the cache grows one column."""
+        self.columns += 1
+        out = self.model(input_ids=input_ids, attention_mask=self.attention[:, : self.columns],
+                         position_ids=position_ids, past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
 
 
 class HFEngine:
@@ -128,15 +171,23 @@ class HFEngine:
         tokenizer: its tokenizer; needs a pad token (see `tether.models.prepare_tokenizer`).
         batch_size: rows (prompts x samples) per forward; None means all at once.
         add_special_tokens: passed to the tokenizer when encoding prompts.
+        compile: decode with a static KV cache and a compiled step (`tether.rollout.static`):
+            "auto" (the default) on CUDA when the model supports it, eager elsewhere; True
+            always (an error, with the reason, for a model that cannot); False never.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int | None = None, add_special_tokens: bool = False):
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int | None = None, add_special_tokens: bool = False,
+                 compile: bool | Literal["auto"] = "auto"):
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; load it with tether.models.load_model or set one")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        if compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be true, false or 'auto', got {compile!r}")
         self.model, self.tokenizer = model, tokenizer
-        self.batch_size, self.add_special_tokens = batch_size, add_special_tokens
+        self.batch_size, self.add_special_tokens, self.compile = batch_size, add_special_tokens, compile
+        self._static: StaticDecoder | None = None  # built on first use, kept: it holds the graphs and caches
+        self._static_reason = static_decode_reason(model) if compile == "auto" else None
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None
@@ -175,15 +226,22 @@ class HFEngine:
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention[:, :plen].cumsum(-1) - 1).clamp(min=0)  # (B, P)
         out = self._prefill(input_ids, attention[:, :plen], positions)
+        logits = out.logits[:, -1, :]  # (B, V)
+        decoder = self._decoder(device)
+        decoder.start(out.past_key_values, attention, plen, plen + steps)
+        del out
         stop_ids = torch.tensor(_eos_ids(self.model, self.tokenizer, params.stop_token_ids), device=device)
         tokens = torch.full((batch, steps), pad, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, steps), dtype=torch.float32, device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         next_pos = positions[:, -1:] + 1  # (B, 1)
-        live = torch.arange(batch, device=device)  # the rows the model still runs
+        live = torch.arange(batch, device=device)  # the rows the model still runs (some may be finished)
         for t in range(steps):
-            token, logprob = sample_tokens(out.logits[:, -1, :], params.temperature, params.top_p, generator)
+            # one number per row of the chunk, live or not: a row's draws do not depend on which
+            # rows the decoder runs, so both decoders sample the same tokens from the same logits
+            uniform = torch.rand(batch, generator=generator, dtype=torch.float64, device=device)[live]
+            token, logprob = sample_tokens(logits, params.temperature, params.top_p, generator, uniform)
             done = finished[live]
             token = token.masked_fill(done, pad)
             tokens[live, t], logprobs[live, t] = token, logprob.masked_fill(done, 0.0)
@@ -198,16 +256,33 @@ class HFEngine:
             n_running = int(running.sum())  # the step's one host sync
             if n_running == 0:
                 break
-            if n_running <= len(live) // 2 and hasattr(out.past_key_values, "batch_select_indices"):
-                keep = running.nonzero().squeeze(1)  # drop finished rows from the batch and the cache
-                out.past_key_values.batch_select_indices(keep)
+            size = decoder.resize(n_running, len(live))
+            if size is not None:  # finished rows leave the batch; finished ones fill a bucket up
+                keep = torch.cat([running.nonzero(), (~running).nonzero()[: size - n_running]]).squeeze(1).sort().values
+                decoder.select(keep)
                 live, token, next_pos = live[keep], token[keep], next_pos[keep]
-            out = self.model(
-                input_ids=token[:, None], attention_mask=attention[live, : plen + t + 1],
-                position_ids=next_pos, past_key_values=out.past_key_values, use_cache=True,
-            )
+            logits = decoder.step(token[:, None], next_pos)
             next_pos = next_pos + 1
         return tokens[:, : t + 1], logprobs[:, : t + 1], lengths, finished
+
+    def decode_path(self, device: torch.device) -> str:
+        """One line saying how `generate` decodes on `device`, and why (for a log)."""
+        if self.compile is False:
+            return "eager decode (compile=false)"
+        if self.compile == "auto" and device.type != "cuda":
+            return f"eager decode (compile=auto on {device.type}; compiled only on CUDA)"
+        if self.compile == "auto" and self._static_reason is not None:
+            return f"eager decode (compile=auto: {self._static_reason})"
+        return "compiled decode (static KV cache" + (", CUDA graphs)" if device.type == "cuda" else ", inductor)")
+
+    def _decoder(self, device: torch.device) -> "_EagerDecoder | StaticDecoder":
+        """The compiled decoder where it is on (see `compile`), else a fresh eager one."""
+        on = self.compile if self.compile != "auto" else device.type == "cuda" and self._static_reason is None
+        if not on:
+            return _EagerDecoder(self.model)
+        if self._static is None:
+            self._static = StaticDecoder(self.model)  # raises with the reason when it cannot run
+        return self._static
 
     def _prefill(self, input_ids, attention, positions):
         """The prompts' forward, each distinct prompt once: its cache and last logits are then
