@@ -77,10 +77,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _print_config_help() -> int:
-    from .config import describe_fields
+    from .config import describe_fields, describe_reward_params, describe_task_knobs
 
     for key, default, doc in describe_fields():
         print(f"{key:<40} {default:<16} {doc}")
+    print("\nTask knobs: data.task_args.KNOB, for the task named by data.task (e.g. data.task_args.digits=3).")
+    for key, scope, default, doc in describe_task_knobs():
+        print(f"{key:<40} {'(' + scope + ')':<18} {default:<16} {doc}")
+    print("\nReward parameters: set per part of a weighted reward, reward.weights.NAME.PARAM=V, or in YAML\n"
+          "  reward: {weights: {math: 1.0, overlong: {weight: 0.5, max_tokens: 512, cache: 128}}}\n"
+          "(reward.weights.NAME.weight is the part's weight, default 1.0; a reward without parameters takes\n"
+          "only a weight, reward.weights.NAME=W). A reward chosen by reward.name alone gets only the shared\n"
+          "reward.timeout_s and reward.strict, so one with required parameters (overlong) needs reward.weights.")
+    for key, scope, default, doc in describe_reward_params():
+        print(f"{key:<40} {'(' + scope + ')':<18} {default:<16} {doc}")
     return 0
 
 

@@ -44,7 +44,9 @@ class DataConfig:
     task: str = "arithmetic"
     """Task: arithmetic, countdown (synthetic, generated from the seed) or math (a dataset)."""
     task_args: dict[str, Any] = field(default_factory=dict)
-    """Task knobs, e.g. {digits: 2, ops: "+-"} for arithmetic, {path: data.jsonl} for math."""
+    """Task knobs, the fields of the task's dataclass, e.g. {digits: 2, ops: "+-"} for arithmetic,
+    {train: train.jsonl, test: test.jsonl, template: boxed} for math; `tether train --help-config`
+    lists every task's knobs."""
     eval_size: int = 200
     """Number of held-out problems scored at each evaluation."""
 
@@ -405,5 +407,57 @@ def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str
     return rows
 
 
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        return repr(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return repr(f.default_factory())
+    return "(required)"
+
+
+def describe_task_knobs() -> list[tuple[str, str, str, str]]:
+    """(data.task_args.KNOB, "task NAME", default, docstring) for every knob of every registered
+    task, for `tether train --help-config`."""
+    from .schema import field_docs
+    from .tasks import TASKS
+
+    rows = []
+    for name in TASKS.names():
+        cls = TASKS.get(name)
+        docs = field_docs(cls)
+        rows.extend((f"data.task_args.{f.name}", f"task {name}", _default_text(f), docs.get(f.name, ""))
+                    for f in dataclasses.fields(cls) if f.init)
+    return rows
+
+
+def describe_reward_params() -> list[tuple[str, str, str, str]]:
+    """(reward.weights.NAME.PARAM, "reward NAME", default, docstring) for every parameter of every
+    registered reward, for `tether train --help-config`.
+
+    A parameter that `RewardConfig` also has (timeout_s, strict) is passed from there to every part
+    that takes it (`rewards.task_reward`), so its default is that key, not the dataclass default.
+    """
+    from .rewards import REWARDS
+    from .schema import field_docs
+
+    shared = {f.name for f in dataclasses.fields(RewardConfig)} - {"name", "weights"}
+    rows = []
+    for name in REWARDS.names():
+        entry = REWARDS.get(name)
+        if not isinstance(entry, type):
+            continue  # a plain function: a weight, no parameters
+        docs = field_docs(entry)
+        for f in dataclasses.fields(entry):
+            if not f.init:
+                continue
+            default, doc = _default_text(f), docs.get(f.name, "")
+            if f.name in shared:
+                default = f"reward.{f.name}"
+                doc += (f" Unset, it is reward.{f.name}, passed to every reward that takes it"
+                        " (also one named by reward.name).")
+            rows.append((f"reward.weights.{name}.{f.name}", f"reward {name}", default, doc))
+    return rows
+
+
 __all__ = ["Config", "ConfigError", "check_resume", "config_differences", "load_config", "save_config", "describe_fields",
-           "coerce"]
+           "describe_reward_params", "describe_task_knobs", "coerce"]

@@ -181,17 +181,14 @@ class MathVerifier:
 
 @dataclass
 class Math:
-    """1 if math-verify judges the completion's final answer equal to `example.answer`, else 0.
-
-    Attributes:
-        timeout_s: per-completion hard limit; an item over it scores 0 with reason "timeout".
-        strict: only the final `\\boxed{}` answer counts (the default, for templates that ask
-            for one); False: lenient extraction, any answer math-verify finds in the completion.
-            Use `strict_for_task` to decide from a task's template.
-    """
+    """1 if math-verify judges the completion's final answer equal to `example.answer`, else 0."""
 
     timeout_s: float = 5.0
+    """Per-completion hard limit in seconds; an item over it scores 0 with reason "timeout"."""
     strict: bool = True
+    """Only the final `\\boxed{}` answer counts (the default, for templates that ask for one);
+    False: lenient extraction, any answer math-verify finds in the completion. Use
+    `strict_for_task` to decide from a task's template."""
     _verifier: MathVerifier | None = field(default=None, init=False, repr=False)
 
     @property

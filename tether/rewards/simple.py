@@ -44,14 +44,11 @@ def countdown(completion: str, example: Example) -> RewardResult:
 
 @dataclass(frozen=True)
 class Format:
-    """1 if the completion has the required format, else 0.
-
-    Attributes:
-        pattern: a regular expression that must match somewhere (`re.search`); None means
-            "contains a non-empty, brace-balanced \\boxed{...}".
-    """
+    """1 if the completion has the required format, else 0."""
 
     pattern: str | None = None
+    """A regular expression that must match somewhere in the completion (`re.search`); None means
+    "contains a non-empty, brace-balanced \\boxed{...}"."""
 
     def __call__(self, completion: str, example: Example) -> RewardResult:
         if self.pattern is None:
@@ -73,15 +70,12 @@ def overlong_penalty(num_tokens: int, max_tokens: int, cache: int) -> float:
 
 @dataclass(frozen=True)
 class Overlong:
-    """DAPO's overlong penalty as a reward component.
-
-    Attributes:
-        max_tokens: the generation limit (max_new_tokens).
-        cache: length of the linear penalty band ending at max_tokens (0 < cache <= max_tokens).
-    """
+    """DAPO's overlong penalty as a reward component."""
 
     max_tokens: int
+    """The generation limit L_max, normally rollout.max_new_tokens."""
     cache: int
+    """Length C of the linear penalty band ending at max_tokens, 0 < cache <= max_tokens."""
 
     def __post_init__(self) -> None:
         if not 0 < self.cache <= self.max_tokens:

@@ -19,21 +19,19 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
 
 @dataclass(frozen=True)
 class Arithmetic(Synthetic):
-    """Arithmetic task knobs.
-
-    Attributes:
-        digits: operands are drawn uniformly from [0, 10**digits).
-        ops: the operators to draw from, any of "+", "-", "*".
-        allow_negative: if False, "a-b" is drawn with a >= b.
-        test_fraction: share of all prompts held out as the test split.
-        seed: default seed of `examples`.
-    """
+    """Arithmetic task knobs (`data.task_args` when `data.task=arithmetic`)."""
 
     digits: int = 2
+    """Operands are drawn uniformly from [0, 10**digits)."""
     ops: str = "+-"
+    """The operators to draw from, any of "+", "-", "*" (e.g. "+-*")."""
     allow_negative: bool = False
+    """If false, "a-b" is drawn with a >= b, so no answer needs a minus sign."""
     test_fraction: float = 0.1
+    """Share of all prompts held out as the test split (by hash of the prompt), in (0, 1)."""
     seed: int = 0
+    """Default seed of `examples`; in training it picks the held-out problems of each evaluation
+    (the stream of training problems is seeded by trainer.seed)."""
     name: ClassVar[str] = "arithmetic"
     reward: ClassVar[str] = "exact_match"
 

@@ -76,24 +76,23 @@ def solve_all(numbers: tuple[int, ...]) -> dict[int, tuple[str, int]]:
 
 @dataclass(frozen=True)
 class Countdown(Synthetic):
-    """Countdown task knobs.
-
-    Attributes:
-        count: how many numbers are given (2-5).
-        min_number, max_number: numbers are drawn uniformly from this range (repeats allowed).
-        max_target: targets lie in [1, max_target]; the prompt pads them to its width.
-        min_used: the target's cheapest solution needs at least this many numbers.
-        test_fraction: share of all prompts held out as the test split.
-        seed: default seed of `examples`.
-    """
+    """Countdown task knobs (`data.task_args` when `data.task=countdown`)."""
 
     count: int = 3
+    """How many numbers are given, 2 to 5."""
     min_number: int = 1
+    """Smallest number drawn; numbers are uniform in [min_number, max_number], repeats allowed."""
     max_number: int = 9
+    """Largest number drawn (see min_number)."""
     max_target: int = 999
+    """Targets lie in [1, max_target]; the prompt zero-pads them to its width."""
     min_used: int = 2
+    """The target's cheapest solution needs at least this many of the numbers, 1 to count."""
     test_fraction: float = 0.1
+    """Share of all prompts held out as the test split (by hash of the prompt), in (0, 1)."""
     seed: int = 0
+    """Default seed of `examples`; in training it picks the held-out problems of each evaluation
+    (the stream of training problems is seeded by trainer.seed)."""
     name: ClassVar[str] = "countdown"
     reward: ClassVar[str] = "countdown"
 

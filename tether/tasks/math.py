@@ -148,29 +148,30 @@ def load_math_dataset(
 
 @dataclass
 class MathTask:
-    """Math problems with prompts rendered for a tokenizer.
-
-    Attributes:
-        train: file or hub name of the training problems.
-        test: file or hub name of the held-out problems; when None, a `test_fraction` share of
-            `train`'s problems (by hash of the problem) is held out instead.
-        template: a `TEMPLATES` name or a literal template containing "{problem}".
-        tokenizer: when it has a chat template, prompts are rendered as a user turn.
-        problem_field, answer_field: field names in the rows.
-        limit: read at most this many rows per source.
-        test_fraction: used only when `test` is None.
-        seed: default seed of the shuffle in `examples`.
-    """
+    """Math problems with prompts rendered for a tokenizer (`data.task_args` when `data.task=math`)."""
 
     train: str
+    """JSONL or Parquet file, or Hugging Face hub dataset name, of the training problems."""
     test: str | None = None
+    """File or hub name of the held-out problems; when None, a `test_fraction` share of `train`'s
+    problems (by hash of the problem) is held out instead."""
     template: str = "boxed"
+    """Prompt template: a `TEMPLATES` name (plain, boxed, qa) or a literal string containing
+    "{problem}". Strict answer extraction (reward.strict) applies only when it asks for \\boxed{}."""
     tokenizer: Any = None
+    """Not set in the config: the trainer passes the tokenizer of model.name_or_path. When it has a
+    chat template, each prompt is rendered as a user turn with the generation prompt."""
     problem_field: str = "problem"
+    """Name of the field that holds the problem text in each row."""
     answer_field: str = "answer"
+    """Name of the field that holds the gold answer in each row."""
     limit: int | None = None
+    """Read at most this many rows per source (None: all of them)."""
     test_fraction: float = 0.1
+    """Share of `train`'s problems held out as the test split; used only when `test` is None."""
     seed: int = 0
+    """Default seed of the shuffle in `examples`; in training it picks the held-out problems of
+    each evaluation (the order of training problems is seeded by trainer.seed)."""
     name: ClassVar[str] = "math"
     reward: ClassVar[str] = "math"
     finite: ClassVar[bool] = True
