@@ -263,3 +263,30 @@ def test_the_newer_objectives_train_in_the_adapter(tiny_dir, tmp_path, objective
         expected = _objective_on(obj, [r], r["trl_old"])
         if objective != "clip_cov":  # clip_cov's random token choice differs between the two calls
             torch.testing.assert_close(r["loss"], expected, rtol=1e-5, atol=1e-7)
+
+
+def test_rollout_correction_reads_injected_sampler_logprobs(tiny_dir, tmp_path):
+    # Issue 18, item 2: TRL hands vLLM's log-probs over as `sampling_per_token_logps`; here they are
+    # injected (pi_old plus noise) as vLLM would, and the objective's correction weighs each token.
+    class Injected(TetherGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            old = out["old_per_token_logps"]
+            g = torch.Generator().manual_seed(0)
+            out["sampling_per_token_logps"] = old + 0.2 * torch.randn(old.shape, generator=g).to(old.device)
+            return out
+
+    records = []
+    spec = {"preset": "dapo", "rollout_correction": {"mode": "truncate", "high": 1.5}}
+    trainer = Injected(str(tiny_dir), odd_chars, _args(tmp_path, num_iterations=2),
+                       train_dataset=Dataset.from_dict({"prompt": PROMPTS}), objective=spec,
+                       on_objective=lambda inputs, batch, out: records.append((inputs, batch, out)))
+    trainer.train()
+    obj = trainer.tether_objective
+    for inputs, batch, out in records:
+        assert torch.equal(batch.sampler_logprobs, inputs["sampling_per_token_logps"])
+        assert out.metrics["rollout_correction/mismatch_k3"] > 0
+        assert 0 < out.metrics["rollout_correction/truncated_frac"] < 1
+        plain = objectives.build("dapo")(objectives.TokenBatch(batch.logprobs.detach(), batch.old_logprobs,
+                                                                batch.advantages, batch.mask))
+        assert not torch.isclose(out.loss.detach(), plain.loss)  # the correction changed the loss

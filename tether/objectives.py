@@ -28,6 +28,7 @@ import yaml
 
 from .core import advantages as _adv
 from .core import aggregation as _agg
+from .core import correction as _corr
 from .core import covariance as _cov
 from .core import divergences as _div
 from .core import dppo as _dppo
@@ -68,6 +69,9 @@ class TokenBatch:
     loss_norm: Optional[Union[float, torch.Tensor]] = None
     """The mini-batch normaliser (`Objective.normalizer(mini_batch_mask)`) when this is one
     micro-batch of several; None means this batch is the whole mini-batch."""
+    sampler_logprobs: Optional[torch.Tensor] = None
+    """(N, T) log-probs of the sampled tokens under the sampler (the rollout engine, vLLM); read by
+    `rollout_correction` (train-inference mismatch), which needs them."""
     group_stats: Optional[Any] = None
     """Per-sequence statistics of each sample's group over the WHOLE rollout batch
     (`Objective.group_stats(rewards, group_ids)`, rows selected like this batch's; ETR's nu_g - nu_bar).
@@ -168,6 +172,33 @@ class KLPenaltyConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Train-inference mismatch correction (tether.core.correction): weights pi_old / pi_sampler."""
+
+    level: Literal["token", "sequence"] = "token"
+    """token: r_t = pi_old / pi_sampler per token; sequence: their geometric mean over the sequence."""
+    mode: Literal["truncate", "mask"] = "truncate"
+    """truncate (TIS): clamp r to [low, high]; mask (MIS, IcePop): tokens with r outside leave the loss."""
+    low: float = 0.0
+    """Lower bound of r (0: none for truncate); ignored when `measure` is given."""
+    high: float = 2.0
+    """Upper bound of r; ignored when `measure` is given."""
+    measure: Optional[str] = None
+    """A tether divergence measure (kl3, ratio, kl2, ...): the bounds become the interval D(r) <= delta."""
+    delta: Optional[float] = None
+    """The divergence budget with `measure` (kl3 with delta gives a k3 rejection band)."""
+
+    def __post_init__(self):
+        if self.measure is not None:
+            _check_name(_div.MEASURES, self.measure, "rollout_correction.measure")
+            _check(self.delta is not None and self.delta > 0, "rollout_correction.delta", self.delta,
+                   "a number > 0 (with measure)")
+            self.low, self.high = _div.interval(self.measure, self.delta)
+        _check(0 <= self.low < 1 < self.high, "rollout_correction.low/high", (self.low, self.high),
+               "0 <= low < 1 < high")
+
+
+@dataclass
 class ObjectiveConfig:
     """Keys common to every objective."""
 
@@ -181,12 +212,17 @@ class ObjectiveConfig:
     """Advantage estimator the trainer uses with this objective: grpo, dr_grpo, rloo, reinforce_pp."""
     max_len: Optional[int] = None
     """T_max of seq-mean-token-sum-norm (the generation budget); None: the batch's padded width."""
+    rollout_correction: Optional[RolloutCorrectionConfig] = None
+    """Train-inference mismatch correction {level, mode, low, high | measure, delta}: each token's loss
+    times SG(pi_old / pi_sampler), truncated or masked (needs TokenBatch.sampler_logprobs); null: none."""
 
     def __post_init__(self):
         _check_name(_agg.AGGREGATIONS, self.aggregation, "aggregation")
         _check_name(_adv.ADVANTAGES, self.advantage, "advantage")
         if isinstance(self.kl_penalty, dict):
             self.kl_penalty = from_dict(KLPenaltyConfig, self.kl_penalty, "kl_penalty")
+        if isinstance(self.rollout_correction, dict):
+            self.rollout_correction = from_dict(RolloutCorrectionConfig, self.rollout_correction, "rollout_correction")
         _check(self.max_len is None or self.max_len > 0, "max_len", self.max_len, "a positive integer or null")
 
     def required_fields(self) -> list[str]:
@@ -196,6 +232,8 @@ class ObjectiveConfig:
             need.append("ref_logprobs")
         if self.entropy_coef != 0:
             need.append("entropy")
+        if self.rollout_correction is not None:
+            need.append("sampler_logprobs")
         return need
 
     def uses_reference(self) -> bool:
@@ -676,6 +714,20 @@ def _kl_cov_loss(cfg: KLCovConfig, b: TokenBatch, lp, old):
 # ---------------------------------------------------------------- the objective
 
 
+def _correct(rc: RolloutCorrectionConfig, tokens, old: torch.Tensor, sampler: torch.Tensor, m: torch.Tensor):
+    """The per-token loss times the rollout-correction weight SG(c_t), and its metrics (docs/metrics.md)."""
+    c = _corr.rollout_correction(old, sampler, m, rc.level, rc.mode, rc.low, rc.high)
+    log_r = c.log_ratio  # log pi_old - log pi_sampler
+    metrics = {
+        "rollout_correction/mismatch_k1": masked_mean(-log_r, m),  # KL(sampler || old), k1 from sampler samples
+        "rollout_correction/mismatch_k3": masked_mean(k3_of_log(log_r), m),  # the same KL, k3 (>= 0)
+        "rollout_correction/weight_mean": masked_mean(c.weights, m),
+        "rollout_correction/truncated_frac": masked_fraction(c.truncated, m),
+        "rollout_correction/masked_frac": masked_fraction(c.masked, m),
+    }
+    return tokens._replace(loss=tokens.loss * c.weights.to(tokens.loss.dtype)), metrics
+
+
 def _masked_fill(x: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torch.Tensor]:
     """Zero the padding of a log-prob tensor so no inf/NaN there can reach a gradient."""
     if x is None:
@@ -754,6 +806,9 @@ class Objective:
         tokens, extra = self._loss(cfg, batch, lp, old)
         n_tokens = m.detach().sum().to(torch.float64)
         metrics: dict[str, torch.Tensor] = {}
+        if cfg.rollout_correction is not None:
+            tokens, correction_metrics = _correct(cfg.rollout_correction, tokens, old, batch.sampler_logprobs, m)
+            metrics.update(correction_metrics)
         penalty = None
         if batch.ref_logprobs is not None:
             ref = _masked_fill(batch.ref_logprobs, m).detach()
@@ -826,6 +881,9 @@ _WHY_NEEDED = {
     "ref_logprobs": "the KL penalty or anchor='ref' compares against the reference policy",
     "entropy": "entropy_coef != 0 adds an entropy bonus",
     "rewards": "ETR's macro factor uses each group's reward variance; or set macro='off'",
+    "sampler_logprobs": "rollout_correction weighs each token by pi_old / pi_sampler; pass the sampler's log-probs "
+                        "(tether's engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop "
+                        "rollout_correction",
     "group_ids": "ETR's macro factor needs to know which samples share a prompt; or set macro='off'",
 }
 

@@ -244,6 +244,7 @@ class UpdateBatch:
     group_ids: torch.Tensor  # (N,)
     old_logprobs: Optional[torch.Tensor]  # (N, T); None: one update per batch, on-policy (pi_old = pi_theta)
     ref_logprobs: Optional[torch.Tensor] = None  # (N, T), when the objective uses a reference
+    sampler_logprobs: Optional[torch.Tensor] = None  # (N, T), the engine's, for rollout_correction
 
 
 @dataclass
@@ -312,6 +313,7 @@ def _micro_step(model, obj, batch: UpdateBatch, idx: torch.Tensor, norm, stats, 
         advantages=batch.advantages[idx], mask=sub.mask,
         ref_logprobs=None if batch.ref_logprobs is None else batch.ref_logprobs[idx],
         group_ids=batch.group_ids[idx], rewards=batch.rewards[idx],
+        sampler_logprobs=None if batch.sampler_logprobs is None else batch.sampler_logprobs[idx],
         entropy=ent if obj.config.entropy_coef else ent.detach(), loss_norm=norm,
         group_stats=None if stats is None else stats.select(idx),
     ))
@@ -633,7 +635,8 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     def on_opt_step():
         run.opt_steps += 1
 
-    batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp)
+    sampler_lp = scored.rollout.sampler_logprobs.to(device=device, dtype=torch.float32) * tokens.mask
+    batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp, sampler_lp)
     metrics = update(Optimiser(model, run.optimizer, run.scheduler, on_opt_step), run.obj, batch, cfg, gen)
     if step == run.start + 1 and t.share_prompts and t.fused_logprobs and not run.unfused and shared_prompt_reason(model):
         log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")

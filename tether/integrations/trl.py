@@ -338,6 +338,7 @@ class TetherGRPOTrainer(GRPOTrainer):
             ref_logprobs=ref,
             group_ids=inputs.get("tether_group_ids"),
             rewards=inputs.get("tether_rewards"),
+            sampler_logprobs=inputs.get("sampling_per_token_logps"),  # vLLM's, for rollout_correction
             group_stats=group_stats_of(obj, inputs),
             entropy=ent if obj.config.entropy_coef else ent.detach(),
             loss_norm=self._step_normalizer() if train else None,

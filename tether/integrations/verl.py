@@ -133,6 +133,11 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
     cfg = obj.config
     if cfg.entropy_coef != 0:
         raise ConfigError(f"{_KEY}: entropy_coef must be 0 under verl; use actor_rollout_ref.actor.entropy_coeff")
+    if cfg.rollout_correction is not None:
+        raise ConfigError(
+            f"{_KEY}: rollout_correction is verl's own under verl (algorithm.rollout_correction, e.g. its TIS or k3 "
+            "rejection presets); the plugin multiplies verl's rollout_is_weights into the loss. Drop the override."
+        )
     # Capabilities, not names: verl's `returns` slot carries one group statistic, nu_g - nu_bar,
     # computed by the tether_* estimators from the batch's observed reward range.
     unsupported = set(cfg.group_stats_needed()) - {"nu_shift"}
