@@ -29,6 +29,8 @@ def _tether(*args, cwd):
     ("reward.name=exact_mach", "reward.name: unknown reward 'exact_mach'. Did you mean 'exact_match'?"),
     ("reward.weights={exact_mach: 1.0}", "reward.weights: unknown reward 'exact_mach'"),
     ("rollout.engine=vllm", "rollout.engine: unknown rollout engine 'vllm'. Valid: hf"),
+    ("reward.weights={overlong: {cach: 16, max_tokens: 16}}",
+     "reward.weights.overlong.cach: reward 'overlong' has no parameter 'cach'. Did you mean 'cache'?"),
     ("objective=grpoo", "unknown objective or preset 'grpoo'. Did you mean 'grpo'"),
     ("trainer.totl_steps=3", "unknown key 'trainer.totl_steps'. Did you mean 'total_steps'"),
 ])

@@ -248,7 +248,7 @@ class Config:
 def _check_names(cfg: "Config") -> None:
     """Task, task knobs, reward and engine exist: checked on load, before any directory is written."""
     from .core.registry import unknown_name_message
-    from .rewards import REWARDS
+    from .rewards import REWARDS, reward_options
     from .rollout import ENGINES
     from .tasks import TASKS
 
@@ -269,8 +269,14 @@ def _check_names(cfg: "Config") -> None:
         if knob != "tokenizer":
             coerce(value, hints[knob], f"data.task_args.{knob}")
     name(REWARDS, cfg.reward.name, "reward.name", ("auto",))
-    for reward in cfg.reward.weights:
+    for reward, spec in cfg.reward.weights.items():
         name(REWARDS, reward, "reward.weights")
+        params = set(spec) - {"weight"} if isinstance(spec, dict) else set()
+        valid = reward_options(reward)
+        for param in sorted(params - valid):
+            close = difflib.get_close_matches(param, sorted(valid), n=1)
+            raise ConfigError(f"reward.weights.{reward}.{param}: reward {reward!r} has no parameter {param!r}."
+                              f"{f' Did you mean {close[0]!r}?' if close else ''} Valid: weight, {', '.join(sorted(valid)) or 'none'}.")
     name(ENGINES, cfg.rollout.engine, "rollout.engine")
 
 
