@@ -18,7 +18,7 @@ from typing import Optional
 
 import yaml
 
-from .plots import save_panel
+from .plots import rolling_mean, save_panel
 from .sinks import read_jsonl
 
 CURVES = [  # (file, title, metric, smoothing window in steps)
@@ -270,15 +270,6 @@ def _regime_section(name: Optional[str], methods: dict[str, list[Path]], plot_di
     return lines + [""]
 
 
-def _curve(rows: list[dict], key: str, window: int) -> dict[int, float]:
-    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-    out = {}
-    for i, (step, _) in enumerate(pts):
-        w = pts[max(0, i - window + 1): i + 1]
-        out[step] = statistics.fmean(v for _, v in w)
-    return out
-
-
 def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -292,7 +283,7 @@ def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
         drawn = False
         for label, runs in data.items():
-            curves = [_curve(rows, key, window) for rows in runs]
+            curves = [rolling_mean(rows, key, window) for rows in runs]
             steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
             if not steps:
                 continue

@@ -1,20 +1,45 @@
-"""PNG plots of a run's metrics.jsonl (matplotlib, headless)."""
+"""PNG plots of a run's metrics.jsonl (matplotlib, headless).
+
+Every per-step metric is drawn twice in one colour: its raw value at each rollout step as faint
+dots, and a trailing rolling mean over it as a line, the smoothing `tether report`'s comparison
+plots use (`rolling_mean`). The window is a tenth of the run's logged points, at least 1 and at
+most 20 (the comparison plots' fixed window), so a short run is not flattened and a long one
+smooths as the comparison does. A trailing mean lags a trend by (window - 1) / 2 steps; it never
+uses a future step, so the line at step s is what a reader watching the run saw at step s.
+Held-out accuracy is measured every `trainer.eval_every` steps on the same examples, and is drawn
+unsmoothed.
+"""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
+from typing import Optional
 
 from .sinks import read_jsonl
 
-# (file name, title, metric names drawn on the same axes)
+
+class Panel:
+    """One PNG: the metrics drawn on the same axes, their y-axis label, whether to smooth them."""
+
+    def __init__(self, fname: str, title: str, keys: list[str], ylabel: str, smooth: bool = True,
+                 fraction: bool = False):
+        self.fname, self.title, self.keys, self.ylabel = fname, title, keys, ylabel
+        self.smooth = smooth
+        self.fraction = fraction  # y starts at 0
+
+
 PANELS = [
-    ("reward", "reward", ["reward/mean"]),
-    ("accuracy", "held-out accuracy", ["eval/accuracy"]),
-    ("entropy", "policy entropy", ["policy/entropy"]),
-    ("clip_fractions", "clip fractions", ["policy/clipfrac_low", "policy/clipfrac_high", "policy/clipfrac_dual"]),
-    ("kl", "KL", ["policy/kl_old", "kl/ref", "rpg/kl_anchor"]),
-    ("response_length", "response length (tokens)", ["rollout/len_mean"]),
+    Panel("reward", "reward", ["reward/mean"], "mean reward per completion"),
+    Panel("accuracy", "held-out accuracy", ["eval/accuracy"], "fraction of test prompts correct",
+          smooth=False, fraction=True),
+    Panel("entropy", "policy entropy", ["policy/entropy"], "nats per token"),
+    Panel("clip_fractions", "clip fractions", ["policy/clipfrac_low", "policy/clipfrac_high", "policy/clipfrac_dual"],
+          "fraction of tokens", fraction=True),
+    Panel("kl", "KL estimates (k3)", ["policy/kl_old", "kl/ref", "rpg/kl_anchor"], "nats per token"),
+    Panel("response_length", "response length", ["rollout/len_mean"], "tokens (mean per completion)"),
 ]
+MAX_WINDOW = 20  # the comparison plots' window (tether/compare.py CURVES)
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -22,19 +47,84 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def save_panel(fig, ax, title: str, path: Path, legend: bool) -> Path:
-    """Label a metric-vs-step panel, write it as PNG and close the figure."""
+def rolling_mean(rows: list[dict], key: str, window: int) -> dict[int, float]:
+    """{step: mean of `key` over this logged point and the window - 1 before it} (fewer at the start).
+
+    Steps where `key` is missing or null are skipped, not counted as zeros.
+    """
+    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    out = {}
+    for i, (step, _) in enumerate(pts):
+        w = pts[max(0, i - window + 1): i + 1]
+        out[step] = statistics.fmean(v for _, v in w)
+    return out
+
+
+def window_for(n_points: int) -> int:
+    """The single-run smoothing window: a tenth of the logged points, clamped to [1, MAX_WINDOW]."""
+    return max(1, min(MAX_WINDOW, n_points // 10))
+
+
+def save_panel(fig, ax, title: str, path: Path, legend: bool, xlabel: str = "rollout step",
+               ylabel: Optional[str] = None, legend_title: Optional[str] = None) -> Path:
+    """Label a metric-vs-step panel, write it as PNG and close the figure. A title's second line
+    (the objective's parameters) is set smaller, under the first."""
     import matplotlib.pyplot as plt
 
-    ax.set_title(title)
-    ax.set_xlabel("step")
+    head, _, sub = title.partition("\n")
+    if sub:
+        fig.suptitle(head, fontsize=9)
+        ax.set_title(sub, fontsize=6.5)
+    else:
+        ax.set_title(head, fontsize=9)
+    ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if legend:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, title=legend_title, title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def objective_label(run_dir: Path, width: int = 100) -> str:
+    """The run's objective for a plot title, from RUN_DIR/config.yaml (resolved, so every parameter
+    is there): its name, then its parameters on a second line, cut at `width` characters; '' without
+    a config.yaml."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return ""
+    obj = (yaml.safe_load(path.read_text()) or {}).get("objective")
+    if not isinstance(obj, dict):
+        return str(obj or "")
+    name = str(obj.get("name") or obj.get("preset") or "")
+    # The objective's own parameters (eps_low, delta, ...) first, then the axes every objective has.
+    shared = ("advantage", "aggregation", "kl_penalty", "entropy_coef", "rollout_correction")
+    keys = [k for k in obj if k not in shared] + [k for k in shared if k in obj]
+    params = ", ".join(f"{k}={_compact(obj[k])}" for k in keys
+                       if k not in ("name", "preset", "max_len") and obj[k] is not None)
+    if len(params) > width:
+        params = params[: width - 3] + "..."
+    return f"{name}\n{params}" if params else name
+
+
+def _compact(v) -> str:
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_compact(x)}" for k, x in v.items() if x is not None) + "}"
+    return format(v, "g") if isinstance(v, float) else str(v)
+
+
+def _drawn(rows: list[dict], panel: Panel) -> list[tuple[str, list[int], list[float]]]:
+    """The panel's metrics that have data; a metric that is 0 throughout (a dual clip that is off)
+    is left out when another one in the panel has something to show."""
+    drawn = [(k, *series(rows, k)) for k in panel.keys]
+    drawn = [d for d in drawn if d[1]]
+    live = [d for d in drawn if any(v != 0 for v in d[2])]
+    return (live or drawn[:1]) if drawn else []
 
 
 def plot_run(run_dir: Path) -> list[Path]:
@@ -46,16 +136,27 @@ def plot_run(run_dir: Path) -> list[Path]:
 
     run_dir = Path(run_dir)
     rows = read_jsonl(run_dir / "metrics.jsonl")
+    objective = objective_label(run_dir)
     out_dir = run_dir / "plots"
     out_dir.mkdir(exist_ok=True)
     written = []
-    for fname, title, keys in PANELS:
-        drawn = [(k, *series(rows, k)) for k in keys]
-        drawn = [d for d in drawn if d[1]]
+    for panel in PANELS:
+        drawn = _drawn(rows, panel)
         if not drawn:
             continue
-        fig, ax = plt.subplots(figsize=(5, 3.2), dpi=110)
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+        window = window_for(max(len(xs) for _, xs, _ in drawn)) if panel.smooth else 1
         for key, xs, ys in drawn:
-            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=key)
-        written.append(save_panel(fig, ax, title, out_dir / f"{fname}.png", legend=len(drawn) > 1))
+            if window > 1:
+                dots = ax.plot(xs, ys, ls="none", marker="o", ms=2.5, alpha=0.3)[0]
+                smooth = rolling_mean(rows, key, window)
+                ax.plot(list(smooth), list(smooth.values()), color=dots.get_color(), lw=1.6, label=key)
+            else:
+                ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, lw=1.4, label=key)
+        if panel.fraction:  # from 0, with a sliver below it so a line at 0 stays visible
+            ax.set_ylim(bottom=-0.03 * ax.get_ylim()[1])
+        title = f"{panel.title}: {objective}" if objective else panel.title
+        note = f"line: mean of the last {window} steps; dots: each step" if window > 1 else None
+        written.append(save_panel(fig, ax, title, out_dir / f"{panel.fname}.png", legend=True,
+                                  ylabel=panel.ylabel, legend_title=note))
     return written
