@@ -23,6 +23,28 @@ from .schema import ConfigError, coerce, from_dict, to_dict, unknown_key_error
 
 
 @dataclass
+class LoRAConfig:
+    """Low-rank adapters (peft) on the policy: only they train; the reference policy is the base model
+    with the adapters disabled (no second copy of the weights); checkpoints hold the adapter."""
+
+    r: int = 16
+    """Rank of each adapter."""
+    alpha: float = 32.0
+    """Scaling: the adapter's update is multiplied by alpha / r."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input (0: none; the old and reference passes run without it)."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+    """Names of the linear layers that get an adapter (Llama/Qwen2 names)."""
+
+    def __post_init__(self):
+        if self.r < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1 or not self.target_modules:
+            raise ConfigError(f"model.lora: got r={self.r}, alpha={self.alpha}, dropout={self.dropout}, "
+                              f"target_modules={self.target_modules}; expected r >= 1, alpha > 0, 0 <= dropout < 1 "
+                              "and at least one target module")
+
+
+@dataclass
 class ModelConfig:
     name_or_path: str = "tiny"
     """A hub id or local directory for `from_pretrained`, or `tiny`: a tiny model built by `tether init-model`."""
@@ -31,6 +53,8 @@ class ModelConfig:
     trainer.autocast); bfloat16 trains pure bf16 weights and optimiser state (less memory)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about 30% slower)."""
+    lora: Optional[LoRAConfig] = None
+    """LoRA adapters {r, alpha, dropout, target_modules} (needs `pip install peft`); null: full fine-tuning."""
     tiny_arch: Literal["llama", "qwen2"] = "llama"
     """Architecture of the `tiny` model."""
     tiny_hidden_size: int = 128
@@ -237,6 +261,11 @@ class Config:
             raise ConfigError(f"trainer.lr: got {t.lr}, expected a positive number")
         if r.temperature < 0 or not 0 < r.top_p <= 1:
             raise ConfigError("rollout.temperature must be >= 0 and rollout.top_p in (0, 1]")
+        if self.model.lora is not None and (t.ref_update_every or t.ref_update_kl):
+            raise ConfigError(
+                "model.lora with trainer.ref_update_every/ref_update_kl: under LoRA the reference is the base model "
+                "with the adapters disabled, which a refresh cannot move; set both to 0 (or train without model.lora)"
+            )
         if t.old_logprobs == "sampler" and (r.top_p < 1 or r.temperature == 0):
             raise ConfigError(
                 "trainer.old_logprobs=sampler: the sampler's log-probs are those of the full softmax only "

@@ -77,6 +77,25 @@ def pick_device(name: str, n_params: int, small_model_params: int, key: str = "t
     return torch.device(name), ""
 
 
+def apply_lora(model: Any, lora: Any, adapter_dir: str | Path | None = None) -> Any:
+    """A peft `PeftModel` around `model`: new adapters from `lora` (tether.config.LoRAConfig), or the
+    trained ones saved in `adapter_dir` (a checkpoint's `model/`). Only the adapters train."""
+    try:
+        from peft import LoraConfig, PeftModel, get_peft_model
+    except ImportError:
+        raise ImportError("model.lora needs peft: pip install peft (or train without model.lora)") from None
+    if adapter_dir is not None:
+        return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """Whether a model directory holds a LoRA adapter (a checkpoint of a model.lora run), not full weights."""
+    return (Path(path) / "adapter_config.json").is_file()
+
+
 def _check_source(name_or_path: str) -> None:
     """Raise a helpful error for a path that neither exists nor looks like a hub id."""
     if Path(name_or_path).expanduser().exists():

@@ -31,7 +31,7 @@ import torch
 
 from . import checkpoint, faults, objectives
 from .config import Config, check_resume, save_config
-from .models import pick_device
+from .models import apply_lora, pick_device
 from .data import PromptStream
 from .ops import causal_lm_token_logprobs, fused_head_reason, shared_prompt_reason
 from .rewards import accuracy, score_rollout, verifier_faults
@@ -507,6 +507,7 @@ class Run:
     params: SamplingParams
     device: torch.device
     unfused: str  # why the fused head is off, or ""
+    peft: Any = None  # the peft wrapper under model.lora (`model` is its base, adapters injected), else None
     opt_steps: int = 0
     ref_updates: int = 0
     kl_window: list[float] = dataclasses.field(default_factory=list)
@@ -517,8 +518,22 @@ class Run:
         self.saved_step = step
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "position": self.stream.position, "opt_steps": self.opt_steps, "ref_updates": self.ref_updates}
-        checkpoint.save(self.run_dir, step, self.model, self.tokenizer, state, reference=self.reference,
-                        keep_last=self.cfg.trainer.keep_last)
+        checkpoint.save(self.run_dir, step, self.peft or self.model, self.tokenizer, state, reference=self.reference,
+                        keep_last=self.cfg.trainer.keep_last)  # under LoRA: the adapter only
+
+    def reference_logprobs(self, tokens: Tokens) -> Optional[torch.Tensor]:
+        """The reference policy's log-probs (N, T) when the objective uses one: the frozen copy, or under
+        LoRA the base model itself with the adapters disabled (no second copy of the weights)."""
+        if not self.obj.uses_reference():
+            return None
+        t = self.cfg.trainer
+        args = (tokens, self.cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size,
+                t.share_prompts)
+        with precision(self.device, self.cfg):
+            if self.reference is not None:
+                return batched_logprobs(self.reference, *args)
+            with self.peft.disable_adapter(), eval_mode(self.model):
+                return batched_logprobs(self.model, *args)
 
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
@@ -581,9 +596,17 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg)
     source = str(ckpt / "model") if ckpt else initial_model(cfg, task, verifier, log=log)
-    model, tokenizer, device = _load_policy(cfg, source, log)
+    lora = cfg.model.lora
+    model, tokenizer, device = _load_policy(cfg, initial_model(cfg, task, verifier, log=log) if ckpt and lora
+                                            else source, log)
+    peft = None
+    if lora is not None:  # adapters on the base model: new, or the checkpoint's
+        peft = apply_lora(model, lora, ckpt / "model" if ckpt else None)
+        model = peft.get_base_model()
+        log(f"LoRA: {sum(p.numel() for p in model.parameters() if p.requires_grad):_} trainable parameters of "
+            f"{sum(p.numel() for p in model.parameters()):_}")
     reference = None
-    if obj.uses_reference():
+    if obj.uses_reference() and lora is None:
         reference, _ = load_model(initial_model(cfg, task, verifier, log=log) if ckpt else source,
                                   dtype=cfg.model.dtype, device="cpu")
         if ckpt:
@@ -592,7 +615,8 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     unfused = fused_head_reason(model) if t.fused_logprobs else ""
     if unfused:
         log(f"fused log-probs off: {unfused}; using the model's logits")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr,
+                                  weight_decay=t.weight_decay)
     scheduler = _scheduler(optimizer, cfg, t.total_steps * t.ppo_epochs * t.mini_batches)
     state = {"step": 0, "position": 0, "opt_steps": 0, "ref_updates": 0}
     if ckpt:
@@ -605,7 +629,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
                             max_new_tokens=cfg.rollout.max_new_tokens, stop_strings=tuple(cfg.rollout.stop_strings))
     return Run(cfg, run_dir, state["step"], obj, reward_fn, verifier, test_examples, model, tokenizer, reference,
                get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer), optimizer, scheduler,
-               PromptStream(task, t.seed, state["position"]), params, device, unfused,
+               PromptStream(task, t.seed, state["position"]), params, device, unfused, peft,
                opt_steps=state["opt_steps"], ref_updates=state["ref_updates"], saved_step=state["step"])
 
 
@@ -625,10 +649,7 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     tokens = to_tokens(scored.rollout, run.tokenizer.pad_token_id, device)
     adv = run.obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float()).to(device)
     old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
-    with precision(device, cfg):
-        ref_lp = None if run.reference is None else batched_logprobs(
-            run.reference, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
-            t.logprob_chunk_size, t.share_prompts)
+    ref_lp = run.reference_logprobs(tokens)
     gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
     opt_steps_before = run.opt_steps
 
