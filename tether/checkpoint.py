@@ -5,17 +5,23 @@ Layout of RUN_DIR/checkpoints/step_000040/:
     reference.safetensors   the reference/anchor weights, when a reference model is in use
     state.pt          optimizer, scheduler, RNG states, data position, step (tensors and
                       plain Python only, so it loads with `torch.load(weights_only=True)`)
-    manifest.json     every file's size and sha256, written last
+    manifest.json     every file's size and sha256, written last; the held-out accuracy the
+                      trainer measured at this step, when it passed one (`save(accuracy=...)`)
 A checkpoint is written into a temporary directory and renamed into place, so a kill during
 the write never leaves a half checkpoint that resume would pick up; the manifest catches a
 checkpoint damaged afterwards (truncated copy, bad disk): resume verifies it and falls back to
 the previous good checkpoint, and pruning never deletes the newest good one.
+
+Pruning keeps the newest `keep_last` good checkpoints and, besides them, the one with the best
+recorded accuracy (the earliest of equals), so `best(run_dir)` survives a long run; `latest` is
+still the newest, and resume reads only that.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -50,8 +56,15 @@ def _as_tuple(x):
 
 
 def save(
-    run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], reference=None, keep_last: int = 2
+    run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], reference=None, keep_last: int = 2,
+    accuracy: Optional[float] = None,
 ) -> Path:
+    """Write RUN_DIR/checkpoints/step_{step:06d} atomically, then prune (see the module docstring).
+
+    accuracy: the held-out accuracy measured on the weights being saved, recorded in the manifest;
+    the checkpoint with the best one is kept by pruning and returned by `best`. A non-finite value
+    is not recorded.
+    """
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -64,7 +77,7 @@ def save(
     if reference is not None:
         save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, str(tmp / "reference.safetensors"))
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "state.pt")
-    _write_manifest(tmp, step)
+    _write_manifest(tmp, step, accuracy)
     _fsync_tree(tmp)  # the data is on disk before the rename makes the checkpoint visible
     old = root / f".old_step_{step:06d}"
     if final.exists():  # a step redone after a resume: move the old copy aside, never delete first
@@ -120,9 +133,20 @@ def _files(ckpt: Path) -> list[Path]:
     return sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != "manifest.json")
 
 
-def _write_manifest(ckpt: Path, step: int) -> None:
+def _write_manifest(ckpt: Path, step: int, accuracy: Optional[float] = None) -> None:
     files = {str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in _files(ckpt)}
-    (ckpt / "manifest.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
+    meta: dict[str, Any] = {"step": step}
+    if accuracy is not None and math.isfinite(accuracy):
+        meta["accuracy"] = float(accuracy)
+    (ckpt / "manifest.json").write_text(json.dumps({**meta, "files": files}, indent=1))
+
+
+def recorded_accuracy(ckpt: Path) -> Optional[float]:
+    """The held-out accuracy recorded with the checkpoint, or None (none passed, or no readable manifest)."""
+    try:
+        return json.loads((Path(ckpt) / "manifest.json").read_text()).get("accuracy")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
 
 
 def verify(ckpt: Path, checksums: bool = True) -> str:
@@ -146,14 +170,22 @@ def verify(ckpt: Path, checksums: bool = True) -> str:
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` checkpoints that pass a size check; damaged ones go too."""
-    good = 0
-    for ckpt in reversed(list_checkpoints(run_dir)):
-        if verify(ckpt, checksums=False):
-            continue  # damaged: never counted as one of the kept, left for inspection
-        good += 1
-        if good > keep_last:
+    """Delete all but the newest `keep_last` checkpoints that pass a size check, and the best one by
+    recorded accuracy; damaged ones are left for inspection and never counted as kept."""
+    good = [c for c in list_checkpoints(run_dir) if not verify(c, checksums=False)]
+    keep = _best_of(good)
+    for ckpt in good[: max(len(good) - keep_last, 0)]:
+        if ckpt != keep:
             shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def _best_of(ckpts: list[Path]) -> Optional[Path]:
+    """The checkpoint with the highest recorded accuracy, the earliest of equals; None if none has one.
+
+    `ckpts` is in step order, and max() returns the first of equal keys.
+    """
+    scored = [(acc, c) for c in ckpts if (acc := recorded_accuracy(c)) is not None]
+    return max(scored, key=lambda s: s[0])[1] if scored else None
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -172,6 +204,19 @@ def latest(run_dir: Path, log=print) -> Optional[Path]:
             return ckpt
         log(f"warning: checkpoint {ckpt} is damaged ({problem}); falling back to the previous one")
     return None
+
+
+def best(run_dir: Path, log=print) -> Optional[Path]:
+    """The checkpoint with the best recorded accuracy (the earliest of equals) among those that match
+    their manifest, damaged ones reported and skipped; None when no checkpoint has an accuracy."""
+    good = []
+    for ckpt in list_checkpoints(run_dir):
+        problem = verify(ckpt)
+        if problem:
+            log(f"warning: checkpoint {ckpt} is damaged ({problem}); skipping it")
+        else:
+            good.append(ckpt)
+    return _best_of(good)
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:

@@ -140,6 +140,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import ExportError, export
+
+    try:
+        export(args.run_dir, args.out, step=args.step, force=args.force, push_to_hub=args.push_to_hub)
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", description="RLVR for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -182,6 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--claims", default=None,
                    help="a claims YAML (e.g. claims/papers.yaml) to test: difference, 95%% CI, verdict")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory (from_pretrained loads it)",
+                       description="tether export RUN_DIR [--step N|best|last] OUT [--push-to-hub REPO]")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a tether run directory")
+    p.add_argument("out", metavar="OUT", help="the model directory to write (new, or empty)")
+    p.add_argument("--step", default="last",
+                   help="a checkpoint's step number, 'best' (best recorded held-out accuracy) or 'last' (default)")
+    p.add_argument("--push-to-hub", metavar="REPO", default=None,
+                   help="then upload OUT to this Hugging Face model repo (needs HF_TOKEN or `hf auth login`)")
+    p.add_argument("--force", action="store_true", help="replace OUT when it exists and is not empty")
+    p.set_defaults(func=cmd_export)
     from .evaluate import add_eval_parser
 
     add_eval_parser(sub)
