@@ -1,21 +1,31 @@
-"""Benchmark (d): rollout tokens/s of the `hf` engine, and what a static KV cache / torch.compile give.
+"""Benchmark (d): rollout tokens/s of the `hf` engine, eager and compiled, against HF `generate`.
 
     python benchmarks/rollout.py                                # tiny Llamas on CPU, no compile
     python benchmarks/rollout.py --vocab 151936 --sizes 256x4   # with Qwen2.5's vocabulary size
-    python benchmarks/rollout.py --device cuda --dtype bfloat16 --compile --sizes 512x8 1024x16
+    python benchmarks/rollout.py --compile --sizes 128x4        # + the compiled rows (slow to compile on CPU)
+    # issue 14's workload: the 0.58B body (896 x 24, 14 heads, vocabulary 151,936), 128 rows x 256 tokens
+    python benchmarks/rollout.py --preset qwen0.5b --device cuda --dtype bfloat16 --compile \
+        --out benchmarks/results/performance/rollout_gpu_qwen0.5b.md
 
-tether's `hf` engine decodes with the model's dynamic KV cache (tether/rollout/hf.py) and has no
-static-cache or compiled mode. To see what adding one would be worth, the same model and prompts
-also go through Hugging Face `generate` with the dynamic cache (the like-for-like reference),
-with `cache_implementation="static"`, and (--compile) static + torch.compile of the decode step.
-All sample at temperature 1, top-p 1, no top-k, and stop rows on eos. Tokens/s counts completion
-tokens up to and including eos, over the wall time of the whole call (prefill included); the
-median of --reps calls after one warm-up call (the compile happens in the warm-up, timed apart).
-With --vocab the character vocabulary is padded with filler tokens to that size, so the head and
-the sampling over the vocabulary cost what they do for a real LLM (tether's engine samples by a
-two-level inverse CDF, `generate` by softmax + torch.multinomial). With --eos-bias rows stop at
-spread-out lengths: tether's engine drops finished rows from the batch once at most half are still
-running, where `generate` keeps decoding them to the longest.
+Rows: tether's `hf` engine eager (dynamic KV cache, `HFEngine(compile=False)`) and, with
+--compile, compiled (static KV cache + torch.compile, CUDA graphs on a GPU: `compile=True`,
+the default on CUDA; tether/rollout/static.py); Hugging Face `generate` with the dynamic cache
+(the like-for-like reference), with `cache_implementation="static"`, and with --compile static +
+torch.compile of the decode step. All sample at temperature 1, top-p 1, no top-k, and stop rows
+on eos. Tokens/s counts completion tokens up to and including eos, over the wall time of the
+whole call (prefill included); the median of --reps calls after one warm-up call (the compile
+happens in the warm-up, timed apart). With --vocab the character vocabulary is padded with
+filler tokens to that size, so the head and the sampling over the vocabulary cost what they do
+for a real LLM (tether's engine samples by a two-level inverse CDF, `generate` by softmax +
+torch.multinomial). With --eos-bias rows stop at spread-out lengths: tether's engine drops
+finished rows from the batch once at most half are still running, where `generate` keeps
+decoding them to the longest.
+
+The last row is the physical limit of decode: every step reads the weights (all but the input
+embedding, of which it gathers one row per token) and the KV cache of every row, so
+tokens/s <= rows x bandwidth / (weight bytes + KV bytes), with KV bytes at the mean context
+(prompt + half the new tokens: every row running to the limit, a dynamic cache). The
+bandwidth is measured here (a sum over a 1 GiB tensor) unless --bandwidth gives it in GB/s.
 """
 
 from __future__ import annotations
@@ -28,7 +38,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_common_args, emit, machine, median, setup, table, timed  # noqa: E402
+from common import (  # noqa: E402
+    add_common_args, add_preset_arg, apply_preset, emit, machine, median, setup, table, timed,
+)
 
 
 def hf_generate(model, tokenizer, prompts, args, cache: str | None, compile_: bool):
@@ -72,10 +84,10 @@ def add_eos_bias(model, eos_id: int, bias: float) -> None:
     model.set_output_embeddings(head)
 
 
-def engine_generate(model, tokenizer, prompts, args):
+def engine_generate(model, tokenizer, prompts, args, compile_: bool):
     from tether.rollout import SamplingParams, get_engine
 
-    engine = get_engine("hf", model=model, tokenizer=tokenizer)
+    engine = get_engine("hf", model=model, tokenizer=tokenizer, compile=compile_)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
     seed = [0]
 
@@ -84,6 +96,25 @@ def engine_generate(model, tokenizer, prompts, args):
         return int(engine.generate(prompts, n=args.group, params=params, seed=seed[0]).mask.sum())
 
     return run
+
+
+def read_bandwidth(device: torch.device, gib: float = 1.0) -> float:
+    """Bytes/s of a sum over a `gib` GiB float32 tensor (median of 5): what decode's reads can reach."""
+    x = torch.ones(int(gib * 2**30) // 4, device=device)
+    x.sum()
+    times = [timed(lambda: x.sum(), device) for _ in range(5)]
+    return x.numel() * 4 / median(times)
+
+
+def decode_bound(model, rows: int, prompt_len: float, new_tokens: int, bandwidth: float) -> tuple[float, float, float]:
+    """(tokens/s bound, weight bytes, KV bytes) per decode step: weights but the input embedding,
+    plus the KV cache of `rows` rows at the mean context prompt_len + new_tokens / 2."""
+    c = model.config
+    size = next(model.parameters()).element_size()
+    weights = (sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()) * size
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv = rows * (prompt_len + new_tokens / 2) * c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * size
+    return rows * bandwidth / (weights + kv), weights, kv
 
 
 def measure(run, device, reps: int) -> tuple[float, float]:
@@ -102,6 +133,9 @@ def measure(run, device, reps: int) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", default=["128x4", "256x4"], help="HIDDENxLAYERS tiny Llamas")
+    p.add_argument("--hidden", type=int, default=None, help="one model of this width (with --layers), instead of --sizes")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--heads", type=int, default=None, help="attention heads (default: hidden / 64)")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -110,10 +144,18 @@ def main() -> None:
                    help="add this to eos's logit, so rows stop at spread-out lengths (e.g. 2.5)")
     p.add_argument("--vocab", type=int, default=None,
                    help="pad the character vocabulary with filler tokens to this size (151936: Qwen2.5's)")
-    p.add_argument("--compile", action="store_true", help="also static cache + torch.compile (slow to compile on CPU)")
+    p.add_argument("--compile", action="store_true",
+                   help="also the compiled rows: tether's compiled decode and HF static + torch.compile")
+    p.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s (default: measured)")
+    p.add_argument("--skip-hf", action="store_true", help="only tether's rows (HF generate is slow at a large vocabulary on CPU)")
     add_common_args(p)
+    add_preset_arg(p)
     args = p.parse_args()
+    apply_preset(args, p)
+    if args.hidden is not None:
+        args.sizes = [f"{args.hidden}x{args.layers}"]
     device = setup(args)
+    bandwidth = args.bandwidth * 1e9 if args.bandwidth else read_bandwidth(device)
     from tether.data import PromptStream
     from tether.models import init_model, load_model
     from tether.tasks import get_task
@@ -126,24 +168,36 @@ def main() -> None:
     for size in args.sizes:
         hidden, layers = (int(x) for x in size.split("x"))
         with tempfile.TemporaryDirectory() as tmp:
-            path = init_model(Path(tmp) / "m", hidden_size=hidden, num_layers=layers, num_heads=max(2, hidden // 64),
+            path = init_model(Path(tmp) / "m", hidden_size=hidden, num_layers=layers,
+                              num_heads=args.heads or max(2, hidden // 64),
                               max_positions=max(256, 2 * args.max_new_tokens), vocab_size=args.vocab)
             model, tokenizer = load_model(path, dtype=args.dtype, device=str(device))
         if args.eos_bias:
             add_eos_bias(model, tokenizer.eos_token_id, args.eos_bias)
         model.eval()
-        variants = [("tether hf engine (dynamic cache)", engine_generate(model, tokenizer, prompts, args)),
-                    ("HF generate, dynamic cache", hf_generate(model, tokenizer, prompts, args, None, False)),
-                    ("HF generate, static cache", hf_generate(model, tokenizer, prompts, args, "static", False))]
+        params = sum(p.numel() for p in model.parameters())
+        label = f"{size} ({params / 1e6:,.1f}M)"
+        variants = [("tether hf engine, eager (dynamic cache)", engine_generate(model, tokenizer, prompts, args, False))]
         if args.compile:
-            variants.append(("HF generate, static cache + torch.compile",
-                             hf_generate(model, tokenizer, prompts, args, "static", True)))
+            variants.append(("tether hf engine, compiled (static cache + torch.compile)",
+                             engine_generate(model, tokenizer, prompts, args, True)))
+        if not args.skip_hf:
+            variants += [("HF generate, dynamic cache", hf_generate(model, tokenizer, prompts, args, None, False)),
+                         ("HF generate, static cache", hf_generate(model, tokenizer, prompts, args, "static", False))]
+            if args.compile:
+                variants.append(("HF generate, static cache + torch.compile",
+                                 hf_generate(model, tokenizer, prompts, args, "static", True)))
         base = None
         for name, run in variants:
             rate, warm = measure(run, device, args.reps)
             base = base or rate
-            rows.append([size, name, f"{rate:,.0f}", f"{rate / base:.2f}", f"{warm:.1f} s"])
+            rows.append([label, name, f"{rate:,.0f}", f"{rate / base:.2f}", f"{warm:.1f} s"])
             print(f"{size} {name}: {rate:.0f} tok/s (warm-up {warm:.1f} s)", file=sys.stderr)
+        prompt_len = sum(len(tokenizer(q, add_special_tokens=False).input_ids) for q in prompts) / len(prompts)
+        bound, weights, kv = decode_bound(model, args.prompts * args.group, prompt_len, args.max_new_tokens, bandwidth)
+        rows.append([label, f"physical limit: {weights / 1e6:,.1f} MB weights + {kv / 1e6:,.1f} MB KV per step "
+                            f"at {bandwidth / 1e9:,.0f} GB/s", f"{bound:,.0f}", f"{bound / base:.2f}", "-"])
+        del model, variants
         torch._dynamo.reset()
     text = "\n".join([
         f"### Rollout throughput ({args.device}, {args.dtype})",
@@ -152,7 +206,8 @@ def main() -> None:
         f"{args.prompts * args.group} rows, up to {args.max_new_tokens} new tokens, sampling at temperature 1; "
         f"{'character vocabulary' if args.vocab is None else f'vocabulary {args.vocab:,} (characters + filler tokens)'}; "
         f"{f'eos logit raised by {args.eos_bias:g}, so rows stop at spread-out lengths; ' if args.eos_bias else ''}"
-        f"completion tokens per second of wall time, median of {args.reps} calls after one warm-up call.",
+        f"completion tokens per second of wall time, median of {args.reps} calls after one warm-up call. "
+        f"Bandwidth {bandwidth / 1e9:,.0f} GB/s ({'given' if args.bandwidth else 'measured: a sum over 1 GiB'}).",
         "",
         table(["model (d x layers)", "generator", "tokens/s", "vs tether engine", "warm-up call"], rows),
     ])

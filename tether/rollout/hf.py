@@ -35,7 +35,7 @@ import torch
 
 from ..ops import prompt_groups
 from .base import FinishReason, RolloutBatch, SamplingParams
-from .static import StaticDecoder, static_decode_reason
+from .static import StaticDecoder, compile_limits, static_decode_reason
 
 
 def encode_prompts(tokenizer: Any, prompts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
@@ -204,7 +204,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), compile_limits():
                 chunks = [
                     self._generate_chunk(rows[s : s + size], params, generator) for s in range(0, len(rows), size)
                 ]

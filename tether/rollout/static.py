@@ -45,7 +45,13 @@ LENGTH_MULTIPLE = 64
 """The cache length is rounded up to a multiple of this, so nearby prompt lengths share a graph."""
 
 RECOMPILE_LIMIT = 64
-"""Graphs one decode function may hold (torch's default of 8 is one chunk size's buckets)."""
+"""Graphs the decode step may hold (torch's default of 8 is one cache length's buckets for 128 rows)."""
+
+
+def compile_limits():
+    """A context raising dynamo's recompile limit to RECOMPILE_LIMIT (entered once per call: it
+    costs about 150 us, too much per step)."""
+    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -174,5 +180,4 @@ class StaticDecoder:
         """
         if input_ids.is_cuda:
             torch.compiler.cudagraph_mark_step_begin()
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            return self._step(self.model, input_ids, self._attention, position_ids, self._cache)
+        return self._step(self.model, input_ids, self._attention, position_ids, self._cache)
