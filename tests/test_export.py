@@ -230,3 +230,39 @@ def test_push_to_hub_without_a_token_or_the_package_fails_first(real_run, tmp_pa
     _refused(capsys, ["export", str(real_run), str(tmp_path / "out"), "--push-to-hub", "me/x"],
              "pip install huggingface_hub")
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_a_lora_run_exports_its_adapter_merged_into_the_base(tiny_dir, tmp_path):
+    pytest.importorskip("peft")
+    from peft import PeftModel
+
+    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=1", "model.lora={r: 4, alpha: 8}",
+                     "trainer.lr=1e-2", "objective=grpo"), log=lambda *_: None)
+    out = tmp_path / "model"
+    assert main(["export", str(run), str(out)]) == 0
+    assert not list(out.glob("adapter_*")) and (out / "model.safetensors").exists()
+    assert "trained as a LoRA adapter (r 4, alpha 8" in (out / "README.md").read_text()
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_dir),
+                                        str(run / "checkpoints" / "step_000001" / "model"))
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    ids = torch.tensor([[1, 5, 7, 9, 11]])
+    with torch.no_grad():
+        want, got, before = adapted(ids).logits, merged(ids).logits, base(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)  # W + (alpha/r) B A, up to float32 rounding
+    assert (got - before).abs().max() > 1e-4  # the adapter did train
+    tok = AutoTokenizer.from_pretrained(out)
+    assert merged.generate(**tok("1+2=", return_tensors="pt")).shape[1] > 4
+
+
+def test_a_lora_checkpoint_whose_base_is_gone_is_refused(tiny_dir, tmp_path, capsys):
+    pytest.importorskip("peft")
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_dir, base)
+    run = train(_cfg(base, tmp_path / "run", "trainer.total_steps=1", "model.lora={r: 4, alpha: 8}",
+                     "objective=grpo", "data.eval_size=2"), log=lambda *_: None)
+    shutil.rmtree(base)
+    _refused(capsys, ["export", str(run), str(tmp_path / "out")], f"trained on {base}", "no longer there")
+    assert not (tmp_path / "out").exists()

@@ -1,7 +1,8 @@
 """`tether export`: a run's checkpoint as a Hugging Face model directory that `from_pretrained` loads.
 
 OUT/ holds
-    config.json, model*.safetensors   the checkpoint's weights and model config, copied byte for byte
+    config.json, model*.safetensors   the checkpoint's weights and model config, copied byte for byte;
+                                      for a LoRA run (model.lora), the adapter merged into its base
     tokenizer files                   the checkpoint's tokenizer
     generation_config.json            the run's sampling: temperature, top_p, max_new_tokens, eos ids
     README.md                         a model card: objective (resolved), model, data, reward, metrics
@@ -22,6 +23,7 @@ from typing import Any, Optional
 import yaml
 
 from . import checkpoint
+from .models import is_adapter_dir
 from .sinks import read_jsonl
 
 WHICH = ("last", "best")  # besides a step number
@@ -40,6 +42,8 @@ def export(run_dir: str | Path, out: str | Path, step: str = "last", force: bool
     if not (run_dir / "config.yaml").is_file():
         raise ExportError(f"{run_dir} has no config.yaml; is it a tether run directory?")
     ckpt = select_checkpoint(run_dir, step, log=log)
+    if is_adapter_dir(ckpt / "model"):
+        adapter_base(ckpt / "model")  # peft and the base model are there, before anything is written
     _check_out(out, force)
     api = hub_api() if push_to_hub else None  # a missing token fails here, before anything is written
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
@@ -127,13 +131,44 @@ def _write(dest: Path, run_dir: Path, ckpt: Path, cfg: dict) -> None:
     from transformers import AutoTokenizer
 
     src = ckpt / "model"
-    for path in sorted(src.iterdir()):
-        if path.is_file() and path.name != "generation_config.json":
+    lora = is_adapter_dir(src)
+    if lora:
+        _merge_adapter(src, dest)
+    skip = {"generation_config.json", "README.md", "adapter_config.json", "adapter_model.safetensors"}
+    for path in sorted(src.iterdir()):  # weights and config (full models), tokenizer files (both)
+        if path.is_file() and path.name not in skip:
             shutil.copyfile(path, dest / path.name)
     tokenizer = AutoTokenizer.from_pretrained(src)
-    generation_config(cfg, src, tokenizer).save_pretrained(dest)
+    generation_config(cfg, dest if lora else src, tokenizer).save_pretrained(dest)
     shutil.copyfile(run_dir / "config.yaml", dest / "tether_config.yaml")
     (dest / "README.md").write_text(model_card(run_dir, ckpt, cfg))
+
+
+def adapter_base(adapter_dir: Path) -> str:
+    """The base model a LoRA checkpoint's adapter was trained on (its adapter_config.json), checked to
+    be loadable: peft installed, and a local base still there."""
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise ExportError(f"{adapter_dir} holds a LoRA adapter; merging it needs peft: pip install peft") from None
+    base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ExportError(f"{adapter_dir}/adapter_config.json does not name its base model (base_model_name_or_path)")
+    if (base.startswith(("/", ".", "~")) or base.count("/") != 1) and not Path(base).expanduser().exists():
+        raise ExportError(f"the LoRA adapter in {adapter_dir} was trained on {base}, which is no longer there; "
+                          f"restore it (a warm-start model is cached under ~/.cache/tether) and export again")
+    return base
+
+
+def _merge_adapter(adapter_dir: Path, dest: Path) -> None:
+    """The base model with the adapter's low-rank update added to its weights (peft merge_and_unload),
+    saved in the base's dtype as safetensors."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(adapter_base(adapter_dir), dtype="auto", trust_remote_code=False)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged.save_pretrained(dest, safe_serialization=True)
 
 
 def generation_config(cfg: dict, model_dir: Path, tokenizer) -> Any:
@@ -181,7 +216,8 @@ def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
         f"A causal language model trained with reinforcement learning from verifiable rewards by "
         f"tether (objective **{name}**), exported from `{ckpt}`.", "",
         "## Training", "",
-        f"- base model: `{model}`",
+        f"- base model: `{model}`" + (f"; trained as a LoRA adapter ({_lora(cfg)}), merged into the base weights "
+                                      f"here" if (cfg.get("model") or {}).get("lora") else ""),
         f"- data: task `{data.get('task', '?')}`" + (f" with {data['task_args']}" if data.get("task_args") else "")
         + f"; held-out accuracy on {data.get('eval_size', '?')} test examples",
         f"- reward: {_reward(cfg.get('reward') or {})}",
@@ -229,6 +265,11 @@ def _metrics(run_dir: Path, ckpt: Path) -> list[str]:
         lines += ["", f"Training reward (reward/mean): {rewards[0]:.4f} at the first step, "
                       f"{rewards[-1]:.4f} at the last ({len(rewards)} steps logged)."]
     return lines
+
+
+def _lora(cfg: dict) -> str:
+    lora = cfg["model"]["lora"]
+    return ", ".join(f"{k} {v}" for k, v in lora.items() if k in ("r", "alpha", "dropout"))
 
 
 def _reward(reward: dict) -> str:
