@@ -52,6 +52,10 @@ def _synthetic_run(tiny_dir, run: Path, accuracies: dict[int, float | None], kee
     return run
 
 
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def _steps(run: Path) -> list[int]:
     return [int(c.name.split("_")[1]) for c in checkpoint.list_checkpoints(run)]
 
@@ -157,11 +161,27 @@ def test_a_run_without_checkpoints_is_refused(tmp_path, capsys):
 def test_a_missing_step_lists_the_available_ones(real_run, tmp_path, capsys):
     _refused(capsys, ["export", str(real_run), "--step", "7", str(tmp_path / "out")], "available: 1, 2")
     _refused(capsys, ["export", str(real_run), "--step", "first", str(tmp_path / "out")], "'best' or 'last'")
-    # No accuracy recorded with these checkpoints (a run from before `accuracy=`): the steps and their
-    # logged accuracies are listed instead.
-    _refused(capsys, ["export", str(real_run), "--step", "best", str(tmp_path / "out")],
-             "no checkpoint", "--step N", "1 (eval/accuracy")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_real_run_records_its_best_checkpoint_and_exports_it(real_run, tmp_path):
+    from tether.cli import main
+
+    # The trainer checkpoints every new best held-out accuracy with it recorded (tether.train).
+    best = checkpoint.best(real_run)
+    evals = {r["step"]: r["eval/accuracy"] for r in _rows(real_run) if r["step"] > 0 and "eval/accuracy" in r}
+    assert best is not None and checkpoint.recorded_accuracy(best) == max(evals.values())
+    assert main(["export", str(real_run), "--step", "best", str(tmp_path / "out")]) == 0
+
+
+def test_best_without_recorded_accuracies_lists_the_steps(tiny_dir, tmp_path, capsys):
+    # Checkpoints without an accuracy (a run from before `accuracy=`): the steps and their logged
+    # accuracies are listed instead.
+    run = _synthetic_run(tiny_dir, tmp_path / "run", {1: None, 2: None})
+    (run / "metrics.jsonl").write_text('{"step": 1, "eval/accuracy": 0.25}\n{"step": 2, "eval/accuracy": 0.5}\n')
+    _refused(capsys, ["export", str(run), "--step", "best", str(tmp_path / "out")],
+             "no checkpoint", "--step N", "1 (eval/accuracy")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_non_empty_out_is_refused_unless_forced(real_run, tmp_path, capsys):

@@ -451,8 +451,9 @@ def summary_header(cfg: Config, obj, run_dir: Path, start: int, steps_done: int,
     rows = read_jsonl(run_dir / "metrics.jsonl")
     evals = [(r["eval/accuracy"], r["step"]) for r in rows if r.get("eval/accuracy") is not None]
     best_acc, best_step = max(evals, key=lambda e: (e[0], -e[1])) if evals else (float("nan"), None)
-    ckpt = run_dir / "checkpoints" / f"step_{best_step:06d}" if best_step is not None else None
-    where = f"`{ckpt}`" if ckpt is not None and ckpt.exists() else "no checkpoint of that step was kept"
+    kept = checkpoint.best(run_dir, log=lambda *_: None)  # the kept checkpoint of the best held-out accuracy
+    where = (f"checkpoint `{kept}`, `tether export {run_dir} --step best OUT`" if kept is not None
+             else "no checkpoint holds it (the initial model)")
     status = ("finished" if signum is None
               else f"interrupted by signal {signum}; resume with `tether train --resume {run_dir}`")
     task = cfg.data.task + (f" {dict(cfg.data.task_args)}" if cfg.data.task_args else "")
@@ -512,14 +513,18 @@ class Run:
     ref_updates: int = 0
     kl_window: list[float] = dataclasses.field(default_factory=list)
     saved_step: int = -1
+    best_accuracy: float = -math.inf  # the best held-out accuracy a checkpoint holds
 
-    def save(self, step: int) -> None:
-        """A checkpoint of the weights, the optimiser and every counter after `step` (atomic)."""
+    def save(self, step: int, accuracy: Optional[float] = None) -> None:
+        """A checkpoint of the weights, the optimiser and every counter after `step` (atomic), with the
+        held-out accuracy measured on these weights when there is one (pruning keeps the best)."""
         self.saved_step = step
+        if accuracy is not None:
+            self.best_accuracy = max(self.best_accuracy, accuracy)
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "position": self.stream.position, "opt_steps": self.opt_steps, "ref_updates": self.ref_updates}
         checkpoint.save(self.run_dir, step, self.peft or self.model, self.tokenizer, state, reference=self.reference,
-                        keep_last=self.cfg.trainer.keep_last)  # under LoRA: the adapter only
+                        keep_last=self.cfg.trainer.keep_last, accuracy=accuracy)  # under LoRA: the adapter only
 
     def reference_logprobs(self, tokens: Tokens) -> Optional[torch.Tensor]:
         """The reference policy's log-probs (N, T) when the objective uses one: the frozen copy, or under
@@ -619,18 +624,22 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
                                   weight_decay=t.weight_decay)
     scheduler = _scheduler(optimizer, cfg, t.total_steps * t.ppo_epochs * t.mini_batches)
     state = {"step": 0, "position": 0, "opt_steps": 0, "ref_updates": 0}
+    best_accuracy = None
     if ckpt:
         state = checkpoint.load_state(ckpt)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         checkpoint.set_rng_state(state["rng"])
         log(f"resuming {run_dir} from step {state['step']}")
+        kept = checkpoint.best(run_dir, log=log)
+        best_accuracy = checkpoint.recorded_accuracy(kept) if kept is not None else None
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens, stop_strings=tuple(cfg.rollout.stop_strings))
     return Run(cfg, run_dir, state["step"], obj, reward_fn, verifier, test_examples, model, tokenizer, reference,
                get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer), optimizer, scheduler,
                PromptStream(task, t.seed, state["position"]), params, device, unfused, peft,
-               opt_steps=state["opt_steps"], ref_updates=state["ref_updates"], saved_step=state["step"])
+               opt_steps=state["opt_steps"], ref_updates=state["ref_updates"], saved_step=state["step"],
+               best_accuracy=-math.inf if best_accuracy is None else best_accuracy)
 
 
 # ---------------------------------------------------------------- one RL step
@@ -734,8 +743,9 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 progress.update(step, metrics)
                 faults.point("logged")
                 last_step = step
-                if step % t.save_every == 0 or step == t.total_steps:
-                    run.save(step)
+                acc = metrics.get("eval/accuracy")
+                if step % t.save_every == 0 or step == t.total_steps or (acc is not None and acc > run.best_accuracy):
+                    run.save(step, acc)  # also at every new best held-out accuracy: `tether export --step best`
             if stop.signum is not None and run.saved_step != last_step:
                 run.save(last_step)  # the last finished step, so the resume loses nothing
     finally:
