@@ -74,3 +74,12 @@ def test_lora_training_checkpoints_the_adapter_and_resumes_exactly(tiny_dir, tmp
 def test_lora_cannot_refresh_its_reference():
     with pytest.raises(ConfigError, match="model.lora with trainer.ref_update_every"):
         load_config(None, ["model.lora={r: 4}", "trainer.ref_update_every=5"])
+
+
+def test_the_warm_start_cache_key_does_not_depend_on_lora():
+    # LoRA is applied after the warm start: turning it on must reuse the cached warm start.
+    from tether.warmstart import _key, warm_start_key
+
+    plain, lora = load_config(None, []), load_config(None, ["model.lora={r: 8}"])
+    assert _key(warm_start_key(plain, "tiny")) == _key(warm_start_key(lora, "tiny"))
+    assert "lora" not in warm_start_key(plain, "tiny")["base"]

@@ -52,18 +52,26 @@ def _publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def warm_start_key(cfg: Config, base: str) -> dict:
+    """Everything a warm-started model depends on (its cache key). LoRA is applied after the warm
+    start and does not change it, so `model.lora` is not part of it (nor are new model keys with
+    their defaults: a cached warm start stays valid across tether versions that add them)."""
+    model = {k: v for k, v in to_dict(cfg.model).items() if k != "lora"}
+    return {
+        "base": base if cfg.model.name_or_path != "tiny" else model,
+        "task": cfg.data.task, "task_args": cfg.data.task_args,
+        "warm_start": {k: v for k, v in to_dict(cfg.warm_start).items() if k != "cache_dir"},
+        "seed": cfg.trainer.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
+    }
+
+
 def initial_model(cfg: Config, task, verifier, log=print) -> str:
     """Path or hub id of the model RL starts from (building and warm-starting it if needed)."""
     base = str(_tiny_model(cfg)) if cfg.model.name_or_path == "tiny" else cfg.model.name_or_path
     ws = cfg.warm_start
     if not ws.enabled:
         return base
-    payload = {
-        "base": base if cfg.model.name_or_path != "tiny" else to_dict(cfg.model),
-        "task": cfg.data.task, "task_args": cfg.data.task_args,
-        "warm_start": {k: v for k, v in to_dict(ws).items() if k != "cache_dir"},
-        "seed": cfg.trainer.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
-    }
+    payload = warm_start_key(cfg, base)
     path = cache_root(cfg) / "warmstart" / _key(payload)
     if (path / "warmstart.json").exists():
         info = json.loads((path / "warmstart.json").read_text())
