@@ -105,7 +105,8 @@ def test_compiled_stop_token_max_tokens_and_logprobs(llama):
 
 def test_compiled_seeds_and_reuse(llama):
     """The same seed gives the same rollout; another seed another; chunks (batch_size=8: 8 and 4
-    rows) match the eager chunks; the bucket caches are allocated once and reused across calls."""
+    rows) match the eager chunks; the bucket caches are allocated once and reused across calls
+    and across engines on the same model."""
     model, tok = llama
     engine = HFEngine(model, tok, batch_size=8, compile=True)
     params = SamplingParams(max_new_tokens=12)
@@ -116,20 +117,25 @@ def test_compiled_seeds_and_reuse(llama):
     assert_same_rollout(a, b)
     assert not torch.equal(a.completion_ids, c.completion_ids)
     assert all(engine._static._caches[k] is v for k, v in caches.items())
+    other = HFEngine(model, tok, batch_size=8, compile=True)  # another engine on the same model: the same decoder
+    assert_same_rollout(other.generate(PROMPTS, n=4, params=params, seed=12), c)
+    assert other._static is engine._static
     assert_same_rollout(HFEngine(model, tok, batch_size=8, compile=False).generate(PROMPTS, n=4, params=params, seed=11), a)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_compiled_qwen2_and_a_longer_cache(qwen2, temperature):
-    """Another architecture, and prompts + tokens beyond 64 columns: the cache is allocated at
-    128 columns and the tokens still equal the eager path's over 70 steps, sampled or greedy."""
+    """Another architecture, and prompts + tokens beyond 64 columns: the cache grows to 128
+    columns, stays there for a shorter call, and the tokens equal the eager path's over 70
+    steps, sampled or greedy."""
     model, tok = qwen2
-    params = SamplingParams(temperature=temperature, max_new_tokens=70)
-    eager = HFEngine(model, tok, compile=False).generate(PROMPTS, n=2, params=params, seed=3)
     engine = HFEngine(model, tok, compile=True)
-    compiled = engine.generate(PROMPTS, n=2, params=params, seed=3)
-    assert engine._static._length == 128
-    assert_same_rollout(eager, compiled)
+    for steps, length in [(70, 128), (8, 128)]:
+        params = SamplingParams(temperature=temperature, max_new_tokens=steps)
+        eager = HFEngine(model, tok, compile=False).generate(PROMPTS, n=2, params=params, seed=3)
+        compiled = engine.generate(PROMPTS, n=2, params=params, seed=3)
+        assert engine._static._length == length
+        assert_same_rollout(eager, compiled)
 
 
 def test_compile_choice_and_errors(llama, monkeypatch):

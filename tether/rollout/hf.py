@@ -186,7 +186,7 @@ class HFEngine:
             raise ValueError(f"compile must be true, false or 'auto', got {compile!r}")
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.add_special_tokens, self.compile = batch_size, add_special_tokens, compile
-        self._static: StaticDecoder | None = None  # built on first use, kept: it holds the graphs and caches
+        self._static: StaticDecoder | None = None  # the model's, once used (it holds the graphs and caches)
         self._static_reason = static_decode_reason(model) if compile == "auto" else None
 
     def generate(
@@ -280,8 +280,7 @@ class HFEngine:
         on = self.compile if self.compile != "auto" else device.type == "cuda" and self._static_reason is None
         if not on:
             return _EagerDecoder(self.model)
-        if self._static is None:
-            self._static = StaticDecoder(self.model)  # raises with the reason when it cannot run
+        self._static = StaticDecoder.of(self.model)  # raises with the reason when it cannot run
         return self._static
 
     def _prefill(self, input_ids, attention, positions):

@@ -7,13 +7,15 @@ is allocated once, at its final length, and the one-token forward is compiled
 (`torch.compile(mode="reduce-overhead")` on CUDA, i.e. the whole step replayed as one CUDA
 graph; inductor's fused kernels on CPU). A graph fixes its shapes, so:
 
-  1. the cache is `transformers.StaticCache`, L = round_up(prompt + max_new_tokens, 64)
-     columns (one length for prompts of nearby sizes, so one graph serves many batches);
+  1. the cache is `transformers.StaticCache` of L = round_up(prompt + max_new_tokens, 64)
+     columns, and L only grows over an engine's life: with reduce-overhead, a graph is tied to
+     its cache tensors' identity, so a batch of shorter prompts reuses the longer buffers and
+     their graphs rather than allocating (and recompiling) new ones;
   2. the batch dimension runs in buckets: the chunk's own size B, then powers of two. When at
      most half of a bucket's rows are still going, the running rows (and finished ones to fill
      up) move into the bucket `next_pow2(running)`, so finished rows still leave the batch, in
      at most log2(B) + 1 shapes (graphs) per chunk size;
-  3. each bucket's cache is allocated once per engine and reused across steps and calls: a
+  3. each bucket's cache is allocated once per model and reused across steps, calls and engines: a
      CUDA graph replays reads and writes at fixed addresses.
 
 Everything else (sampling, stop tokens, stop strings, seeds) is the eager loop's own code in
@@ -37,6 +39,7 @@ Departures from a plain `StaticCache` + compile, and why:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -111,7 +114,9 @@ def compile_step(fn: Callable, device: torch.device) -> Callable:
 class StaticDecoder:
     """Decode steps on a static KV cache, one bucket of rows at a time (module docstring).
 
-    One per engine: it holds each bucket's cache and the compiled step, reused across calls.
+    One per model (`StaticDecoder.of(model)`): it holds each bucket's cache and the compiled
+    step, reused across calls and across engines on the same model (the trainer's, the warm
+    start's), since on CUDA a new cache would mean new graphs.
     The per-chunk protocol, shared with the eager decoder in `tether.rollout.hf`:
     `start(prefill_cache, attention, prompt_len, length)`, then per step
     `resize(running, rows)` (a bucket size or None), `select(keep)` and `step(ids, positions)`.
@@ -127,6 +132,15 @@ class StaticDecoder:
         self._length = 0
         self._cache: Any = None  # the bucket decoding now
         self._attention: torch.Tensor | None = None  # (S, L) its rows' padding mask
+
+    _per_model: "weakref.WeakKeyDictionary[Any, StaticDecoder]" = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, model: Any) -> "StaticDecoder":
+        """The decoder of `model`, built on first use (raises with the reason when it cannot run)."""
+        if model not in cls._per_model:
+            cls._per_model[model] = cls(model)
+        return cls._per_model[model]
 
     def _bucket(self, rows: int, like: Any) -> Any:
         """The cache for `rows` rows (allocated the first time, shaped after a prefill layer)."""
@@ -145,9 +159,9 @@ class StaticDecoder:
 
         attention: (B, P + new tokens) padding mask, 0 on left padding.
         """
-        length = round_up(length, LENGTH_MULTIPLE)
-        if length != self._length:  # free the old lengths' buffers before allocating new ones
-            self._caches, self._length = {}, length
+        if length > self._length:  # grow only: a new buffer means a new graph (CUDA graphs guard on its identity)
+            self._caches, self._length = {}, round_up(length, LENGTH_MULTIPLE)  # the old ones freed first
+        length = self._length
         rows = attention.shape[0]
         self._cache = self._bucket(rows, prefill_cache)
         for layer, src in zip(self._cache.layers, prefill_cache.layers):
