@@ -79,6 +79,10 @@ class DataConfig:
 class RolloutConfig:
     engine: str = "hf"
     """Rollout engine: hf (batched Hugging Face generation with a KV cache)."""
+    compile: Union[bool, Literal["auto"]] = "auto"
+    """Decode with a static KV cache and a compiled step (torch.compile; CUDA graphs on a GPU): auto = on
+    CUDA when the model supports it (full-attention layers, e.g. Llama/Qwen2), eager on CPU; true = always
+    (an error naming the reason for a model that cannot); false = never (the eager dynamic-cache loop)."""
     prompts_per_step: int = 16
     """Prompts (groups) per rollout batch."""
     group_size: int = 8

@@ -55,6 +55,14 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def _describe_type(tp: Any) -> str:
+    """A type as a person reads it in an error message."""
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(c) for c in typing.get_args(tp))
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
 def coerce(value: Any, tp: Any, path: str) -> Any:
     """Convert `value` to type `tp` (str from the command line included) or raise ConfigError."""
     origin = typing.get_origin(tp)
@@ -73,7 +81,8 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
                 return coerce(value, arg, path)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} matches none of {tp}")
+        expected = " or ".join(_describe_type(a) for a in args if a is not type(None))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: got {value!r}, expected {expected}")
     if origin is Literal:
         choices = typing.get_args(tp)
         if value in choices:

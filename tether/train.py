@@ -578,6 +578,13 @@ def _load_policy(cfg: Config, source: str, log):
     return model.to(device).train(), tokenizer, device
 
 
+def _engine(cfg: Config, model, tokenizer, device: torch.device, log):
+    """The rollout engine, with its decode path in a log line (static cache + compiled step, or eager)."""
+    engine = get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer, compile=cfg.rollout.compile)
+    log(f"rollout: {engine.decode_path(device)}")
+    return engine
+
+
 def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     """Everything a run needs, in the order that keeps resumed runs bitwise identical: the
     directory, the objective, task and verifiers (checked before any model loads), the models,
@@ -636,7 +643,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens, stop_strings=tuple(cfg.rollout.stop_strings))
     return Run(cfg, run_dir, state["step"], obj, reward_fn, verifier, test_examples, model, tokenizer, reference,
-               get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer), optimizer, scheduler,
+               _engine(cfg, model, tokenizer, device, log), optimizer, scheduler,
                PromptStream(task, t.seed, state["position"]), params, device, unfused, peft,
                opt_steps=state["opt_steps"], ref_updates=state["ref_updates"], saved_step=state["step"],
                best_accuracy=-math.inf if best_accuracy is None else best_accuracy)
