@@ -94,3 +94,14 @@ def test_a_resume_that_changes_the_objective_is_refused_and_rewrites_nothing(tin
 def test_resume_of_a_directory_without_a_run_exits_2(tmp_path):
     proc = _tether("train", "--resume", str(tmp_path / "nothing"), cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --resume") and "Traceback" not in proc.stderr
+
+
+def test_a_missing_data_file_names_the_key_to_change(tmp_path, capsys, monkeypatch):
+    from tether.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "data.task=math", f"data.task_args.train={tmp_path / 'nope.jsonl'}",
+                 f"output_dir={tmp_path / 'run'}", "model.name_or_path=tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "data.task_args.train" in err and "nope.jsonl" in err and "does not exist" in err
+    assert not (tmp_path / "run").exists()  # nothing written

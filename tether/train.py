@@ -546,8 +546,8 @@ class Run:
             return evaluate(self.engine, self.test_examples, self.verifier, self.cfg, seed=self.cfg.trainer.seed)
 
 
-def _run_dir(cfg: Config, resume_dir: Optional[str], log) -> Path:
-    """The run directory, created; config.yaml written (on resume: the same run, checked first)."""
+def _run_path(cfg: Config, resume_dir: Optional[str]) -> Path:
+    """The run directory's path, checked (a resume: the same run; a new run: not over an old one)."""
     if resume_dir is None and "{time}" in cfg.output_dir:
         cfg.output_dir = cfg.output_dir.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = Path(resume_dir or cfg.output_dir)
@@ -556,6 +556,11 @@ def _run_dir(cfg: Config, resume_dir: Optional[str], log) -> Path:
     elif (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(f"{run_dir} already holds a run; resume it with `tether train --resume {run_dir}` "
                               f"or choose another output_dir=PATH")
+    return run_dir
+
+
+def _open_run_dir(cfg: Config, run_dir: Path, resume_dir: Optional[str], log) -> Path:
+    """The run directory, created, with config.yaml (written once the whole config has been checked)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log(f"run directory: {run_dir}")
     if resume_dir:
@@ -594,8 +599,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
 
     if cfg.trainer.wandb and wandb_problem():  # before anything is written
         raise ConfigError(wandb_problem())
-    run_dir = _run_dir(cfg, resume_dir, log)
-    ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
+    run_dir = _run_path(cfg, resume_dir)
     t = cfg.trainer
     if t.threads > 0:
         torch.set_num_threads(t.threads)
@@ -603,10 +607,12 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
         pick_device(t.device, 0, 0)  # a missing CUDA device fails here, before any warm start
     torch.manual_seed(t.seed)
     obj = objectives.build(cfg.objective)  # resolved on load (tether.config): every parameter is recorded
-    task, reward_fn, verifier = build_task_and_reward(cfg)
+    task, reward_fn, verifier = build_task_and_reward(cfg)  # data errors (a missing file) end here: nothing written
     for warning in config_warnings(cfg, obj):
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg)
+    _open_run_dir(cfg, run_dir, resume_dir, log)
+    ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
     source = str(ckpt / "model") if ckpt else initial_model(cfg, task, verifier, log=log)
     lora = cfg.model.lora
     model, tokenizer, device = _load_policy(cfg, initial_model(cfg, task, verifier, log=log) if ckpt and lora

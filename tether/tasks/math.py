@@ -177,18 +177,22 @@ class MathTask:
     finite: ClassVar[bool] = True
     _splits: dict[str, list[Example]] = field(init=False, repr=False)
 
-    def _load(self, source: str) -> list[Example]:
-        rows = load_math_dataset(source, self.problem_field, self.answer_field, limit=self.limit)
+    def _load(self, source: str, knob: str) -> list[Example]:
+        try:
+            rows = load_math_dataset(source, self.problem_field, self.answer_field, limit=self.limit)
+        except FileNotFoundError as err:  # name the config key to change, not only the file
+            raise FileNotFoundError(f"data.task_args.{knob}: {err}; set data.task_args.{knob}=PATH to an existing "
+                                    ".jsonl or .parquet file, or a Hugging Face dataset name") from None
         return [replace(ex, prompt=render_prompt(self.tokenizer, self.template, ex.prompt)) for ex in rows]
 
     def __post_init__(self) -> None:
-        train = self._load(self.train)
+        train = self._load(self.train, "train")
         if self.test is None:
             self._splits = {"train": [], "test": []}
             for ex in train:
                 self._splits[split_of(self.name, ex.meta["problem"], self.test_fraction)].append(ex)
         else:
-            test = self._load(self.test)
+            test = self._load(self.test, "test")
             held_out = {ex.meta["problem"] for ex in test}
             self._splits = {"train": [ex for ex in train if ex.meta["problem"] not in held_out], "test": test}
         for split, source in (("train", self.train), ("test", self.test or self.train)):
