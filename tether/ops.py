@@ -57,60 +57,171 @@ from typing import Any, Optional
 import torch
 
 IGNORE_INDEX = -100
-# Bytes of one (C, V) float32 buffer when chunk_size is None: C = this / (4 V), e.g. 441 rows
-# for a 151,936-token vocabulary and every row at once for a 100-character vocabulary.
-DEFAULT_CHUNK_BYTES = 256 * 2**20
+# The tile heuristic (departure 2, `tile_shape`): tokens per tile, and bytes of one (R, C) float32
+# logits tile, by device type. CPU: 1024 x 16,384 at most (timed on the 2-core CPU: 4 MiB tiles, whose
+# passes stay in cache, were 1.35x slower, as the narrower GEMMs lose more than the cache gains);
+# elsewhere (CUDA): 4096 tokens x 8192 entries, so every kernel launch has millions of elements.
+TILE_ROWS = {"cpu": 1024, "other": 4096}
+TILE_BYTES = {"cpu": 64 * 2**20, "other": 128 * 2**20}
+_COL_ALIGN = 128  # vocabulary entries per tile: a multiple of this (and at least this), or all of V
 
 
-def auto_chunk_size(rows: int, vocab: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
-    """Rows per chunk so that one (C, V) float32 buffer takes about `chunk_bytes`."""
-    return max(1, min(rows, chunk_bytes // (4 * vocab)))
+def tile_shape(rows: int, vocab: int, device: torch.device, chunk_size: Optional[int] = None,
+               vocab_chunk_size: Optional[int] = None) -> tuple[int, int]:
+    """(R, C): tokens and vocabulary entries per (R, C) tile of the fused head (departure 2).
 
-
-def _acc_dtype(*xs: torch.Tensor) -> torch.dtype:
-    """float32, or float64 when an input is float64 (so float64 tests can be tight)."""
-    return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
-
-
-def _chunk_forward(h, w, targets, z, p, with_entropy: bool):
-    """lse (C,), log p(targets) (C,) and entropy (C,) or None of one chunk; z and p are scratch.
-
-    h: (C, H), already divided by the temperature; w: (V, H); z, p: (C, V); one float dtype.
-    With z' = z - max z and S = sum exp z': lse = max z + log S, log p(y) = z'_y - log S and
-    H = log S - sum exp(z') z' / S. Five passes over (C, V) after the matmul.
+    R is `chunk_size`, else at most TILE_ROWS[device] tokens; C is `vocab_chunk_size`, else
+    TILE_BYTES[device] / (4 R) rounded down to a multiple of 128 (at least 128), at most V.
     """
-    torch.mm(h, w.t(), out=z)  # (C, V) scaled logits
-    m = z.amax(-1)
-    z.sub_(m[:, None])
-    total = torch.exp(z, out=p).sum(-1)
-    log_total = total.log()
-    lp = z.gather(1, targets[:, None]).squeeze(1) - log_total
-    ent = log_total - p.mul_(z).sum(-1) / total if with_entropy else None
-    return m + log_total, lp, ent
+    kind = "cpu" if torch.device(device).type == "cpu" else "other"
+    R = min(max(rows, 1), chunk_size or TILE_ROWS[kind])
+    if vocab_chunk_size is not None:
+        C = vocab_chunk_size
+    else:
+        C = max(_COL_ALIGN, TILE_BYTES[kind] // (4 * R) // _COL_ALIGN * _COL_ALIGN)
+    return R, min(C, vocab)
+
+
+_FP32_OUT: dict = {}
+
+
+def _fp32_out_matmul(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `torch.mm(a, b, out_dtype=torch.float32)` runs for `dtype` inputs on this device
+    (CUDA's bf16/fp16 GEMMs in torch >= 2.8; not on CPU). Probed once per (device type, dtype)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return False
+    key = (device.type, dtype)
+    if key not in _FP32_OUT:
+        a = torch.ones(2, 2, device=device, dtype=dtype)
+        try:
+            _FP32_OUT[key] = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, NotImplementedError, TypeError):
+            _FP32_OUT[key] = False
+    return _FP32_OUT[key]
+
+
+def _mm_out(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a @ b with a float32 result from bf16/fp16 inputs (where `_fp32_out_matmul` said so)."""
+    return torch.mm(a, b, out_dtype=dtype)
+
+
+def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool, fp32_out: bool) -> None:
+    """out = a @ b (first) or out += a @ b; a, b in the matmul dtype, out in its own (>= a's)."""
+    if a.dtype == out.dtype:
+        torch.mm(a, b, out=out) if first else out.addmm_(a, b)
+        return
+    prod = _mm_out(a, b, out.dtype) if fp32_out else torch.mm(a, b)
+    out.copy_(prod) if first else out.add_(prod)
+
+
+def native_low_precision_matmul(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `dtype` (bf16/fp16) GEMMs run natively on this device: always off the CPU; on a CPU
+    when oneDNN supports them (AVX512-BF16 / AMX). Without that torch emulates them at a few
+    GFLOP/s, far below float32 GEMMs."""
+    if torch.device(device).type != "cpu":
+        return True
+    ops = torch.ops.mkldnn
+    return bool(ops._is_mkldnn_bf16_supported() if dtype == torch.bfloat16 else ops._is_mkldnn_fp16_supported())
+
+
+def _matmul_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The inputs' (promoted) dtype, except bf16/fp16 on a CPU without native GEMMs: float32 (departure 2)."""
+    if dtype in (torch.bfloat16, torch.float16) and not native_low_precision_matmul(device, dtype):
+        return torch.float32
+    return dtype
+
+
+def _softmax_dtype(mm_dtype: torch.dtype) -> torch.dtype:
+    """The softmax's and the accumulators' dtype: float64 for float64 matmuls, else float32."""
+    return torch.float64 if mm_dtype == torch.float64 else torch.float32
+
+
+class _Tiles:
+    """The (R, C) tiles of one call: shapes, dtypes, scratch buffers, and the logits of a tile."""
+
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, rows: int, cols: int):
+        self.M, self.V = hidden.shape[0], weight.shape[0]
+        self.R, self.C = rows, cols
+        self.mm_dtype = _matmul_dtype(torch.promote_types(hidden.dtype, weight.dtype), hidden.device)
+        self.acc = _softmax_dtype(self.mm_dtype)
+        self.fp32_out = _fp32_out_matmul(hidden.device, self.mm_dtype)
+        self.h = hidden.to(self.mm_dtype)  # (M, H)
+        self.weight = weight
+        n = min(rows, self.M) * min(cols, self.V)
+        self._z = hidden.new_empty(n, dtype=self.acc)  # flat, so every tile's view is contiguous
+        self._p = torch.empty_like(self._z)
+        low = self.mm_dtype != self.acc
+        self._raw = hidden.new_empty(n, dtype=self.mm_dtype) if low and not self.fp32_out else None
+        self._g = hidden.new_empty(n, dtype=self.mm_dtype) if low else None
+
+    def cols(self):
+        """(v0, v1, w_c (C, H) in the matmul dtype) for each vocabulary chunk."""
+        for v0 in range(0, self.V, self.C):
+            v1 = min(v0 + self.C, self.V)
+            yield v0, v1, self.weight[v0:v1].to(self.mm_dtype)
+
+    def rows(self):
+        return [(r0, min(r0 + self.R, self.M)) for r0 in range(0, self.M, self.R)]
+
+    def buffers(self, r: int, c: int):
+        """Views (r, c) of the scratch: z and p in the softmax dtype, g in the matmul dtype."""
+        z, p = self._z[: r * c].view(r, c), self._p[: r * c].view(r, c)
+        return z, p, (None if self._g is None else self._g[: r * c].view(r, c))
+
+    def logits(self, r0: int, r1: int, w_c: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Unscaled logits h[r0:r1] @ w_c.T (r, c): in z (softmax dtype) when the matmul can write
+        it there, else rounded to the matmul dtype (CPU bf16)."""
+        h = self.h[r0:r1]
+        if self.mm_dtype == self.acc:
+            return torch.mm(h, w_c.t(), out=z)
+        if self.fp32_out:
+            return _mm_out(h, w_c.t(), self.acc)
+        r, c = z.shape
+        return torch.mm(h, w_c.t(), out=self._raw[: r * c].view(r, c))
+
+
+def _in_chunk(targets: torch.Tensor, v0: int, c: int):
+    """(column of each target within the chunk [v0, v0 + c), clamped; whether it is inside)."""
+    idx = targets - v0
+    inside = (idx >= 0) & (idx < c)
+    return idx.clamp(0, c - 1)[:, None], inside
 
 
 class _FusedHead(torch.autograd.Function):
     """(hidden (M, H), weight (V, H), targets (M,)) -> (logprobs (M,), entropy (M,) or empty)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temp: float, chunk: int, with_entropy: bool):
-        M, V = hidden.shape[0], weight.shape[0]
-        acc = _acc_dtype(hidden, weight)
-        w = weight.to(acc)
-        lse = hidden.new_empty(M, dtype=acc)
-        lp = torch.empty_like(lse)
-        ent = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
-        z = lse.new_empty(min(chunk, M), V)
-        p = torch.empty_like(z)
-        for s in range(0, M, chunk):
-            e = min(s + chunk, M)
-            c_lse, c_lp, c_ent = _chunk_forward(hidden[s:e].to(acc) * inv_temp, w, targets[s:e],
-                                                z[: e - s], p[: e - s], with_entropy)
-            lse[s:e], lp[s:e] = c_lse, c_lp
-            if with_entropy:
-                ent[s:e] = c_ent
+    def forward(ctx, hidden, weight, targets, scale: float, rows: int, cols: int, with_entropy: bool):
+        t = _Tiles(hidden, weight, rows, cols)
+        # Online softmax over vocabulary chunks (departure 2), per token: m the running max of the
+        # scaled logits, s = sum exp(z - m), u = sum exp(z - m) (z - m), zy the target's logit.
+        m, s, u, zy = (hidden.new_empty(t.M, dtype=t.acc) for _ in range(4))
+        for v0, v1, w_c in t.cols():
+            for r0, r1 in t.rows():
+                z, p, _ = t.buffers(r1 - r0, v1 - v0)
+                raw = t.logits(r0, r1, w_c, z)  # (r, c)
+                m_c = raw.amax(1).to(t.acc) * scale
+                m_new = m_c if v0 == 0 else torch.maximum(m[r0:r1], m_c)
+                z = torch.add(-m_new[:, None], raw, alpha=scale, out=z)  # z - m_new, (r, c)
+                idx, inside = _in_chunk(targets[r0:r1], v0, v1 - v0)
+                z_y = (z.gather(1, idx).squeeze(1) + m_new) * inside
+                s_c = torch.exp(z, out=p).sum(1)
+                u_c = p.mul_(z).sum(1)
+                if v0 == 0:
+                    m[r0:r1], s[r0:r1], u[r0:r1], zy[r0:r1] = m_new, s_c, u_c, z_y
+                else:  # rescale the earlier chunks' sums from max m to m_new
+                    d = m[r0:r1] - m_new
+                    a = d.exp()
+                    u[r0:r1] = a * (u[r0:r1] + d * s[r0:r1]) + u_c
+                    s[r0:r1] = a * s[r0:r1] + s_c
+                    m[r0:r1] = m_new
+                    zy[r0:r1] += z_y
+        log_s = s.log()
+        lse = m + log_s
+        lp = zy - lse
+        ent = log_s - u / s if with_entropy else lse.new_empty(0)
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
-        ctx.inv_temp, ctx.chunk, ctx.with_entropy = inv_temp, chunk, with_entropy
+        ctx.scale, ctx.rows, ctx.cols, ctx.with_entropy = scale, rows, cols, with_entropy
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
         ctx.set_materialize_grads(False)
@@ -119,41 +230,48 @@ class _FusedHead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_lp, g_ent):
         hidden, weight, targets, lse, ent = ctx.saved_tensors
-        inv_temp, chunk = ctx.inv_temp, ctx.chunk
         use_ent = ctx.with_entropy and g_ent is not None
-        if g_lp is None and not use_ent:
-            return None, None, None, None, None, None
-        M, V = hidden.shape[0], weight.shape[0]
-        acc = lse.dtype
-        w = weight.to(acc)
-        g_lp = lse.new_zeros(M) if g_lp is None else g_lp.to(acc)
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if (g_lp is None and not use_ent) or not (need_h or need_w):
+            return None, None, None, None, None, None, None
+        if hidden.shape[0] == 0:  # every target ignored
+            return (torch.zeros_like(hidden) if need_h else None, torch.zeros_like(weight) if need_w else None,
+                    None, None, None, None, None)
+        t = _Tiles(hidden, weight, ctx.rows, ctx.cols)
+        sc = ctx.scale  # d/d(unscaled logits) = scale x d/d(scaled logits): folded into g and e
+        g = lse.new_zeros(t.M) if g_lp is None else g_lp.to(t.acc) * sc
         if use_ent:  # G = g 1[v=y] - p (e log p + (g + e H)): the row constant once per token
-            g_ent = g_ent.to(acc)
-            const = g_lp + g_ent * ent
-        grad_h = hidden.new_empty(hidden.shape, dtype=acc) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
-        z = lse.new_empty(min(chunk, M), V)
-        p = torch.empty_like(z)
-        for s in range(0, M, chunk):
-            e = min(s + chunk, M)
-            zc, pc = z[: e - s], p[: e - s]
-            h = hidden[s:e].to(acc) * inv_temp  # (C, H)
-            torch.mm(h, w.t(), out=zc)
-            zc.sub_(lse[s:e, None])  # log p
-            torch.exp(zc, out=pc)
-            g = g_lp[s:e, None]
-            if use_ent:  # -p (e log p + const), in z's buffer
-                grad = zc.mul_(-g_ent[s:e, None]).sub_(const[s:e, None]).mul_(pc)
-            else:  # -p g
-                grad = pc.mul_(-g)
-            grad.scatter_add_(1, targets[s:e, None], g)
-            if grad_h is not None:
-                torch.mm(grad, w, out=grad_h[s:e]).mul_(inv_temp)
-            if grad_w is not None:
-                grad_w.addmm_(grad.t(), h)  # h carries the 1/tau already
+            e = g_ent.to(t.acc) * sc
+            neg_const = -(g + e * ent)
+        grad_h = hidden.new_empty(hidden.shape, dtype=t.acc) if need_h else None  # (M, H)
+        grad_w = weight.new_empty(weight.shape) if need_w else None  # (V, H)
+        one_block = len(t.rows()) == 1
+        direct_w = need_w and (weight.dtype == t.acc or (one_block and weight.dtype == t.mm_dtype
+                                                          and not t.fp32_out))
+        gw_acc = None if direct_w or not need_w else hidden.new_empty(min(t.C, t.V), hidden.shape[1], dtype=t.acc)
+        for v0, v1, w_c in t.cols():
+            dst_w = (grad_w[v0:v1] if direct_w else gw_acc[: v1 - v0]) if need_w else None
+            for i, (r0, r1) in enumerate(t.rows()):
+                z, p, low = t.buffers(r1 - r0, v1 - v0)
+                raw = t.logits(r0, r1, w_c, z)
+                logp = torch.add(-lse[r0:r1, None], raw, alpha=sc, out=z)  # (r, c)
+                torch.exp(logp, out=p)
+                if use_ent:  # -p (e log p + const), in z's buffer
+                    G = torch.addcmul(neg_const[r0:r1, None], logp, e[r0:r1, None], value=-1, out=logp).mul_(p)
+                else:  # -p g
+                    G = p.mul_(-g[r0:r1, None])
+                idx, inside = _in_chunk(targets[r0:r1], v0, v1 - v0)
+                G.scatter_add_(1, idx, (g[r0:r1] * inside)[:, None])
+                if low is not None:  # the matmuls' operand: G rounded to their dtype
+                    G = low.copy_(G)
+                if need_h:
+                    _mm_into(grad_h[r0:r1], G, w_c, v0 == 0, t.fp32_out)
+                if need_w:
+                    _mm_into(dst_w, G.t(), t.h[r0:r1], i == 0, t.fp32_out)
+            if need_w and not direct_w:
+                grad_w[v0:v1].copy_(dst_w)
         grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
-        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def token_logprobs_and_entropy(
@@ -163,20 +281,23 @@ def token_logprobs_and_entropy(
     *,
     temperature: float = 1.0,
     chunk_size: Optional[int] = None,
+    vocab_chunk_size: Optional[int] = None,
     with_entropy: bool = True,
     ignore_index: int = IGNORE_INDEX,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Per-token log-probs of `targets` and entropies under softmax(hidden @ weight.T / temperature).
 
-    Never holds more than two (chunk_size, V) float32 buffers; exact gradients for `hidden` and
-    `weight` (module docstring).
+    Runs over (R, C) tiles of tokens x vocabulary entries with the matmuls in the inputs' dtype and
+    the softmax in float32; never holds more than a few (R, C) buffers; exact gradients for
+    `hidden` and `weight` (module docstring, departure 2).
 
     Args:
         hidden: (N, T, H) final hidden states (any float dtype).
         weight: (V, H) the LM head's weight.
         targets: (N, T) token ids; `ignore_index` marks tokens to skip (log-prob and entropy 0).
         temperature: > 0; logits are divided by it.
-        chunk_size: tokens per chunk; None sizes a (chunk, V) float32 buffer to 256 MiB.
+        chunk_size: tokens per tile (R); None: `tile_shape`'s choice for the device.
+        vocab_chunk_size: vocabulary entries per tile (C); None: `tile_shape`'s choice.
         with_entropy: also return the entropy (its gradient flows too).
 
     Returns:
@@ -197,10 +318,11 @@ def token_logprobs_and_entropy(
     if not all_kept:
         idx = keep.nonzero().squeeze(1)
         rows, flat_t = rows.index_select(0, idx), flat_t.index_select(0, idx)
-    chunk = chunk_size or auto_chunk_size(max(rows.shape[0], 1), weight.shape[0])
-    if chunk < 1:
-        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
-    lp, ent = _FusedHead.apply(rows.contiguous(), weight, flat_t, 1.0 / temperature, chunk, with_entropy)
+    for name, value in (("chunk_size", chunk_size), ("vocab_chunk_size", vocab_chunk_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1 or None, got {value}")
+    R, C = tile_shape(rows.shape[0], weight.shape[0], hidden.device, chunk_size, vocab_chunk_size)
+    lp, ent = _FusedHead.apply(rows.contiguous(), weight, flat_t, 1.0 / temperature, R, C, with_entropy)
     if not all_kept:  # scatter the kept tokens back; skipped ones are 0
         lp = lp.new_zeros(N * T).index_copy(0, idx, lp)
         ent = ent.new_zeros(N * T).index_copy(0, idx, ent) if with_entropy else ent
