@@ -1,12 +1,17 @@
 """Benchmark (a): per-token log-probs + entropy, naive log_softmax vs tether.ops' chunked head.
 
-    python benchmarks/logprobs.py                              # V 151,936, H 1024, T 1024/4096/8192, CPU
-    python benchmarks/logprobs.py --device cuda --dtype bfloat16 --out benchmarks/results/performance/logprobs_gpu.md
+    python benchmarks/logprobs.py                              # V 151,936, H 1024, T 1024/4096/8192, CPU fp32
+    python benchmarks/logprobs.py --dtype bfloat16 --tokens 1024  # the CPU bf16 row (issue 14)
+    python benchmarks/logprobs.py --device cuda --dtype bfloat16 --tokens 4096 8192 \
+        --out benchmarks/results/performance/logprobs_gpu.md
 
 One forward + backward through log-probs and entropy of N = 1 sequence of T tokens, both outputs
 in the loss (with random weights, so both gradients flow) and gradients for the hidden states and
 the head weight. "naive" is the trainer's model-logits path (trainer.fused_logprobs=false): the (T, V) logits in float32,
-log_softmax, gather, entropy from exp(logp). "chunked" is tether.ops.token_logprobs_and_entropy.
+log_softmax, gather, entropy from exp(logp); in bfloat16 its matmuls are bf16 and the logits are
+upcast after the head, as a bf16 model's lm_head does. "chunked" is tether.ops.token_logprobs_and_entropy
+with its default tiles for the device (or --chunk-size / --vocab-chunk-size). --methods runs only
+some of the two (a naive bf16 step on a CPU without bf16 GEMMs takes many minutes).
 
 Each (method, T) runs in its own process, so peak memory is that process's own: on CPU the peak
 resident set (ru_maxrss) minus the resident set just before the first step (the weight, hidden
@@ -76,7 +81,7 @@ def child(args) -> None:
             lp, ent = naive(hidden, weight, targets, args.temperature)
         else:
             lp, ent = token_logprobs_and_entropy(hidden, weight, targets, temperature=args.temperature,
-                                                 chunk_size=args.chunk_size)
+                                                 chunk_size=args.chunk_size, vocab_chunk_size=args.vocab_chunk_size)
         ((lp * g_lp).sum() + (ent * g_ent).sum()).backward()
 
     if device.type == "cuda":
@@ -99,6 +104,8 @@ def run_child(args, method: str, T: int) -> dict:
            "--threads", str(args.threads), "--temperature", str(args.temperature)]
     if args.chunk_size:
         cmd += ["--chunk-size", str(args.chunk_size)]
+    if args.vocab_chunk_size:
+        cmd += ["--vocab-chunk-size", str(args.vocab_chunk_size)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": f"failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}"}
@@ -121,7 +128,10 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 8192], help="T values (N = 1)")
     p.add_argument("--reps", type=int, default=3, help="timed steps per (method, T); the median is reported")
-    p.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (default: tether.ops' auto)")
+    p.add_argument("--chunk-size", type=int, default=None, help="tokens per tile (default: tether.ops.tile_shape)")
+    p.add_argument("--vocab-chunk-size", type=int, default=None,
+                   help="vocabulary entries per tile (default: tether.ops.tile_shape)")
+    p.add_argument("--methods", nargs="+", choices=["naive", "chunked"], default=["naive", "chunked"])
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--headroom-gb", type=float, default=1.5, help="memory to leave free when deciding to skip")
     p.add_argument("--child", choices=["naive", "chunked"], help=argparse.SUPPRESS)
@@ -130,13 +140,19 @@ def main() -> None:
     if args.child:
         return child(args)
     device = setup(args)
-    from tether.ops import auto_chunk_size
+    from tether.ops import native_low_precision_matmul, tile_shape
 
-    chunk = args.chunk_size or auto_chunk_size(max(args.tokens), args.vocab)
+    R, C = tile_shape(max(args.tokens), args.vocab, device, args.chunk_size, args.vocab_chunk_size)
+    low = dtype_of(args.dtype) != torch.float32
+    mm = ("bf16 GEMMs" if native_low_precision_matmul(device, dtype_of(args.dtype)) else
+          "float32 GEMMs on upcast tiles (no bf16 GEMMs on this CPU)") if low else "float32 GEMMs"
     measured: dict = {}
     rows = []
     for T in args.tokens:
         for method in ("naive", "chunked"):
+            if method not in args.methods:
+                measured[(method, T)] = {"skip": "not run (--methods)"}
+                continue
             need = needs(method, T, args, measured)
             free = mem_available() if device.type == "cpu" else torch.cuda.mem_get_info(device)[0]
             if need > free - args.headroom_gb * GB:
@@ -149,8 +165,8 @@ def main() -> None:
         f"### Log-probs + entropy, forward + backward (V = {args.vocab:,}, H = {args.hidden}, N = 1, "
         f"{args.dtype}, {args.device})",
         "",
-        f"Machine: {machine(device, args)}. Chunk: {chunk} tokens (auto for the largest T; one (chunk, V) float32 "
-        f"buffer = {chunk * args.vocab * 4 / GB:.2f} GB). Peak memory: above the process's footprint before the "
+        f"Machine: {machine(device, args)}. Tiles: {R} tokens x {C:,} vocabulary entries (for the largest T; one "
+        f"float32 tile = {R * C * 4 / GB:.3f} GB); chunked matmuls: {mm}. Peak memory: above the process's footprint before the "
         f"first step ({'allocator peak' if device.type == 'cuda' else 'max RSS'}); time: median (min-max) of {args.reps}.",
         "",
         table(["T", "(T, V) fp32 logits", "naive peak", "chunked peak", "chunked / naive memory",
