@@ -8,7 +8,7 @@ Training step: what tether.train.update does per micro-batch, on B sequences of 
 (P prompt + L - P completion): log-probs and entropy of the completion, a loss on both,
 backward, gradient clipping and an AdamW step. Two columns: the model's full logits
 (tether.train.token_logprobs with trainer.fused_logprobs=false) and the fused chunked head
-(tether.ops.causal_lm_token_logprobs, the trainer's default).
+(tether.causal_lm.causal_lm_token_logprobs, the trainer's default).
 
 Model FLOPs per step (PaLM, arXiv 2204.02311, appendix B): 6 N B L + 12 n_layer d L^2 B, where N
 counts every weight matrix including the output head but not the input embedding (a lookup), and
@@ -62,8 +62,8 @@ def model_flops(model, batch: int, length: int) -> float:
 
 
 def train_step_fn(model, tokens, path: str, share: bool = True):
-    from tether.ops import causal_lm_token_logprobs
-    from tether.train import token_logprobs
+    from tether.causal_lm import causal_lm_token_logprobs
+    from tether.causal_lm import token_logprobs
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 

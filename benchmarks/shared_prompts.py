@@ -4,7 +4,7 @@
     python benchmarks/shared_prompts.py --device cuda --dtype bfloat16 --size 1024x16 --vocab 151936
 
 GRPO's G samples of a prompt share it; with `share_prompts` the decoder runs each distinct prompt
-once and the completions on its copied KV cache (tether.ops, module docstring). A micro-step is
+once and the completions on its copied KV cache (tether.causal_lm, module docstring). A micro-step is
 what `tether.train.update` does per micro-batch: log-probs and entropy of the completion through
 the fused head, a loss, backward, gradient clipping and AdamW. The batch is --prompts distinct
 prompts x --group samples, every prompt --prompt-len tokens and every completion the length in
@@ -52,7 +52,7 @@ def main() -> None:
     add_common_args(p)
     args = p.parse_args()
     device = setup(args)
-    from tether.ops import shared_prompt_reason
+    from tether.causal_lm import shared_prompt_reason
 
     from common import dtype_of
 

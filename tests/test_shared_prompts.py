@@ -1,4 +1,4 @@
-"""Shared prompts (tether.ops): running each distinct prompt once changes nothing but the cost.
+"""Shared prompts (tether.causal_lm): running each distinct prompt once changes nothing but the cost.
 
 What this proves: with the samples of a prompt sharing its forward pass (the prompt's KV cache
 copied to every row), log-probs, entropies and the gradient of every parameter equal the
@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tether.ops import _SHARE_PROBED, causal_lm_token_logprobs, shared_prompt_reason
-from tether.train import Tokens
+from tether.causal_lm import _SHARE_PROBED, Tokens, causal_lm_token_logprobs, shared_prompt_reason
 
 from test_ops import param_grads, tiny
 

@@ -48,8 +48,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .rewards import (RewardFn, asks_for_boxed, boxed_answers, check_verdicts, get_reward, reward_options,
-                      rollout_examples, score_batch)
+from .rewards import (RewardFn, accuracy, asks_for_boxed, boxed_answers, check_verdicts, get_reward, reward_options,
+                      rollout_examples, score_batch, score_rollout)
 from .tasks import TASKS, Example, get_task, load_math_dataset, render_prompt, stable_hash
 
 DEFAULT_TASK_PROBLEMS = 200  # = the trainer's data.eval_size default: `task:X` is its held-out set
@@ -453,6 +453,24 @@ def _settings(model_path: str | Path, reward: Any, **values: Any) -> dict[str, A
     model = str(local.resolve()) if local.exists() else str(model_path)  # one name from any cwd
     name = reward if reward is None or isinstance(reward, str) else getattr(reward, "__name__", type(reward).__name__)
     return json.loads(json.dumps({"model": model, **values, "reward": name}))
+
+
+def greedy_accuracy(engine: Any, examples: Sequence[Example], verifier: RewardFn, max_new_tokens: int,
+                    stop_strings: Sequence[str] = (), seed: int = 0) -> dict[str, float]:
+    """Held-out accuracy as the trainer measures it: one greedy completion per example, scored
+    by the task's 0/1 `verifier` (`rewards.accuracy`, never a shaped training reward), and the
+    mean completion length in tokens: {"eval/accuracy", "eval/len_mean"}."""
+    import torch
+
+    from .rollout import SamplingParams
+
+    if not examples:
+        raise ValueError("no examples to evaluate")
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
+    with torch.no_grad():
+        rollout = engine.generate([e.prompt for e in examples], n=1, params=params, seed=seed)
+    return {"eval/accuracy": accuracy(score_rollout(verifier, rollout, list(examples)).results, verifier),
+            "eval/len_mean": rollout.mask.sum(1).float().mean().item()}
 
 
 def _local_or_hub(model_path: str | Path) -> str:

@@ -22,8 +22,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .rewards import RewardFn, accuracy, score_rollout, task_reward
-from .rollout import HFEngine, SamplingParams, encode_prompts
+from . import evaluate
+from .rewards import RewardFn, task_reward
+from .rollout import HFEngine, encode_prompts
 from .tasks import Example, Task
 
 
@@ -35,14 +36,10 @@ def greedy_accuracy(
     max_new_tokens: int,
     batch_size: int | None = None,
 ) -> float:
-    """Greedy accuracy on `examples` (rewards.accuracy: the share the 0/1 verifier `reward` accepts),
-    scored as training and `tether eval` score (rewards.score_rollout)."""
-    if not examples:
-        raise ValueError("no examples to evaluate")
+    """Greedy accuracy on `examples`, measured as the trainer measures held-out accuracy
+    (`tether.evaluate.greedy_accuracy`: the share the 0/1 verifier `reward` accepts)."""
     engine = HFEngine(model, tokenizer, batch_size=batch_size)
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    batch = engine.generate([e.prompt for e in examples], n=1, params=params)
-    return accuracy(score_rollout(reward, batch, list(examples)).results, reward)
+    return evaluate.greedy_accuracy(engine, examples, reward, max_new_tokens)["eval/accuracy"]
 
 
 def sft_batch(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -33,85 +32,16 @@ from . import checkpoint, faults, objectives
 from .config import Config, check_resume, save_config
 from .models import apply_lora, pick_device
 from .data import PromptStream
-from .ops import causal_lm_token_logprobs, fused_head_reason, shared_prompt_reason
-from .rewards import accuracy, score_rollout, verifier_faults
+from .causal_lm import (Tokens, batched_logprobs, eval_mode, fused_head_reason, shared_prompt_reason, to_tokens,
+                        token_logprobs)
+from .evaluate import greedy_accuracy
+from .rewards import score_rollout, verifier_faults
 from .rollout import RolloutBatch, SamplingParams, get_engine
 from .tasks import Example
-from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, read_jsonl, truncate_jsonl, wandb_problem
+from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl, wandb_problem
 from .schema import ConfigError, to_dict
 from .stopping import Interrupted, StopSignals
-
-
-# ---------------------------------------------------------------- tensors from a rollout
-
-
-@dataclass
-class Tokens:
-    """A rollout as model inputs: [left-padded prompt (P) | right-padded completion (T)]."""
-
-    input_ids: torch.Tensor  # (N, P + T)
-    attention_mask: torch.Tensor  # (N, P + T)
-    position_ids: torch.Tensor  # (N, P + T)
-    completion_ids: torch.Tensor  # (N, T)
-    mask: torch.Tensor  # (N, T) float, 1 for counted completion tokens (stop token included)
-    prompt_len: int
-
-    def select(self, idx: torch.Tensor) -> "Tokens":
-        return Tokens(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
-                      self.completion_ids[idx], self.mask[idx], self.prompt_len)
-
-
-def to_tokens(rollout, pad_id: int, device: torch.device) -> Tokens:
-    n = len(rollout.prompt_ids)
-    P = max(len(p) for p in rollout.prompt_ids)
-    prompt = torch.full((n, P), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((n, P), dtype=torch.long)
-    for i, ids in enumerate(rollout.prompt_ids):
-        prompt[i, P - len(ids):] = torch.tensor(ids, dtype=torch.long)
-        prompt_mask[i, P - len(ids):] = 1
-    completion = rollout.completion_ids.cpu()
-    mask = rollout.mask.cpu().long()
-    input_ids = torch.cat([prompt, completion], 1)
-    attention = torch.cat([prompt_mask, mask], 1)
-    position = (attention.cumsum(1) - 1).clamp(min=0)
-    return Tokens(input_ids.to(device), attention.to(device), position.to(device), completion.to(device),
-                  mask.to(device=device, dtype=torch.float32), P)
-
-
-def token_logprobs(model, tokens: Tokens, temperature: float, with_entropy: bool, fused: bool = True,
-                   chunk_size: Optional[int] = None, share: bool = True):
-    """log pi(o_t | h) (N, T) and, optionally, the per-token entropy (N, T); 0 at padding.
-
-    With `fused`, the LM head runs chunked (tether.ops) and the (N, T, V) logits never exist;
-    otherwise (or for a head that cannot be fused) the model's own logits are used. With `share`,
-    rows with the same prompt run it once (tether.ops, shared prompts; exact up to rounding).
-    """
-    lp, ent, _ = causal_lm_token_logprobs(
-        model, tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.prompt_len,
-        tokens.completion_ids, temperature=temperature, with_entropy=with_entropy, mask=tokens.mask,
-        chunk_size=chunk_size, fused=fused, share_prompts=share)
-    return lp, ent
-
-
-@torch.no_grad()
-def batched_logprobs(model, tokens: Tokens, temperature: float, micro: int, fused: bool = True,
-                     chunk_size: Optional[int] = None, share: bool = True) -> torch.Tensor:
-    parts = []
-    for start in range(0, tokens.input_ids.shape[0], micro):
-        idx = torch.arange(start, min(start + micro, tokens.input_ids.shape[0]), device=tokens.input_ids.device)
-        parts.append(token_logprobs(model, tokens.select(idx), temperature, False, fused, chunk_size, share)[0])
-    return torch.cat(parts)
-
-
-@contextlib.contextmanager
-def eval_mode(model):
-    """Run a block with the model in eval mode (no dropout), then restore the mode it had."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
+from .summary import write_samples, write_summary
 
 
 def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config) -> Optional[torch.Tensor]:
@@ -352,20 +282,6 @@ def refresh_reference(reference, model, t, opt_steps_before: int, opt_steps: int
     return True, []
 
 
-# ---------------------------------------------------------------- evaluation
-
-
-@torch.no_grad()
-def evaluate(engine, examples, verifier, cfg: Config, seed: int) -> dict[str, float]:
-    """Greedy held-out accuracy (rewards.accuracy: the share the task's 0/1 `verifier` accepts,
-    never a shaped training reward) and mean completion length over `examples`."""
-    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=cfg.rollout.max_new_tokens,
-                            stop_strings=tuple(cfg.rollout.stop_strings))
-    rollout = engine.generate([e.prompt for e in examples], n=1, params=params, seed=seed)
-    return {"eval/accuracy": accuracy(score_rollout(verifier, rollout, examples).results, verifier),
-            "eval/len_mean": rollout.mask.sum(1).float().mean().item()}
-
-
 # ---------------------------------------------------------------- setup
 
 
@@ -444,46 +360,6 @@ def _sinks(cfg: Config, run_dir: Path, resume_after: Optional[int]):
     return sinks
 
 
-def summary_header(cfg: Config, obj, run_dir: Path, start: int, steps_done: int, wall_s: float,
-                   device: torch.device, signum: Optional[int] = None) -> str:
-    """What the run was, for the top of summary.md: objective, model, task, progress, device, best
-    held-out accuracy and its checkpoint, and the command that reproduces it."""
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    evals = [(r["eval/accuracy"], r["step"]) for r in rows if r.get("eval/accuracy") is not None]
-    best_acc, best_step = max(evals, key=lambda e: (e[0], -e[1])) if evals else (float("nan"), None)
-    kept = checkpoint.best(run_dir, log=lambda *_: None)  # the kept checkpoint of the best held-out accuracy
-    where = (f"checkpoint `{kept}`, `tether export {run_dir} --step best OUT`" if kept is not None
-             else "no checkpoint holds it (the initial model)")
-    status = ("finished" if signum is None
-              else f"interrupted by signal {signum}; resume with `tether train --resume {run_dir}`")
-    task = cfg.data.task + (f" {dict(cfg.data.task_args)}" if cfg.data.task_args else "")
-    params = ", ".join(f"{k}={v}" for k, v in objectives.describe(obj).items() if k != "name")
-    return "\n".join([
-        f"# Run {run_dir.name}",
-        "",
-        f"- objective: **{obj.name}** ({params})",
-        f"- model: {cfg.model.name_or_path} (dtype {cfg.model.dtype}); task: {task}; reward: {cfg.reward.name}",
-        f"- steps: {steps_done} of {cfg.trainer.total_steps} ({status})",
-        f"- wall time: {wall_s:.0f} s on {device}" + (f" (this session, resumed at step {start})" if start else ""),
-        f"- best held-out accuracy: {best_acc:.3f} at step {best_step} ({where})",
-        f"- reproduce: `tether train {run_dir / 'config.yaml'} output_dir={run_dir}-rerun`",
-        "",
-    ])
-
-
-def summary_table(run_dir: Path) -> str:
-    """Start / end / best of the headline metrics, as text (also saved to summary.md)."""
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    lines = ["| metric | start | end | best |", "|---|---|---|---|"]
-    for key, best in (("eval/accuracy", max), ("reward/mean", max), ("policy/entropy", None),
-                      ("rollout/len_mean", None), ("policy/kl_old", None), ("time/step_s", None)):
-        vals = [r[key] for r in rows if r.get(key) is not None]
-        if vals:
-            b = f"{best(vals):.4f}" if best else ""
-            lines.append(f"| {key} | {vals[0]:.4f} | {vals[-1]:.4f} | {b} |")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- setup of a run
 
 
@@ -543,7 +419,8 @@ class Run:
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
         with precision(self.device, self.cfg):
-            return evaluate(self.engine, self.test_examples, self.verifier, self.cfg, seed=self.cfg.trainer.seed)
+            return greedy_accuracy(self.engine, self.test_examples, self.verifier, self.cfg.rollout.max_new_tokens,
+                                   self.cfg.rollout.stop_strings, seed=self.cfg.trainer.seed)
 
 
 def _run_path(cfg: Config, resume_dir: Optional[str]) -> Path:
@@ -740,19 +617,12 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 if skipped:
                     log(skipped)
                 if bad_steps >= t.max_nonfinite_steps:
-                    for sink in sinks:
-                        sink.log(step, metrics)
-                    run.save(step)
-                    raise RuntimeError(
-                        f"stopping at step {step}: {bad_steps} steps in a row had a non-finite loss or gradient "
-                        f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). The "
-                        f"weights are those of the last good update; a checkpoint was written to "
-                        f"{run.run_dir / 'checkpoints'}.")
+                    _stop_nonfinite(run, step, bad_steps, metrics, sinks)
                 if step % t.eval_every == 0 or step == t.total_steps:
                     metrics.update(run.evaluate())
                 for s in sinks:
                     s.log(step, metrics)
-                _write_samples(samples_file, step, scored, t.log_samples)
+                write_samples(samples_file, step, scored.rollout, scored.examples, scored.rewards, t.log_samples)
                 progress.update(step, metrics)
                 faults.point("logged")
                 last_step = step
@@ -772,23 +642,23 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     return run.run_dir
 
 
+def _stop_nonfinite(run: Run, step: int, bad_steps: int, metrics: dict[str, float], sinks) -> None:
+    """trainer.max_nonfinite_steps bad steps in a row: log the step, checkpoint it, raise."""
+    for sink in sinks:
+        sink.log(step, metrics)
+    run.save(step)
+    raise RuntimeError(
+        f"stopping at step {step}: {bad_steps} steps in a row had a non-finite loss or gradient "
+        f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). The "
+        f"weights are those of the last good update; a checkpoint was written to "
+        f"{run.run_dir / 'checkpoints'}.")
+
+
 def _finish(run: Run, last_step: int, wall_s: float, signum: Optional[int], log) -> None:
     """summary.md (what the run was, then the metrics table) and the plots."""
-    table = summary_table(run.run_dir)
-    header = summary_header(run.cfg, run.obj, run.run_dir, run.start, last_step, wall_s, run.device, signum)
-    (run.run_dir / "summary.md").write_text(header + "\n" + table + "\n")
-    log(table)
+    log(write_summary(run.cfg, run.obj, run.run_dir, run.start, last_step, wall_s, run.device, signum))
     if run.cfg.trainer.plots:
         from .plots import plot_run
 
         plot_run(run.run_dir)
     log(f"run directory: {run.run_dir}")
-
-
-def _write_samples(f, step: int, scored: Scored, k: int) -> None:
-    ro = scored.rollout
-    for i in range(min(k, len(ro.completions))):
-        f.write(json.dumps({"step": step, "prompt": scored.examples[i].prompt, "completion": ro.completions[i],
-                            "answer": scored.examples[i].answer, "reward": float(scored.rewards[i]),
-                            "finish": ro.finish_reasons[i]}) + "\n")
-    f.flush()

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..ops import prompt_groups
+from ..causal_lm import eval_mode, left_pad, prompt_groups
 from .base import FinishReason, RolloutBatch, SamplingParams
 from .static import StaticDecoder, compile_limits, static_decode_reason
 
@@ -201,15 +201,8 @@ class HFEngine:
         prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
         rows = [encoded[i] for i in prompt_index]
         size = self.batch_size or len(rows)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode(), compile_limits():
-                chunks = [
-                    self._generate_chunk(rows[s : s + size], params, generator) for s in range(0, len(rows), size)
-                ]
-        finally:
-            self.model.train(was_training)
+        with eval_mode(self.model), torch.inference_mode(), compile_limits():
+            chunks = [self._generate_chunk(rows[s : s + size], params, generator) for s in range(0, len(rows), size)]
         return self._assemble(rows, prompt_index, chunks, params)
 
     def _generate_chunk(
@@ -218,13 +211,9 @@ class HFEngine:
         """Decode one chunk; returns tokens (B, S), log-probs (B, S), lengths (B,), stopped (B,)."""
         device, pad = self.model.device, self.tokenizer.pad_token_id
         batch, plen, steps = len(rows), max(len(r) for r in rows), params.max_new_tokens
-        input_ids = torch.full((batch, plen), pad, dtype=torch.long)
-        attention = torch.ones((batch, plen + steps), dtype=torch.long)
-        for r, ids in enumerate(rows):
-            input_ids[r, plen - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[r, : plen - len(ids)] = 0
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention[:, :plen].cumsum(-1) - 1).clamp(min=0)  # (B, P)
+        input_ids, prompt_mask, positions = left_pad(rows, pad)  # (B, P) each
+        attention = torch.cat([prompt_mask, torch.ones((batch, steps), dtype=torch.long)], 1)
+        input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
         out = self._prefill(input_ids, attention[:, :plen], positions)
         logits = out.logits[:, -1, :]  # (B, V)
         decoder = self._decoder(device)
