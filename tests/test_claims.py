@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from tether.claims import METRICS, bootstrap_difference, evaluate_claims, load_claims, per_seed
+from tether.claims import METRICS, Claim, bootstrap_difference, claims_markdown, evaluate_claims, load_claims, per_seed
 from tether.schema import ConfigError
 
 
@@ -70,6 +70,26 @@ def test_claims_are_evaluated_per_regime_on_synthetic_runs(tmp_path):
     verdicts = {(r["claim"], r["regime"]): r["verdict"] for r in results}
     assert verdicts == {("B beats A", "r1"): "supported", ("B beats A", "r2"): "inconclusive",
                         ("C keeps entropy", "r2"): "inconclusive"}
+
+
+def test_seeds_shared_by_both_methods_are_paired_and_pairing_removes_the_seed_effect():
+    # tether compare's design: seed k has the same warm start and data for every method. Here the
+    # seed moves accuracy by 0.1-0.5 and the method adds 0.02 on every seed.
+    seed_effect = [0.1, 0.5, 0.2, 0.4, 0.3]
+    base = {"seeds": [0, 1, 2, 3, 4], "final_accuracy": seed_effect}
+    order = [3, 0, 4, 1, 2]  # the method's runs listed in another order: aligned by seed, not position
+    method = {"seeds": order, "final_accuracy": [seed_effect[k] + 0.02 for k in order]}
+    claim = Claim(claim="m beats b", metric="final_accuracy", method="m", baseline="b")
+    (paired,) = evaluate_claims([claim], {"r": {"m": method, "b": base}})
+    assert paired["paired"] and paired["verdict"] == "supported"
+    assert paired["difference"] == pytest.approx(0.02) and paired["ci95"] == pytest.approx([0.02, 0.02])
+    unpaired = bootstrap_difference(method["final_accuracy"], base["final_accuracy"], "higher")
+    assert unpaired.verdict == "inconclusive" and unpaired.difference == pytest.approx(0.02)
+    # different seed sets cannot be paired: the unpaired interval is used and said so
+    other = {"seeds": [5, 6, 7, 8, 9], "final_accuracy": method["final_accuracy"]}
+    (r,) = evaluate_claims([claim], {"r": {"m": other, "b": base}})
+    assert not r["paired"] and r["verdict"] == "inconclusive" and "unpaired" in claims_markdown([r])
+    assert "5 seeds, paired" in claims_markdown([paired])
 
 
 @pytest.mark.parametrize("text, match", [

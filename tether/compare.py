@@ -191,7 +191,8 @@ def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optio
         summary["claims"] = results
         lines += ["## Claims", "",
                   f"From `{claims}`: difference of the means over seeds (method minus baseline), its 95% percentile-"
-                  "bootstrap interval over seeds, and the verdict: *supported* when the interval excludes 0 on the "
+                  "bootstrap interval over seeds (paired by seed when both methods ran the same seeds), and the "
+                  "verdict: *supported* when the interval excludes 0 on the "
                   "claimed side, *contradicted* when it excludes 0 on the other, else *inconclusive*; `detectable` "
                   "is the interval's half-width, the smallest difference these seeds could tell from 0 "
                   "(docs/compare.md).", "", claims_markdown(results), ""]
