@@ -35,8 +35,8 @@ from .data import PromptStream
 from .causal_lm import (Tokens, batched_logprobs, eval_mode, fused_head_reason, shared_prompt_reason, to_tokens,
                         token_logprobs)
 from .evaluate import greedy_accuracy
-from .rewards import score_rollout, verifier_faults
-from .rollout import RolloutBatch, SamplingParams, get_engine
+from .rewards import RewardFn, score_rollout, verifier_faults
+from .rollout import RolloutBatch, RolloutEngine, SamplingParams, get_engine
 from .tasks import Example
 from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl, wandb_problem
 from .schema import ConfigError, to_dict
@@ -371,13 +371,13 @@ class Run:
     run_dir: Path
     start: int  # the step the run resumes after (0 for a new run)
     obj: objectives.Objective
-    reward_fn: Any  # the training reward (may be shaped)
-    verifier: Any  # the task's 0/1 verifier: held-out accuracy
+    reward_fn: RewardFn  # the training reward (may be shaped)
+    verifier: RewardFn  # the task's 0/1 verifier: held-out accuracy
     test_examples: list[Example]
     model: Any
     tokenizer: Any
     reference: Any  # the frozen reference policy, or None
-    engine: Any
+    engine: RolloutEngine
     optimizer: torch.optim.Optimizer
     scheduler: Any
     stream: PromptStream
