@@ -12,6 +12,8 @@ log_softmax, gather, entropy from exp(logp); in bfloat16 its matmuls are bf16 an
 upcast after the head, as a bf16 model's lm_head does. "chunked" is tether.ops.token_logprobs_and_entropy
 with its default tiles for the device (or --chunk-size / --vocab-chunk-size). --methods runs only
 some of the two (a naive bf16 step on a CPU without bf16 GEMMs takes many minutes).
+--naive-matmul float32 gives naive float32 matmuls on upcast bf16 inputs instead (a float32 copy
+of the weight per step): the fastest naive computation on such a CPU.
 
 Each (method, T) runs in its own process, so peak memory is that process's own: on CPU the peak
 resident set (ru_maxrss) minus the resident set just before the first step (the weight, hidden
@@ -37,8 +39,11 @@ from common import add_common_args, dtype_of, emit, machine, median, setup, tabl
 GB = 1e9
 
 
-def naive(hidden, weight, targets, temperature):
-    """The model-logits path on hidden states: full logits, log_softmax, gather, entropy."""
+def naive(hidden, weight, targets, temperature, upcast: bool = False):
+    """The model-logits path on hidden states: full logits, log_softmax, gather, entropy. With
+    `upcast`, bf16 inputs are cast to float32 before the matmul (a float32 copy of the weight)."""
+    if upcast:
+        hidden, weight = hidden.float(), weight.float()
     logits = (hidden @ weight.t()).float()  # (N, T, V)
     if temperature != 1.0:
         logits = logits / temperature
@@ -78,7 +83,7 @@ def child(args) -> None:
     def step():
         hidden.grad = weight.grad = None
         if args.child == "naive":
-            lp, ent = naive(hidden, weight, targets, args.temperature)
+            lp, ent = naive(hidden, weight, targets, args.temperature, args.naive_matmul == "float32")
         else:
             lp, ent = token_logprobs_and_entropy(hidden, weight, targets, temperature=args.temperature,
                                                  chunk_size=args.chunk_size, vocab_chunk_size=args.vocab_chunk_size)
@@ -101,7 +106,7 @@ def child(args) -> None:
 def run_child(args, method: str, T: int) -> dict:
     cmd = [sys.executable, __file__, "--child", method, "--tokens", str(T), "--vocab", str(args.vocab),
            "--hidden", str(args.hidden), "--reps", str(args.reps), "--device", args.device, "--dtype", args.dtype,
-           "--threads", str(args.threads), "--temperature", str(args.temperature)]
+           "--threads", str(args.threads), "--temperature", str(args.temperature), "--naive-matmul", args.naive_matmul]
     if args.chunk_size:
         cmd += ["--chunk-size", str(args.chunk_size)]
     if args.vocab_chunk_size:
@@ -133,6 +138,9 @@ def main() -> None:
                    help="vocabulary entries per tile (default: tether.ops.tile_shape)")
     p.add_argument("--methods", nargs="+", choices=["naive", "chunked"], default=["naive", "chunked"])
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--naive-matmul", choices=["input", "float32"], default="input",
+                   help="naive's head matmul: in the inputs' dtype (a bf16 lm_head), or float32 on upcast inputs "
+                        "(the fastest naive on a CPU without bf16 GEMMs)")
     p.add_argument("--headroom-gb", type=float, default=1.5, help="memory to leave free when deciding to skip")
     p.add_argument("--child", choices=["naive", "chunked"], help=argparse.SUPPRESS)
     add_common_args(p)
@@ -142,7 +150,7 @@ def main() -> None:
     device = setup(args)
     from tether.ops import native_low_precision_matmul, tile_shape
 
-    R, C = tile_shape(max(args.tokens), args.vocab, device, args.chunk_size, args.vocab_chunk_size)
+    R, C = tile_shape(max(args.tokens), args.vocab, device, args.chunk_size, args.vocab_chunk_size, args.hidden)
     low = dtype_of(args.dtype) != torch.float32
     mm = ("bf16 GEMMs" if native_low_precision_matmul(device, dtype_of(args.dtype)) else
           "float32 GEMMs on upcast tiles (no bf16 GEMMs on this CPU)") if low else "float32 GEMMs"
@@ -166,7 +174,8 @@ def main() -> None:
         f"{args.dtype}, {args.device})",
         "",
         f"Machine: {machine(device, args)}. Tiles: {R} tokens x {C:,} vocabulary entries (for the largest T; one "
-        f"float32 tile = {R * C * 4 / GB:.3f} GB); chunked matmuls: {mm}. Peak memory: above the process's footprint before the "
+        f"float32 tile = {R * C * 4 / GB:.3f} GB); chunked matmuls: {mm}; naive matmul: "
+        f"{'float32 on upcast inputs' if args.naive_matmul == 'float32' else 'in the inputs dtype'}. Peak memory: above the process's footprint before the "
         f"first step ({'allocator peak' if device.type == 'cuda' else 'max RSS'}); time: median (min-max) of {args.reps}.",
         "",
         table(["T", "(T, V) fp32 logits", "naive peak", "chunked peak", "chunked / naive memory",

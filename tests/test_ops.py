@@ -313,6 +313,11 @@ def test_tile_shape_follows_the_device_and_the_overrides():
     assert tile_shape(300, 1000, torch.device("cpu")) == (300, 1000)  # all of a small vocabulary
     assert tile_shape(5000, V, torch.device("cpu"), chunk_size=10**6) == (5000, 3328)  # a user's chunk_size
     assert tile_shape(5000, V, torch.device("cpu"), chunk_size=64, vocab_chunk_size=500) == (64, 500)
+    # a few tokens: the (C, H) float32 weight tile bounds C, not the (R, C) logits tile alone
+    # (otherwise C = all of V, and a bf16 head upcast on a CPU would copy the whole weight)
+    assert tile_shape(64, V, torch.device("cpu")) == (64, V)
+    assert tile_shape(64, V, torch.device("cpu"), hidden=1024) == (64, 16384)
+    assert tile_shape(5000, V, torch.device("cpu"), hidden=1024) == (1024, 16384)  # R already bounds it
 
 
 def test_bad_arguments_raise():
