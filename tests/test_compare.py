@@ -76,3 +76,20 @@ def test_a_rerun_with_other_settings_is_refused_and_overrides_go_anywhere(tiny_d
     err = capsys.readouterr().err
     assert "holds runs made with other settings" in err and "trainer.total_steps: 3 there, 4 now" in err
     assert "--out DIR" in err
+
+
+def test_a_bad_claims_file_fails_before_any_run_or_report_is_written(tiny_dir, tmp_path, capsys):
+    from tether.cli import main
+
+    bad = tmp_path / "claims.yaml"
+    bad.write_text("- {claim: x, metric: final_acc, method: grpo, baseline: dapo}\n")
+    out = tmp_path / "cmp"
+    args = ["compare", "--objectives", "grpo", "--seeds", "1", "--out", str(out), "--claims", str(bad)]
+    assert main([*args, *_overrides(tiny_dir)]) == 2
+    assert "metric 'final_acc' is not one of" in capsys.readouterr().err
+    assert not out.exists()  # no run was trained only to fail at the report
+    runs = tmp_path / "runs"
+    (runs / "grpo" / "seed0").mkdir(parents=True)
+    (runs / "grpo" / "seed0" / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n')
+    assert main(["report", str(runs), "--claims", str(bad), "--out", str(tmp_path / "rep")]) == 2
+    assert not (tmp_path / "rep").exists()

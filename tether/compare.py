@@ -61,6 +61,10 @@ def compare(config: Optional[str], objectives: list[str], seeds: int, overrides:
             cfg = load_config(config, [*overrides, f"objective={objective}", f"trainer.seed={seed}", f"output_dir={run}"])
             _check_same_settings(run, cfg, out_dir)
             plans.append((objective, seed, run, cfg))
+    if claims:
+        from .claims import load_claims
+
+        load_claims(claims)  # a bad claims file fails now, not after the runs
     out_dir.mkdir(parents=True, exist_ok=True)
     for i, (objective, seed, run, cfg) in enumerate(plans, 1):
         tag = f"[{i}/{len(plans)}] {objective} seed {seed}"
@@ -171,6 +175,7 @@ def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optio
     claims with their intervals and verdicts) and summary.json (per-seed values, `tether.claims`)."""
     from .claims import claims_markdown, evaluate_claims, load_claims, per_seed
 
+    claim_list = load_claims(claims) if claims else None  # checked before anything is written
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = {name: _by_method(runs) for name, runs in regimes.items()}
@@ -185,8 +190,8 @@ def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optio
             "config": _regime_config(methods),
             "methods": {m: {"seeds": [_seed_of(r) for r in rs], **values[m]} for m, rs in methods.items()},
         }
-    if claims:
-        results = evaluate_claims(load_claims(claims), {n: {m: v for m, v in r["methods"].items()}
+    if claim_list is not None:
+        results = evaluate_claims(claim_list, {n: {m: v for m, v in r["methods"].items()}
                                                         for n, r in summary["regimes"].items()})
         summary["claims"] = results
         lines += ["## Claims", "",
