@@ -41,7 +41,8 @@ def child(args) -> dict:
     from tether import objectives
     from tether.config import LoRAConfig, load_config
     from tether.models import apply_lora, load_model
-    from tether.train import Optimiser, Tokens, UpdateBatch, update
+    from tether.causal_lm import Tokens
+    from tether.train import Optimiser, UpdateBatch, update
 
     device = setup(args)
     model, _ = load_model(args.model_dir, dtype=args.dtype, device=str(device))

@@ -7,7 +7,7 @@ Peak: the best of a few square matmuls (2048 and 4096, and 8192 on CUDA) in the 
 Training step: what tether.train.update does per micro-batch, on B sequences of L tokens
 (P prompt + L - P completion): log-probs and entropy of the completion, a loss on both,
 backward, gradient clipping and an AdamW step. Two columns: the model's full logits
-(tether.train.token_logprobs with trainer.fused_logprobs=false) and the fused chunked head
+(tether.causal_lm.token_logprobs with trainer.fused_logprobs=false) and the fused chunked head
 (tether.causal_lm.causal_lm_token_logprobs, the trainer's default).
 
 Model FLOPs per step (PaLM, arXiv 2204.02311, appendix B): 6 N B L + 12 n_layer d L^2 B, where N
@@ -84,7 +84,7 @@ def train_step_fn(model, tokens, path: str, share: bool = True):
 
 
 def make_tokens(batch: int, length: int, prompt: int, vocab: int, device):
-    from tether.train import Tokens
+    from tether.causal_lm import Tokens
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, vocab, (batch, length), generator=g)

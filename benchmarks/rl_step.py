@@ -21,7 +21,7 @@ log-probs, and take `mini_batches` optimiser steps over the batch. Both trainers
   (so TRL computes old log-probs, as tether does); AdamW, the same constant lr, grad clip 1.0;
 - no gradient checkpointing; fp32 unless --dtype bfloat16 (TRL then also gets bf16=True).
 
-Tether runs through tether.train's own functions (collect, to_tokens, batched_logprobs,
+Tether runs through the trainer's own functions (collect, to_tokens, batched_logprobs,
 update), timed piece by piece; TRL runs `trainer.train()` with its model's `generate` timed and a
 callback that stamps the end of each generation batch's last optimiser step and then runs one
 tether step (outside TRL's timing): the two alternate step by step, so a change in the machine's
@@ -62,7 +62,8 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     from tether.models import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.tasks import get_task
-    from tether.train import Optimiser, UpdateBatch, batched_logprobs, collect, old_policy_logprobs, to_tokens, update
+    from tether.causal_lm import batched_logprobs, to_tokens
+    from tether.train import Optimiser, UpdateBatch, collect, old_policy_logprobs, update
 
     batch = args.prompts * args.group
     cfg = load_config(overrides=[

@@ -27,7 +27,7 @@ from mfu import build, train_step_fn  # noqa: E402
 
 
 def grouped_tokens(prompts: int, group: int, prompt_len: int, completion_len: int, vocab: int, device):
-    from tether.train import Tokens
+    from tether.causal_lm import Tokens
 
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(1, vocab, (prompts, prompt_len), generator=g).repeat_interleave(group, 0)
