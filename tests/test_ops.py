@@ -247,7 +247,7 @@ def matmul_path(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("tiles", [{}, {"chunk_size": 32, "vocab_chunk_size": 512},
+@pytest.mark.parametrize("tiles", [{}, {"chunk_size": 8, "vocab_chunk_size": 64},
                                    {"chunk_size": 100, "vocab_chunk_size": 1000}])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bfloat16_is_within_the_rounding_bound(matmul_path, tiles, seed):
