@@ -490,10 +490,12 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     test_examples = _eval_examples(task, cfg)
     _open_run_dir(cfg, run_dir, resume_dir, log)
     ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
-    source = str(ckpt / "model") if ckpt else initial_model(cfg, task, verifier, log=log)
     lora = cfg.model.lora
-    model, tokenizer, device = _load_policy(cfg, initial_model(cfg, task, verifier, log=log) if ckpt and lora
-                                            else source, log)
+    # The initial (warm-started) model: the policy of a new run, the base under LoRA, the reference.
+    needs_base = ckpt is None or lora is not None or obj.uses_reference()
+    base = initial_model(cfg, task, verifier, log=log) if needs_base else None
+    model, tokenizer, device = _load_policy(cfg, base if ckpt is None or lora is not None else str(ckpt / "model"),
+                                            log)
     peft = None
     if lora is not None:  # adapters on the base model: new, or the checkpoint's
         peft = apply_lora(model, lora, ckpt / "model" if ckpt else None)
@@ -502,8 +504,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
             f"{sum(p.numel() for p in model.parameters()):_}")
     reference = None
     if obj.uses_reference() and lora is None:
-        reference, _ = load_model(initial_model(cfg, task, verifier, log=log) if ckpt else source,
-                                  dtype=cfg.model.dtype, device="cpu")
+        reference, _ = load_model(base, dtype=cfg.model.dtype, device="cpu")
         if ckpt:
             checkpoint.load_reference(ckpt, reference)
         reference.to(device).eval().requires_grad_(False)
