@@ -1,6 +1,8 @@
-"""Train-inference mismatch correction (issue 18, item 2): weights pi_old / pi_sampler, truncated or
-masked, per token or per sequence; the identity when the two agree; hand-computed cases; in
-tether's trainer with a bf16 decode; in the TRL adapter with sampler log-probs injected."""
+"""Train-inference mismatch correction (issue 18, item 2; issue 22, items 1-3): weights pi_old / pi_sampler,
+truncated or masked, per token, per sequence (the product of the token ratios, as verl and TRL) or as their
+geometric mean; 0/1 rejection by a divergence (verl's token_k3 / seq_mean_k3); a masked token leaves the loss
+of every objective, sequence-level ones included; the identity when the two agree; hand-computed cases and
+the references' formulas written out; in tether's trainer with a bf16 decode."""
 
 import math
 
@@ -9,7 +11,7 @@ import torch
 
 from tether import objectives
 from tether.core.correction import rollout_correction
-from tether.divergences import interval
+from tether.schema import ConfigError
 
 D = torch.float64
 
@@ -24,13 +26,14 @@ def _batch(seed=0, N=6, T=5):
     return lp, old, adv, mask
 
 
-@pytest.mark.parametrize("level", ["token", "sequence"])
-@pytest.mark.parametrize("mode", ["truncate", "mask"])
-@pytest.mark.parametrize("preset", ["dapo", "rpg_urkl", "atr_grpo", "sapo"])
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence_geometric"])
+@pytest.mark.parametrize("mode", ["truncate", "mask", "kl3"])
+@pytest.mark.parametrize("preset", ["dapo", "rpg_urkl", "atr_grpo", "sapo", "gmpo", "gspo"])
 def test_equal_logprobs_make_the_correction_the_identity(level, mode, preset):
     lp, old, adv, mask = _batch()
     plain = objectives.build(preset)
-    corrected = objectives.build({"preset": preset, "rollout_correction": {"level": level, "mode": mode}})
+    rc = {"level": level, "mode": "mask", "measure": "kl3", "delta": 0.01} if mode == "kl3" else {"level": level, "mode": mode}
+    corrected = objectives.build({"preset": preset, "rollout_correction": rc})
     out_a = plain(objectives.TokenBatch(lp, old, adv, mask))
     (g_a,) = torch.autograd.grad(out_a.loss, lp)
     out_b = corrected(objectives.TokenBatch(lp, old, adv, mask, sampler_logprobs=old.clone()))
@@ -51,8 +54,14 @@ def test_hand_computed_weights():
     c = rollout_correction(old, sampler, mask, "token", "mask", 0.95, 2.0)  # 0.905 < 0.95 and 2.718 > 2: out
     torch.testing.assert_close(c.weights, torch.tensor([[math.exp(0.5), 0.0, 0.0]], dtype=D))
     assert c.masked.tolist() == [[False, True, True]]
-    # Sequence level: the geometric mean, exp(mean(0.5, -0.1, 1.0)) = exp(0.4667), on every token.
+    # Sequence level: the product, exp(0.5 - 0.1 + 1.0) = e^1.4 = 4.055 -> 2, on every token.
     c = rollout_correction(old, sampler, mask, "sequence", "truncate", 0.0, 2.0)
+    torch.testing.assert_close(c.weights, torch.full((1, 3), 2.0, dtype=D))
+    assert c.truncated.all()
+    c = rollout_correction(old, sampler, mask, "sequence", "truncate", 0.0, 5.0)
+    torch.testing.assert_close(c.weights, torch.full((1, 3), math.exp(1.4), dtype=D))
+    # sequence_geometric: the geometric mean, exp(1.4 / 3) = 1.594, on every token.
+    c = rollout_correction(old, sampler, mask, "sequence_geometric", "truncate", 0.0, 2.0)
     torch.testing.assert_close(c.weights, torch.full((1, 3), math.exp(1.4 / 3), dtype=D))
     # Padding: no weight, not counted; a NaN sampler log-prob (not reported) means no correction.
     pad = torch.tensor([[True, True, False]])
@@ -61,10 +70,8 @@ def test_hand_computed_weights():
     torch.testing.assert_close(c.weights, torch.tensor([[math.exp(0.5), 1.0, 0.0]], dtype=D))
 
 
-def test_bounds_from_a_divergence_measure_and_the_loss_is_scaled_per_token():
-    rc = objectives.RolloutCorrectionConfig(mode="mask", measure="kl3", delta=0.05)
-    assert (rc.low, rc.high) == pytest.approx(interval("kl3", 0.05))  # a k3 rejection band
-    # REINFORCE: l_t = -A lp_t; corrected l_t = -c_t A lp_t with c_t = r_t inside the band.
+def test_truncation_scales_the_loss_per_token():
+    # REINFORCE: l_t = -A lp_t; corrected l_t = -c_t A lp_t with c_t = clamp(r_t, 0, 1.2).
     obj = objectives.build({"name": "reinforce", "rollout_correction": {"mode": "truncate", "high": 1.2},
                             "aggregation": "seq-mean-token-sum"})
     lp = torch.tensor([[-1.0, -2.0]], dtype=D, requires_grad=True)
@@ -78,6 +85,260 @@ def test_bounds_from_a_divergence_measure_and_the_loss_is_scaled_per_token():
     assert out.metrics["rollout_correction/mismatch_k1"].item() == pytest.approx(-0.3)
     k3 = ((math.exp(0.1) - 1 - 0.1) + (math.exp(0.5) - 1 - 0.5)) / 2
     assert out.metrics["rollout_correction/mismatch_k3"].item() == pytest.approx(k3)
+
+
+# ---------------------------------------------------------------- issue 22, item 1: the sequence ratio is the product
+
+
+def _random_mismatch(seed, N=7, T=9, scale=0.4):
+    """old, sampler, mask (N, T) float64; rows of every length, one empty, padding holding garbage."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(N, T, generator=g, dtype=D) * 3 - 0.05
+    sampler = old - scale * torch.randn(N, T, generator=g, dtype=D)
+    lengths = torch.tensor([T, 1, 0, 3, T - 2, 5, T])[:N]
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    garbage = torch.full_like(old, 123.0)
+    return torch.where(mask, old, garbage), torch.where(mask, sampler, -garbage), mask
+
+
+def _verl_is_weights(old, sampler, mask, level, lower, upper):
+    """verl 0.9.1 `compute_rollout_correction_weights`, written out: log r = old - sampler (masked); sequence:
+    the masked SUM over tokens; clamp to [-20, 20], exp, times the mask; a single threshold truncates from
+    above (TIS), a "lower_upper" threshold zeroes r outside [lower, upper] (IcePop)."""
+    m = mask.to(D)
+    log_r = (old - sampler) * m  # verl's log_ratio arrives already 0 on padding
+    if level == "sequence":
+        log_r = (log_r * m).sum(-1, keepdim=True)
+    r = torch.exp(log_r.clamp(-20.0, 20.0)).expand_as(m) * m
+    if lower is None:
+        return r.clamp(max=upper)
+    return torch.where((r >= lower) & (r <= upper), r, torch.zeros_like(r))
+
+
+def _trl_is_weights(old, sampler, mask, level, clip_min, clip_max, mode):
+    """TRL 1.16 GRPOTrainer (`vllm_importance_sampling_mode`), written out: d = (old - sampler) * mask,
+    NaN -> 0; sequence_*: d summed over the tokens; r = exp(d) (unclamped); *_truncate clamps r to
+    [clip_min, clip_max], *_mask sets r to 0 outside; then the per-token loss is multiplied by r."""
+    d = torch.nan_to_num((old - sampler) * mask.to(D), nan=0.0)
+    if level == "sequence":
+        d = d.sum(-1, keepdim=True)
+    r = torch.exp(d)
+    if mode == "truncate":
+        r = torch.clamp(r, min=clip_min, max=clip_max)
+    else:
+        lo = clip_min if clip_min is not None else -math.inf
+        r = r.masked_fill((r < lo) | (r > clip_max), 0.0)
+    return r.expand_as(old) * mask.to(D)  # TRL's aggregation multiplies by the mask afterwards
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_weights_equal_verls_and_trls_formulas(level, seed):
+    old, sampler, mask = _random_mismatch(seed)
+    for low, high in ((0.0, 2.0), (0.0, 1.3), (0.5, 2.0), (0.8, 1.25)):
+        for mode in ("truncate", "mask"):
+            c = rollout_correction(old, sampler, mask, level, mode, low, high)
+            # verl: TIS has no lower bound; IcePop takes "low_high".
+            if mode == "mask" or low == 0.0:
+                verl = _verl_is_weights(old, sampler, mask, level, low if mode == "mask" else None, high)
+                torch.testing.assert_close(c.weights, verl, rtol=1e-15, atol=0)
+            trl = _trl_is_weights(old, sampler, mask, level, low, high, mode)
+            torch.testing.assert_close(c.weights, trl, rtol=1e-15, atol=0)
+            kept = (c.weights > 0) & mask
+            assert mode == "truncate" or (c.masked == (mask & ~kept)).all()
+    # The inputs exercise both sides: some sequences masked, some kept, some truncated.
+    c = rollout_correction(old, sampler, mask, level, "mask", 0.5, 2.0)
+    assert c.masked.any() and ((c.weights > 0) & mask).any()
+
+
+def test_the_audits_sequence_cases_and_the_geometric_mean_under_its_own_name():
+    # 100 tokens, each pi_old / pi_sampler = e^0.01: the product is e^1 = 2.718.
+    old = torch.full((1, 100), -1.0, dtype=D)
+    sampler = old - 0.01
+    mask = torch.ones(1, 100, dtype=torch.bool)
+    c = rollout_correction(old, sampler, mask, "sequence", "truncate", 0.0, 2.0)
+    torch.testing.assert_close(c.weights, torch.full((1, 100), 2.0, dtype=D), rtol=0, atol=0)  # min(e^1, 2)
+    c = rollout_correction(old, sampler, mask, "sequence", "mask", 0.5, 2.0)
+    assert c.masked.all() and (c.weights == 0).all()  # e^1 > 2: the sequence is dropped
+    # The geometric mean e^0.01 = 1.01005 keeps it, weighted by 1.01005.
+    c = rollout_correction(old, sampler, mask, "sequence_geometric", "mask", 0.5, 2.0)
+    assert not c.masked.any()
+    torch.testing.assert_close(c.weights, torch.full((1, 100), math.exp(0.01), dtype=D))
+
+
+def test_the_product_is_computed_in_log_space_and_never_overflows():
+    # 50 tokens at log r = +20 (and a row at -20): the sum 1000 would overflow exp in float64 (e^1000 = inf).
+    old = torch.zeros(2, 50, dtype=D)
+    sampler = torch.stack([torch.full((50,), -20.0, dtype=D), torch.full((50,), 20.0, dtype=D)])
+    mask = torch.ones(2, 50, dtype=torch.bool)
+    for dtype in (torch.float64, torch.float32):
+        o, s = old.to(dtype), sampler.to(dtype)
+        c = rollout_correction(o, s, mask, "sequence", "truncate", 0.0, 2.0)
+        assert torch.isfinite(c.weights).all()
+        assert (c.weights[0] == 2.0).all()  # min(e^1000 -> e^20, 2)
+        torch.testing.assert_close(c.weights[1], torch.full((50,), math.exp(-20.0), dtype=dtype))  # verl's floor
+        c = rollout_correction(o, s, mask, "sequence", "mask", 0.5, 2.0)
+        assert c.masked.all() and (c.weights == 0).all()
+        for level in ("sequence", "sequence_geometric", "token"):
+            c = rollout_correction(o, s, mask, level, "mask", 0.0, 2.0, "kl3", 0.01)
+            assert torch.isfinite(c.weights).all() and c.masked.all()
+
+
+# ---------------------------------------------------------------- issue 22, item 2: rejection by a divergence
+
+
+def _verl_rejection(old, sampler, mask, option, threshold):
+    """verl 0.9.1 `compute_rollout_rejection_mask` for token_k3 / seq_mean_k3, written out: log r clamped to
+    [-20, 20], k3 = exp(log r) - 1 - log r per token; seq_mean: the masked mean over the sequence's tokens;
+    keep (1) where the statistic <= threshold, else 0; the kept tokens keep weight 1 (a mask, not r)."""
+    m = mask.to(D)
+    log_r = ((old - sampler) * m).clamp(-20.0, 20.0)
+    k3 = torch.exp(log_r) - 1.0 - log_r
+    if option == "seq_mean_k3":
+        k3 = ((k3 * m).sum(-1) / m.sum(-1).clamp(min=1.0))[:, None].expand_as(m)
+    return (k3 <= threshold).to(D) * m
+
+
+def test_the_audits_k3_rejection_cases():
+    # Sequence level: log r = +-0.3 alternating over 20 tokens; the mean k3 is
+    # ((e^0.3 - 1 - 0.3) + (e^-0.3 - 1 + 0.3)) / 2 = (0.049859 + 0.040818) / 2 = 0.045338 > 0.01: all 20 rejected.
+    old = torch.zeros(1, 20, dtype=D)
+    sampler = -torch.tensor([0.3, -0.3] * 10, dtype=D)[None, :]
+    mask = torch.ones(1, 20, dtype=torch.bool)
+    c = rollout_correction(old, sampler, mask, "sequence", "mask", measure="kl3", delta=0.01)
+    assert c.masked.all() and (c.weights == 0).all()
+    assert ((math.exp(0.3) - 1.3) + (math.exp(-0.3) - 0.7)) / 2 == pytest.approx(0.045338, abs=1e-6)
+    # Its geometric-mean ratio is exp(0) = 1, D = 0: sequence_geometric keeps all 20, weighted 1.
+    c = rollout_correction(old, sampler, mask, "sequence_geometric", "mask", measure="kl3", delta=0.01)
+    assert not c.masked.any() and (c.weights == 1).all()
+    # Token level: log r = [0.1, -0.1, 0.5]: k3 = [0.005171, 0.004837, 0.148721] vs 0.01 -> weights [1, 1, 0],
+    # not r: the kept tokens are not multiplied by e^0.1 = 1.105 and e^-0.1 = 0.905.
+    old, sampler = torch.zeros(1, 3, dtype=D), -torch.tensor([[0.1, -0.1, 0.5]], dtype=D)
+    c = rollout_correction(old, sampler, torch.ones(1, 3, dtype=torch.bool), "token", "mask", measure="kl3",
+                           delta=0.01)
+    assert c.weights.tolist() == [[1.0, 1.0, 0.0]] and c.masked.tolist() == [[False, False, True]]
+    # Through an objective: REINFORCE, l_t = -c_t A lp_t, gradient -A c_t with A = 2.
+    obj = objectives.build({"name": "reinforce", "aggregation": "seq-mean-token-sum",
+                            "rollout_correction": {"mode": "mask", "measure": "kl3", "delta": 0.01}})
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=D, requires_grad=True)
+    out = obj(objectives.TokenBatch(lp, lp.detach(), torch.tensor([2.0], dtype=D), torch.ones(1, 3, dtype=D),
+                                    sampler_logprobs=lp.detach() - torch.tensor([[0.1, -0.1, 0.5]], dtype=D)))
+    out.loss.backward()
+    assert lp.grad.tolist() == [[-2.0, -2.0, 0.0]]
+    assert out.metrics["rollout_correction/masked_frac"].item() == pytest.approx(1 / 3)
+    assert out.metrics["rollout_correction/weight_mean"].item() == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_k3_rejection_equals_verls_formula(seed):
+    old, sampler, mask = _random_mismatch(seed, scale=0.15)
+    for delta in (0.002, 0.01, 0.05):
+        for level, option in (("token", "token_k3"), ("sequence", "seq_mean_k3")):
+            c = rollout_correction(old, sampler, mask, level, "mask", measure="kl3", delta=delta)
+            verl = _verl_rejection(old, sampler, mask, option, delta)
+            torch.testing.assert_close(c.weights, verl, rtol=0, atol=0)
+            assert (c.masked == (mask & (verl == 0))).all()
+    c = rollout_correction(old, sampler, mask, "sequence", "mask", measure="kl3", delta=0.01)
+    assert c.masked.any() and (c.weights == 1).any()  # both outcomes occur
+
+
+@pytest.mark.parametrize("measure", ["kl2", "chi2", "hellinger", "log_ratio", "kl3_reverse"])
+def test_rejection_by_any_measure_is_the_same_formula(measure):
+    # D_t = D(r_t) at token level, mean_t D(r_t) at sequence level, D(exp(mean_t log r_t)) at sequence_geometric.
+    from tether.divergences import value
+
+    old, sampler, mask = _random_mismatch(3, scale=0.2)
+    m = mask.to(D)
+    r = torch.exp((old - sampler) * m)
+    d_tok = value(measure, r) * m
+    d_seq = (d_tok.sum(-1) / m.sum(-1).clamp(min=1.0))[:, None].expand_as(m)
+    d_geo = value(measure, torch.exp(((old - sampler) * m).sum(-1) / m.sum(-1).clamp(min=1.0)))[:, None].expand_as(m)
+    for level, stat in (("token", d_tok), ("sequence", d_seq), ("sequence_geometric", d_geo)):
+        delta = float(stat[mask].median())  # about half of them rejected
+        c = rollout_correction(old, sampler, mask, level, "mask", measure=measure, delta=delta)
+        torch.testing.assert_close(c.weights, (stat <= delta).to(D) * m, rtol=0, atol=0)
+
+
+def test_rejection_config_is_checked():
+    rc = objectives.RolloutCorrectionConfig(mode="mask", measure="kl3", delta=0.05)
+    assert (rc.measure, rc.delta, rc.mode) == ("kl3", 0.05, "mask")
+    with pytest.raises(ConfigError, match=r"rollout_correction\.mode.*'mask' with measure"):
+        objectives.build({"preset": "dapo", "rollout_correction": {"measure": "kl3", "delta": 0.05}})  # truncate
+    with pytest.raises(ConfigError, match=r"rollout_correction\.delta.*null without measure"):
+        objectives.build({"preset": "dapo", "rollout_correction": {"mode": "mask", "delta": 0.05}})
+    with pytest.raises(ConfigError, match=r"rollout_correction\.measure.*kl3"):
+        objectives.build({"preset": "dapo", "rollout_correction": {"mode": "mask", "measure": "kl4", "delta": 0.05}})
+    with pytest.raises(ConfigError, match="sequence_geometric"):
+        objectives.build({"preset": "dapo", "rollout_correction": {"level": "geometric"}})
+
+
+# ---------------------------------------------------------------- issue 22, item 3: a masked token leaves the loss
+
+
+MASKED_CASES = ["gmpo", "gspo", "sapo", "ppo_clip", "dapo", "cispo", "rpg_urkl", "dppo_tv", "atr_grpo", "etr",
+                "clip_cov", "kl_cov", "reinforce"]
+
+
+@pytest.mark.parametrize("spec", MASKED_CASES)
+def test_a_masked_token_has_no_gradient_and_leaves_sequence_statistics(spec):
+    # One 4-token sequence; the third token (index 2) has pi_old / pi_sampler = e^1 > 2 and is masked; the others
+    # have r = 1. Its gradient must be exactly 0, and the loss must be the loss of the sequence without that
+    # token: with the token count kept (4, departure 4 of tether.core.correction) every kept token's gradient
+    # is 3/4 of its gradient when the token is padding (3 counted tokens) under a mean over tokens, and equal
+    # to it under a token sum (seq-mean-token-sum[-norm]), for token- and sequence-level losses alike.
+    old = torch.tensor([[-1.0, -0.7, -2.0, -1.2]], dtype=D)
+    lp0 = old + torch.tensor([[0.1, -0.2, 0.3, 0.05]], dtype=D)
+    sampler = old - torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=D)
+    adv = torch.tensor([1.0], dtype=D)
+    obj = objectives.build({"preset" if spec in objectives.preset_names() else "name": spec,
+                            "rollout_correction": {"mode": "mask", "low": 0.5, "high": 2.0}})
+    plain = objectives.build({"preset" if spec in objectives.preset_names() else "name": spec})
+    extra = dict(rewards=torch.tensor([1.0], dtype=D), group_ids=torch.tensor([0]))
+
+    lp = lp0.clone().requires_grad_()
+    out = obj(objectives.TokenBatch(lp, old, adv, torch.ones(1, 4, dtype=D), sampler_logprobs=sampler, **extra))
+    out.loss.backward()
+    lp_pad = lp0.clone().requires_grad_()
+    pad = torch.tensor([[1.0, 1.0, 0.0, 1.0]], dtype=D)
+    ref = plain(objectives.TokenBatch(lp_pad, old, adv, pad, **extra))
+    ref.loss.backward()
+    assert lp.grad[0, 2] == 0.0
+    assert lp_pad.grad.abs().sum() > 0  # a case that tests nothing is a defect
+    f = 1.0 if obj.config.aggregation in ("seq-mean-token-sum", "seq-mean-token-sum-norm") else 0.75
+    torch.testing.assert_close(lp.grad, f * lp_pad.grad, rtol=1e-14, atol=1e-16)
+    torch.testing.assert_close(out.loss, f * ref.loss, rtol=1e-14, atol=1e-16)
+    assert out.metrics["rollout_correction/masked_frac"].item() == 0.25
+
+
+def test_gmpo_masked_token_hand_computed():
+    # log w = lp - old = [0.1, -0.2, (masked), 0.05], A = 1, inside GMPO's clip (e^-0.4, e^0.4). The geometric mean
+    # over the kept tokens is g = exp((0.1 - 0.2 + 0.05) / 3) = exp(-1/60) = 0.98347; each kept token carries
+    # -A g, the masked one c = 0; seq-mean-token-mean over the 4 counted tokens: loss = 3 (-g) / 4 = -0.73760;
+    # d loss / d lp_j = -(3/4) g (1/3) = -g / 4 = -0.24587 for a kept j, 0 for the masked token (it was -0.194
+    # before issue 22, as if kept: its log-ratio stayed in the geometric mean).
+    old = torch.tensor([[-1.0, -0.7, -2.0, -1.2]], dtype=D)
+    lp = (old + torch.tensor([[0.1, -0.2, 0.3, 0.05]], dtype=D)).requires_grad_()
+    obj = objectives.build({"name": "gmpo", "rollout_correction": {"mode": "mask", "low": 0.5, "high": 2.0}})
+    out = obj(objectives.TokenBatch(lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 4, dtype=D),
+                                    sampler_logprobs=old - torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=D)))
+    out.loss.backward()
+    g = math.exp(-1.0 / 60.0)
+    assert out.loss.item() == pytest.approx(-0.75 * g, rel=1e-14)
+    torch.testing.assert_close(lp.grad, torch.tensor([[-g / 4, -g / 4, 0.0, -g / 4]], dtype=D), rtol=1e-14, atol=0)
+    assert out.metrics["gmpo/seq_ratio_mean"].item() == pytest.approx(g, rel=1e-14)
+
+
+@pytest.mark.parametrize("spec", ["gmpo", "gspo", "ppo_clip"])
+def test_a_masked_sequence_has_no_gradient(spec):
+    # Sequence level, product: sequence 0 has r = e^(0.4 * 3) = 3.32 > 2 and leaves the loss entirely.
+    lp, old, adv, mask = _batch(seed=4, N=3, T=3)
+    mask = torch.ones_like(mask)
+    sampler = old.clone()
+    sampler[0] -= 0.4
+    obj = objectives.build({"name": spec, "rollout_correction": {"level": "sequence", "mode": "mask", "high": 2.0}})
+    out = obj(objectives.TokenBatch(lp, old, adv, mask, sampler_logprobs=sampler))
+    (g,) = torch.autograd.grad(out.loss, lp)
+    assert (g[0] == 0).all() and (g[1:] != 0).any()
 
 
 def test_a_missing_sampler_logprob_names_the_fix():

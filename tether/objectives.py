@@ -173,27 +173,35 @@ class KLPenaltyConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    """Train-inference mismatch correction (tether.core.correction): weights pi_old / pi_sampler."""
+    """Train-inference mismatch correction (tether.core.correction): weights from pi_old / pi_sampler."""
 
-    level: Literal["token", "sequence"] = "token"
-    """token: r_t = pi_old / pi_sampler per token; sequence: their geometric mean over the sequence."""
+    level: Literal["token", "sequence", "sequence_geometric"] = "token"
+    """token: r_t = pi_old / pi_sampler per token; sequence: the product of the sequence's token ratios
+    (verl's and TRL's sequence level); sequence_geometric: their geometric mean."""
     mode: Literal["truncate", "mask"] = "truncate"
-    """truncate (TIS): clamp r to [low, high]; mask (MIS, IcePop): tokens with r outside leave the loss."""
+    """truncate (TIS): c = clamp(r, low, high); mask (MIS, IcePop): c = r inside [low, high], 0 outside;
+    mask with `measure`: c = 1 if the divergence is <= delta, else 0 (rejection)."""
     low: float = 0.0
-    """Lower bound of r (0: none for truncate); ignored when `measure` is given."""
+    """Lower bound of r (0: none for truncate); unused with `measure`."""
     high: float = 2.0
-    """Upper bound of r; ignored when `measure` is given."""
+    """Upper bound of r; unused with `measure`."""
     measure: Optional[str] = None
-    """A tether divergence measure (kl3, ratio, kl2, ...): the bounds become the interval D(r) <= delta."""
+    """A tether divergence measure (kl3, kl2, chi2, ...), mode mask only: reject a token whose D(r_t) > delta
+    (token level), a sequence whose mean of D(r_t) over its tokens > delta (sequence level: verl's seq_mean_k3
+    with kl3), or whose D(geometric-mean r) > delta (sequence_geometric). Kept tokens get weight 1."""
     delta: Optional[float] = None
-    """The divergence budget with `measure` (kl3 with delta gives a k3 rejection band)."""
+    """The divergence threshold with `measure` (kl3 with delta: verl's token_k3 / seq_mean_k3 rejection)."""
 
     def __post_init__(self):
         if self.measure is not None:
             _check_name(_div.MEASURES, self.measure, "rollout_correction.measure")
             _check(self.delta is not None and self.delta > 0, "rollout_correction.delta", self.delta,
                    "a number > 0 (with measure)")
-            self.low, self.high = _div.interval(self.measure, self.delta)
+            _check(self.mode == "mask", "rollout_correction.mode", self.mode,
+                   "'mask' with measure and delta (a divergence rejects tokens, it does not truncate r); "
+                   "for truncation give low and high instead of measure")
+        else:
+            _check(self.delta is None, "rollout_correction.delta", self.delta, "null without measure (or give measure)")
         _check(0 <= self.low < 1 < self.high, "rollout_correction.low/high", (self.low, self.high),
                "0 <= low < 1 < high")
 
@@ -214,7 +222,8 @@ class ObjectiveConfig:
     """T_max of seq-mean-token-sum-norm (the generation budget); None: the batch's padded width."""
     rollout_correction: Optional[RolloutCorrectionConfig] = None
     """Train-inference mismatch correction {level, mode, low, high | measure, delta}: each token's loss
-    times SG(pi_old / pi_sampler), truncated or masked (needs TokenBatch.sampler_logprobs); null: none."""
+    times SG(c), c from pi_old / pi_sampler truncated or masked, or a 0/1 rejection by a divergence; a masked
+    token leaves the loss (needs TokenBatch.sampler_logprobs); null: none."""
 
     def __post_init__(self):
         _check_name(_agg.AGGREGATIONS, self.aggregation, "aggregation")
@@ -474,9 +483,10 @@ class DPPOConfig(ObjectiveConfig):
     """Threshold for tokens with A <= 0 (verl's clip_ratio_low); the paper: 0.15 for binary_tv, 0.05 for binary_kl."""
     delta_high: float = 0.15
     """Threshold for tokens with A > 0 (verl's clip_ratio_high)."""
-    truncation_c: Optional[float] = 20.0
-    """Cap c of the importance weight SG(min(w, c)) (truncated IS; verl's clip_ratio_c, 20 when unset there);
-    null for none (the authors' runs set 10000, i.e. off)."""
+    truncation_c: Optional[float] = None
+    """Cap c of the importance weight SG(min(w, c)) (truncated IS); null (default): no cap, as in the authors'
+    runs (their verl script sets clip_ratio_c 10000). verl's dppo_tv/dppo_kl read actor.clip_ratio_c, which
+    defaults to 3.0 (its code falls back to 20 only when the key is missing): set 3.0 to match verl's default."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -714,9 +724,9 @@ def _kl_cov_loss(cfg: KLCovConfig, b: TokenBatch, lp, old):
 # ---------------------------------------------------------------- the objective
 
 
-def _correct(rc: RolloutCorrectionConfig, tokens, old: torch.Tensor, sampler: torch.Tensor, m: torch.Tensor):
-    """The per-token loss times the rollout-correction weight SG(c_t), and its metrics (docs/metrics.md)."""
-    c = _corr.rollout_correction(old, sampler, m, rc.level, rc.mode, rc.low, rc.high)
+def _correction(rc: RolloutCorrectionConfig, old: torch.Tensor, sampler: torch.Tensor, m: torch.Tensor):
+    """The rollout-correction weights (`tether.core.correction.Correction`) and their metrics (docs/metrics.md)."""
+    c = _corr.rollout_correction(old, sampler, m, rc.level, rc.mode, rc.low, rc.high, rc.measure, rc.delta)
     log_r = c.log_ratio  # log pi_old - log pi_sampler
     metrics = {
         "rollout_correction/mismatch_k1": masked_mean(-log_r, m),  # KL(sampler || old), k1 from sampler samples
@@ -725,7 +735,7 @@ def _correct(rc: RolloutCorrectionConfig, tokens, old: torch.Tensor, sampler: to
         "rollout_correction/truncated_frac": masked_fraction(c.truncated, m),
         "rollout_correction/masked_frac": masked_fraction(c.masked, m),
     }
-    return tokens._replace(loss=tokens.loss * c.weights.to(tokens.loss.dtype)), metrics
+    return c, metrics
 
 
 def _masked_fill(x: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torch.Tensor]:
@@ -803,12 +813,20 @@ class Objective:
             batch = dataclasses.replace(batch, group_stats=cfg.group_stats(batch.rewards, batch.group_ids))
         lp = _masked_fill(batch.logprobs, m)
         old = _masked_fill(batch.old_logprobs, m).detach()
-        tokens, extra = self._loss(cfg, batch, lp, old)
         n_tokens = m.detach().sum().to(torch.float64)
         metrics: dict[str, torch.Tensor] = {}
+        merge: dict[str, MergeRule] = {}
+        kept, n_kept, correction = m, n_tokens, None
         if cfg.rollout_correction is not None:
-            tokens, correction_metrics = _correct(cfg.rollout_correction, tokens, old, batch.sampler_logprobs, m)
+            correction, correction_metrics = _correction(cfg.rollout_correction, old, batch.sampler_logprobs, m)
             metrics.update(correction_metrics)
+            # A masked token leaves the loss: the objective sees it as padding, so it enters no sequence
+            # statistic (GMPO's geometric mean, GSPO's sequence ratio) and its loss is 0 (c = 0).
+            kept = torch.where(correction.masked, torch.zeros_like(m), m)
+            n_kept = kept.detach().sum().to(torch.float64)
+        tokens, extra = self._loss(cfg, batch if kept is m else dataclasses.replace(batch, mask=kept), lp, old)
+        if correction is not None:
+            tokens = tokens._replace(loss=tokens.loss * correction.weights.to(tokens.loss.dtype))
         penalty = None
         if batch.ref_logprobs is not None:
             ref = _masked_fill(batch.ref_logprobs, m).detach()
@@ -819,11 +837,14 @@ class Objective:
         if batch.entropy is not None:
             entropy = _masked_fill(batch.entropy, m)
             metrics["policy/entropy"] = masked_mean(entropy.detach(), m)
-        metrics.update(policy_metrics(tokens, log_w=_sur.log_ratio(lp, old).detach(), mask=m))
-        merge: dict[str, MergeRule] = {k: n_tokens for k in metrics}
+        merge.update({k: n_tokens for k in metrics})
+        # The policy metrics describe the tokens in the loss (all counted ones unless a correction masks some).
+        policy = policy_metrics(tokens, log_w=_sur.log_ratio(lp, old).detach(), mask=kept)
+        metrics.update(policy)
+        merge.update({k: n_kept for k in policy})
         merge.update(POLICY_METRIC_EXTREMES)
         for k, v in extra.items():
-            metrics[k], merge[k] = (v.value.detach(), v.count.detach()) if isinstance(v, Mean) else (v.detach(), n_tokens)
+            metrics[k], merge[k] = (v.value.detach(), v.count.detach()) if isinstance(v, Mean) else (v.detach(), n_kept)
         return TokenTerms(tokens, penalty, entropy if cfg.entropy_coef != 0 else None, metrics, merge)
 
     def __call__(self, batch: TokenBatch) -> ObjectiveOutput:
@@ -848,6 +869,14 @@ class Objective:
 
     def _validate(self, batch: TokenBatch) -> None:
         if self.config.needs_group_stats() and batch.group_stats is None:
+            if batch.loss_norm is not None:  # a micro-batch: its own rewards would give per-micro-batch statistics
+                raise ValueError(
+                    f"objective {self.name!r} reads group statistics over the whole rollout batch, but this batch has "
+                    "loss_norm set (it is one micro-batch of several) and no group_stats: computing them from its own "
+                    "rewards and group_ids would make them depend on the micro-batch split. Compute "
+                    "stats = obj.group_stats(rewards, group_ids) once over the whole rollout batch and pass each "
+                    "micro-batch its rows, TokenBatch(group_stats=stats.select(idx))"
+                )
             for name in ("rewards", "group_ids"):
                 if getattr(batch, name) is None:
                     raise ValueError(

@@ -2,36 +2,61 @@
 policy the trainer scores (pi_old, recomputed) and the sampler that produced the tokens.
 
 The sampler's log-probs can differ from the trainer's for the same weights: a bf16 decode, a
-different kernel (vLLM, SGLang), top-p/top-k truncation. With r the ratio pi_old / pi_sampler,
+different kernel (vLLM, SGLang), top-p/top-k truncation. With d_t = lp_old_t - lp_sampler_t (the log of
+pi_old / pi_sampler for token t) and S the sequence's counted tokens, the ratio r_t is, by `level`,
 
-    token level     r_t = exp(lp_old_t - lp_sampler_t)
-    sequence level  r_t = exp(mean_t (lp_old_t - lp_sampler_t))     (geometric mean, every token of a sequence)
+    token               r_t = exp(d_t)
+    sequence            r_t = exp(sum_{s in S} d_s)           the product of the token ratios, on every token
+    sequence_geometric  r_t = exp(sum_{s in S} d_s / |S|)     their geometric mean, on every token
 
-    truncate  (TIS)        c_t = clamp(r_t, low, high)              (low = 0: only the top is cut)
-    mask (MIS / IcePop)    c_t = r_t if low <= r_t <= high else 0   (the token leaves the loss)
+and a `mode` turns it into the weight c_t:
 
-and the objective's per-token loss becomes SG(c_t) * l_t. The bounds are given directly, or as
-{measure, delta}: the interval [low, high] where D(r) <= delta for any tether divergence measure
-(`tether.core.divergences`), so `{measure: kl3, delta: ...}` is a k3 rejection as verl's presets
-have it. Papers: TIS (Yao et al., "Your efficient RL framework secretly brings you off-policy RL
-training", 2025), MIS and IcePop (the same line of work; IcePop masks tokens whose ratio leaves a
-band), verl's rollout-correction presets.
+    truncate  (TIS)          c_t = clamp(r_t, low, high)             (low = 0: only the top is cut)
+    mask (MIS / IcePop)      c_t = r_t if low <= r_t <= high else 0  (the token leaves the loss)
+    mask by a divergence     c_t = 1 if D_t <= delta else 0          ({mode: mask, measure, delta})
+
+where D_t is a tether divergence measure D (`tether.core.divergences`: kl3, kl2, chi2, ...) of the ratio:
+    token               D_t = D(exp(d_t))
+    sequence            D_t = mean_{s in S} D(exp(d_s))           (verl's seq_mean_k3 with D = kl3)
+    sequence_geometric  D_t = D(exp(sum_{s in S} d_s / |S|))
+A divergence mask is a 0/1 rejection: a kept token is NOT weighted by r. The objective's per-token loss
+becomes SG(c_t) * l_t, and a masked token (c_t = 0) also leaves the objective's own sequence statistics
+(`tether.objectives`: GMPO's geometric mean, GSPO's sequence ratio), so its gradient is exactly 0.
+
+The definitions are verl 0.9.1's (`rollout_corr_helper.py`: `rollout_is="token"|"sequence"` with a
+threshold (TIS) or a "lower_upper" threshold (IcePop); `rollout_rs="token_k3"|"seq_mean_k3"`) and TRL 1.16's
+(`vllm_importance_sampling_mode`: token_truncate, token_mask, sequence_truncate, sequence_mask, all with
+the sequence ratio exp(sum_t d_t)). Papers: TIS (Yao et al., "Your efficient RL framework secretly brings
+you off-policy RL training", 2025), MIS and IcePop (the same line of work), "When Speed Kills Stability"
+(Liu et al., 2025; verl's rejection presets).
 
 Departures:
 1. One weight per token, multiplied into whatever per-token loss the objective has (PPO clip,
    RPG, ...), as TRL and verl apply their sampler correction; the objective's own ratio is
    pi_theta / pi_old, unchanged.
 2. With identical log-probs (trainer.old_logprobs=sampler) every weight is 1: a no-op, tested.
+3. The log-ratio that is exponentiated (d_t, its sum or its mean) is clamped to [-20, 20] first, as verl
+   does (TRL does not clamp): a product over many tokens cannot overflow, and bounds inside
+   [e^-20, e^20] decide exactly as unclamped ones would.
+4. A masked or rejected token stays in the aggregation's token count (the normaliser, computed by the
+   caller from the mask alone), as in TRL and verl's IcePop; verl's rejection (`rollout_rs`) also removes
+   it from `response_mask`, so under token-mean verl divides by the kept tokens only.
+5. Until issue 22, `sequence` was the geometric mean (now `sequence_geometric`) and `{measure, delta}`
+   gave the ratio band {r : D(r) <= delta} with kept tokens weighted by r, and the geometric-mean ratio
+   at sequence level: neither was verl's k3 rejection.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
-LEVELS = ("token", "sequence")
+from .divergences import value as divergence
+
+LEVELS = ("token", "sequence", "sequence_geometric")
 MODES = ("truncate", "mask")
+SAFETY_BOUND = 20.0  # |log r| is clamped to this before exp (departure 3)
 
 
 class Correction(NamedTuple):
@@ -41,24 +66,49 @@ class Correction(NamedTuple):
     log_ratio: torch.Tensor  # (N, T) lp_old - lp_sampler, 0 at padding (the mismatch)
 
 
+def level_log_ratio(diff: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """log r_t (N, T) at `level` from the token log-ratios `diff` (N, T), 0 at padding: d_t, the
+    sequence's sum (the product of the ratios), or its mean (their geometric mean), on every token."""
+    if level == "token":
+        return diff
+    total = diff.sum(-1, keepdim=True)  # (N, 1)
+    if level == "sequence_geometric":
+        total = total / mask.sum(-1, keepdim=True).to(diff.dtype).clamp(min=1.0)
+    return total.expand_as(diff)
+
+
+def rejection_statistic(diff: torch.Tensor, mask: torch.Tensor, level: str, measure: str) -> torch.Tensor:
+    """D_t (N, T) of the module docstring: the divergence `measure` of the ratio at `level`
+    (at `sequence`, the mean of the token divergences over the counted tokens)."""
+    if level != "sequence":
+        return divergence(measure, torch.exp(level_log_ratio(diff, mask, level).clamp(-SAFETY_BOUND, SAFETY_BOUND)))
+    m = mask.to(diff.dtype)
+    d = divergence(measure, torch.exp(diff.clamp(-SAFETY_BOUND, SAFETY_BOUND))) * m
+    return (d.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)).expand_as(diff)
+
+
 def rollout_correction(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor,
-                       level: str = "token", mode: str = "truncate", low: float = 0.0,
-                       high: float = 2.0) -> Correction:
-    """Weights c_t (N, T) that correct pi_sampler's tokens towards pi_old (module docstring)."""
+                       level: str = "token", mode: str = "truncate", low: float = 0.0, high: float = 2.0,
+                       measure: Optional[str] = None, delta: Optional[float] = None) -> Correction:
+    """Weights c_t (N, T) that correct pi_sampler's tokens towards pi_old (module docstring); with
+    `measure` and `delta` (mode "mask" only) a 0/1 rejection by D_t <= delta, and `low`, `high` unused."""
     if level not in LEVELS or mode not in MODES:
         raise ValueError(f"level must be one of {LEVELS} and mode one of {MODES}; got {level!r}, {mode!r}")
+    if measure is not None and (mode != "mask" or delta is None):
+        raise ValueError(f"a divergence measure ({measure!r}) rejects tokens: it needs mode 'mask' and a delta; "
+                         f"got mode {mode!r}, delta {delta!r}")
     m = mask.bool()
     diff = torch.where(m, old_logprobs.detach() - sampler_logprobs.detach(), torch.zeros_like(old_logprobs))
     diff = torch.nan_to_num(diff, nan=0.0)  # a sampler log-prob that is missing (NaN) means no correction
-    if level == "sequence":
-        n = m.sum(-1, keepdim=True).clamp(min=1)
-        diff_used = (diff.sum(-1, keepdim=True) / n).expand_as(diff)  # (N, T): the sequence's mean
+    none = torch.zeros_like(m)
+    if measure is not None:
+        rejected = rejection_statistic(diff, m, level, measure) > delta
+        w, truncated, masked = (~rejected).to(diff.dtype), none, rejected & m
     else:
-        diff_used = diff
-    r = torch.exp(diff_used.clamp(-20.0, 20.0))
-    outside = (r < low) | (r > high)
-    if mode == "truncate":
-        w, truncated, masked = r.clamp(low, high), outside & m, torch.zeros_like(m)
-    else:
-        w, truncated, masked = torch.where(outside, torch.zeros_like(r), r), torch.zeros_like(m), outside & m
+        r = torch.exp(level_log_ratio(diff, m, level).clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        outside = (r < low) | (r > high)
+        if mode == "truncate":
+            w, truncated, masked = r.clamp(low, high), outside & m, none
+        else:
+            w, truncated, masked = torch.where(outside, torch.zeros_like(r), r), none, outside & m
     return Correction(torch.where(m, w, torch.zeros_like(w)), truncated, masked, diff)

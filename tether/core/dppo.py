@@ -28,6 +28,11 @@ Departures from the paper:
 2. binary_kl adds 1e-8 inside the second log, as the authors' and verl's code do, so that p -> 1 gives a
    finite value; it changes only the mask, never a gradient.
 3. log w is clamped to [-20, 20] before exp (tether.core.surrogates, departure 1), as verl does here.
+4. The cap c is off by default (`truncation_c: null`), as in the authors' runs (their verl script sets
+   clip_ratio_c = 10000; verl's code notes that a large cap avoids the truncation bias, the paper's Section 5.4).
+   verl's `dppo_tv`/`dppo_kl` read `actor.clip_ratio_c`, whose default is 3.0 (verl 0.9.1 `ActorConfig`; the
+   20 in its code is only the fallback for a config without the key): `truncation_c: 3.0` is verl's default.
+   Until issue 22 tether's default was 20 and its docs called that verl's default, which it is not.
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ def dppo(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     valid: torch.Tensor,
-    truncation_c: Optional[float] = 20.0,
+    truncation_c: Optional[float] = None,
 ) -> tuple[TokenLoss, torch.Tensor]:
     """DPPO's masked, truncated-IS policy gradient; returns (TokenLoss, truncated (N, T) bool).
 
