@@ -127,6 +127,34 @@ def test_split_groups_with_per_micro_batch_statistics_would_differ():
     ref = obj(objectives.TokenBatch(lp, d["old"], obj.advantages(d["rewards"], d["groups"]), d["mask"],
                                     group_ids=d["groups"], rewards=d["rewards"]))
     adv, norm = obj.advantages(d["rewards"], d["groups"]), obj.normalizer(d["mask"])
-    total = sum(obj(objectives.TokenBatch(d["lp"][i], d["old"][i], adv[i], d["mask"][i], group_ids=d["groups"][i],
-                                          rewards=d["rewards"][i], loss_norm=norm)).loss for i in _micro_batches(0))
+    total = sum(obj(objectives.TokenBatch(d["lp"][i], d["old"][i], adv[i], d["mask"][i], loss_norm=norm,
+                                          group_stats=obj.group_stats(d["rewards"][i], d["groups"][i]))).loss
+                for i in _micro_batches(0))
     assert abs(float(total.detach()) - float(ref.loss.detach())) > 1e-6
+
+
+@pytest.mark.parametrize("macro", ["explicit", "implicit"])
+def test_a_micro_batch_without_group_stats_is_refused_naming_the_fix(macro):
+    # Issue 22, item 6: rewards and group_ids but no group_stats, with loss_norm set (so a micro-batch of several):
+    # computing the statistics from the micro-batch's own rows was silent; it is an error naming the fix.
+    d = _rollout()
+    obj = objectives.build({"preset": "etr", "macro": macro})
+    adv, norm = obj.advantages(d["rewards"], d["groups"]), obj.normalizer(d["mask"])
+    i = _micro_batches(0)[0]
+    batch = objectives.TokenBatch(d["lp"][i], d["old"][i], adv[i], d["mask"][i], group_ids=d["groups"][i],
+                                  rewards=d["rewards"][i], loss_norm=norm)
+    with pytest.raises(ValueError, match=r"loss_norm set.*obj\.group_stats\(rewards, group_ids\).*"
+                                         r"TokenBatch\(group_stats=stats\.select\(idx\)\)"):
+        obj(batch)
+    with pytest.raises(ValueError, match=r"obj\.group_stats"):
+        obj.terms(batch)  # the verl plugin's entry point too
+    # The fix named by the error works, and a whole batch (no loss_norm) still computes its own statistics.
+    stats = obj.group_stats(d["rewards"], d["groups"])
+    assert torch.isfinite(obj(objectives.TokenBatch(d["lp"][i], d["old"][i], adv[i], d["mask"][i], loss_norm=norm,
+                                                    group_stats=stats.select(i))).loss)
+    assert torch.isfinite(obj(objectives.TokenBatch(d["lp"], d["old"], adv, d["mask"], group_ids=d["groups"],
+                                                    rewards=d["rewards"])).loss)
+    # An objective that reads no group statistics is unaffected.
+    off = objectives.build({"preset": "etr", "macro": "off"})
+    assert torch.isfinite(off(objectives.TokenBatch(d["lp"][i], d["old"][i], adv[i], d["mask"][i],
+                                                    loss_norm=norm)).loss)

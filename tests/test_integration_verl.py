@@ -5,6 +5,7 @@ carries ref_log_prob and returns through verl's real ppo_loss; the example's Hyd
 exist in verl's config schema; and the errors name their fix.
 """
 
+import math
 import os
 import subprocess
 import sys
@@ -571,6 +572,37 @@ def test_new_objectives_equal_verls_own_losses(mode, actor_kw, pl_kw, spec, aggs
         assert tm["dppo/truncfrac"] > 0 and tm["policy/clipfrac_high"] > 0 and tm["policy/clipfrac_low"] > 0
 
 
+@pytest.mark.parametrize("mode,measure", [("dppo_tv", "binary_tv"), ("dppo_kl", "binary_kl")])
+def test_dppo_equals_verls_dppo_at_verls_default_config(mode, measure):
+    # Issue 22, item 5: verl's actor config left at its defaults: clip_ratio (low and high) 0.2, clip_ratio_c 3.0
+    # (not 20: that is only verl's fallback for a config without the key), loss_agg_mode token-mean.
+    config = _actor_config(PolicyLossConfig(loss_mode=mode))
+    assert (config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c, config.loss_agg_mode) == (
+        0.2, 0.2, 3.0, "token-mean")
+    spec = {"name": "dppo", "measure": measure, "delta_low": 0.2, "delta_high": 0.2, "truncation_c": 3.0,
+            "aggregation": "token-mean"}
+    # Rare tokens (p_old ~ 0.02-0.05) with log-ratios scaled by 3: w up to ~5.5, so the cap at 3 acts.
+    d = _own_data(seed=3)
+    d["lp"], d["old"] = d["old"] - 3.0 + 3.0 * (d["lp"] - d["old"]), d["old"] - 3.0
+    v_loss, v_grad, vm = _verl_loss(mode, d, config, "token-mean")
+    t_loss, t_grad, tm = _tether_own(spec, d, "token-mean")
+    torch.testing.assert_close(t_loss, v_loss, rtol=0, atol=1e-12)
+    torch.testing.assert_close(t_grad, v_grad, rtol=0, atol=1e-12)
+    assert tm["dppo/truncfrac"] > 0 and vm["actor/pg_clipfrac_lower"] == pytest.approx(float(tm["dppo/truncfrac"]))
+    # The audit's token: p_old = e^-5, w = e^2, A = 1, one of 2 counted tokens. verl: -min(e^2, 3) / 2 = -1.5;
+    # tether's default (no cap, the authors'): -e^2 / 2 = -3.695.
+    one = {"old": torch.tensor([[-5.0, -1.0]], dtype=D), "lp": torch.tensor([[-3.0, -1.1]], dtype=D),
+           "mask": torch.ones(1, 2, dtype=torch.bool), "ref": torch.zeros(1, 2, dtype=D)}
+    one["adv_tok"] = one["returns"] = torch.ones(1, 2, dtype=D)
+    _, v_grad, _ = _verl_loss(mode, one, config, "token-mean")
+    _, t_grad, _ = _tether_own(spec, one, "token-mean")
+    assert v_grad[0, 0].item() == pytest.approx(-1.5, rel=1e-15)
+    torch.testing.assert_close(t_grad, v_grad, rtol=0, atol=1e-15)
+    _, t_default, _ = _tether_own({"name": "dppo", "measure": measure, "delta_low": 0.2, "delta_high": 0.2}, one,
+                                  "token-mean")
+    assert t_default[0, 0].item() == pytest.approx(-math.exp(2.0) / 2, rel=1e-15)
+
+
 @pytest.mark.parametrize("mode,actor_kw,pl_kw,spec,aggs", VERL_OWN, ids=VERL_OWN_IDS)
 def test_new_tether_losses_inside_verl_equal_verls_own(mode, actor_kw, pl_kw, spec, aggs):
     # The plugin's tether_<name> against verl's own, both through verl's agg_loss, with rollout IS weights and
@@ -650,3 +682,38 @@ def test_reinforce_pp_equals_verls_reinforce_plus_plus_baseline():
     assert ours[flat].abs().max() == 0
     torch.testing.assert_close(theirs[flat], (-mean * torch.rsqrt(var_pop * bessel32 + 1e-8)).expand(int(flat.sum())),
                                rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- issue 22: rollout correction as verl defines it
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rollout_correction_equals_verls_rollout_corr_helper(seed):
+    # tether's rollout_correction against verl 0.9.1's own functions (float64): IS weights (TIS: one threshold;
+    # IcePop: "low_high") at token and sequence level, where verl's sequence ratio is the product of the token
+    # ratios; and the rejection mask (rollout_rs token_k3 / seq_mean_k3), a 0/1 mask on the token's k3 or the
+    # sequence's mean k3. Log-ratios of up to +-1.2 per token: products far outside every band occur.
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights, compute_rollout_rejection_mask
+
+    from tether.core.correction import rollout_correction
+
+    d = _data(seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    mask = d["mask"]
+    sampler = torch.where(mask, d["old"] - 0.4 * torch.randn(d["old"].shape, generator=g, dtype=D), d["old"])
+    log_ratio = torch.where(mask, d["old"] - sampler, torch.zeros_like(sampler))
+    m = mask.to(D)
+    for level in ("token", "sequence"):
+        for low, high, threshold in ((0.0, 2.0, 2.0), (0.0, 1.2, 1.2), (0.5, 2.0, "0.5_2.0"), (0.8, 1.25, "0.8_1.25")):
+            mode = "truncate" if isinstance(threshold, float) else "mask"
+            verl_w, _ = compute_rollout_correction_weights(log_ratio, m, level, threshold)
+            c = rollout_correction(d["old"], sampler, mask, level, mode, low, high)
+            torch.testing.assert_close(c.weights, verl_w, rtol=1e-15, atol=0)
+        assert (c.weights == 0).any() and (c.weights > 0).any()  # the narrow IcePop band both keeps and drops
+    for level, option in (("token", "token_k3"), ("sequence", "seq_mean_k3")):
+        for delta in (0.01, 0.05):
+            verl_mask, _ = compute_rollout_rejection_mask(log_ratio, m, option, delta)
+            c = rollout_correction(d["old"], sampler, mask, level, "mask", measure="kl3", delta=delta)
+            torch.testing.assert_close(c.weights, verl_mask, rtol=0, atol=0)
+            assert (c.masked == (mask & (verl_mask == 0))).all()
+        assert c.masked.any() and (c.weights == 1).any()

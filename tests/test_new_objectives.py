@@ -64,6 +64,21 @@ def test_dppo_hand_computed(measure, delta):
     assert out.metrics["dppo/truncfrac"].item() == pytest.approx(1 / 3)
 
 
+def test_dppo_default_has_no_cap_and_verls_default_cap_is_3():
+    # Issue 22, item 5: one token, p_old = e^-5 = 0.00674, w = e^2 (p = e^-3 = 0.0498, |p - p_old| = 0.0431 < 0.15:
+    # valid), A = 1. No cap (tether's default, the authors'): d loss / d lp = -A w = -e^2 = -7.389. verl's default
+    # clip_ratio_c = 3.0: -A min(w, 3) = -3.
+    obj = objectives.build("dppo")
+    assert obj.config.truncation_c is None
+    assert all(objectives.build(p).config.truncation_c is None for p in ("dppo_tv", "dppo_kl"))
+    old, lp = _t([-5.0]), _t([-3.0])
+    _, g = _run({"name": "dppo"}, lp, old, _t([1.0]))
+    torch.testing.assert_close(g, _t([-math.exp(2.0)]), rtol=1e-15, atol=0)
+    out, g = _run({"name": "dppo", "truncation_c": 3.0}, lp, old, _t([1.0]))
+    torch.testing.assert_close(g, _t([-3.0]), rtol=1e-15, atol=0)
+    assert out.metrics["dppo/truncfrac"].item() == 1.0
+
+
 def test_sapo_hand_computed():
     # Tokens: (A = +1, w = 1.5, tau 1), (A = -1, w = 0.5, tau 1.05); seq-mean-token-mean over one sequence.
     #   f = (4 / tau) sigmoid(tau (w - 1)): sigmoid(0.5) = 0.6224593 -> f1 = 2.4898373;

@@ -76,7 +76,7 @@ class TokenBatch:
     """Per-sequence statistics of each sample's group over the WHOLE rollout batch
     (`Objective.group_stats(rewards, group_ids)`, rows selected like this batch's; ETR's nu_g - nu_bar).
     None: an objective that needs them computes them from `rewards` and `group_ids`, taking this batch
-    as the whole rollout batch, which is right only when it is (never pass a micro-batch that way)."""
+    as the whole rollout batch; refused when `loss_norm` is set (a micro-batch of several)."""
 
 
 class Mean(NamedTuple):
