@@ -17,6 +17,9 @@ Departures from the paper:
 2. A per-token advantage is reduced to the sequence's mean advantage (as verl does); GMPO defines it for
    sequence-level advantages only.
 3. log w is clamped to [-20, 20] (tether.core.surrogates, departure 1); verl leaves it unclamped here.
+4. `mask` is the set of tokens in the loss: a token that `rollout_correction` masks arrives here as padding
+   (`tether.objectives.Objective.terms`), so it leaves the geometric mean (issue 22; before, its log-ratio
+   stayed in it and it kept a gradient).
 """
 
 from __future__ import annotations
