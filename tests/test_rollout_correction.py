@@ -370,3 +370,33 @@ def test_the_trainer_corrects_a_bf16_decode(tiny_dir, tmp_path):
     for r in rows:
         assert r["rollout_correction/mismatch_k3"] > 0 and math.isfinite(r["loss/total"])
         assert 0 < r["rollout_correction/weight_mean"] <= 1.5
+
+
+@pytest.mark.parametrize("spec", ["gmpo", "gspo", "dapo", "etr", "sapo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_masked_tokens_split_over_micro_batches_give_the_whole_batch(spec, level):
+    # With tokens masked, micro-batches (loss_norm = the whole batch's normaliser) still sum to the whole batch's
+    # loss and gradient, and their metrics merge to the whole batch's (the policy metrics over kept tokens).
+    lp, old, adv, mask = _batch(seed=5, N=8, T=5)
+    g = torch.Generator().manual_seed(6)
+    sampler = old - 0.5 * torch.randn(old.shape, generator=g, dtype=D)
+    rewards, groups = torch.tensor([1.0, 0, 1, 1, 0, 0, 1, 0], dtype=D), torch.arange(8) // 4
+    obj = objectives.build({"preset": spec, "rollout_correction": {"level": level, "mode": "mask", "low": 0.6,
+                                                                   "high": 1.6}})
+    whole = obj(objectives.TokenBatch(lp, old, adv, mask, rewards=rewards, group_ids=groups, sampler_logprobs=sampler))
+    (g_whole,) = torch.autograd.grad(whole.loss, lp)
+    assert 0 < whole.metrics["rollout_correction/masked_frac"] < 1
+    stats, norm = obj.group_stats(rewards, groups), obj.normalizer(mask)
+    merger, total, g_sum = objectives.MetricMerger(), 0.0, torch.zeros_like(lp)
+    for idx in (torch.arange(0, 3), torch.arange(3, 8)):
+        x = lp.detach()[idx].clone().requires_grad_()
+        out = obj(objectives.TokenBatch(x, old[idx], adv[idx], mask[idx], sampler_logprobs=sampler[idx],
+                                        loss_norm=norm, group_stats=None if stats is None else stats.select(idx)))
+        total, g_sum[idx] = total + out.loss.detach(), torch.autograd.grad(out.loss, x)[0]
+        merger.add(out)
+    merger.end_mini_batch()
+    torch.testing.assert_close(total, whole.loss.detach(), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(g_sum, g_whole, rtol=1e-12, atol=1e-14)
+    merged = merger.result()
+    for k, v in whole.metrics.items():
+        torch.testing.assert_close(merged[k], v.double(), rtol=1e-12, atol=1e-14, msg=k)
