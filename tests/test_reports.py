@@ -86,9 +86,9 @@ def test_summary_plots_and_report_show_the_chosen_name(tmp_path):
     atr = _run(tmp_path / "a", ["trainer.total_steps=3"], rows)
     grpo = _run(tmp_path / "g", ["objective=grpo", "trainer.total_steps=3"], rows)
     cfg = load_config(str(atr / "config.yaml"))
-    head = summary_header(cfg, None, atr, 0, 3, 1.0, torch.device("cpu"))
+    head = summary_header(cfg, atr, 0, 3, 1.0, torch.device("cpu"))
     assert "- objective: **atr_grpo** (divergence_clip: measure=kl3, delta=0.0231, advantage=grpo" in head
-    grpo_head = summary_header(load_config(str(grpo / "config.yaml")), None, grpo, 0, 3, 1.0, torch.device("cpu"))
+    grpo_head = summary_header(load_config(str(grpo / "config.yaml")), grpo, 0, 3, 1.0, torch.device("cpu"))
     assert "- objective: **grpo** (ppo_clip: eps_low=0.2, eps_high=0.2" in grpo_head
     assert plots.objective_label(atr).splitlines()[0] == "atr_grpo (divergence_clip)"
     assert plots.objective_label(grpo).splitlines()[0] == "grpo (ppo_clip)"

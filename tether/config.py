@@ -221,7 +221,8 @@ class TrainerConfig:
 @dataclass
 class Config:
     objective: Union[str, dict] = "atr_grpo"
-    """Objective: a preset or objective name (`tether list`), or a mapping {preset|name, params...}."""
+    """Objective: a preset or objective name (`tether list`), or a mapping {preset|name, params...}; recorded
+    resolved, with `label`, the name chosen (a preset's; objective.label=NAME for your own), which reports show."""
     output_dir: str = "runs/{time}"
     """Run directory: config, metrics.jsonl, samples, TensorBoard, checkpoints, plots; `{time}` becomes a timestamp."""
     model: ModelConfig = field(default_factory=ModelConfig)

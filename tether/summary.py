@@ -3,8 +3,8 @@
 summary.md opens with what the run was (the objective by the name the user chose, with the
 objective it builds and every parameter; model, task, the reward as configured, progress, device,
 the best held-out accuracy and the checkpoint `tether export --step best` takes, the command that
-reproduces it), then a start / end / best table of the headline metrics, each value with its step. samples.jsonl holds the
-first `trainer.log_samples` completions of each logged step.
+reproduces it), then a start / end / best table of the headline metrics, each value with its step.
+samples.jsonl holds the first `trainer.log_samples` completions of each logged step.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .config import Config
 from .sinks import read_jsonl
 
 
-def summary_header(cfg: Config, obj, run_dir: Path, start: int, steps_done: int, wall_s: float,
+def summary_header(cfg: Config, run_dir: Path, start: int, steps_done: int, wall_s: float,
                    device: torch.device, signum: Optional[int] = None) -> str:
     """What the run was, for the top of summary.md: objective, model, task, reward, progress, device,
     best held-out accuracy and the checkpoint `tether export --step best` takes, and the command that
@@ -30,8 +30,8 @@ def summary_header(cfg: Config, obj, run_dir: Path, start: int, steps_done: int,
               else f"interrupted by signal {signum}; resume with `tether train --resume {run_dir}`")
     task = cfg.data.task + (f" {dict(cfg.data.task_args)}" if cfg.data.task_args else "")
     _, params = objectives.display(cfg.objective)
-    label, name = cfg.objective.get("label"), cfg.objective["name"]
-    what = f"**{label}** ({name}: {params})" if label and label != name else f"**{name}** ({params})"
+    label, name = cfg.objective.get("label") or cfg.objective["name"], cfg.objective["name"]
+    what = f"**{label}** ({name}: {params})" if label != name else f"**{name}** ({params})"
     return "\n".join([
         f"# Run {run_dir.name}",
         "",
@@ -112,9 +112,10 @@ def summary_table(run_dir: Path) -> str:
 
 def write_summary(cfg: Config, obj, run_dir: Path, start: int, steps_done: int, wall_s: float,
                   device: torch.device, signum: Optional[int] = None) -> str:
-    """Write run_dir/summary.md (the header, then the metrics table); returns the table."""
+    """Write run_dir/summary.md (the header, then the metrics table); returns the table. The objective
+    is read from `cfg.objective` (resolved, with the name the user chose); `obj` is not needed."""
     table = summary_table(run_dir)
-    header = summary_header(cfg, obj, run_dir, start, steps_done, wall_s, device, signum)
+    header = summary_header(cfg, run_dir, start, steps_done, wall_s, device, signum)
     (run_dir / "summary.md").write_text(header + "\n" + table + "\n")
     return table
 
