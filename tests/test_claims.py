@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from tether.claims import METRICS, Claim, bootstrap_difference, claims_markdown, evaluate_claims, load_claims, per_seed
+from tether.claims import (METRICS, Claim, bootstrap_difference, claims_markdown, evaluate_claims, load_claims,
+                           per_seed, skipped_claims)
 from tether.schema import ConfigError
 
 
@@ -49,8 +50,51 @@ def test_a_known_effect_is_supported_none_is_inconclusive_the_opposite_contradic
     assert bootstrap_difference(base, better, "lower").verdict == "supported"
     # The interval is deterministic, and a constant difference has a zero-width interval.
     assert bootstrap_difference(better, base).ci95 == up.ci95
-    exact = bootstrap_difference([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+    exact = bootstrap_difference([1.0] * 4, [0.0] * 4)
     assert exact.ci95 == (1.0, 1.0) and exact.detectable == 0.0 and exact.verdict == "supported"
+
+
+@pytest.mark.parametrize("n, paired", [(1, True), (1, False), (2, True), (3, True), (3, False)])
+def test_fewer_than_4_seeds_give_no_verdict_and_say_why(n, paired):
+    # A large, constant effect: with 4 seeds or more it is supported, with fewer there is no verdict.
+    # Why 4: a resample of n values repeats the smallest n times with probability n^-n; for n = 3 that
+    # is 1/27 = 3.7% > 2.5%, so the 2.5th percentile IS the smallest value (the interval is the range
+    # of the values seen); for n = 4 it is 1/256 = 0.4% < 2.5%.
+    a, b = [0.5 + 0.01 * k for k in range(n)], [0.1 + 0.01 * k for k in range(n)]
+    r = bootstrap_difference(a, b, "higher", paired=paired)
+    assert r.verdict == "not enough seeds" and r.ci95 is None and r.detectable is None
+    assert r.difference == pytest.approx(0.4)  # the difference is still reported
+    assert ("paired seed" if paired else f"{n} and {n} seeds") in r.why and "needs 4" in r.why
+    a4, b4 = [0.5 + 0.01 * k for k in range(4)], [0.1 + 0.01 * k for k in range(4)]
+    four = bootstrap_difference(a4, b4, "higher", paired=paired)
+    assert four.verdict == "supported" and four.ci95 is not None
+    assert bootstrap_difference([0.5] * 5, [0.1], "higher").verdict == "not enough seeds"  # one side short
+
+
+def test_a_one_seed_report_says_not_enough_seeds_pairs_same_seeds_and_lists_skipped_claims():
+    claims = [Claim(claim="m beats b", metric="final_accuracy", method="m", baseline="b"),
+              Claim(claim="x beats b", metric="final_accuracy", method="x", baseline="b"),
+              Claim(claim="m beats b off-policy", metric="final_accuracy", method="m", baseline="b", regime="off")]
+    regime = {"m": {"seeds": [0], "final_accuracy": [0.6]}, "b": {"seeds": [0], "final_accuracy": [0.2]}}
+    (r,) = evaluate_claims(claims, {"on": regime})
+    # Both ran seed 0: paired (one seed is still a pair), and one seed gives no verdict.
+    assert r["paired"] and r["seeds"] == [1, 1] and r["verdict"] == "not enough seeds" and r["ci95"] is None
+    skipped = skipped_claims(claims, {"on": regime})
+    assert skipped == [
+        {"claim": "x beats b", "regime": "on", "reason": "'x' not run here (methods run: m, b)"},
+        {"claim": "m beats b off-policy", "regime": "off", "reason": "regime 'off' is not in this report (regimes: on)"},
+    ]
+    text = claims_markdown([r], skipped)
+    assert "m vs b (1 seed, paired)" in text and "| n/a | n/a | **not enough seeds** (1 paired seed; a verdict needs 4" in text
+    assert "detectable 0.0000" not in text and "unpaired" not in text
+    assert "Skipped claims (not tested):" in text and "- x beats b (regime on): 'x' not run here" in text
+    # A seed whose run never evaluated (NaN) is left out of the pairs rather than poisoning the mean.
+    nan = float("nan")
+    regime5 = {"m": {"seeds": [0, 1, 2, 3, 4], "final_accuracy": [0.6, 0.6, nan, 0.6, 0.6]},
+               "b": {"seeds": [0, 1, 2, 3, 4], "final_accuracy": [0.2, 0.2, 0.2, 0.2, 0.2]}}
+    (r5,) = evaluate_claims(claims[:1], {"on": regime5})
+    assert r5["seeds"] == [4, 4] and r5["paired"] and r5["difference"] == pytest.approx(0.4)
+    assert r5["verdict"] == "supported"
 
 
 def test_claims_are_evaluated_per_regime_on_synthetic_runs(tmp_path):

@@ -58,7 +58,9 @@ def test_compare_two_objectives_two_seeds_and_resume(tiny_dir, tmp_path):
     assert {"clipfrac", "final_entropy", "auc", "max_drop", "entropy_half_step"} <= set(methods["grpo"])
     assert summary["regimes"]["cmp"]["config"]["trainer"]["total_steps"] == 3
     (c,) = summary["claims"]
-    assert c["regime"] == "cmp" and len(c["ci95"]) == 2 and c["verdict"] in ("supported", "contradicted", "inconclusive")
+    # Two seeds, the same for both methods: paired, and too few for a verdict (tether.claims.MIN_SEEDS).
+    assert c["regime"] == "cmp" and c["paired"] and c["seeds"] == [2, 2]
+    assert c["verdict"] == "not enough seeds" and c["ci95"] is None and "2 paired seeds" in c["why"]
     assert "## Claims" in (tmp_path / "again" / "report.md").read_text()
 
 

@@ -132,6 +132,7 @@ def test_the_model_card_names_the_objective_data_and_metrics(real_run, tmp_path)
     assert card.startswith("---\nlibrary_name: transformers\n")
     assert "step 1" in card and "task `arithmetic`" in card and f"`{DIGIT_REWARD}`" in card
     assert "eps_high: 0.28" in card  # dapo's resolved parameters, from config.yaml
+    assert "(objective **dapo (ppo_clip)**)" in card and "- dapo\n" in card  # the chosen name, also as a tag
     assert f"| start | 0 | {acc[0]:.4f} |" in card and f"| end | 2 | {acc[2]:.4f} |" in card
     assert f"| **this model** | 1 | {acc[1]:.4f} |" in card
     assert "temperature 0.7, top_p 0.9, max_new_tokens 5" in card

@@ -21,9 +21,17 @@ For each regime, with a_1..a_n the method's per-seed values and b_1..b_m the bas
                  unpaired otherwise: mean(a*) - mean(b*), a* drawn with replacement from a (n
                  values), b* from b (m values), independently
     verdict    = supported if the interval lies entirely on the claimed side of 0,
-                 contradicted if entirely on the other side, inconclusive otherwise
+                 contradicted if entirely on the other side, inconclusive otherwise;
+                 "not enough seeds" (and no interval) when a side has fewer than MIN_SEEDS = 4
+                 values (paired: fewer than 4 shared seeds): a resample of n values repeats the
+                 smallest one n times with probability n^-n, which is >= 1/27 > 2.5% for n <= 3,
+                 so there the 95% interval of a mean is just the range of the values seen (one
+                 seed: a single point), and a verdict from it would only restate those values
     detectable = half the width of the interval: a true difference smaller than this could not
                  have been told from 0 with these seeds
+
+A claim whose method or baseline was not run in a regime (or whose regime is not reported) is
+listed as skipped, with the reason (`skipped_claims`), never dropped without a word.
 
 Per-seed metrics (one value per run, from its metrics.jsonl; `METRICS`):
 final_accuracy and best_accuracy (held-out greedy), auc (the mean held-out accuracy over the
@@ -42,6 +50,7 @@ regimes; with 5 seeds a percentile bootstrap is coarse, and `detectable` says ho
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from dataclasses import dataclass
@@ -54,6 +63,9 @@ from .schema import ConfigError
 
 N_BOOT = 10_000
 DIRECTIONS = ("higher", "lower")
+MIN_SEEDS = 4
+"""The fewest values per side (paired: shared seeds) a verdict needs (module docstring)."""
+NOT_ENOUGH = "not enough seeds"
 
 
 # ---------------------------------------------------------------- per-run metrics
@@ -119,9 +131,12 @@ METRICS: dict[str, Callable[[list[dict]], float]] = {
 @dataclass(frozen=True)
 class Comparison:
     difference: float
-    ci95: tuple[float, float]
-    detectable: float
+    ci95: Optional[tuple[float, float]]
+    """None when there are too few seeds for an interval (`verdict` says why)."""
+    detectable: Optional[float]
     verdict: str
+    why: str = ""
+    """Why there is no verdict ('' when there is one)."""
 
 
 def bootstrap_difference(a: Sequence[float], b: Sequence[float], direction: str = "higher", n_boot: int = N_BOOT,
@@ -136,6 +151,12 @@ def bootstrap_difference(a: Sequence[float], b: Sequence[float], direction: str 
         raise ValueError("each side needs at least one value")
     if paired and len(a) != len(b):
         raise ValueError(f"paired values need as many of each, got {len(a)} and {len(b)}")
+    difference = statistics.fmean(a) - statistics.fmean(b)
+    if min(len(a), len(b)) < MIN_SEEDS:
+        have = f"{len(a)} paired seed{'s' * (len(a) != 1)}" if paired else f"{len(a)} and {len(b)} seeds"
+        why = (f"{have}; a verdict needs {MIN_SEEDS}{' shared' if paired else ' per method'}: with n <= 3 "
+               f"values the 95% bootstrap interval is only the range of the values seen")
+        return Comparison(difference, None, None, NOT_ENOUGH, why)
     rng = random.Random(seed)
     if paired:
         d = [x - y for x, y in zip(a, b)]
@@ -151,7 +172,7 @@ def bootstrap_difference(a: Sequence[float], b: Sequence[float], direction: str 
         verdict = "contradicted"
     else:
         verdict = "inconclusive"
-    return Comparison(statistics.fmean(a) - statistics.fmean(b), (lo, hi), (hi - lo) / 2, verdict)
+    return Comparison(difference, (lo, hi), (hi - lo) / 2, verdict)
 
 
 # ---------------------------------------------------------------- claims
@@ -200,43 +221,76 @@ def per_seed(runs: dict[str, list[list[dict]]]) -> dict[str, dict[str, list[floa
 
 
 def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[str, list[float]]]]) -> list[dict]:
-    """Each claim in each regime it names (every regime by default) that holds both methods."""
+    """Each claim in each regime it names (every regime by default) that holds both methods; the
+    others are `skipped_claims`."""
     out = []
     for c in claims:
         for name, methods in regimes.items():
             if (c.regime is not None and c.regime != name) or c.method not in methods or c.baseline not in methods:
                 continue
             a, b, paired = _aligned(methods[c.method], methods[c.baseline], c.metric)
-            r = bootstrap_difference(a, b, c.direction, paired=paired)
+            if not a or not b:
+                r = Comparison(float("nan"), None, None, NOT_ENOUGH, f"no run has a value of {c.metric}")
+            else:
+                r = bootstrap_difference(a, b, c.direction, paired=paired)
             out.append({"claim": c.claim, "regime": name, "metric": c.metric, "method": c.method,
                         "baseline": c.baseline, "direction": c.direction, "difference": r.difference,
-                        "ci95": list(r.ci95), "detectable": r.detectable, "verdict": r.verdict,
-                        "seeds": [len(a), len(b)], "paired": paired})
+                        "ci95": list(r.ci95) if r.ci95 else None, "detectable": r.detectable, "verdict": r.verdict,
+                        "why": r.why, "seeds": [len(a), len(b)], "paired": paired})
+    return out
+
+
+def skipped_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, Any]]) -> list[dict]:
+    """{claim, regime, reason} for each claim that `evaluate_claims` could not test: its regime is not
+    reported, or its method or baseline was not run in a regime it applies to."""
+    out = []
+    for c in claims:
+        if c.regime is not None and c.regime not in regimes:
+            out.append({"claim": c.claim, "regime": c.regime,
+                        "reason": f"regime {c.regime!r} is not in this report (regimes: {', '.join(regimes)})"})
+            continue
+        for name, methods in regimes.items():
+            missing = [m for m in (c.method, c.baseline) if m not in methods]
+            if (c.regime is None or c.regime == name) and missing:
+                out.append({"claim": c.claim, "regime": name,
+                            "reason": f"{' and '.join(repr(m) for m in missing)} not run here "
+                                      f"(methods run: {', '.join(methods)})"})
     return out
 
 
 def _aligned(method: dict[str, list], baseline: dict[str, list], metric: str) -> tuple[list, list, bool]:
-    """The two methods' values of `metric`, in seed order and paired when both ran the same seeds
-    (each method's "seeds" list gives the seed of each value); unpaired as given otherwise."""
+    """The two methods' values of `metric`, without the seeds where it is NaN (a run that never
+    evaluated), in seed order and paired when both ran the same seeds, one seed included (each
+    method's "seeds" list gives the seed of each value); unpaired as given otherwise."""
     a, b = method[metric], baseline[metric]
     sa, sb = method.get("seeds"), baseline.get("seeds")
-    if sa is None or sb is None or sorted(sa) != sorted(sb) or len(set(sa)) != len(sa) or len(sa) < 2:
-        return a, b, False
+    if sa is None or sb is None or sorted(sa) != sorted(sb) or len(set(sa)) != len(sa):
+        return [x for x in a if not math.isnan(x)], [y for y in b if not math.isnan(y)], False
     by_b = dict(zip(sb, b))
-    return list(a), [by_b[s] for s in sa], True
+    pairs = [(x, by_b[s]) for s, x in zip(sa, a) if not (math.isnan(x) or math.isnan(by_b[s]))]
+    return [x for x, _ in pairs], [y for _, y in pairs], True
 
 
-def claims_markdown(results: Sequence[dict[str, Any]]) -> str:
+def claims_markdown(results: Sequence[dict[str, Any]], skipped: Sequence[dict[str, Any]] = ()) -> str:
     lines = ["| claim | regime | metric | method vs baseline | difference | 95% CI | detectable | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lo, hi = r["ci95"]
+        if r["ci95"] is None:
+            ci, detectable, verdict = "n/a", "n/a", f"**{r['verdict']}** ({r['why']})"
+        else:
+            lo, hi = r["ci95"]
+            ci, detectable, verdict = f"[{lo:+.4f}, {hi:+.4f}]", f"{r['detectable']:.4f}", f"**{r['verdict']}**"
         lines.append(f"| {r['claim']} | {r['regime']} | {r['metric']} ({r['direction']} is the claim) | "
                      f"{r['method']} vs {r['baseline']} ({_seeds_text(r)}) | "
-                     f"{r['difference']:+.4f} | [{lo:+.4f}, {hi:+.4f}] | {r['detectable']:.4f} | **{r['verdict']}** |")
+                     f"{r['difference']:+.4f} | {ci} | {detectable} | {verdict} |")
+    if skipped:
+        lines += ["", "Skipped claims (not tested):", ""]
+        lines += [f"- {s['claim']} (regime {s['regime']}): {s['reason']}" for s in skipped]
     return "\n".join(lines)
 
 
 def _seeds_text(r: dict[str, Any]) -> str:
     n, m = r["seeds"]
-    return f"{n} seeds, paired" if r.get("paired") else f"{n} / {m} seeds, unpaired"
+    if r.get("paired"):
+        return f"{n} seed{'s' * (n != 1)}, paired"
+    return f"{n} / {m} seeds, unpaired"

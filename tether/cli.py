@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="where to write report.md (default: the first path)")
     p.add_argument("--threshold", type=float, default=None)
     p.add_argument("--claims", default=None,
-                   help="a claims YAML (e.g. claims/papers.yaml) to test: difference, 95%% CI, verdict")
+                   help="a claims YAML (e.g. configs/claims.yaml, the papers' claims) to test: difference, 95%% CI, "
+                        "verdict")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory (from_pretrained loads it)",
                        description="tether export RUN_DIR [--step N|best|last] OUT [--push-to-hub REPO]")

@@ -18,10 +18,10 @@ from typing import Optional
 
 import yaml
 
-from .plots import rolling_mean, save_panel
+from .plots import rolling_mean, save_panel, ylabel_of
 from .sinks import read_jsonl
 
-CURVES = [  # (file, title, metric, smoothing window in steps)
+CURVES = [  # (file, title, metric, smoothing window in steps); the y-axis label is the run plots' (ylabel_of)
     ("accuracy", "held-out accuracy", "eval/accuracy", 1),
     ("reward", "reward (rolling mean)", "reward/mean", 20),
     ("entropy", "policy entropy (rolling mean)", "policy/entropy", 20),
@@ -104,12 +104,13 @@ def _check_same_settings(run: Path, cfg, out_dir: Path) -> None:
 
 
 def _label(run: Path) -> str:
-    """The objective a run used: the compare directory name, else its config's objective."""
+    """The objective a run used, by the name the user chose: the compare directory name, else its
+    config's label (`atr_grpo`, not the `divergence_clip` it builds; tether.objectives.label_of)."""
     if run.name.startswith("seed"):
         return run.parent.name
     obj = yaml.safe_load((run / "config.yaml").read_text())["objective"]
     if isinstance(obj, dict):
-        return str(obj.get("preset") or obj.get("name"))
+        return str(obj.get("label") or obj.get("preset") or obj.get("name"))
     return str(obj)
 
 
@@ -173,7 +174,7 @@ def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optio
                  claims: Optional[str] = None) -> Path:
     """report.md (per regime: its settings, a table of mean ± std over seeds, overlay plots; then the
     claims with their intervals and verdicts) and summary.json (per-seed values, `tether.claims`)."""
-    from .claims import claims_markdown, evaluate_claims, load_claims, per_seed
+    from .claims import MIN_SEEDS, claims_markdown, evaluate_claims, load_claims, per_seed, skipped_claims
 
     claim_list = load_claims(claims) if claims else None  # checked before anything is written
     out_dir = Path(out_dir)
@@ -191,16 +192,18 @@ def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optio
             "methods": {m: {"seeds": [_seed_of(r) for r in rs], **values[m]} for m, rs in methods.items()},
         }
     if claim_list is not None:
-        results = evaluate_claims(claim_list, {n: {m: v for m, v in r["methods"].items()}
-                                                        for n, r in summary["regimes"].items()})
-        summary["claims"] = results
+        per_regime = {n: dict(r["methods"]) for n, r in summary["regimes"].items()}
+        results, skipped = evaluate_claims(claim_list, per_regime), skipped_claims(claim_list, per_regime)
+        summary["claims"], summary["skipped_claims"] = results, skipped
         lines += ["## Claims", "",
                   f"From `{claims}`: difference of the means over seeds (method minus baseline), its 95% percentile-"
                   "bootstrap interval over seeds (paired by seed when both methods ran the same seeds), and the "
                   "verdict: *supported* when the interval excludes 0 on the "
                   "claimed side, *contradicted* when it excludes 0 on the other, else *inconclusive*; `detectable` "
-                  "is the interval's half-width, the smallest difference these seeds could tell from 0 "
-                  "(docs/compare.md).", "", claims_markdown(results), ""]
+                  "is the interval's half-width, the smallest difference these seeds could tell from 0. "
+                  f"*not enough seeds*: fewer than {MIN_SEEDS} seeds per method (paired: shared), where the "
+                  "interval would only be the range of the values seen (docs/compare.md).", "",
+                  claims_markdown(results, skipped), ""]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=_json_safe) + "\n")
     report = out_dir / "report.md"
     report.write_text("\n".join(lines) + "\n")
@@ -302,5 +305,6 @@ def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]
         if not drawn:
             plt.close(fig)
             continue
-        written.append(save_panel(fig, ax, title, plot_dir / f"{fname}.png", legend=True))
+        written.append(save_panel(fig, ax, title, plot_dir / f"{fname}.png", legend=True,
+                                  ylabel=ylabel_of(key)))
     return written

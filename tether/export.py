@@ -201,12 +201,16 @@ def generation_config(cfg: dict, model_dir: Path, tokenizer) -> Any:
 def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
     """README.md: what the model is, how it was trained (resolved objective, data, reward,
     sampling) and what it scored (metrics.jsonl), with a snippet that loads it."""
+    from .objectives import display
+
     step = _step(ckpt)
     model = (cfg.get("model") or {}).get("name_or_path", "?")
     data = cfg.get("data") or {}
     rollout, trainer = cfg.get("rollout") or {}, cfg.get("trainer") or {}
     obj = cfg.get("objective") or {}
-    name = obj.get("name", obj) if isinstance(obj, dict) else obj
+    # The name the user chose (a preset's), with the objective it builds: `dapo (ppo_clip)`.
+    name = (obj.get("label") or obj.get("name", obj)) if isinstance(obj, dict) else obj
+    shown = display(obj)[0] if isinstance(obj, dict) else obj
     front = {"library_name": "transformers", "tags": ["tether", "rlvr", "reinforcement-learning", str(name)]}
     if _hub_id(model):
         front["base_model"] = model
@@ -214,7 +218,7 @@ def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
         "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
         f"# {run_dir.name}, step {step}", "",
         f"A causal language model trained with reinforcement learning from verifiable rewards by "
-        f"tether (objective **{name}**), exported from `{ckpt}`.", "",
+        f"tether (objective **{shown}**), exported from `{ckpt}`.", "",
         "## Training", "",
         f"- base model: `{model}`" + (f"; trained as a LoRA adapter ({_lora(cfg)}), merged into the base weights "
                                       f"here" if (cfg.get("model") or {}).get("lora") else ""),

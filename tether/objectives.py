@@ -938,13 +938,25 @@ def names() -> list[str]:
     return OBJECTIVES.names()
 
 
+def label_of(spec: Union[str, dict]) -> str:
+    """The name a spec was chosen by, which reports show: its recorded `label`, else the preset's
+    name, else the objective's (`objective=grpo` is labelled grpo, though it builds ppo_clip)."""
+    if isinstance(spec, str):
+        return spec
+    label = spec.get("label") or spec.get("preset") or spec.get("name")
+    if not isinstance(label, str):
+        raise ConfigError(f"objective.label: expected a string (the name reports show), got {label!r}")
+    return label
+
+
 def resolve(spec: Union[str, dict]) -> dict:
-    """A preset name, objective name, or dict -> the full dict {name, **params} it stands for."""
+    """A preset name, objective name, or dict -> the full dict {name, **params} it stands for
+    (without its `label`, which names it in reports and is no parameter)."""
     if isinstance(spec, str):
         spec = {"preset": spec} if spec in preset_names() else {"name": spec}
     if not isinstance(spec, dict):
         raise ConfigError(f"an objective is a preset name, an objective name or a mapping; got {spec!r}")
-    spec = dict(spec)
+    spec = {k: v for k, v in spec.items() if k != "label"}
     if "preset" in spec:
         base = load_preset(spec.pop("preset"))
         if "name" in spec and spec["name"] != base["name"]:
@@ -970,13 +982,38 @@ def build(spec: Union[str, dict]) -> Objective:
 
 
 def resolved(spec: Union[str, dict], max_len: Optional[int] = None) -> dict:
-    """THE place a preset or objective spec is interpreted: the full mapping {name, every parameter}
-    it stands for, with `max_len` filled in when the spec leaves it null. A config records this, so
-    a run never depends on what a preset says later; `build(resolved(spec))` is the same objective."""
+    """THE place a preset or objective spec is interpreted: the full mapping {label, name, every
+    parameter} it stands for, with `max_len` filled in when the spec leaves it null. A config records
+    this, so a run never depends on what a preset says later; `build(resolved(spec))` is the same
+    objective. `label` is the name the user chose (`label_of`): reports show it, with `name` and the
+    parameters beside it, so a run of the atr_grpo preset reads as atr_grpo, not divergence_clip."""
+    label = label_of(spec)
     obj = build(spec)
     if max_len is not None and obj.config.max_len is None:
         obj.config.max_len = max_len
-    return describe(obj)
+    return {"label": label, **describe(obj)}
+
+
+def display(spec: dict, width: Optional[int] = None, skip: tuple[str, ...] = ()) -> tuple[str, str]:
+    """A resolved objective for a reader, as (head, parameters): ('atr_grpo (divergence_clip)',
+    'measure=kl3, delta=0.0231, ...'), the head just the name when the label is the objective's own.
+    The objective's own parameters come first, then the axes every objective has; nulls and `skip`
+    are left out, and the parameters are cut at `width` characters."""
+    name, label = str(spec.get("name") or ""), str(spec.get("label") or spec.get("preset") or spec.get("name") or "")
+    head = label if label == name or not name else f"{label} ({name})"
+    shared = ("advantage", "aggregation", "kl_penalty", "entropy_coef", "rollout_correction", "max_len")
+    keys = [k for k in spec if k not in shared] + [k for k in shared if k in spec]
+    params = ", ".join(f"{k}={_compact(spec[k])}" for k in keys
+                       if k not in ("label", "name", "preset", *skip) and spec[k] is not None)
+    if width is not None and len(params) > width:
+        params = params[: width - 3] + "..."
+    return head, params
+
+
+def _compact(v) -> str:
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_compact(x)}" for k, x in v.items() if x is not None) + "}"
+    return format(v, "g") if isinstance(v, float) else str(v)
 
 
 def describe(obj: Objective) -> dict:

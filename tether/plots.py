@@ -7,7 +7,8 @@ most 20 (the comparison plots' fixed window), so a short run is not flattened an
 smooths as the comparison does. A trailing mean lags a trend by (window - 1) / 2 steps; it never
 uses a future step, so the line at step s is what a reader watching the run saw at step s.
 Held-out accuracy is measured every `trainer.eval_every` steps on the same examples, and is drawn
-unsmoothed.
+unsmoothed. Every panel's x-axis spans the run's logged steps in whole steps; a panel with a value at
+one step only (a run stopped before its second evaluation) says so in its legend.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ PANELS = [
     Panel("kl", "KL estimates (k3)", ["policy/kl_old", "kl/ref", "rpg/kl_anchor"], "nats per token"),
     Panel("response_length", "response length", ["rollout/len_mean"], "tokens (mean per completion)"),
 ]
+
+
+def ylabel_of(key: str) -> str:
+    """The y-axis label of a metric: its panel's (the comparison plots use the same)."""
+    return next(p.ylabel for p in PANELS if key in p.keys)
+
+
 MAX_WINDOW = 20  # the comparison plots' window (tether/compare.py CURVES)
 
 
@@ -91,9 +99,11 @@ def save_panel(fig, ax, title: str, path: Path, legend: bool, xlabel: str = "rol
 
 def objective_label(run_dir: Path, width: int = 100) -> str:
     """The run's objective for a plot title, from RUN_DIR/config.yaml (resolved, so every parameter
-    is there): its name, then its parameters on a second line, cut at `width` characters; '' without
-    a config.yaml."""
+    is there): the name the user chose with the objective it builds (`atr_grpo (divergence_clip)`),
+    then its parameters on a second line, cut at `width` characters; '' without a config.yaml."""
     import yaml
+
+    from .objectives import display
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
@@ -101,21 +111,8 @@ def objective_label(run_dir: Path, width: int = 100) -> str:
     obj = (yaml.safe_load(path.read_text()) or {}).get("objective")
     if not isinstance(obj, dict):
         return str(obj or "")
-    name = str(obj.get("name") or obj.get("preset") or "")
-    # The objective's own parameters (eps_low, delta, ...) first, then the axes every objective has.
-    shared = ("advantage", "aggregation", "kl_penalty", "entropy_coef", "rollout_correction")
-    keys = [k for k in obj if k not in shared] + [k for k in shared if k in obj]
-    params = ", ".join(f"{k}={_compact(obj[k])}" for k in keys
-                       if k not in ("name", "preset", "max_len") and obj[k] is not None)
-    if len(params) > width:
-        params = params[: width - 3] + "..."
-    return f"{name}\n{params}" if params else name
-
-
-def _compact(v) -> str:
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {_compact(x)}" for k, x in v.items() if x is not None) + "}"
-    return format(v, "g") if isinstance(v, float) else str(v)
+    head, params = display(obj, width, skip=("max_len",))
+    return f"{head}\n{params}" if params else head
 
 
 def _drawn(rows: list[dict], panel: Panel) -> list[tuple[str, list[int], list[float]]]:
@@ -140,11 +137,13 @@ def plot_run(run_dir: Path) -> list[Path]:
     out_dir = run_dir / "plots"
     out_dir.mkdir(exist_ok=True)
     written = []
+    steps = [r["step"] for r in rows]
     for panel in PANELS:
         drawn = _drawn(rows, panel)
         if not drawn:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+        note = _x_axis(ax, steps, sorted({x for _, xs, _ in drawn for x in xs}))
         window = window_for(max(len(xs) for _, xs, _ in drawn)) if panel.smooth else 1
         for key, xs, ys in drawn:
             if window > 1:
@@ -156,7 +155,22 @@ def plot_run(run_dir: Path) -> list[Path]:
         if panel.fraction:  # from 0, with a sliver below it so a line at 0 stays visible
             ax.set_ylim(bottom=-0.03 * ax.get_ylim()[1])
         title = f"{panel.title}: {objective}" if objective else panel.title
-        note = f"line: mean of the last {window} steps; dots: each step" if window > 1 else None
+        if window > 1:
+            note = f"line: mean of the last {window} steps; dots: each step"
         written.append(save_panel(fig, ax, title, out_dir / f"{panel.fname}.png", legend=True,
                                   ylabel=panel.ylabel, legend_title=note))
     return written
+
+
+def _x_axis(ax, steps: list[int], points: list[int]) -> Optional[str]:
+    """Every panel spans the run's logged steps, in whole steps (a single point is not centred on
+    an axis from -0.04 to 0.04); returns a note when the panel has a value at one step only."""
+    from matplotlib.ticker import MaxNLocator
+
+    lo, hi = min(steps), max(steps)
+    pad = 0.03 * (hi - lo) if hi > lo else 1.0
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(points) != 1:
+        return None
+    return f"one value only, at step {points[0]}" + (f"; the run ended at step {hi}" if hi > points[0] else "")

@@ -133,17 +133,18 @@ class PlainProgress:
     def __init__(self, total: int, start: int = 0, every: int = 25, log=print):
         self._total, self._start, self._every, self._log = total, start, max(1, every), log
         self._tic = time.perf_counter()
-        self._acc = float("nan")
+        self._acc, self._acc_step = float("nan"), None
 
     def update(self, step: int, m: dict[str, float]) -> None:
         evaluated = "eval/accuracy" in m
-        self._acc = m.get("eval/accuracy", self._acc)
+        if evaluated:  # the latest held-out accuracy and the step it was measured at
+            self._acc, self._acc_step = m["eval/accuracy"], step
         if step <= self._start or not (evaluated or step % self._every == 0 or step == self._total):
             return
         elapsed = time.perf_counter() - self._tic
         rate = (step - self._start) / max(elapsed, 1e-9)
         eta = (self._total - step) / rate if rate > 0 else float("nan")
-        acc = f"  held-out acc {self._acc:.3f}" + (" (new)" if evaluated else "") if self._acc == self._acc else ""
+        acc = f"  held-out acc {self._acc:.3f} (at step {self._acc_step})" if self._acc == self._acc else ""
         self._log(f"step {step}/{self._total}  reward {m.get('reward/mean', float('nan')):.3f}{acc}  "
                   f"{rate:.2f} steps/s  elapsed {_duration(elapsed)}  ETA {_duration(eta) if eta == eta else '?'}")
 
