@@ -111,7 +111,7 @@ def _check_batch_source(recs, obj, group_size):
     for g in groups.unique().tolist():
         rows = (groups == g).nonzero().flatten().tolist()
         assert len(rows) == group_size and len({prompts[i] for i in rows}) == 1
-    expected = obj.advantages(_cat(recs, "rewards"), groups)
+    expected = obj.advantages(_cat(recs, "rewards"), groups, _cat(recs, "completion_mask").sum(1).float())
     torch.testing.assert_close(_cat(recs, "advantages"), expected, rtol=1e-5, atol=1e-6)
     for r in recs:  # TRL's helper gives the log-prob of each completion token (no off-by-one)
         torch.testing.assert_close(r["lp"], torch.where(r["completion_mask"].bool(), r["lp_plain"], r["lp"]),
@@ -235,6 +235,35 @@ def test_unscorable_completions_get_zero_advantage_and_no_part_in_the_baseline()
     torch.testing.assert_close(group_advantages(obj, rewards, groups), expected, rtol=0, atol=1e-7)
 
 
+def test_reinforce_pp_advantages_are_the_trainers_whitened_over_tokens():
+    """Issue 22, item 4: the adapter passed no lengths, so reinforce_pp whitened per sequence while
+    tether's trainer and verl whiten over tokens. The audit's case, float64."""
+    obj = objectives.build("reinforce_pp")
+    rewards = torch.tensor([1.0, 0, 0, 1, 1, 1, 0, 1], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    lengths = torch.tensor([10.0, 200, 30, 50, 5, 120, 60, 15], dtype=torch.float64)
+    # a = R - group mean = [.5, -.5, -.5, .5 | .25, .25, -.75, .25]; weights L, sum W = 490.
+    # sum L a = 5 - 100 - 15 + 25 + 1.25 + 30 - 45 + 3.75 = -95, so the mean m = -95/490;
+    # sum L a^2 = 290 * .25 + 140 * .0625 + 60 * .5625 = 115, var = (115 - 490 m^2) / (490 - 1) (Bessel);
+    # A = (a - m) / sqrt(var + 1e-8) = [1.561, -0.689, -0.689, 1.561, 0.999, 0.999, -1.251, 0.999].
+    a = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.25, 0.25, -0.75, 0.25], dtype=torch.float64)
+    m = -95 / 490
+    expected = (a - m) / math.sqrt((115 - 490 * m**2) / 489 + 1e-8)
+    trainer = obj.advantages(rewards, groups, lengths)  # what tether's trainer computes (train.py)
+    torch.testing.assert_close(trainer, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(group_advantages(obj, rewards, groups, lengths), expected, rtol=1e-12, atol=0)
+    assert torch.allclose(expected, torch.tensor([1.561, -0.689, -0.689, 1.561, 0.999, 0.999, -1.251, 0.999],
+                                                 dtype=torch.float64), atol=5e-4)
+    # Per sequence (all weights 1; the adapter before): mean 0, var = 1.75 / 7 = .25, A = 2a.
+    torch.testing.assert_close(group_advantages(obj, rewards, groups), 2 * a, rtol=1e-6, atol=0)
+    # An unscorable row leaves the baseline and the batch statistics, its length with it.
+    rewards[1] = float("nan")
+    ok = torch.arange(8) != 1
+    got = group_advantages(obj, rewards, groups, lengths)
+    assert got[1] == 0
+    torch.testing.assert_close(got[ok], obj.advantages(rewards[ok], groups[ok], lengths[ok]), rtol=0, atol=0)
+
+
 def test_reward_func_scores_tether_examples_with_a_tether_verifier():
     data = to_dataset([Example("a", "1+1=", "2"), Example("b", "2+3=", "5")])
     score = reward_func("exact_match")
@@ -259,6 +288,7 @@ def test_the_newer_objectives_train_in_the_adapter(tiny_dir, tmp_path, objective
     assert _changed(trainer, before)
     assert all(torch.isfinite(r["loss"]) for r in recs)
     obj = trainer.tether_objective
+    _check_batch_source(recs[:1], obj, group_size=4)  # one generation batch, used by both steps
     for r in recs:  # each optimiser step is one micro-batch here: the objective on its rows
         expected = _objective_on(obj, [r], r["trl_old"])
         if objective != "clip_cov":  # clip_cov's random token choice differs between the two calls

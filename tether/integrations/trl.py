@@ -171,14 +171,16 @@ def loss_mask(inputs: dict) -> torch.Tensor:
     return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
 
 
-def group_advantages(obj: Objective, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """The objective's advantage estimator; rows with a NaN reward get 0 and no part in the baseline."""
+def group_advantages(obj: Objective, rewards: torch.Tensor, groups: torch.Tensor,
+                     lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The objective's advantage estimator on rewards, groups and lengths (N,), the lengths being each
+    completion's counted tokens (departure 7); rows with a NaN reward get 0 and no part in the baseline."""
     ok = torch.isfinite(rewards)
     if bool(ok.all()):
-        return obj.advantages(rewards, groups)
+        return obj.advantages(rewards, groups, lengths)
     adv = torch.zeros_like(rewards)
     if bool(ok.any()):
-        adv[ok] = obj.advantages(rewards[ok], groups[ok])
+        adv[ok] = obj.advantages(rewards[ok], groups[ok], None if lengths is None else lengths[ok])
     return adv
 
 
@@ -249,6 +251,8 @@ class TetherGRPOTrainer(GRPOTrainer):
         self.on_objective = on_objective
         self._tether_rewards_per_func: Optional[torch.Tensor] = None
         self._tether_chunk_norms: Optional[torch.Tensor] = None
+        self._tether_metrics = {"train": objectives.MetricMerger(), "eval": objectives.MetricMerger()}
+        self._tether_metrics_step: dict[str, Optional[int]] = {"train": None, "eval": None}
         super().__init__(model, reward_funcs, args=args, **kwargs)
 
     # ------------------------------------------------------------ scoring and batching
@@ -269,7 +273,8 @@ class TetherGRPOTrainer(GRPOTrainer):
         n = out["completion_ids"].shape[0]
         local = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
         if self.tether_advantages == "tether":
-            out["advantages"] = group_advantages(self.tether_objective, total, groups)[local]
+            lengths = self.accelerator.gather(loss_mask(out).sum(1).to(total.dtype))  # (N_all,) counted tokens
+            out["advantages"] = group_advantages(self.tether_objective, total, groups, lengths)[local]
         out["tether_rewards"] = torch.nan_to_num(total[local], nan=0.0)
         out["tether_group_ids"] = groups[local]
         out.update(group_stat_columns(self.tether_objective, torch.nan_to_num(total, nan=0.0), groups, local))
@@ -315,7 +320,7 @@ class TetherGRPOTrainer(GRPOTrainer):
         loss = out.loss
         if self.aux_loss_enabled:  # a mixture-of-experts router loss, scaled as TRL scales it
             loss = loss + self.router_aux_loss_coef * aux / (self.current_gradient_accumulation_steps if train else 1)
-        self._log_objective(out.metrics, "train" if train else "eval")
+        self._log_objective(out, "train" if train else "eval")
         if self.on_objective is not None:
             self.on_objective(inputs, batch, out)
         return loss
@@ -344,18 +349,43 @@ class TetherGRPOTrainer(GRPOTrainer):
             loss_norm=self._step_normalizer() if train else None,
         )
 
-    def _log_objective(self, metrics: dict[str, torch.Tensor], mode: str) -> None:
-        """Average over processes; `loss/*` are shares of the step's loss, so scale them to it.
+    def _log_objective(self, out: ObjectiveOutput, mode: str) -> None:
+        """Merge this micro-batch's metrics, from every process, into the current log period (departure 8).
 
-        TRL averages a step's micro-batch values when it logs: with each `loss/*` value times the
-        number of accumulation steps, that average is the mini-batch loss, as in tether's trainer.
+        One gather per micro-batch of each metric's value and the count behind it. A process's `loss/*`
+        values are P times its share of the step's loss (departure 1), so each is added divided by P.
         """
-        names = sorted(metrics)
-        values = torch.stack([metrics[k].detach().float() for k in names])
-        values = self.accelerator.gather(values[None]).mean(0).tolist()  # one host sync
-        ga = self.current_gradient_accumulation_steps if mode == "train" else 1
-        for name, value in zip(names, values):
-            self._metrics[mode][name].append(value * ga if name.startswith("loss/") else value)
+        names = sorted(out.metrics)
+        counts = [out.merge[k] if isinstance(out.merge[k], torch.Tensor) else torch.ones(()) for k in names]
+        local = torch.stack([
+            torch.stack([out.metrics[k].detach().double() for k in names]),
+            torch.stack([c.detach().double().to(out.metrics[names[0]].device) for c in counts]),
+        ])  # (2, n_metrics)
+        gathered = self.accelerator.gather(local[None]).cpu()  # (P, 2, n_metrics), one collective
+        merger = self._tether_metrics[mode]
+        step = self.state.global_step if mode == "train" else None
+        if step != self._tether_metrics_step[mode] or mode == "eval":
+            merger.end_mini_batch()  # the previous optimiser step (train) or evaluation batch is complete
+            self._tether_metrics_step[mode] = step
+        share = 1.0 / gathered.shape[0]
+        for values, weights in gathered:
+            merger.add(ObjectiveOutput(
+                loss=values[0],
+                metrics={k: v * share if out.merge[k] == "share" else v for k, v in zip(names, values)},
+                merge={k: w if isinstance(out.merge[k], torch.Tensor) else out.merge[k] for k, w in zip(names, weights)},
+            ))
+
+    def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
+        """TRL's `log`, with the tether metrics of the period merged exactly: TRL averages the values in
+        `_metrics`, so each tether metric goes there as the one value of its period (departure 8)."""
+        mode = "train" if self.model.training else "eval"
+        merger = self._tether_metrics[mode]
+        merger.end_mini_batch()
+        for name, value in merger.result().items():
+            self._metrics[mode][name] = [value.item()]
+        self._tether_metrics[mode] = objectives.MetricMerger()
+        self._tether_metrics_step[mode] = None
+        super().log(logs, start_time)
 
 
 def make_trainer(
