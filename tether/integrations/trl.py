@@ -8,7 +8,7 @@ TRL samples, scores, batches and steps the optimiser; a tether `Objective` compu
                            args=GRPOConfig(num_generations=8, num_iterations=2, ...))
     trainer.train()
 
-`TetherGRPOTrainer` overrides four methods of `GRPOTrainer`, each only to adapt:
+`TetherGRPOTrainer` overrides five methods of `GRPOTrainer`, each only to adapt:
 
 - `_compute_loss`: the current log-probs and entropies from TRL's own helper, a `TokenBatch`
   (old and reference log-probs, advantages, mask, rewards, group ids, the mini-batch
@@ -16,13 +16,15 @@ TRL samples, scores, batches and steps the optimiser; a tether `Objective` compu
   not used; the objective's metrics go to TRL's `_metrics` under their tether names.
 - `_calculate_rewards`: keeps TRL's rewards, gathered over all processes, for the next one.
 - `_generate_and_score_completions`: adds `tether_rewards` and `tether_group_ids`, both (N,), to
-  the batch, replaces TRL's advantages by the objective's estimator (`grpo`, `dr_grpo`, `rloo`)
-  over the same groups (`advantages="trl"` keeps TRL's), and, for objectives that read group
+  the batch, replaces TRL's advantages by the objective's estimator (`grpo`, `dr_grpo`, `rloo`,
+  `reinforce_pp`) over the same groups (`advantages="trl"` keeps TRL's), and, for objectives that read group
   statistics (ETR), computes them once over the whole generation batch, gathered over processes
   (`Objective.group_stats`), and adds them as (N,) columns `tether_stat_*` that TRL shuffles and
   splits with the rows, so any micro-batch, whole groups or not, gets its rows' statistics.
 - `_prepare_inputs`: once TRL has buffered a new generation batch, computes the aggregation
   normaliser of each of its chunks (summed over processes).
+- `log`: puts the objective's metrics, merged over the log period's micro-batches and processes
+  (departure 8), into TRL's `_metrics` as one value each, then logs as TRL does.
 
 Where the loss path departs from TRL's, and why:
 1. Gradient accumulation (SPEC section 4): every micro-batch's loss is its share of the objective
@@ -47,6 +49,19 @@ Where the loss path departs from TRL's, and why:
    every generation batch is used within one optimiser step: the old log-probs are the current
    ones, w = 1, and a trust region (DAPO, ATR, ETR, RPG-Style Clip) is inactive. The trainer warns
    then, as tether's own trainer does (`inactive_trust_region`).
+7. Advantages take each completion's counted tokens (`completion_mask` times `tool_mask`, gathered
+   over processes), so `reinforce_pp` whitens over the batch's tokens, as tether's trainer and verl
+   do. **Behaviour change (issue 22):** no lengths were passed and it whitened per sequence (the
+   audit's rewards [1,0,0,1,1,1,0,1], lengths [10,200,30,50,5,120,60,15]: [1, -1, -1, 1, .5, .5,
+   -1.5, .5] here, [1.561, -0.689, ...] in the trainer). The other estimators ignore lengths.
+8. Metrics merge exactly, as tether's trainer merges them (`objectives.MetricMerger`): token means
+   weighted by their token counts, `policy/ratio_min`/`max` as the extremes, and `loss/*` as the sum
+   of the shares of each optimiser step, averaged over the steps of the log period. The logged
+   values are the objective's metrics on the step's whole mini-batch, the same for any number of
+   processes and accumulation steps. **Behaviour change (issue 22):** they were averaged over
+   processes and then over micro-batches (TRL's mean of `_metrics`), a mean of means that depended
+   on how the rows were split (a two-process run logged `policy/clipfrac_high` 0.665 where one process
+   logged 0.646, with equal gradients).
 """
 
 from __future__ import annotations
@@ -356,23 +371,26 @@ class TetherGRPOTrainer(GRPOTrainer):
         values are P times its share of the step's loss (departure 1), so each is added divided by P.
         """
         names = sorted(out.metrics)
-        counts = [out.merge[k] if isinstance(out.merge[k], torch.Tensor) else torch.ones(()) for k in names]
+        rules = [out.merge[k] for k in names]  # a count tensor (a mean), "min", "max" or "share"
+        device = out.loss.device
+        one = torch.ones((), dtype=torch.float64, device=device)
         local = torch.stack([
-            torch.stack([out.metrics[k].detach().double() for k in names]),
-            torch.stack([c.detach().double().to(out.metrics[names[0]].device) for c in counts]),
-        ])  # (2, n_metrics)
+            torch.stack([out.metrics[k].detach().to(device, torch.float64) for k in names]),
+            torch.stack([r.detach().to(device, torch.float64) if isinstance(r, torch.Tensor) else one for r in rules]),
+        ])  # (2, n_metrics): values, counts
         gathered = self.accelerator.gather(local[None]).cpu()  # (P, 2, n_metrics), one collective
         merger = self._tether_metrics[mode]
-        step = self.state.global_step if mode == "train" else None
-        if step != self._tether_metrics_step[mode] or mode == "eval":
-            merger.end_mini_batch()  # the previous optimiser step (train) or evaluation batch is complete
+        step = self.state.global_step
+        if mode == "eval" or step != self._tether_metrics_step[mode]:
+            merger.end_mini_batch()  # the previous evaluation batch, or optimiser step, is complete
             self._tether_metrics_step[mode] = step
-        share = 1.0 / gathered.shape[0]
-        for values, weights in gathered:
+        processes = gathered.shape[0]
+        for values, counts in gathered:
             merger.add(ObjectiveOutput(
-                loss=values[0],
-                metrics={k: v * share if out.merge[k] == "share" else v for k, v in zip(names, values)},
-                merge={k: w if isinstance(out.merge[k], torch.Tensor) else out.merge[k] for k, w in zip(names, weights)},
+                loss=out.loss.detach(),  # not read by the merger
+                metrics={k: v / processes if isinstance(r, str) and r == "share" else v
+                         for k, r, v in zip(names, rules, values)},
+                merge={k: c if isinstance(r, torch.Tensor) else r for k, r, c in zip(names, rules, counts)},
             ))
 
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
