@@ -9,10 +9,18 @@ What these prove:
   step's whole mini-batch;
 - reference log-probs reach RPG with anchor ref although the caller's beta is 0;
 - ETR's micro-batches hold whole prompt groups;
-- unknown objectives and unsupported TRL options fail before any model is loaded.
+- unknown objectives and unsupported TRL options fail before any model is loaded;
+- two processes (`accelerate launch`, gloo on the CPU) train exactly as one on the same global batch:
+  loss, updated weights and logged metrics, with group statistics, batch whitening and a reference.
 """
 
+import json
 import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,7 +119,7 @@ def _check_batch_source(recs, obj, group_size):
     for g in groups.unique().tolist():
         rows = (groups == g).nonzero().flatten().tolist()
         assert len(rows) == group_size and len({prompts[i] for i in rows}) == 1
-    expected = obj.advantages(_cat(recs, "rewards"), groups)
+    expected = obj.advantages(_cat(recs, "rewards"), groups, _cat(recs, "completion_mask").sum(1).float())
     torch.testing.assert_close(_cat(recs, "advantages"), expected, rtol=1e-5, atol=1e-6)
     for r in recs:  # TRL's helper gives the log-prob of each completion token (no off-by-one)
         torch.testing.assert_close(r["lp"], torch.where(r["completion_mask"].bool(), r["lp_plain"], r["lp"]),
@@ -125,7 +133,7 @@ def _objective_on(obj, recs, old, ref=None, loss_norm=None):
         mask=_cat(recs, "completion_mask").float(), ref_logprobs=ref, group_ids=_cat(recs, "groups"),
         rewards=_cat(recs, "rewards"), loss_norm=loss_norm,
     )
-    return obj(batch).loss
+    return obj(batch)
 
 
 def _changed(trainer, before):
@@ -142,13 +150,15 @@ def test_ratio_clip_loss_is_tethers_objective_on_the_whole_step(tiny_dir, tmp_pa
     _check_batch_source(recs[:2], obj, group_size=4)
     for k, step in enumerate((recs[:2], recs[2:])):
         old = _cat(step, "trl_old")  # TRL computes pi_old here since the batch outlives one optimiser step
-        expected = _objective_on(obj, step, old)  # the whole mini-batch at once, its own normaliser
+        whole = _objective_on(obj, step, old)  # the whole mini-batch at once, its own normaliser
         total = sum(r["loss"] for r in step)
-        torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-7)
-        # TRL logs the mean over micro-batches of loss/* scaled by 2: the mini-batch loss.
+        torch.testing.assert_close(total, whole.loss, rtol=1e-5, atol=1e-7)
+        # The logged metrics are the objective's on the whole mini-batch, merged exactly over its
+        # micro-batches (loss shares summed, means weighted by their token counts, extremes kept).
         logged = trainer.state.log_history[k]
         assert math.isclose(logged["loss/policy"], total.item(), rel_tol=1e-4, abs_tol=1e-7)
-        assert "policy/clipfrac_high" in logged and "policy/kl_old" in logged
+        for name in ("policy/clipfrac_high", "policy/kl_old", "policy/ratio_mean", "policy/ratio_max"):
+            assert math.isclose(logged[name], whole.metrics[name].item(), rel_tol=1e-4, abs_tol=1e-6), name
     m = _cat(recs[:2], "completion_mask").bool()
     assert (_cat(recs[:2], "lp") - _cat(recs[:2], "trl_old"))[m].abs().max() < 1e-5  # on-policy at step 1
     assert (_cat(recs[2:], "lp") - _cat(recs[2:], "trl_old"))[m].abs().max() > 1e-3  # off-policy at step 2
@@ -163,7 +173,7 @@ def test_rpg_with_reference_anchor_gets_reference_logprobs(tiny_dir, tmp_path):
     assert _changed(trainer, before)
     _check_batch_source(recs, obj, group_size=4)
     for r in recs:  # each optimiser step is one micro-batch: the objective on it, its own normaliser
-        expected = _objective_on(obj, [r], r["trl_old"], ref=r["trl_ref"])
+        expected = _objective_on(obj, [r], r["trl_old"], ref=r["trl_ref"]).loss
         torch.testing.assert_close(r["loss"], expected, rtol=1e-5, atol=1e-7)
         assert "rpg/kl_anchor" in r["metrics"] and "kl/ref" in r["metrics"]
     m = recs[1]["completion_mask"].bool()
@@ -235,6 +245,35 @@ def test_unscorable_completions_get_zero_advantage_and_no_part_in_the_baseline()
     torch.testing.assert_close(group_advantages(obj, rewards, groups), expected, rtol=0, atol=1e-7)
 
 
+def test_reinforce_pp_advantages_are_the_trainers_whitened_over_tokens():
+    """Issue 22, item 4: the adapter passed no lengths, so reinforce_pp whitened per sequence while
+    tether's trainer and verl whiten over tokens. The audit's case, float64."""
+    obj = objectives.build("reinforce_pp")
+    rewards = torch.tensor([1.0, 0, 0, 1, 1, 1, 0, 1], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    lengths = torch.tensor([10.0, 200, 30, 50, 5, 120, 60, 15], dtype=torch.float64)
+    # a = R - group mean = [.5, -.5, -.5, .5 | .25, .25, -.75, .25]; weights L, sum W = 490.
+    # sum L a = 5 - 100 - 15 + 25 + 1.25 + 30 - 45 + 3.75 = -95, so the mean m = -95/490;
+    # sum L a^2 = 290 * .25 + 140 * .0625 + 60 * .5625 = 115, var = (115 - 490 m^2) / (490 - 1) (Bessel);
+    # A = (a - m) / sqrt(var + 1e-8) = [1.561, -0.689, -0.689, 1.561, 0.999, 0.999, -1.251, 0.999].
+    a = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.25, 0.25, -0.75, 0.25], dtype=torch.float64)
+    m = -95 / 490
+    expected = (a - m) / math.sqrt((115 - 490 * m**2) / 489 + 1e-8)
+    trainer = obj.advantages(rewards, groups, lengths)  # what tether's trainer computes (train.py)
+    torch.testing.assert_close(trainer, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(group_advantages(obj, rewards, groups, lengths), expected, rtol=1e-12, atol=0)
+    assert torch.allclose(expected, torch.tensor([1.561, -0.689, -0.689, 1.561, 0.999, 0.999, -1.251, 0.999],
+                                                 dtype=torch.float64), atol=5e-4)
+    # Per sequence (all weights 1; the adapter before): mean 0, var = 1.75 / 7 = .25, A = 2a.
+    torch.testing.assert_close(group_advantages(obj, rewards, groups), 2 * a, rtol=1e-6, atol=0)
+    # An unscorable row leaves the baseline and the batch statistics, its length with it.
+    rewards[1] = float("nan")
+    ok = torch.arange(8) != 1
+    got = group_advantages(obj, rewards, groups, lengths)
+    assert got[1] == 0
+    torch.testing.assert_close(got[ok], obj.advantages(rewards[ok], groups[ok], lengths[ok]), rtol=0, atol=0)
+
+
 def test_reward_func_scores_tether_examples_with_a_tether_verifier():
     data = to_dataset([Example("a", "1+1=", "2"), Example("b", "2+3=", "5")])
     score = reward_func("exact_match")
@@ -259,8 +298,9 @@ def test_the_newer_objectives_train_in_the_adapter(tiny_dir, tmp_path, objective
     assert _changed(trainer, before)
     assert all(torch.isfinite(r["loss"]) for r in recs)
     obj = trainer.tether_objective
+    _check_batch_source(recs[:1], obj, group_size=4)  # one generation batch, used by both steps
     for r in recs:  # each optimiser step is one micro-batch here: the objective on its rows
-        expected = _objective_on(obj, [r], r["trl_old"])
+        expected = _objective_on(obj, [r], r["trl_old"]).loss
         if objective != "clip_cov":  # clip_cov's random token choice differs between the two calls
             torch.testing.assert_close(r["loss"], expected, rtol=1e-5, atol=1e-7)
 
@@ -290,3 +330,92 @@ def test_rollout_correction_reads_injected_sampler_logprobs(tiny_dir, tmp_path):
         plain = objectives.build("dapo")(objectives.TokenBatch(batch.logprobs.detach(), batch.old_logprobs,
                                                                 batch.advantages, batch.mask))
         assert not torch.isclose(out.loss.detach(), plain.loss)  # the correction changed the loss
+
+
+# ---------------------------------------------------------------- many processes
+
+TWO_PROCESS_SCRIPT = Path(__file__).with_name("trl_two_processes.py")
+TWO_PROCESS_OBJECTIVES = ["ppo_clip", "etr", "reinforce_pp", "rpg_ref"]  # the script's OBJECTIVES
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def one_and_two_processes(tiny_dir, tmp_path_factory):
+    """The script's runs in one process and in two (`accelerate launch`), side by side; their output dirs."""
+    one, two = tmp_path_factory.mktemp("one_process"), tmp_path_factory.mktemp("two_processes")
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1"}
+    single = subprocess.Popen([sys.executable, str(TWO_PROCESS_SCRIPT), str(tiny_dir), str(one)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", str(_free_port()), str(TWO_PROCESS_SCRIPT), str(tiny_dir), str(two)]
+    try:
+        double = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=900)
+        single_log = single.communicate(timeout=900)[0]
+    finally:
+        if single.poll() is None:
+            single.kill()
+            single.wait()
+    assert single.returncode == 0, single_log[-4000:]
+    assert double.returncode == 0, (double.stdout + double.stderr)[-4000:]
+    return one, two
+
+
+def _run(out_dir: Path, name: str, ranks: int) -> list[dict]:
+    return [json.loads((out_dir / f"{name}.rank{r}.json").read_text()) for r in range(ranks)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TWO_PROCESS_OBJECTIVES)
+def test_two_processes_train_exactly_as_one(one_and_two_processes, tiny_dir, name):
+    """Issue 22: the adapter gathers rewards (advantages, ETR's group statistics, reinforce_pp's token
+    counts), reduces normalisers and merges metrics across processes. Two processes of 6 rows each (one
+    accumulation step) against one process of 12 rows (two accumulation steps), on the same global batch
+    (tests/trl_two_processes.py), two SGD steps, the second off-policy: the same loss, the same weights
+    (SGD: weights move by lr x the gradient, so equal weights are equal gradients), the same logged metrics."""
+    one_dir, two_dir = one_and_two_processes
+    (one,), two = _run(one_dir, name, 1), _run(two_dir, name, 2)
+    assert one["processes"] == 1
+    assert [r["processes"] for r in two] == [2, 2] and two[0]["backend"] == "gloo"
+    assert two[0]["distributed"].endswith("MULTI_CPU")
+    # The same global batch: (group, reward, counted tokens, advantage) of every row of the first step.
+    rows_one = sorted(row for r in one["records"] if r["step"] == 0 for row in r["rows"])
+    rows_two = sorted(row for rank in two for r in rank["records"] if r["step"] == 0 for row in r["rows"])
+    assert len(rows_one) == len(rows_two) == 12
+    torch.testing.assert_close(torch.tensor(rows_two, dtype=torch.float64),
+                               torch.tensor(rows_one, dtype=torch.float64), rtol=0, atol=1e-6)
+    # Group 1 is split between the processes (rows 4-5 on rank 0, 6-7 on rank 1).
+    assert all(1 in {row[0] for r in rank["records"] for row in r["rows"]} for rank in two)
+    for step in (0, 1):
+        # One process: the sum of its micro-batch losses; two: DDP averages the processes' gradients.
+        loss_one = sum(r["loss"] for r in one["records"] if r["step"] == step)
+        loss_two = sum(r["loss"] for rank in two for r in rank["records"] if r["step"] == step) / 2
+        assert math.isclose(loss_two, loss_one, rel_tol=1e-5, abs_tol=1e-6), (step, loss_one, loss_two)
+        logged_one, logged_two = one["history"][step], two[0]["history"][step]
+        assert math.isclose(logged_one["loss/total"], loss_one, rel_tol=1e-5, abs_tol=1e-6)
+        names = sorted(one["records"][0]["metrics"])
+        assert set(names) <= set(logged_two)
+        for k in names:
+            assert math.isclose(logged_two[k], logged_one[k], rel_tol=1e-5, abs_tol=1e-6), (step, k)
+    w_one, w_two = torch.load(one_dir / f"{name}.pt"), torch.load(two_dir / f"{name}.pt")
+    from transformers import AutoModelForCausalLM
+
+    w_init = AutoModelForCausalLM.from_pretrained(str(tiny_dir)).state_dict()
+    assert max((w_one[k] - w_init[k]).abs().max().item() for k in w_init) > 1e-2  # the steps moved the weights
+    for k in w_one:
+        torch.testing.assert_close(w_two[k], w_one[k], rtol=0, atol=1e-6)
+    if name == "reinforce_pp":
+        # Whitened over tokens (item 4): sum_i L_i A_i = 0, so at ratio 1 (step 0) the token-mean loss
+        # -sum_i L_i A_i / sum_i L_i is 0; per-sequence whitening would make sum_i A_i = 0 instead.
+        lengths, adv = torch.tensor([row[2] for row in rows_two]), torch.tensor([row[3] for row in rows_two])
+        assert abs((lengths * adv).sum().item()) < 1e-4 and abs(adv.sum().item()) > 0.1
+        assert abs(two[0]["history"][0]["loss/policy"]) < 1e-6
+    if name == "etr":
+        assert any(k.startswith("etr/") for k in names)
+    if name == "rpg_ref":
+        assert two[0]["history"][1]["kl/ref"] > 0

@@ -319,6 +319,50 @@ def test_gold_parse_cut_short_by_a_time_limit_is_retried_not_cached(monkeypatch)
         "reward/timeouts": 1.0, "reward/errors": 0.0}
 
 
+def test_time_limits_are_detected_with_the_math_verify_logger_at_error(monkeypatch, caplog):
+    """Issue 22, item 7: with the `math_verify` logger at ERROR, math-verify's "Timeout ..." warning
+    never comes. latex2sympy is slowed past the (1 s) limit: the gold's first reading,
+    `\\boxed{\\frac{3}{56} + 0}`, is cut short, and the parse must say so rather than go on to a
+    weaker reading (the gold as written, where only the plain-expression extractor finds "0") and
+    cache [0, '0']. A comparison cut short the same way is a timeout, not a wrong answer."""
+    import logging
+
+    import math_verify.grader as grader
+    import math_verify.parser as parser
+
+    from tether.rewards import _math_worker as worker
+
+    caplog.set_level(logging.ERROR, logger="math_verify")  # restored after the test
+    monkeypatch.setattr(worker, "INNER_TIMEOUT_S", 1)
+    real = parser.latex2sympy
+
+    def slow(*args, **kwargs):
+        time.sleep(1.5)  # past the 1 s alarm, which interrupts the sleep
+        return real(*args, **kwargs)
+
+    gold = "\\frac{3}{56} + 0"  # not parsed before in this process (math-verify caches latex parses)
+    worker._GOLD_CACHE.pop(gold, None)
+    with monkeypatch.context() as slowed:
+        slowed.setattr(parser, "latex2sympy", slow)
+        assert worker.parse_gold(gold) == ([], True)
+        assert worker.math_verify_score("\\boxed{\\frac{3}{56}}", gold) == (0.0, "timeout")
+    assert gold not in worker._GOLD_CACHE
+    # With time enough the gold parses as 3/56: the right answer scores 1, and "0" (what the cut-short
+    # parse would have cached) scores 0.
+    assert worker.math_verify_score("\\boxed{\\frac{3}{56}}", gold) == (1.0, "")
+    assert float(worker._GOLD_CACHE[gold][0]) == 3 / 56
+    assert worker.math_verify_score("\\boxed{0}", gold)[0] == 0.0
+
+    real_eq = grader.sympy_expr_eq
+
+    def slow_eq(*args, **kwargs):
+        time.sleep(1.5)
+        return real_eq(*args, **kwargs)
+
+    monkeypatch.setattr(grader, "sympy_expr_eq", slow_eq)
+    assert worker.math_verify_score("\\boxed{\\frac{6}{112}}", gold) == (0.0, "timeout")
+
+
 def test_weighted_config_passes_timeout_and_strict_to_its_math_part():
     """Issue 13, item 12: `reward.weights` built the math part with its default 5 s."""
     reward = get_reward({"math": 1.0, "format": 0.1}, timeout_s=7.5, strict=False)

@@ -8,7 +8,7 @@ TRL samples, scores, batches and steps the optimiser; a tether `Objective` compu
                            args=GRPOConfig(num_generations=8, num_iterations=2, ...))
     trainer.train()
 
-`TetherGRPOTrainer` overrides four methods of `GRPOTrainer`, each only to adapt:
+`TetherGRPOTrainer` overrides five methods of `GRPOTrainer`, each only to adapt:
 
 - `_compute_loss`: the current log-probs and entropies from TRL's own helper, a `TokenBatch`
   (old and reference log-probs, advantages, mask, rewards, group ids, the mini-batch
@@ -16,13 +16,15 @@ TRL samples, scores, batches and steps the optimiser; a tether `Objective` compu
   not used; the objective's metrics go to TRL's `_metrics` under their tether names.
 - `_calculate_rewards`: keeps TRL's rewards, gathered over all processes, for the next one.
 - `_generate_and_score_completions`: adds `tether_rewards` and `tether_group_ids`, both (N,), to
-  the batch, replaces TRL's advantages by the objective's estimator (`grpo`, `dr_grpo`, `rloo`)
-  over the same groups (`advantages="trl"` keeps TRL's), and, for objectives that read group
+  the batch, replaces TRL's advantages by the objective's estimator (`grpo`, `dr_grpo`, `rloo`,
+  `reinforce_pp`) over the same groups (`advantages="trl"` keeps TRL's), and, for objectives that read group
   statistics (ETR), computes them once over the whole generation batch, gathered over processes
   (`Objective.group_stats`), and adds them as (N,) columns `tether_stat_*` that TRL shuffles and
   splits with the rows, so any micro-batch, whole groups or not, gets its rows' statistics.
 - `_prepare_inputs`: once TRL has buffered a new generation batch, computes the aggregation
   normaliser of each of its chunks (summed over processes).
+- `log`: puts the objective's metrics, merged over the log period's micro-batches and processes
+  (departure 8), into TRL's `_metrics` as one value each, then logs as TRL does.
 
 Where the loss path departs from TRL's, and why:
 1. Gradient accumulation (SPEC section 4): every micro-batch's loss is its share of the objective
@@ -47,6 +49,19 @@ Where the loss path departs from TRL's, and why:
    every generation batch is used within one optimiser step: the old log-probs are the current
    ones, w = 1, and a trust region (DAPO, ATR, ETR, RPG-Style Clip) is inactive. The trainer warns
    then, as tether's own trainer does (`inactive_trust_region`).
+7. Advantages take each completion's counted tokens (`completion_mask` times `tool_mask`, gathered
+   over processes), so `reinforce_pp` whitens over the batch's tokens, as tether's trainer and verl
+   do. **Behaviour change (issue 22):** no lengths were passed and it whitened per sequence (the
+   audit's rewards [1,0,0,1,1,1,0,1], lengths [10,200,30,50,5,120,60,15]: [1, -1, -1, 1, .5, .5,
+   -1.5, .5] here, [1.561, -0.689, ...] in the trainer). The other estimators ignore lengths.
+8. Metrics merge exactly, as tether's trainer merges them (`objectives.MetricMerger`): token means
+   weighted by their token counts, `policy/ratio_min`/`max` as the extremes, and `loss/*` as the sum
+   of the shares of each optimiser step, averaged over the steps of the log period. The logged
+   values are the objective's metrics on the step's whole mini-batch, the same for any number of
+   processes and accumulation steps. **Behaviour change (issue 22):** they were averaged over
+   processes and then over micro-batches (TRL's mean of `_metrics`), a mean of means that depended
+   on how the rows were split (a two-process run logged `policy/clipfrac_high` 0.665 where one process
+   logged 0.646, with equal gradients).
 """
 
 from __future__ import annotations
@@ -171,14 +186,16 @@ def loss_mask(inputs: dict) -> torch.Tensor:
     return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
 
 
-def group_advantages(obj: Objective, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """The objective's advantage estimator; rows with a NaN reward get 0 and no part in the baseline."""
+def group_advantages(obj: Objective, rewards: torch.Tensor, groups: torch.Tensor,
+                     lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The objective's advantage estimator on rewards, groups and lengths (N,), the lengths being each
+    completion's counted tokens (departure 7); rows with a NaN reward get 0 and no part in the baseline."""
     ok = torch.isfinite(rewards)
     if bool(ok.all()):
-        return obj.advantages(rewards, groups)
+        return obj.advantages(rewards, groups, lengths)
     adv = torch.zeros_like(rewards)
     if bool(ok.any()):
-        adv[ok] = obj.advantages(rewards[ok], groups[ok])
+        adv[ok] = obj.advantages(rewards[ok], groups[ok], None if lengths is None else lengths[ok])
     return adv
 
 
@@ -249,6 +266,8 @@ class TetherGRPOTrainer(GRPOTrainer):
         self.on_objective = on_objective
         self._tether_rewards_per_func: Optional[torch.Tensor] = None
         self._tether_chunk_norms: Optional[torch.Tensor] = None
+        self._tether_metrics = {"train": objectives.MetricMerger(), "eval": objectives.MetricMerger()}
+        self._tether_metrics_step: dict[str, Optional[int]] = {"train": None, "eval": None}
         super().__init__(model, reward_funcs, args=args, **kwargs)
 
     # ------------------------------------------------------------ scoring and batching
@@ -269,7 +288,8 @@ class TetherGRPOTrainer(GRPOTrainer):
         n = out["completion_ids"].shape[0]
         local = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
         if self.tether_advantages == "tether":
-            out["advantages"] = group_advantages(self.tether_objective, total, groups)[local]
+            lengths = self.accelerator.gather(loss_mask(out).sum(1).to(total.dtype))  # (N_all,) counted tokens
+            out["advantages"] = group_advantages(self.tether_objective, total, groups, lengths)[local]
         out["tether_rewards"] = torch.nan_to_num(total[local], nan=0.0)
         out["tether_group_ids"] = groups[local]
         out.update(group_stat_columns(self.tether_objective, torch.nan_to_num(total, nan=0.0), groups, local))
@@ -315,7 +335,7 @@ class TetherGRPOTrainer(GRPOTrainer):
         loss = out.loss
         if self.aux_loss_enabled:  # a mixture-of-experts router loss, scaled as TRL scales it
             loss = loss + self.router_aux_loss_coef * aux / (self.current_gradient_accumulation_steps if train else 1)
-        self._log_objective(out.metrics, "train" if train else "eval")
+        self._log_objective(out, "train" if train else "eval")
         if self.on_objective is not None:
             self.on_objective(inputs, batch, out)
         return loss
@@ -344,18 +364,46 @@ class TetherGRPOTrainer(GRPOTrainer):
             loss_norm=self._step_normalizer() if train else None,
         )
 
-    def _log_objective(self, metrics: dict[str, torch.Tensor], mode: str) -> None:
-        """Average over processes; `loss/*` are shares of the step's loss, so scale them to it.
+    def _log_objective(self, out: ObjectiveOutput, mode: str) -> None:
+        """Merge this micro-batch's metrics, from every process, into the current log period (departure 8).
 
-        TRL averages a step's micro-batch values when it logs: with each `loss/*` value times the
-        number of accumulation steps, that average is the mini-batch loss, as in tether's trainer.
+        One gather per micro-batch of each metric's value and the count behind it. A process's `loss/*`
+        values are P times its share of the step's loss (departure 1), so each is added divided by P.
         """
-        names = sorted(metrics)
-        values = torch.stack([metrics[k].detach().float() for k in names])
-        values = self.accelerator.gather(values[None]).mean(0).tolist()  # one host sync
-        ga = self.current_gradient_accumulation_steps if mode == "train" else 1
-        for name, value in zip(names, values):
-            self._metrics[mode][name].append(value * ga if name.startswith("loss/") else value)
+        names = sorted(out.metrics)
+        rules = [out.merge[k] for k in names]  # a count tensor (a mean), "min", "max" or "share"
+        device = out.loss.device
+        one = torch.ones((), dtype=torch.float64, device=device)
+        local = torch.stack([
+            torch.stack([out.metrics[k].detach().to(device, torch.float64) for k in names]),
+            torch.stack([r.detach().to(device, torch.float64) if isinstance(r, torch.Tensor) else one for r in rules]),
+        ])  # (2, n_metrics): values, counts
+        gathered = self.accelerator.gather(local[None]).cpu()  # (P, 2, n_metrics), one collective
+        merger = self._tether_metrics[mode]
+        step = self.state.global_step
+        if mode == "eval" or step != self._tether_metrics_step[mode]:
+            merger.end_mini_batch()  # the previous evaluation batch, or optimiser step, is complete
+            self._tether_metrics_step[mode] = step
+        processes = gathered.shape[0]
+        for values, counts in gathered:
+            merger.add(ObjectiveOutput(
+                loss=out.loss.detach(),  # not read by the merger
+                metrics={k: v / processes if isinstance(r, str) and r == "share" else v
+                         for k, r, v in zip(names, rules, values)},
+                merge={k: c if isinstance(r, torch.Tensor) else r for k, r, c in zip(names, rules, counts)},
+            ))
+
+    def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
+        """TRL's `log`, with the tether metrics of the period merged exactly: TRL averages the values in
+        `_metrics`, so each tether metric goes there as the one value of its period (departure 8)."""
+        mode = "train" if self.model.training else "eval"
+        merger = self._tether_metrics[mode]
+        merger.end_mini_batch()
+        for name, value in merger.result().items():
+            self._metrics[mode][name] = [value.item()]
+        self._tether_metrics[mode] = objectives.MetricMerger()
+        self._tether_metrics_step[mode] = None
+        super().log(logs, start_time)
 
 
 def make_trainer(

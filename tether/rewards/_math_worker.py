@@ -42,6 +42,11 @@ Scoring (`math_verify_score`), with math-verify's default options otherwise:
    completion, and the completion in hand scores 0 with reason "timeout" (counted in
    `reward/timeouts`). (Before, the empty result was cached for the worker's life, and every
    later completion for that gold scored 0 as "did not parse".)
+4. Time limits. math-verify's own limit (`INNER_TIMEOUT_S` per parse and per comparison) is
+   detected by the elapsed time of the call (`_limited`), which no logging configuration can
+   switch off. (Before, issue 22 item 7, only by math-verify's "Timeout ..." log warning: with
+   the `math_verify` logger at ERROR a gold whose parse timed out was cached as what a weaker
+   reading found, `\\frac{3}{56} + 0` as [0, '0'], and the right answer scored 0 against it.)
 """
 
 from __future__ import annotations
@@ -50,8 +55,10 @@ import logging
 import pickle
 import re
 import sys
+import time
 from collections import OrderedDict
 from functools import lru_cache, partial
+from itertools import product
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
@@ -138,37 +145,38 @@ def normalize_answer(text: str) -> str:
     return _ZERO_LED_GROUPS.sub(lambda m: m.group().replace(",", ", "), text)
 
 
-class _TimeoutWatch(logging.Handler):
-    """math-verify reports its own time limits only as log warnings ("Timeout during parsing",
-    "Timeout during comparison") and returns "no match"; this handler notices them, so that such
-    a completion is reported as a timeout (counted in `reward/timeouts`), and keeps the
-    warning, which quotes the whole and possibly megabyte-long input, off the terminal."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.seen = False
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.seen = self.seen or record.getMessage().startswith("Timeout")
-
-
 @lru_cache(maxsize=1)
-def _watch() -> _TimeoutWatch:
-    watch = _TimeoutWatch()
+def _quiet_log() -> None:
+    """Keep math-verify's warnings ("Timeout during parsing: <input>", which quotes the whole and
+    possibly megabyte-long input) off the terminal. They are not read: see `_limited`."""
     logger = logging.getLogger("math_verify")
-    logger.addHandler(watch)
+    logger.addHandler(logging.NullHandler())
     logger.propagate = False
-    return watch
+
+
+def _limited(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, bool]:
+    """`fn(*args, **kwargs)` under math-verify's own time limit (`INNER_TIMEOUT_S`), and whether
+    that limit cut it short.
+
+    math-verify 0.9 enforces its limit with `signal.alarm` and, on expiry, returns "no match"
+    ([] from `parse`, False from `verify`), saying so only in a log warning, which a process that
+    sets the `math_verify` logger to ERROR never sees (module docstring, item 4). The alarm fires
+    after `INNER_TIMEOUT_S` seconds, never before, and interrupts the call at the next Python
+    instruction, so a call that found nothing in at least that long was cut short, and one that
+    took less was not: a test no logging configuration switches off. (A call that found something
+    was not cut short, however long it took.)
+    """
+    _quiet_log()
+    start = time.monotonic()
+    result = fn(*args, **kwargs)
+    return result, not result and time.monotonic() - start >= INNER_TIMEOUT_S
 
 
 def _timed_parse(text: str, **options: Any) -> tuple[list, bool]:
     """math-verify's `parse` of `text`, and whether its time limit cut it short."""
     from math_verify import parse
 
-    watch = _watch()
-    watch.seen = False
-    parsed = parse(text, parsing_timeout=INNER_TIMEOUT_S, **options)
-    return parsed, watch.seen
+    return _limited(parse, text, parsing_timeout=INNER_TIMEOUT_S, **options)
 
 
 _GOLD_CACHE: OrderedDict[str, list] = OrderedDict()
@@ -240,11 +248,13 @@ def math_verify_score(completion: str, gold: str, strict: bool = True) -> tuple[
         return 0.0, "timeout"
     if not answer:
         return 0.0, missing
-    watch = _watch()
-    watch.seen = False
-    if verify(gold_parsed, answer, timeout_seconds=INNER_TIMEOUT_S):
-        return 1.0, ""
-    if watch.seen:
+    timed_out = False
+    for g, a in product(gold_parsed, answer):  # as `verify` does on lists, one time limit per pair
+        same, cut = _limited(verify, g, a, timeout_seconds=INNER_TIMEOUT_S)
+        if same:
+            return 1.0, ""
+        timed_out = timed_out or cut
+    if timed_out:
         return 0.0, "timeout"
     return 0.0, f"answer {str(answer[-1])[:40]!r} != gold {gold[:40]!r}"
 
