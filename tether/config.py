@@ -3,7 +3,13 @@
 Sources, later ones winning: the dataclass defaults, a YAML file, `key=value` overrides with
 dotted keys (`trainer.total_steps=50`, `objective=dapo`, `objective.eps_high=0.3`). Every
 value is validated on load: an unknown key names the nearest valid ones, a bad value says
-what was expected.
+what was expected, a YAML syntax error names FILE:LINE:COLUMN.
+
+Also on load (issue 24; before, these failed after the run directory was written, or with a
+traceback): a task knob without a default must be set; `model.name_or_path` must be able to be
+a model, checked without the network (`tether.models.model_source_problem`); `trainer.device`
+must name a device; and a reward or task named by import path (`module:name`, tether.plugins)
+is imported and its signature checked.
 """
 
 from __future__ import annotations
@@ -46,7 +52,9 @@ class LoRAConfig:
 @dataclass
 class ModelConfig:
     name_or_path: str = "tiny"
-    """A hub id or local directory for `from_pretrained`, or `tiny`: a tiny model built by `tether init-model`."""
+    """A hub id or local directory for `from_pretrained`, or `tiny`: a tiny model built by `tether init-model`.
+    Checked on load without the network (a directory must hold config.json; `models/x` where models/ is a
+    local directory is read as a mistyped path), and its config read before a run writes anything."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype; auto is float32 (the master weights of bf16 mixed precision on GPU, see
     trainer.autocast); bfloat16 trains pure bf16 weights and optimiser state (less memory)."""
@@ -65,7 +73,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     task: str = "arithmetic"
-    """Task: arithmetic, countdown (synthetic, generated from the seed) or math (a dataset)."""
+    """Task: arithmetic, countdown (synthetic, generated from the seed), math (a dataset), or your own
+    class or factory as an import path, MODULE:NAME (docs/rewards.md, "Your own reward or task")."""
     task_args: dict[str, Any] = field(default_factory=dict)
     """Task knobs, the fields of the task's dataclass, e.g. {digits: 2, ops: "+-"} for arithmetic,
     {train: train.jsonl, test: test.jsonl, template: boxed} for math; `tether train --help-config`
@@ -103,7 +112,8 @@ class RolloutConfig:
 @dataclass
 class RewardConfig:
     name: str = "auto"
-    """Reward function name, or auto: the task's own verifier."""
+    """Reward function name, auto (the task's own verifier), or your own function (completion, example)
+    -> float as an import path, MODULE:NAME (docs/rewards.md, "Your own reward or task")."""
     weights: dict[str, float] = field(default_factory=dict)
     """Weighted combination instead of one reward, e.g. {math: 1.0, format: 0.1}."""
     timeout_s: float = 5.0
