@@ -50,7 +50,8 @@ def test_a_reward_function_in_the_users_file_trains_and_resumes(tiny_dir, tmp_pa
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     lost = _tether("train", "--resume", str(run), "trainer.total_steps=4", cwd=elsewhere)
-    assert lost.returncode == 2 and lost.stderr.startswith("error: reward.name='quarter:score': no module named 'quarter'")
+    assert lost.returncode == 2
+    assert lost.stderr.startswith("error: reward.name='quarter:score': no module named 'quarter'")
 
 
 def test_the_documented_example_task_and_reward_run(tiny_dir, tmp_path):
@@ -124,8 +125,9 @@ MODULES = {
     (["reward.name=nowhere_xyz:score"],
      "reward.name='nowhere_xyz:score': no module named 'nowhere_xyz' (searched the current directory"),
     (["reward.name=u_one_arg:scor"], "module 'u_one_arg' ("),  # a typo: the names it does define follow
-    (["reward.name=u_one_arg:score"], "reward 'u_one_arg:score' cannot be called with 2 argument(s): too many positional arguments (its signature is "
-                                    "score(completion)); expected a function (completion: str, example"),
+    (["reward.name=u_one_arg:score"], "reward 'u_one_arg:score' cannot be called with 2 argument(s): too many "
+                                      "positional arguments (its signature is score(completion)); expected a "
+                                      "function (completion: str, example"),
     (["reward.name=u_not_callable:score"], "reward.name='u_not_callable:score' is a float, not callable"),
     (["reward.name=u_syntax:score"], "reward.name='u_syntax:score': importing 'u_syntax' failed: SyntaxError"),
     (["reward.name=u_needs_dep:score"], "importing 'u_needs_dep' failed: ModuleNotFoundError: No module named "
@@ -144,7 +146,8 @@ MODULES = {
     (["data.task=u_tasks:NoExamples", "data.task_args.path=x"],
      "data.task='u_tasks:NoExamples': the object it built (NoExamples) has no examples"),
     (["data.task=u_tasks:make"], "the object it built (object) has no reward, examples"),
-    (["data.task=u_tasks:NoSolution"], "has no solution (the warm start trains on it; or set warm_start.enabled=false)"),
+    (["data.task=u_tasks:NoSolution"],
+     "has no solution (the warm start trains on it; or set warm_start.enabled=false)"),
 ])
 def test_a_wrong_import_path_is_an_error_before_anything_is_written(tmp_path, monkeypatch, capsys, overrides,
                                                                       message):

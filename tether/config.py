@@ -350,10 +350,11 @@ def _check_task_args(task: str, args: dict[str, Any]) -> None:
     missing = [k for k in required if k not in args and k != "tokenizer"]
     if missing:
         docs = field_docs(factory) if isinstance(factory, type) else {}
-        what = f" ({docs[missing[0]]})" if docs.get(missing[0]) else ""
+        what = f" ({docs[missing[0]].rstrip('.')})" if docs.get(missing[0]) else ""
+        more = f" (and {', '.join(missing[1:])})" if missing[1:] else ""
         raise ConfigError(f"data.task_args.{missing[0]}: task {task!r} needs it{what} and it is not set; set "
-                          f"data.task_args.{missing[0]}=VALUE" + (f" (and {', '.join(missing[1:])})" if missing[1:] else "")
-                          + f"; `tether train --help-config` lists every task's knobs")
+                          f"data.task_args.{missing[0]}=VALUE{more}; `tether train --help-config` lists every "
+                          "task's knobs")
 
 
 def _check_reward(reward: str, spec: Any, key: str) -> None:
@@ -369,7 +370,8 @@ def _check_reward(reward: str, spec: Any, key: str) -> None:
     for param in sorted(params - valid):
         close = difflib.get_close_matches(param, sorted(valid), n=1)
         raise ConfigError(f"{key}.{param}: reward {reward!r} has no parameter {param!r}."
-                          f"{f' Did you mean {close[0]!r}?' if close else ''} Valid: weight, {', '.join(sorted(valid)) or 'none'}.")
+                          f"{f' Did you mean {close[0]!r}?' if close else ''} "
+                          f"Valid: weight, {', '.join(sorted(valid)) or 'none'}.")
     if is_import_path(reward):
         try:
             get_reward(reward, **{k: v for k, v in spec.items() if k != "weight"} if isinstance(spec, dict) else {})

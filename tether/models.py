@@ -147,7 +147,8 @@ def model_source_problem(name_or_path: str) -> str:
                 "for a local directory, or run from another directory for the hub id)")
     if _hub_offline() and not _in_hub_cache(name_or_path):
         return (f"model {name_or_path!r} is not a local directory nor in the Hugging Face cache, and the hub is "
-                "off (HF_HUB_OFFLINE=1); download it first (`hf download NAME` with the network on) or pass a directory")
+                "off (HF_HUB_OFFLINE=1); download it first (`hf download NAME` with the network on) or pass a "
+                "directory")
     return ""
 
 

@@ -23,7 +23,7 @@ import inspect
 import os
 import re
 import sys
-from typing import Any, Optional
+from typing import Any
 
 from .schema import ConfigError
 
@@ -135,11 +135,3 @@ def check_task(task: Any, spec: str, needs_solution: bool) -> None:
                           f"{', '.join(missing)}; expected {TASK_SHAPE}")
     if not callable(task.examples):
         raise ConfigError(f"data.task={spec!r}: {type(task).__name__}.examples is not a method; expected {TASK_SHAPE}")
-
-
-def source_file(spec: str) -> Optional[str]:
-    """The file an import path's module was loaded from (for a log line), None for a registry name."""
-    if not is_import_path(spec):
-        return None
-    module = sys.modules.get(spec.split(":")[0])
-    return getattr(module, "__file__", None)

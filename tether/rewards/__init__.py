@@ -226,8 +226,8 @@ def reward_names() -> list[str]:
 
 __all__ = [
     "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "RewardFn", "UserReward",
-    "RewardResult", "asks_for_boxed", "boxed_answers", "countdown", "exact_match", "get_reward",
-    "math_verify_score", "overlong_penalty", "reward_names", "reward_options", "score_batch", "strict_for_task",
-    "task_reward", "user_reward", "check_user_rewards", "reward_entry", "accuracy", "check_verdicts", "rollout_examples", "score_rollout",
-    "verifier_faults", "with_completion_tokens",
+    "RewardResult", "asks_for_boxed", "boxed_answers", "check_user_rewards", "countdown", "exact_match",
+    "get_reward", "math_verify_score", "overlong_penalty", "reward_entry", "reward_names", "reward_options",
+    "score_batch", "strict_for_task", "task_reward", "user_reward", "accuracy", "check_verdicts",
+    "rollout_examples", "score_rollout", "verifier_faults", "with_completion_tokens",
 ]
