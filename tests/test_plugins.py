@@ -111,6 +111,10 @@ MODULES = {
                 self.path = path
         def make(size=3):
             return object()
+        class TypoReward:
+            reward = "exact_mach"
+            def examples(self, split, n=None, *, seed=None, unique=True):
+                return []
         class NoSolution:
             reward = "exact_match"
             def __init__(self):
@@ -146,6 +150,9 @@ MODULES = {
     (["data.task=u_tasks:NoExamples", "data.task_args.path=x"],
      "data.task='u_tasks:NoExamples': the object it built (NoExamples) has no examples"),
     (["data.task=u_tasks:make"], "the object it built (object) has no reward, examples"),
+    (["data.task=u_tasks:TypoReward", "warm_start.enabled=false"],
+     "error: data.task=u_tasks:TypoReward: its reward 'exact_mach': unknown reward 'exact_mach'. Did you mean "
+     "'exact_match'?"),
     (["data.task=u_tasks:NoSolution"],
      "has no solution (the warm start trains on it; or set warm_start.enabled=false)"),
 ])

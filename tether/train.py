@@ -331,7 +331,10 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
     if is_import_path(cfg.data.task):
         check_task(task, cfg.data.task, needs_solution=cfg.warm_start.enabled)
     r = cfg.reward
-    verifier = task_reward(task, timeout_s=r.timeout_s, strict=r.strict)
+    try:
+        verifier = task_reward(task, timeout_s=r.timeout_s, strict=r.strict)
+    except KeyError as err:  # a user's task that names a reward no registry has
+        raise ConfigError(f"data.task={cfg.data.task}: its reward {task.reward!r}: {err.args[0]}") from None
     own = r.name in ("auto", task.reward) and not r.weights
     reward = verifier if own else task_reward(task, r.name, r.weights, r.timeout_s, r.strict)
     if is_import_path(cfg.data.task) or any(map(is_import_path, [r.name, *r.weights])):
