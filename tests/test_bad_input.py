@@ -146,3 +146,121 @@ def test_an_untrusted_run_directory_cannot_run_code(tmp_path):
     with pytest.raises(ConfigError):
         load_config(str(tmp_path / "run" / "config.yaml"))
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------- through the CLI: error, exit 2, nothing written
+
+
+def _train_cli(tmp_path, capsys, *overrides):
+    """`tether train OVERRIDES` in this process, from tmp_path: (exit code, stdout, stderr), and
+    whether anything was written (the run directory, or a warm start in the cache)."""
+    from tether.cli import main
+
+    code = main(["train", *overrides, f"output_dir={tmp_path / 'runs' / 'run'}",
+                 f"warm_start.cache_dir={tmp_path / 'cache'}", "trainer.progress=false"])
+    out = capsys.readouterr()
+    written = (tmp_path / "runs").exists() or (tmp_path / "cache").exists()
+    return code, out.out, out.err, written
+
+
+def test_math_without_its_train_file_names_the_missing_knob(tmp_path, capsys, monkeypatch):
+    # Was: TypeError: MathTask.__init__() missing 1 required positional argument: 'train' (traceback, exit 1).
+    monkeypatch.chdir(tmp_path)
+    code, out, err, written = _train_cli(tmp_path, capsys, "data.task=math")
+    assert code == 2 and not written and out == ""
+    assert err.startswith("error: data.task_args.train: task 'math' needs it (JSONL or Parquet file") and \
+        "set data.task_args.train=VALUE" in err
+
+
+def test_a_knob_value_the_task_refuses_is_a_config_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err, written = _train_cli(tmp_path, capsys, "data.task_args.test_fraction=2")
+    assert code == 2 and not written and out == ""
+    assert err.startswith("error: data.task=arithmetic with data.task_args {'test_fraction': 2}: test_fraction must be")
+
+
+def test_math_without_its_train_file_from_a_fresh_process(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tether.cli", "train", "data.task=math",
+                           f"output_dir={tmp_path / 'runs' / 'run'}"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: data.task_args.train") and \
+        "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "math"])
+@pytest.mark.parametrize("model, message", [
+    ("./modles/tiny", "model './modles/tiny' is neither an existing directory nor a Hugging Face hub id"),
+    ("models/tyni", "model 'models/tyni' does not exist, but models/ is a local directory: a mistyped path?"),
+    ("models", "model directory 'models' holds no config.json: it is not a saved model"),
+    ("models/weights.bin", "model 'models/weights.bin' is a file; pass the model's directory"),
+    ("nobody-xyz/no-such-model", "is not a local directory nor in the Hugging Face cache, and the hub is off"),
+])
+def test_a_mistyped_model_path_fails_before_anything_is_written(tmp_path, capsys, monkeypatch, task, model,
+                                                                 message):
+    # Was: with data.task=math a transformers OSError traceback; with the default task exit 2, but only
+    # after the run directory and config.yaml were written and "warm start: ..." printed.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no test reaches the network; the hub id case is read offline
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "weights.bin").write_bytes(b"\0")
+    data = _jsonl(tmp_path / "train.jsonl", [json.dumps({"problem": f"{i}+1?", "answer": str(i + 1)})
+                                             for i in range(40)])
+    args = ["data.task=math", f"data.task_args.train={data}"] if task == "math" else []
+    code, out, err, written = _train_cli(tmp_path, capsys, f"model.name_or_path={model}", *args)
+    assert code == 2 and not written and out == "", (err, out)  # no "run directory: ..." and no "warm start: ..."
+    assert err.startswith("error: model.name_or_path: model ") and message in err, err
+
+
+def test_a_directory_with_an_unknown_architecture_fails_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "odd"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
+    code, out, err, written = _train_cli(tmp_path, capsys, f"model.name_or_path={model}")
+    assert code == 2 and not written and out == ""
+    assert err.startswith(f"error: model.name_or_path: model '{model}' cannot be read: ") and \
+        "no_such_architecture" in err
+
+
+@pytest.mark.parametrize("device, message", [
+    ("cuda", "error: trainer.device=cuda but no CUDA device is available; use trainer.device=cpu (or auto)"),
+    ("cuda:1", "error: trainer.device=cuda:1 but no CUDA device is available"),
+    ("gpu", "error: trainer.device='gpu' is not a device; expected auto, cpu, cuda or cuda:N"),
+])
+def test_a_device_the_machine_lacks_fails_before_anything_is_written(tmp_path, capsys, monkeypatch, device,
+                                                                     message):
+    # Was: RuntimeError traceback, exit 1.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU machine, even on a GPU one
+    code, out, err, written = _train_cli(tmp_path, capsys, f"trainer.device={device}")
+    assert code == 2 and not written and out == "" and err.startswith(message), err
+
+
+def test_a_gpu_index_past_the_last_one_is_named(monkeypatch):
+    from tether.models import device_problem
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_problem("cuda:2") == "trainer.device=cuda:2 but this machine has 2 CUDA device(s), cuda:0 to cuda:1"
+    assert device_problem("cuda:1") == "" and device_problem("cpu") == ""
+
+
+@pytest.mark.parametrize("text, where", [
+    # Line 4 opens a flow sequence that line 5 breaks: the error is at 5:5, the sequence opened at 4:17.
+    ("trainer:\n  total_steps: 5\nrollout:\n  stop_strings: [a, b\ndata:\n  task: math\n",
+     "bad.yaml:5:5: not valid YAML: expected ',' or ']', but got ':' (while parsing a flow sequence, "
+     "opened at line 4, column 17)"),
+    ("trainer:\n  total_steps: 5\n    lr: 0.1\n", "bad.yaml:3:7: not valid YAML: mapping values are not allowed here"),
+    ("trainer: {lr: 'abc}\n", "bad.yaml:2:1: not valid YAML: found unexpected end of stream (while scanning a "
+                              "quoted scalar, opened at line 1, column 15)"),
+])
+def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path, capsys, monkeypatch, text, where):
+    # Was: "not valid tether YAML (while parsing a flow sequence)", no line.
+    from tether.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text(text)
+    code = main(["train", "bad.yaml", f"output_dir={tmp_path / 'runs' / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {where}"), err
+    assert not (tmp_path / "runs").exists()

@@ -86,7 +86,7 @@ def test_bad_path_error_names_path_and_fix(tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(FileNotFoundError, match="no-such-model") as info:
         load_model(missing)
-    assert "init_model" in str(info.value)
+    assert "tether init-model PATH" in str(info.value)  # the fix: make a model there
     with pytest.raises(FileNotFoundError, match="hub id"):
         load_model("./relative/missing/dir")
 

@@ -3,14 +3,19 @@
 Sources, later ones winning: the dataclass defaults, a YAML file, `key=value` overrides with
 dotted keys (`trainer.total_steps=50`, `objective=dapo`, `objective.eps_high=0.3`). Every
 value is validated on load: an unknown key names the nearest valid ones, a bad value says
-what was expected.
+what was expected, a YAML syntax error names FILE:LINE:COLUMN.
+
+Also on load (issue 24; before, these failed after the run directory was written, or with a
+traceback): a task knob without a default must be set; `model.name_or_path` must be able to be
+a model, checked without the network (`tether.models.model_source_problem`); `trainer.device`
+must name a device; and a reward or task named by import path (`module:name`, tether.plugins)
+is imported and its signature checked.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -47,7 +52,9 @@ class LoRAConfig:
 @dataclass
 class ModelConfig:
     name_or_path: str = "tiny"
-    """A hub id or local directory for `from_pretrained`, or `tiny`: a tiny model built by `tether init-model`."""
+    """A hub id or local directory for `from_pretrained`, or `tiny`: a tiny model built by `tether init-model`.
+    Checked on load without the network (a directory must hold config.json; `models/x` where models/ is a
+    local directory is read as a mistyped path), and its config read before a run writes anything."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype; auto is float32 (the master weights of bf16 mixed precision on GPU, see
     trainer.autocast); bfloat16 trains pure bf16 weights and optimiser state (less memory)."""
@@ -66,7 +73,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     task: str = "arithmetic"
-    """Task: arithmetic, countdown (synthetic, generated from the seed) or math (a dataset)."""
+    """Task: arithmetic, countdown (synthetic, generated from the seed), math (a dataset), or your own
+    class or factory as an import path, MODULE:NAME (docs/rewards.md, "Your own reward or task")."""
     task_args: dict[str, Any] = field(default_factory=dict)
     """Task knobs, the fields of the task's dataclass, e.g. {digits: 2, ops: "+-"} for arithmetic,
     {train: train.jsonl, test: test.jsonl, template: boxed} for math; `tether train --help-config`
@@ -104,7 +112,8 @@ class RolloutConfig:
 @dataclass
 class RewardConfig:
     name: str = "auto"
-    """Reward function name, or auto: the task's own verifier."""
+    """Reward function name, auto (the task's own verifier), or your own function (completion, example)
+    -> float as an import path, MODULE:NAME (docs/rewards.md, "Your own reward or task")."""
     weights: dict[str, float] = field(default_factory=dict)
     """Weighted combination instead of one reward, e.g. {math: 1.0, format: 0.1}."""
     timeout_s: float = 5.0
@@ -243,6 +252,7 @@ class Config:
         # {name, every parameter} (max_len: the generation budget, Dr. GRPO's constant T_max).
         self.objective = objectives.resolved(self.objective, max_len=self.rollout.max_new_tokens)
         _check_names(self)
+        _check_model_and_device(self)
         t, r = self.trainer, self.rollout
         positive = {
             "trainer.total_steps": t.total_steps, "trainer.ppo_epochs": t.ppo_epochs,
@@ -279,47 +289,109 @@ class Config:
             )
 
 
+def _check_model_and_device(cfg: "Config") -> None:
+    """model.name_or_path can be a model (a directory with config.json, or a hub id; no network) and
+    trainer.device names a device (whether this machine has it is checked when a run starts)."""
+    from .models import device_problem, model_source_problem
+
+    if cfg.model.name_or_path != "tiny":
+        problem = model_source_problem(cfg.model.name_or_path)
+        if problem:
+            raise ConfigError(f"model.name_or_path: {problem}")
+    if cfg.trainer.device != "auto":
+        problem = device_problem(cfg.trainer.device, available=False)
+        if problem:
+            raise ConfigError(problem)
+
+
 def _check_names(cfg: "Config") -> None:
-    """Task, task knobs, reward and engine exist: checked on load, before any directory is written."""
+    """Task, task knobs, reward and engine exist, a user's (`module:name`, tether.plugins) imports
+    and takes what it is given: checked on load, before any directory is written."""
     from .core.registry import unknown_name_message
-    from .rewards import REWARDS, reward_options
+    from .plugins import is_import_path
     from .rollout import ENGINES
+    from .rewards import REWARDS
     from .tasks import TASKS
 
     def name(registry, value: str, key: str, extra: tuple[str, ...] = ()) -> None:
-        if value not in registry and value not in extra:
-            raise ConfigError(f"{key}: {unknown_name_message(registry.kind, value, [*extra, *registry.names()])}")
+        if value not in registry and value not in extra and not is_import_path(value):
+            raise ConfigError(f"{key}: {unknown_name_message(registry.kind, value, [*extra, *registry.names()])}"
+                              f" Or a {registry.kind} of your own as an import path, MODULE:NAME (docs/rewards.md).")
 
     name(TASKS, cfg.data.task, "data.task")
-    task_cls = TASKS.get(cfg.data.task)
-    knobs = {f.name: f for f in dataclasses.fields(task_cls) if f.init}
-    hints = typing.get_type_hints(task_cls)
-    for knob, value in cfg.data.task_args.items():
-        if knob not in knobs:
-            close = difflib.get_close_matches(knob, list(knobs), n=3, cutoff=0.5)
-            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise ConfigError(f"data.task_args.{knob}: task {cfg.data.task!r} has no knob {knob!r}.{hint} "
-                              f"Valid knobs: {', '.join(k for k in knobs if k != 'tokenizer')}.")
-        if knob != "tokenizer":
-            coerce(value, hints[knob], f"data.task_args.{knob}")
+    _check_task_args(cfg.data.task, cfg.data.task_args)
     name(REWARDS, cfg.reward.name, "reward.name", ("auto",))
+    if cfg.reward.name != "auto":
+        _check_reward(cfg.reward.name, {}, "reward.name")
     for reward, spec in cfg.reward.weights.items():
         name(REWARDS, reward, "reward.weights")
-        params = set(spec) - {"weight"} if isinstance(spec, dict) else set()
-        valid = reward_options(reward)
-        for param in sorted(params - valid):
-            close = difflib.get_close_matches(param, sorted(valid), n=1)
-            raise ConfigError(f"reward.weights.{reward}.{param}: reward {reward!r} has no parameter {param!r}."
-                              f"{f' Did you mean {close[0]!r}?' if close else ''} Valid: weight, {', '.join(sorted(valid)) or 'none'}.")
+        _check_reward(reward, spec, f"reward.weights.{reward}")
     name(ENGINES, cfg.rollout.engine, "rollout.engine")
+
+
+def _check_task_args(task: str, args: dict[str, Any]) -> None:
+    """data.task_args against the task's class or factory: each knob exists and has the right type,
+    and every knob without a default is given (the tokenizer is the trainer's to pass)."""
+    from .plugins import parameters, type_hints
+    from .schema import field_docs
+    from .tasks import task_factory
+
+    factory = task_factory(task)
+    valid, required, any_keyword = parameters(factory)
+    hints = type_hints(factory)
+    knobs = [k for k in valid if k != "tokenizer"]
+    for knob, value in args.items():
+        if knob not in valid and not any_keyword:
+            close = difflib.get_close_matches(knob, knobs, n=3, cutoff=0.5)
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise ConfigError(f"data.task_args.{knob}: task {task!r} has no knob {knob!r}.{hint} "
+                              f"Valid knobs: {', '.join(knobs) or 'none'}.")
+        if knob != "tokenizer" and knob in hints:
+            coerce(value, hints[knob], f"data.task_args.{knob}")
+    missing = [k for k in required if k not in args and k != "tokenizer"]
+    if missing:
+        docs = field_docs(factory) if isinstance(factory, type) else {}
+        what = f" ({docs[missing[0]].rstrip('.')})" if docs.get(missing[0]) else ""
+        more = f" (and {', '.join(missing[1:])})" if missing[1:] else ""
+        raise ConfigError(f"data.task_args.{missing[0]}: task {task!r} needs it{what} and it is not set; set "
+                          f"data.task_args.{missing[0]}=VALUE{more}; `tether train --help-config` lists every "
+                          "task's knobs")
+
+
+def _check_reward(reward: str, spec: Any, key: str) -> None:
+    """A part of the reward: its parameters exist; a user's reward (an import path) also imports,
+    is built with them and takes (completion, example)."""
+    from .plugins import entry, is_import_path
+    from .rewards import REWARDS, get_reward, reward_options
+
+    if is_import_path(reward):
+        entry(REWARDS, reward, key)  # an import error names this key
+    params = set(spec) - {"weight"} if isinstance(spec, dict) else set()
+    valid = reward_options(reward)
+    for param in sorted(params - valid):
+        close = difflib.get_close_matches(param, sorted(valid), n=1)
+        raise ConfigError(f"{key}.{param}: reward {reward!r} has no parameter {param!r}."
+                          f"{f' Did you mean {close[0]!r}?' if close else ''} "
+                          f"Valid: weight, {', '.join(sorted(valid)) or 'none'}.")
+    if is_import_path(reward):
+        try:
+            get_reward(reward, **{k: v for k, v in spec.items() if k != "weight"} if isinstance(spec, dict) else {})
+        except ConfigError:
+            raise
+        except ValueError as err:
+            raise ConfigError(f"{key}: {err}") from None
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     """tree["a"]["b"] = value for "a.b", creating mappings on the way.
 
     `objective.KEY=V` on an objective given by name turns it into {preset|name: NAME, KEY: V}.
+    A reward part named by an import path keeps its dots: `reward.weights.pkg.mod:fn.PARAM`.
     """
     keys = dotted.split(".")
+    if keys[:2] == ["reward", "weights"] and any(":" in k for k in keys[2:]):
+        end = next(i for i, k in enumerate(keys) if ":" in k) + 1
+        keys = [*keys[:2], ".".join(keys[2:end]), *keys[end:]]
     node = tree
     for k in keys[:-1]:
         current = node.get(k)
@@ -353,6 +425,17 @@ def _objective_tree(tree: dict) -> None:
         tree["objective"] = {"preset": base, **obj}
 
 
+def _yaml_error(path: str, err: yaml.YAMLError) -> str:
+    """`FILE:LINE:COLUMN: not valid YAML: the problem (while ...)` from a YAML error (1-based)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return f"{path}: not valid YAML ({str(err).splitlines()[0]}); fix the file"
+    context, cmark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    opened = f" ({context}, opened at line {cmark.line + 1}, column {cmark.column + 1})" if context and cmark else ""
+    return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}{opened}; fix the file"
+
+
 def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> Config:
     """Defaults <- YAML file <- dotted overrides, validated."""
     tree: dict = {}
@@ -363,7 +446,7 @@ def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[st
         try:  # safe_load: a YAML tag can never construct Python objects or run code
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid tether YAML ({str(err).splitlines()[0]}); fix the file") from None
+            raise ConfigError(_yaml_error(path, err)) from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
         loaded.pop(VERSION_KEY, None)  # a run directory's config.yaml records its version

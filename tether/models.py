@@ -72,9 +72,32 @@ def pick_device(name: str, n_params: int, small_model_params: int, key: str = "t
                 f"parameters (< {small_key}={small_model_params:_}), too few to keep a GPU busy "
                 f"(each step would be launch-bound, slower than the CPU); set {key}=cuda to use the GPU")
         return torch.device("cuda"), ""
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"{key}={name} but no CUDA device is available; use {key}=cpu")
+    problem = device_problem(name, key)
+    if problem:
+        from .schema import ConfigError
+
+        raise ConfigError(problem)
     return torch.device(name), ""
+
+
+def device_problem(name: str, key: str = "trainer.device", available: bool = True) -> str:
+    """Why `name` is not a device this machine can train on ("" when it is); with
+    `available=False`, only whether it names a device at all (a config read on another machine)."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        return f"{key}={name!r} is not a device; expected auto, cpu, cuda or cuda:N (e.g. cuda:0)"
+    if not available:
+        return ""
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            return f"{key}={name} but no CUDA device is available; use {key}=cpu (or auto)"
+        if device.index is not None and device.index >= count:
+            return f"{key}={name} but this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        return f"{key}={name} but MPS (Apple GPU) is not available; use {key}=cpu (or auto)"
+    return ""
 
 
 def apply_lora(model: Any, lora: Any, adapter_dir: str | Path | None = None) -> Any:
@@ -96,17 +119,76 @@ def is_adapter_dir(path: str | Path) -> bool:
     return (Path(path) / "adapter_config.json").is_file()
 
 
-def _check_source(name_or_path: str) -> None:
-    """Raise a helpful error for a path that neither exists nor looks like a hub id."""
-    if Path(name_or_path).expanduser().exists():
-        return
+def model_source_problem(name_or_path: str) -> str:
+    """Why `name_or_path` cannot be a model, found without the network, or "" when it may be one.
+
+    A local directory must hold a `config.json` (or a LoRA adapter's `adapter_config.json`). Any
+    other name must have a hub id's shape ('owner/name'), and is then refused when it looks like a
+    mistyped local path (its first part is a local directory, `runs/ckpt` for `runs/ckpt1`) or when
+    the hub is off (HF_HUB_OFFLINE) and the model is not in the local cache.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            return f"model {name_or_path!r} is a file; pass the model's directory (the one holding config.json)"
+        if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
+            return (f"model directory {name_or_path!r} holds no config.json: it is not a saved model (a directory "
+                    "written by save_pretrained, `tether init-model` or `tether export`)")
+        return ""
     looks_local = name_or_path.startswith(("/", ".", "~")) or "\\" in name_or_path
     if looks_local or not _HUB_ID.match(name_or_path) or ".." in name_or_path:
-        raise FileNotFoundError(
-            f"model {name_or_path!r} is neither an existing directory nor a Hugging Face hub id "
-            "('owner/name'). Check the path, create a tiny model there with "
-            "`tether.models.init_model(path)`, or pass a hub id such as 'Qwen/Qwen2.5-0.5B'."
-        )
+        return (f"model {name_or_path!r} is neither an existing directory nor a Hugging Face hub id "
+                "('owner/name'). Check the path, create a tiny model there with `tether init-model PATH`, "
+                "or pass a hub id such as 'Qwen/Qwen2.5-0.5B'.")
+    first = name_or_path.split("/")[0]
+    if "/" in name_or_path and Path(first).is_dir():
+        return (f"model {name_or_path!r} does not exist, but {first}/ is a local directory: a mistyped path? "
+                f"(it is not read as the hub id {name_or_path!r} while {first}/ is here; write ./{name_or_path} "
+                "for a local directory, or run from another directory for the hub id)")
+    if _hub_offline() and not _in_hub_cache(name_or_path):
+        return (f"model {name_or_path!r} is not a local directory nor in the Hugging Face cache, and the hub is "
+                "off (HF_HUB_OFFLINE=1); download it first (`hf download NAME` with the network on) or pass a "
+                "directory")
+    return ""
+
+
+def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> None:
+    """Read the model's config.json (its directory, the Hugging Face cache, or the hub) before a run
+    writes anything: a ConfigError naming `key` when it cannot be read or names no known architecture,
+    rather than a transformers traceback after the run directory was made."""
+    from transformers import AutoConfig
+
+    from .schema import ConfigError
+
+    problem = model_source_problem(name_or_path)
+    if not problem:
+        try:
+            AutoConfig.from_pretrained(name_or_path, trust_remote_code=False)
+            return
+        except (OSError, ValueError) as err:
+            problem = f"model {name_or_path!r} cannot be read: {str(err).splitlines()[0]}"
+    raise ConfigError(f"{key}: {problem}")
+
+
+def _hub_offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return True  # cannot tell: let from_pretrained say
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def _check_source(name_or_path: str) -> None:
+    """Raise a helpful error for a path that cannot be a model (`model_source_problem`)."""
+    problem = model_source_problem(name_or_path)
+    if problem:
+        raise FileNotFoundError(problem)
 
 
 def prepare_tokenizer(tokenizer: Any) -> Any:

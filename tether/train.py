@@ -30,7 +30,7 @@ import torch
 
 from . import checkpoint, faults, objectives
 from .config import Config, check_resume, save_config
-from .models import apply_lora, pick_device
+from .models import apply_lora, check_model_loads, pick_device
 from .data import PromptStream
 from .causal_lm import (Tokens, batched_logprobs, eval_mode, fused_head_reason, shared_prompt_reason, to_tokens,
                         token_logprobs)
@@ -307,25 +307,52 @@ def _scheduler(optimizer, cfg: Config, total_opt_steps: int):
 
 
 def build_task_and_reward(cfg: Config, tokenizer=None):
-    """The task (math prompts rendered with the model's chat template), the training reward, and
-    the task's own 0/1 verifier that held-out accuracy uses (the same object when the reward is the
-    task's own), each with `reward.timeout_s` and `reward.strict` where they take them (strict
-    extraction only when the task's template asks for a final \\boxed{} answer)."""
-    from .rewards import task_reward
-    from .tasks import get_task
+    """The task (prompts rendered with the model's chat template when its class or factory takes a
+    `tokenizer`, as math's does), the training reward, and the task's own 0/1 verifier that
+    held-out accuracy uses (the same object when the reward is the task's own), each with
+    `reward.timeout_s` and `reward.strict` where they take them (strict extraction only when the
+    task's template asks for a final \\boxed{} answer). A task that cannot be built with its
+    knobs, or a model whose tokenizer cannot be read, is a ConfigError: nothing is written yet."""
+    from .plugins import check_task, is_import_path, parameters
+    from .rewards import check_user_rewards, task_reward
+    from .tasks import DataError, get_task, task_factory
 
     args = dict(cfg.data.task_args)
-    if cfg.data.task == "math":
+    if "tokenizer" in parameters(task_factory(cfg.data.task))[0]:
         if tokenizer is None and cfg.model.name_or_path != "tiny":
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
+            tokenizer = _tokenizer(cfg.model.name_or_path)
         args.setdefault("tokenizer", tokenizer)
-    task = get_task(cfg.data.task, **args)
+    try:
+        task = get_task(cfg.data.task, **args)
+    except (DataError, ConfigError):
+        raise
+    except ValueError as err:  # a knob's value the task refuses (test_fraction=2)
+        raise ConfigError(f"data.task={cfg.data.task} with data.task_args {dict(cfg.data.task_args)}: {err}") from None
+    if is_import_path(cfg.data.task):
+        check_task(task, cfg.data.task, needs_solution=cfg.warm_start.enabled)
     r = cfg.reward
-    verifier = task_reward(task, timeout_s=r.timeout_s, strict=r.strict)
+    try:
+        verifier = task_reward(task, timeout_s=r.timeout_s, strict=r.strict)
+    except KeyError as err:  # a user's task that names a reward no registry has
+        raise ConfigError(f"data.task={cfg.data.task}: its reward {task.reward!r}: {err.args[0]}") from None
     own = r.name in ("auto", task.reward) and not r.weights
-    return task, verifier if own else task_reward(task, r.name, r.weights, r.timeout_s, r.strict), verifier
+    reward = verifier if own else task_reward(task, r.name, r.weights, r.timeout_s, r.strict)
+    if is_import_path(cfg.data.task) or any(map(is_import_path, [r.name, *r.weights])):
+        for example in task.examples("test", 1)[:1]:  # none: _eval_examples says so
+            check_user_rewards(reward, example)
+            check_user_rewards(verifier, example)
+    return task, reward, verifier
+
+
+def _tokenizer(name_or_path: str):
+    """The tokenizer of model.name_or_path (for rendering prompts), or ConfigError saying why not."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model.name_or_path={name_or_path!r}: its tokenizer cannot be loaded "
+                          f"({str(err).splitlines()[0]}); check the path or hub id") from None
 
 
 def _eval_examples(task, cfg: Config) -> list:
@@ -482,6 +509,8 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
         torch.set_num_threads(t.threads)
     if t.device != "auto":
         pick_device(t.device, 0, 0)  # a missing CUDA device fails here, before any warm start
+    if cfg.model.name_or_path != "tiny":
+        check_model_loads(cfg.model.name_or_path)  # a hub id that does not resolve, too: nothing written yet
     torch.manual_seed(t.seed)
     obj = objectives.build(cfg.objective)  # resolved on load (tether.config): every parameter is recorded
     task, reward_fn, verifier = build_task_and_reward(cfg)  # data errors (a missing file) end here: nothing written

@@ -10,17 +10,23 @@
 Registered rewards are either plain functions (no parameters) or small frozen dataclasses
 whose fields are the parameters. A combination's score is sum_k w_k * score_k; its components
 are each reward's unweighted score under its name (and its own sub-components as "name/key").
+
+Wherever a reward is named, an import path `module:name` names a user's reward instead
+(tether.plugins): a function (completion, example) -> float | RewardResult, or a class whose
+instances are one. A number it returns becomes `RewardResult(score)` (`UserReward`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from ..tasks import Example
 from ..core.registry import Registry
+from ..plugins import is_import_path
+from ..tasks import Example
 from .base import (RewardFn, RewardResult, accuracy, check_verdicts, rollout_examples, score_batch, score_rollout,
                    verifier_faults)
 from .math_verifier import Math, MathVerifier, asks_for_boxed, math_verify_score, strict_for_task
@@ -71,24 +77,94 @@ class Combined:
         return self.score_batch([completion], [example])[0]
 
 
+def reward_entry(name: str) -> Any:
+    """The function or class `name` stands for: a registered reward, or a user's `module:name`
+    (tether.plugins; a failed import raises ConfigError)."""
+    from ..plugins import entry
+
+    return entry(REWARDS, name, "reward.name")
+
+
+@dataclass(frozen=True)
+class UserReward:
+    """A reward from a user's code (an import path, or a task's own function): a number it returns
+    is the score (reported under `name`), a RewardResult passes as it is, anything else raises,
+    which the scoring path counts in `reward/errors`."""
+
+    fn: Callable[[str, Example], Any]
+    name: str
+
+    def __call__(self, completion: str, example: Example) -> RewardResult:
+        out = self.fn(completion, example)
+        if isinstance(out, RewardResult):
+            return out
+        if isinstance(out, numbers.Real):
+            return RewardResult(float(out), {self.name: float(out)})
+        raise TypeError(self._wrong_type(out))
+
+    def _wrong_type(self, out: Any) -> str:
+        return f"reward {self.name} returned {type(out).__name__} {out!r:.40}; expected a float or a RewardResult"
+
+    def check(self, example: Example) -> None:
+        """Score an empty completion once, before a run starts: a return of the wrong type is a
+        ConfigError then, not a reward error on every completion of the first step (a reward
+        that raises here is left to the scoring path, which scores that completion 0)."""
+        from ..schema import ConfigError
+
+        try:
+            out = self.fn("", example)
+        except Exception:  # the user's code on an empty completion: the trainer's guard handles it
+            return
+        if not isinstance(out, (RewardResult, numbers.Real)):
+            raise ConfigError(self._wrong_type(out) + " (called on an empty completion before training)")
+
+
+def check_user_rewards(reward: RewardFn, example: Example) -> None:
+    """`UserReward.check` on every user reward in `reward` (a weighted one's parts included)."""
+    parts = [part for _, _, part in reward.parts] if isinstance(reward, Combined) else [reward]
+    for part in parts:
+        if isinstance(part, UserReward):
+            part.check(example)
+
+
+def user_reward(fn: Any, name: str) -> RewardFn:
+    """`fn` (completion, example) -> float | RewardResult as a RewardFn, its signature checked
+    (ConfigError); one with its own `score_batch` is used as it is."""
+    from ..plugins import REWARD_SHAPE, check_call
+
+    check_call(fn, ("", Example("", "", "")), {}, f"reward {name!r}", REWARD_SHAPE)
+    return fn if hasattr(fn, "score_batch") else UserReward(fn, name)
+
+
+def _parameters(entry: Any) -> tuple[list[str], list[str]]:
+    """(parameters, required ones) of a reward class (its dataclass fields, or its constructor's
+    keywords); a function takes none."""
+    if not isinstance(entry, type):
+        return [], []
+    if dataclasses.is_dataclass(entry):
+        init = [f for f in dataclasses.fields(entry) if f.init]
+        return [f.name for f in init], [f.name for f in init if f.default is dataclasses.MISSING
+                                        and f.default_factory is dataclasses.MISSING]
+    from ..plugins import parameters
+
+    valid, required, _ = parameters(entry)
+    return valid, required
+
+
 def _build(name: str, params: Mapping[str, Any]) -> RewardFn:
-    entry = REWARDS.get(name)
+    entry = reward_entry(name)
     if not isinstance(entry, type):
         if params:
             raise ValueError(f"reward {name!r} takes no parameters, got {sorted(params)}")
-        return entry
-    valid = [f.name for f in dataclasses.fields(entry) if f.init]
+        return user_reward(entry, name) if is_import_path(name) else entry
+    valid, required = _parameters(entry)
     unknown = {k: difflib.get_close_matches(k, valid, n=1) for k in params if k not in valid}
     if unknown:
         raise ValueError(f"reward {name!r} has no parameter(s) {unknown}; valid: {valid}")
-    required = [
-        f.name for f in dataclasses.fields(entry)
-        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
     missing = [k for k in required if k not in params]
     if missing:
         raise ValueError(f"reward {name!r} needs parameter(s) {missing}")
-    return entry(**params)
+    return user_reward(entry(**params), name) if is_import_path(name) else entry(**params)
 
 
 def get_reward(name_or_config: str | Mapping[str, Any], **params: Any) -> RewardFn:
@@ -126,8 +202,7 @@ def get_reward(name_or_config: str | Mapping[str, Any], **params: Any) -> Reward
 
 def reward_options(name: str) -> set[str]:
     """The parameters the named reward takes (empty for a plain function)."""
-    entry = REWARDS.get(name)
-    return {f.name for f in dataclasses.fields(entry) if f.init} if isinstance(entry, type) else set()
+    return set(_parameters(reward_entry(name))[0])
 
 
 def task_reward(task: Any, name: str = "auto", weights: Mapping[str, Any] | None = None, timeout_s: float = 5.0,
@@ -139,6 +214,8 @@ def task_reward(task: Any, name: str = "auto", weights: Mapping[str, Any] | None
     if weights:
         return get_reward(dict(weights), **options)
     name = task.reward if name == "auto" else name
+    if not isinstance(name, str):  # a user's task with its own verifier function
+        return user_reward(name, f"{type(task).__name__}.reward")
     return get_reward(name, **{k: v for k, v in options.items() if k in reward_options(name)})
 
 
@@ -148,9 +225,9 @@ def reward_names() -> list[str]:
 
 
 __all__ = [
-    "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "RewardFn",
-    "RewardResult", "asks_for_boxed", "boxed_answers", "countdown", "exact_match", "get_reward",
-    "math_verify_score", "overlong_penalty", "reward_names", "reward_options", "score_batch", "strict_for_task",
-    "task_reward", "accuracy", "check_verdicts", "rollout_examples", "score_rollout",
-    "verifier_faults", "with_completion_tokens",
+    "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "RewardFn", "UserReward",
+    "RewardResult", "asks_for_boxed", "boxed_answers", "check_user_rewards", "countdown", "exact_match",
+    "get_reward", "math_verify_score", "overlong_penalty", "reward_entry", "reward_names", "reward_options",
+    "score_batch", "strict_for_task", "task_reward", "user_reward", "accuracy", "check_verdicts",
+    "rollout_examples", "score_rollout", "verifier_faults", "with_completion_tokens",
 ]
