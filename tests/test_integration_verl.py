@@ -153,6 +153,7 @@ CASES = [
     ("tether_gmpo", "gmpo", {}),
     ("tether_clip_cov", "clip_cov", {"select_frac": 1.0, "cov_lb": 0.02}),  # every candidate chosen: no draw
     ("tether_kl_cov", "kl_cov", {"select_frac": 0.1}),
+    ("tether_m2po", "m2po", {"tau": 0.01}),
 ]
 
 

@@ -32,7 +32,7 @@ def _batch(N=8, T=6, seed=0, **kw):
 
 def test_names_and_presets():
     assert set(objectives.names()) == {"ppo_clip", "divergence_clip", "gspo", "cispo", "reinforce", "rpg", "etr",
-                                       "dppo", "sapo", "gmpo", "clip_cov", "kl_cov"}
+                                       "dppo", "sapo", "gmpo", "clip_cov", "kl_cov", "m2po"}
     assert set(PRESETS) >= {
         "grpo", "dapo", "dr_grpo", "gspo", "cispo", "atr_grpo",
         "rpg_fkl", "rpg_ufkl", "rpg_rkl", "rpg_urkl", "rpg_urkl_diff", "etr",
@@ -209,9 +209,10 @@ def test_aggregation_hand_values():
     assert G.aggregate(l, m, "seq-mean-token-sum-norm", max_len=5).item() == pytest.approx(10 / (2 * 5))
 
 
-# Clip-Cov and KL-Cov select tokens by statistics of the batch the loss is given, as the authors' code and verl
-# do per micro-batch (tether.core.covariance, departure 2): their loss is not a sum over micro-batches.
-BATCH_SELECTING = {"clip_cov", "kl_cov"}
+# Clip-Cov, KL-Cov and M2PO select tokens by statistics of the batch the loss is given, as the authors' code, verl
+# and AReaL do per micro-batch (tether.core.covariance departure 2, tether.core.m2po departure 2): their loss is not
+# a sum over micro-batches.
+BATCH_SELECTING = {"clip_cov", "kl_cov", "m2po"}
 
 
 @pytest.mark.parametrize("preset", [p for p in PRESETS if p not in BATCH_SELECTING])

@@ -159,6 +159,11 @@ class TrainerConfig:
     update (exact). sampler: the engine's own log-probs of the sampled tokens, which skips that
     pass; the same policy and weights, so they differ only by the KV-cache decode's rounding
     (about 1e-6 with the hf engine). Needs rollout.top_p=1 and temperature > 0."""
+    staleness: int = 0
+    """Rollout lag s: the batch of RL step t is sampled by the policy of step t - s (the first s steps by the
+    initial policy), as an asynchronous trainer with a fixed lag would produce it; deterministic, and part of
+    the checkpoint. 0: on-policy sampling. The anchor pi_old is old_logprobs: recompute (decoupled) or sampler
+    (bypass); docs/training.md, "Stale rollouts"."""
     fused_logprobs: bool = True
     """Log-probs and entropy through tether.ops' chunked LM head, never holding the (N, T, V) logits
     (exact gradients); models whose head is not a plain linear layer fall back to their logits."""
@@ -265,6 +270,8 @@ class Config:
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key}: got {value}, expected an integer >= 1")
+        if t.staleness < 0:
+            raise ConfigError(f"trainer.staleness: got {t.staleness}, expected an integer >= 0 (0: on-policy sampling)")
         if t.mini_batches > r.prompts_per_step:
             raise ConfigError(
                 f"trainer.mini_batches: {t.mini_batches} mini-batches cannot split "

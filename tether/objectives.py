@@ -1,7 +1,7 @@
 """Policy objectives: one config class per surrogate, composed with the orthogonal axes.
 
 An objective = surrogate (ppo_clip, divergence_clip, gspo, cispo, reinforce, rpg, etr, dppo, sapo,
-gmpo, clip_cov, kl_cov)
+gmpo, clip_cov, kl_cov, m2po)
 + aggregation mode + optional KL-to-reference penalty + optional entropy bonus
 + the advantage estimator the trainer should use. "GRPO", "DAPO", "ATR-GRPO", "RPG-URKL"...
 are presets (YAML files in `tether/presets/`) choosing one value per axis.
@@ -35,6 +35,7 @@ from .core import dppo as _dppo
 from .core import etr as _etr
 from .core import gmpo as _gmpo
 from .core import kl as _kl
+from .core import m2po as _m2po
 from .core import rpg as _rpg
 from .core import sapo as _sapo
 from .core import surrogates as _sur
@@ -224,9 +225,15 @@ class ObjectiveConfig:
     """Train-inference mismatch correction {level, mode, low, high | measure, delta}: each token's loss
     times SG(c), c from pi_old / pi_sampler truncated or masked, or a 0/1 rejection by a divergence; a masked
     token leaves the loss (needs TokenBatch.sampler_logprobs); null: none."""
+    off_policy_mask: Optional[float] = None
+    """Off-policy sequence mask delta (DeepSeek-V3.2; TRL's off_policy_mask_threshold): a sequence with A < 0 whose
+    mean token log(pi_sampler / pi_theta) exceeds delta leaves the loss (pi_old when sampler_logprobs is None);
+    null: off. TRL suggests 0.5."""
 
     def __post_init__(self):
         _check_name(_agg.AGGREGATIONS, self.aggregation, "aggregation")
+        _check(self.off_policy_mask is None or self.off_policy_mask >= 0, "off_policy_mask", self.off_policy_mask,
+               "a number >= 0 (the mean log-ratio in nats per token), or null for no mask")
         _check_name(_adv.ADVANTAGES, self.advantage, "advantage")
         if isinstance(self.kl_penalty, dict):
             self.kl_penalty = from_dict(KLPenaltyConfig, self.kl_penalty, "kl_penalty")
@@ -571,6 +578,28 @@ class KLCovConfig(ObjectiveConfig):
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
 
 
+@dataclass
+class M2POConfig(ObjectiveConfig):
+    """M2PO [arXiv 2510.01161]: drop the tokens with the largest (log r)^2 until the batch's mean is below tau."""
+
+    tau: float = 0.04
+    """tau_M2: the kept tokens' mean of (log r)^2 must be below it (the paper's 0.04 in every run; AReaL's m2_threshold)."""
+    against: Literal["old", "sampler"] = "old"
+    """Which log-ratio the second moment measures: old, log(pi_theta / pi_old) at every update (the paper, with pi_old
+    the behaviour policy: trainer.old_logprobs=sampler); sampler, log(pi_old / pi_sampler), fixed per rollout batch
+    (AReaL: behaviour against the recomputed proximal policy; needs sampler_logprobs)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(self.tau > 0, "tau", self.tau, "a number > 0")
+
+    def required_fields(self) -> list[str]:
+        need = super().required_fields()
+        if self.against == "sampler" and "sampler_logprobs" not in need:
+            need.append("sampler_logprobs")
+        return need
+
+
 # ---------------------------------------------------------------- surrogate functions
 
 Extra = dict[str, Union[torch.Tensor, "Mean"]]  # a plain tensor is a mean over the batch's counted tokens
@@ -721,6 +750,22 @@ def _kl_cov_loss(cfg: KLCovConfig, b: TokenBatch, lp, old):
     return out.tokens, extra
 
 
+@objective("m2po", M2POConfig)
+def _m2po_loss(cfg: M2POConfig, b: TokenBatch, lp, old):
+    if cfg.against == "old":
+        d = _sur.log_ratio(lp, old).detach()
+    else:  # log(pi_old / pi_sampler); the padding and a missing (NaN) sampler log-prob count as 0
+        d = torch.nan_to_num(old - _masked_fill(b.sampler_logprobs, b.mask).detach(), nan=0.0)
+    keep = _m2po.m2_keep(d, b.mask, cfg.tau)
+    ones = torch.ones((), dtype=lp.dtype, device=lp.device)
+    return _m2po.m2po(lp, old, b.advantages, keep), {
+        "m2po/m2": _m2po.second_moment(d, b.mask),
+        "m2po/m2_kept": _m2po.second_moment(d, keep),
+        "m2po/masked_frac": masked_fraction(b.mask.bool() & ~keep, b.mask),
+        "m2po/tau": ones * cfg.tau,
+    }
+
+
 # ---------------------------------------------------------------- the objective
 
 
@@ -824,9 +869,18 @@ class Objective:
             # statistic (GMPO's geometric mean, GSPO's sequence ratio) and its loss is 0 (c = 0).
             kept = torch.where(correction.masked, torch.zeros_like(m), m)
             n_kept = kept.detach().sum().to(torch.float64)
+        off_policy = None
+        if cfg.off_policy_mask is not None:  # DeepSeek-V3.2's sequence mask: its tokens leave the loss, like masked ones
+            behaviour = old if batch.sampler_logprobs is None else _masked_fill(batch.sampler_logprobs, m).detach()
+            off_policy = _corr.off_policy_sequence_mask(lp, behaviour, batch.advantages, m, cfg.off_policy_mask)
+            metrics["policy/off_policy_masked_frac"] = masked_fraction(off_policy, m)
+            kept = torch.where(off_policy, torch.zeros_like(m), kept)
+            n_kept = kept.detach().sum().to(torch.float64)
         tokens, extra = self._loss(cfg, batch if kept is m else dataclasses.replace(batch, mask=kept), lp, old)
         if correction is not None:
             tokens = tokens._replace(loss=tokens.loss * correction.weights.to(tokens.loss.dtype))
+        if off_policy is not None:
+            tokens = tokens._replace(loss=torch.where(off_policy, torch.zeros_like(tokens.loss), tokens.loss))
         penalty = None
         if batch.ref_logprobs is not None:
             ref = _masked_fill(batch.ref_logprobs, m).detach()

@@ -40,6 +40,7 @@ from .rollout import RolloutBatch, RolloutEngine, SamplingParams, get_engine
 from .tasks import Example
 from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl, wandb_problem
 from .schema import ConfigError, to_dict
+from .staleness import StalePolicies, stale_metrics
 from .stopping import Interrupted, StopSignals
 from .summary import write_samples, write_summary
 
@@ -53,7 +54,7 @@ def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config) -> Optional
     t = cfg.trainer
     if t.old_logprobs == "sampler":
         return rollout.sampler_logprobs.to(device=tokens.mask.device, dtype=torch.float32) * tokens.mask
-    if t.ppo_epochs * t.mini_batches == 1:
+    if t.ppo_epochs * t.mini_batches == 1 and t.staleness == 0:  # stale: pi_old (the current policy) is logged
         return None
     with eval_mode(model), precision(tokens.mask.device, cfg):
         return batched_logprobs(model, tokens, cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs,
@@ -412,6 +413,7 @@ class Run:
     device: torch.device
     unfused: str  # why the fused head is off, or ""
     peft: Any = None  # the peft wrapper under model.lora (`model` is its base, adapters injected), else None
+    stale: Optional[StalePolicies] = None  # the last trainer.staleness policies (None: on-policy sampling)
     opt_steps: int = 0
     ref_updates: int = 0
     kl_window: list[float] = dataclasses.field(default_factory=list)
@@ -426,6 +428,8 @@ class Run:
             self.best_accuracy = max(self.best_accuracy, accuracy)
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "position": self.stream.position, "opt_steps": self.opt_steps, "ref_updates": self.ref_updates}
+        if self.stale is not None:
+            state["stale_policies"] = self.stale.state()
         checkpoint.save(self.run_dir, step, self.peft or self.model, self.tokenizer, state, reference=self.reference,
                         keep_last=self.cfg.trainer.keep_last, accuracy=accuracy)  # under LoRA: the adapter only
 
@@ -553,12 +557,13 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
         log(f"resuming {run_dir} from step {state['step']}")
         kept = checkpoint.best(run_dir, log=log)
         best_accuracy = checkpoint.recorded_accuracy(kept) if kept is not None else None
+    stale = StalePolicies(model, t.staleness, state["stale_policies"] if ckpt else None) if t.staleness else None
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens, stop_strings=tuple(cfg.rollout.stop_strings))
     return Run(cfg, run_dir, state["step"], obj, reward_fn, verifier, test_examples, model, tokenizer, reference,
                _engine(cfg, model, tokenizer, device, log), optimizer, scheduler,
                PromptStream(task, t.seed, state["position"]), params, device, unfused, peft,
-               opt_steps=state["opt_steps"], ref_updates=state["ref_updates"], saved_step=state["step"],
+               stale=stale, opt_steps=state["opt_steps"], ref_updates=state["ref_updates"], saved_step=state["step"],
                best_accuracy=-math.inf if best_accuracy is None else best_accuracy)
 
 
@@ -571,7 +576,8 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     cfg, t, model, device = run.cfg, run.cfg.trainer, run.model, run.device
     tic = time.perf_counter()
     model.eval()
-    with precision(device, cfg):
+    sampler = run.stale.sampling(model, step) if run.stale else contextlib.nullcontext(step)
+    with precision(device, cfg), sampler as sampler_step:  # the policy of step t - s (trainer.staleness)
         scored = collect(run.engine, run.stream, run.reward_fn, cfg, run.params, t.seed * 1_000_003 + step,
                          run.tokenizer.pad_token_id)
     model.train()
@@ -591,6 +597,8 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     if step == run.start + 1 and t.share_prompts and t.fused_logprobs and not run.unfused and shared_prompt_reason(model):
         log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
     metrics.update(scored.metrics)
+    if run.stale is not None:
+        metrics.update(stale_metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
     refreshed, run.kl_window = refresh_reference(run.reference, model, t, opt_steps_before, run.opt_steps,
                                                  run.kl_window, metrics.get("kl/ref"))
     run.ref_updates += refreshed

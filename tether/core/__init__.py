@@ -12,6 +12,8 @@ modules, each opening with its math and its departures from the paper:
 - `sapo`: SAPO's soft sigmoid gate.
 - `gmpo`: GMPO's geometric mean of log-space-clipped token ratios.
 - `covariance`: Clip-Cov and KL-Cov, entropy control on high-covariance tokens.
+- `m2po`: M2PO's second-moment mask on the squared token log-ratios (stale data).
+- `correction`: rollout correction (TIS, MIS, IcePop, divergence rejection) and DeepSeek-V3.2's off-policy sequence mask.
 - `advantages`: grpo, dr_grpo, rloo, reinforce_pp.
 - `aggregation`: the four loss aggregation modes with mini-batch normalisers.
 - `masked`: masked reductions and sync-free group statistics.

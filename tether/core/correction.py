@@ -112,3 +112,22 @@ def rollout_correction(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tenso
         else:
             w, truncated, masked = torch.where(outside, torch.zeros_like(r), r), none, outside & m
     return Correction(torch.where(m, w, torch.zeros_like(w)), truncated, masked, diff)
+
+
+def off_policy_sequence_mask(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor,
+                             mask: torch.Tensor, delta: float) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (DeepSeek-V3.2 report, 2025; TRL's `off_policy_mask_threshold`): (N, T)
+    bool,
+    True where a token leaves the loss,
+
+        masked_{i,t} = A_{i,t} < 0  and  (1 / |o_i|) sum_{s in o_i} log(pi_behaviour(o_s) / pi_theta(o_s)) > delta
+
+    a sequence that the policy is pushed away from AND that drifted far from the policy that sampled it (the k1
+    estimate of KL(pi_behaviour || pi_theta) over its tokens). `logprobs` (N, T) are pi_theta's (detached here),
+    `behaviour_logprobs` (N, T) the sampler's; `advantages` (N,) or (N, T). As TRL: the mean over the sequence's
+    counted tokens (at least 1), a strict `>`, and A = 0 kept."""
+    m = mask.bool()
+    d = torch.where(m, behaviour_logprobs.detach() - logprobs.detach(), torch.zeros_like(logprobs))
+    seq_kl = d.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).to(d.dtype).clamp(min=1.0)  # (N, 1)
+    adv = advantages if advantages.dim() == 2 else advantages[:, None]
+    return (adv < 0) & (seq_kl > delta) & m

@@ -1,0 +1,193 @@
+"""Issue 26, item 3: M2PO's second-moment mask and DeepSeek-V3.2's off-policy sequence mask, on CPU in float64.
+
+1. hand-computed masks, losses and gradients (arithmetic in the comments);
+2. exactness: `m2_keep` equals AReaL's `m2_threshold` rule written out as a loop, on random batches;
+4. invariants: no suffix below tau keeps one token, padding never counts, micro-batch split is the batch's;
+6. end to end: `tether train objective=m2po` runs two steps (tests/test_new_objectives.py style).
+"""
+
+import math
+
+import torch
+import pytest
+
+from tether import objectives
+from tether.core import correction as C
+from tether.core import m2po as M
+
+D = torch.float64
+
+
+def _t(*rows):
+    return torch.tensor(rows, dtype=D)
+
+
+def _areal_rule(d: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
+    """AReaL's `_apply_m2po_masking` + `_get_m2po_loss_mask` (areal/trainer/ppo/actor.py), written out:
+    d^2 of the counted tokens sorted descending; mask the first k, k the first index whose suffix mean is < tau,
+    or all but the last when there is none."""
+    flat_m = mask.bool().reshape(-1)
+    sq = (d.reshape(-1) ** 2)[flat_m].tolist()
+    order = sorted(range(len(sq)), key=lambda i: -sq[i])
+    vals = [sq[i] for i in order]
+    n_drop = len(vals) - 1
+    for k in range(len(vals)):
+        if sum(vals[k:]) / (len(vals) - k) < tau:
+            n_drop = k
+            break
+    kept_counted = [True] * len(sq)
+    for i in order[:n_drop]:
+        kept_counted[i] = False
+    out = torch.zeros_like(flat_m)
+    out[flat_m] = torch.tensor(kept_counted)
+    return out.reshape(mask.shape)
+
+
+# ---------------------------------------------------------------- 1. hand-computed
+
+
+def test_m2_keep_hand_computed():
+    # counted d^2: 0.25, 0.01, 0.00 | 0.09, 0.04 (the last token of row 2 is padding, its 9.0 never counts)
+    # sorted: 0.25, 0.09, 0.04, 0.01, 0.00; suffix means 0.39/5 = 0.078, 0.14/4 = 0.035 < 0.04: drop one, the 0.25
+    d = _t([0.5, 0.1, 0.0], [0.3, -0.2, 3.0])
+    m = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    keep = M.m2_keep(d, m, 0.04)
+    assert keep.tolist() == [[False, True, True], [True, True, False]]
+    assert M.second_moment(d, m).item() == pytest.approx(0.39 / 5)
+    assert M.second_moment(d, keep).item() == pytest.approx(0.14 / 4)
+    # tau 0.03: 0.035 is not < 0.03; next suffix 0.05/3 = 0.0167 < 0.03: drop two (0.25 and 0.09)
+    assert M.m2_keep(d, m, 0.03).tolist() == [[False, True, True], [False, True, False]]
+    # tau 0.1: 0.078 < 0.1 already: nothing dropped
+    assert M.m2_keep(d, m, 0.1).tolist() == [[True, True, True], [True, True, False]]
+
+
+def test_no_suffix_below_tau_keeps_only_the_smallest():
+    # d^2 = 1, 4, 0.25: every suffix mean >= 0.25 >= tau 0.1: keep only the token with d^2 = 0.25 (AReaL's rule)
+    d = _t([1.0, -2.0, 0.5])
+    keep = M.m2_keep(d, torch.ones(1, 3), 0.1)
+    assert keep.tolist() == [[False, False, True]]
+
+
+def test_equal_values_are_dropped_in_position_order():
+    # d^2 = 0.09 three times and 0: suffix means 0.27/4 = 0.0675, 0.18/3 = 0.06, 0.09/2 = 0.045, 0 -> drop 3 for
+    # tau 0.04; with tau 0.05 drop 2: the first two in row-major order (a stable sort, departure 1)
+    d = _t([0.3, 0.0], [-0.3, 0.3])
+    m = torch.ones(2, 2)
+    assert M.m2_keep(d, m, 0.05).tolist() == [[False, True], [False, True]]
+    assert M.m2_keep(d, m, 0.04).tolist() == [[False, True], [False, False]]
+
+
+def test_m2po_loss_and_gradient_hand_computed():
+    # token-mean over 4 tokens of -A w M; log w = 0.5, 0.1, -0.1, 0.0 -> d^2 0.25, 0.01, 0.01, 0: suffix means
+    # 0.27/4 = 0.0675, 0.02/3 = 0.0067 < 0.04: the first token is dropped.
+    # kept: w = e^0.1 (A = 1), e^-0.1 (A = -1), 1 (A = -1)
+    # loss = (-(1)(e^0.1) - (-1)(e^-0.1) - (-1)(1)) / 4 ; grad_t = -A_t w_t M_t / 4
+    old = _t([-1.0, -1.0], [-1.0, -1.0])
+    lp = (old + _t([0.5, 0.1], [-0.1, 0.0])).requires_grad_()
+    adv = _t(1.0, -1.0)
+    out = objectives.build("m2po")(objectives.TokenBatch(lp, old, adv, torch.ones(2, 2)))
+    out.loss.backward()
+    e = math.exp(0.1)
+    assert out.loss.item() == pytest.approx((-e + 1 / e + 1) / 4, rel=1e-12)
+    torch.testing.assert_close(lp.grad, _t([0.0, -e / 4], [1 / e / 4, 0.25]), rtol=1e-12, atol=0)
+    assert out.metrics["m2po/masked_frac"].item() == pytest.approx(0.25)
+    assert out.metrics["policy/clipfrac_high"].item() == pytest.approx(0.25)  # the dropped token has A > 0
+    assert out.metrics["m2po/m2"].item() == pytest.approx(0.27 / 4)
+
+
+def test_against_sampler_measures_old_against_the_sampler():
+    # d = old - sampler = 0.5, 0.1, 0, 0: drop the first (0.26/4 = 0.065 >= 0.04; 0.01/3 < 0.04); on-policy w = 1,
+    # so the gradient is -A / 4 on the three kept tokens whatever pi_theta is
+    old = _t([-1.0, -1.0], [-1.0, -1.0])
+    sampler = old - _t([0.5, 0.1], [0.0, 0.0])
+    lp = old.clone().requires_grad_()
+    spec = {"preset": "m2po", "against": "sampler"}
+    out = objectives.build(spec)(objectives.TokenBatch(lp, old, _t(1.0, -1.0), torch.ones(2, 2),
+                                                       sampler_logprobs=sampler))
+    out.loss.backward()
+    torch.testing.assert_close(lp.grad, _t([0.0, -0.25], [0.25, 0.25]), rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="sampler_logprobs"):
+        objectives.build(spec)(objectives.TokenBatch(lp, old, _t(1.0, -1.0), torch.ones(2, 2)))
+
+
+# ---------------------------------------------------------------- 2. exactness against AReaL's rule
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("tau", [0.001, 0.04, 0.3])
+def test_m2_keep_equals_areals_rule(seed, tau):
+    g = torch.Generator().manual_seed(seed)
+    d = 0.4 * torch.randn(6, 9, generator=g, dtype=D)  # continuous: no ties, so the sort order is AReaL's too
+    lengths = torch.randint(0, 10, (6,), generator=g)
+    m = (torch.arange(9)[None, :] < lengths[:, None]).to(D)
+    keep = M.m2_keep(d, m, tau)
+    assert torch.equal(keep, _areal_rule(d, m, tau))
+    if m.sum() > 0:
+        assert M.second_moment(d, keep).item() < tau or keep.sum() == 1
+        assert keep.sum() > 0
+
+
+# ---------------------------------------------------------------- DeepSeek-V3.2 off-policy sequence mask
+
+
+def test_off_policy_sequence_mask_hand_computed():
+    # mean over counted tokens of log(pi_sampler / pi_theta) = sampler - lp:
+    #   row 0: (0.6 + 0.4) / 2 = 0.5, A < 0 -> 0.5 > 0.4: masked
+    #   row 1: (0.6 + 0.4) / 2 = 0.5, A > 0 -> kept
+    #   row 2: (0.3 + 0.3 + 0.3) / 3 = 0.3 <= 0.4, A < 0 -> kept
+    #   row 3: 0.5 over its one counted token (the padding's 9.0 does not count), A < 0 -> masked
+    lp = torch.full((4, 3), -1.0, dtype=D)
+    sampler = lp + _t([0.6, 0.4, 0.0], [0.6, 0.4, 0.0], [0.3, 0.3, 0.3], [0.5, 9.0, 9.0])
+    m = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    adv = _t(-1.0, 1.0, -0.5, -2.0)
+    masked = C.off_policy_sequence_mask(lp, sampler, adv, m, 0.4)
+    assert masked.tolist() == [[True, True, False], [False] * 3, [False] * 3, [True, False, False]]
+    # exactly at delta: kept (TRL's <=)
+    assert not C.off_policy_sequence_mask(lp, sampler, adv, m, 0.5)[0].any()
+
+
+def test_off_policy_mask_removes_the_sequences_gradient_and_keeps_the_normaliser():
+    # GRPO-style ppo_clip, token-mean over 4 tokens; row 0 (A = -1, drift 0.5 > 0.4) leaves the loss: its gradient is 0,
+    # row 1 keeps -A w / 4 = -1 * 1 / 4 per token (on-policy w = 1), and the normaliser stays 4 (TRL's)
+    old = torch.full((2, 2), -1.0, dtype=D)
+    lp = old.clone().requires_grad_()
+    sampler = old + _t([0.5, 0.5], [0.5, 0.5])
+    batch = objectives.TokenBatch(lp, old, _t(-1.0, 1.0), torch.ones(2, 2), sampler_logprobs=sampler)
+    out = objectives.build({"name": "ppo_clip", "aggregation": "token-mean", "off_policy_mask": 0.4})(batch)
+    out.loss.backward()
+    torch.testing.assert_close(lp.grad, _t([0.0, 0.0], [-0.25, -0.25]), rtol=1e-12, atol=0)
+    assert out.loss.item() == pytest.approx(-0.5)
+    assert out.metrics["policy/off_policy_masked_frac"].item() == pytest.approx(0.5)
+    # without sampler log-probs the mask reads pi_old (TRL's fallback): on-policy, nothing is masked
+    plain = objectives.TokenBatch(old.clone().requires_grad_(), old, _t(-1.0, 1.0), torch.ones(2, 2))
+    out = objectives.build({"name": "ppo_clip", "off_policy_mask": 0.4})(plain)
+    assert out.metrics["policy/off_policy_masked_frac"].item() == 0.0
+
+
+def test_bad_values_name_the_key():
+    from tether.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="tau"):
+        objectives.build({"preset": "m2po", "tau": 0})
+    with pytest.raises(ConfigError, match="off_policy_mask"):
+        objectives.build({"preset": "grpo", "off_policy_mask": -1})
+
+
+# ---------------------------------------------------------------- 6. end to end
+
+
+@pytest.mark.parametrize("extra", [["objective=m2po"], ["objective=dapo", "objective.off_policy_mask=0.5"]])
+def test_train_runs_two_steps(tiny_dir, tmp_path, extra):
+    import json
+    from pathlib import Path
+
+    from test_train import _cfg
+
+    from tether.train import train
+
+    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", *extra), log=lambda *_: None)
+    rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(math.isfinite(r["loss/total"]) for r in rows[1:])
+    key = "m2po/masked_frac" if extra == ["objective=m2po"] else "policy/off_policy_masked_frac"
+    assert all(key in r for r in rows[1:])
