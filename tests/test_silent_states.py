@@ -146,3 +146,25 @@ def test_tether_eval_redirected_writes_its_first_line_while_it_runs(tiny_dir, tm
     assert proc.returncode == 0, text
     assert seen_running, f"the first progress line was only written at exit:\n{text}"
     assert "eval 48/48 problems" in text
+
+
+# ---------------------------------------------------------------- threads (item 16)
+
+
+@pytest.mark.parametrize("setting, cores, expected", [
+    (0, 2, 1), (0, 1, 1), (0, 16, 8), (0, 64, 8), (0, 6, 3),  # auto: cores // 2, at least 1, at most 8
+    (3, 64, 3), (-1, 64, 0),  # N as given; -1 keeps torch's default (0: nothing set)
+])
+def test_auto_threads_are_half_the_cores_between_one_and_eight(setting, cores, expected):
+    from tether.train import cpu_threads
+
+    threads, why = cpu_threads(setting, cores)
+    assert threads == expected
+    assert bool(why) == (setting == 0)
+
+
+def test_threads_below_minus_one_are_refused():
+    from tether.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="trainer.threads"):
+        load_config(None, ["trainer.threads=-2"])

@@ -292,6 +292,30 @@ def precision(device: torch.device, cfg: Config) -> contextlib.AbstractContextMa
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on)
 
 
+AUTO_THREADS_MAX = 8
+"""trainer.threads=0 (auto) uses half the cores, at most this many."""
+
+
+def cpu_threads(setting: int, cores: Optional[int] = None) -> tuple[int, str]:
+    """torch's CPU threads for `trainer.threads` (0: auto) and a log line saying why, or (0, "") to
+    keep torch's default (-1). Auto is half the cores this process may use, at least 1 and at most
+    AUTO_THREADS_MAX: torch's default of every core makes each parallel region wait for its slowest
+    thread, so one competing process (another run, a test suite, the verifier's worker) stalls them
+    all (docs/performance.md, "CPU threads under contention"); past a few threads a small model's
+    matmuls gain little."""
+    import os
+
+    if setting == -1:
+        return 0, ""
+    if setting > 0:
+        return setting, ""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = min(AUTO_THREADS_MAX, max(1, cores // 2))
+    return n, (f"torch threads: {n} of {cores} cores (trainer.threads=0: auto, half the cores, at most "
+               f"{AUTO_THREADS_MAX}; -1 for torch's default of every core)")
+
+
 def _scheduler(optimizer, cfg: Config, total_opt_steps: int):
     t = cfg.trainer
 
@@ -479,8 +503,9 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
         raise ConfigError(wandb_problem())
     run_dir = _run_path(cfg, resume_dir)
     t = cfg.trainer
-    if t.threads > 0:
-        torch.set_num_threads(t.threads)
+    threads, why = cpu_threads(t.threads)
+    if threads:
+        torch.set_num_threads(threads)
     if t.device != "auto":
         pick_device(t.device, 0, 0)  # a missing CUDA device fails here, before any warm start
     torch.manual_seed(t.seed)
@@ -490,6 +515,8 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg)
     _open_run_dir(cfg, run_dir, resume_dir, log)
+    if why:
+        log(why)
     ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
     lora = cfg.model.lora
     # The initial (warm-started) model: the policy of a new run, the base under LoRA, the reference.
