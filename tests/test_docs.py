@@ -37,6 +37,11 @@ def blocks(path: Path) -> list[tuple[int, str, str, str]]:
 
 
 ALL = [(path, *b) for path in DOCS for b in blocks(path)]
+# What a doc's blocks must have shown, beyond running: (check of the namespace, what it proves).
+EXPECT = {
+    "trl.md": (lambda ns: ns["clipped"][0] == 0 and ns["clipped"][-1] > 0,
+               "num_iterations=2: the first pass is on-policy, the second clips (issue 24, item 19)"),
+}
 
 
 def _id(path: Path) -> str:
@@ -65,6 +70,9 @@ def test_the_python_blocks_of_a_doc_run_in_order(path, tmp_path, monkeypatch, ca
         if lang == "python" and not marker.startswith("skip"):
             # Pad with blank lines so a traceback names the line in the .md file.
             exec(compile("\n" * line + code, str(path), "exec"), namespace)
+    if _id(path) in EXPECT:
+        check, what = EXPECT[_id(path)]
+        assert check(namespace), what
 
 
 def _bash_params():

@@ -168,3 +168,19 @@ def test_threads_below_minus_one_are_refused():
 
     with pytest.raises(ConfigError, match="trainer.threads"):
         load_config(None, ["trainer.threads=-2"])
+
+
+def test_a_resume_continues_the_flat_streak(tiny_dir, tmp_path):
+    """Killed after 2 flat steps and resumed, the count goes on (3, 4), as in an uninterrupted run."""
+    def cfg(steps):
+        return load_config(None, [
+            f"model.name_or_path={tiny_dir}", f"output_dir={tmp_path / 'run'}", f"reward.name={ALWAYS_ZERO}",
+            "warm_start.enabled=false", "rollout.prompts_per_step=2", "rollout.group_size=2",
+            "rollout.max_new_tokens=4", "data.eval_size=4", f"trainer.total_steps={steps}", "trainer.save_every=1",
+            "trainer.progress=false", "trainer.plots=false", "trainer.tensorboard=false", "trainer.threads=1",
+        ])
+
+    run = train(cfg(2), log=lambda *_: None)
+    train(cfg(4), resume_dir=str(run), log=lambda *_: None)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("rollout/flat_streak") for r in rows] == [None, 1.0, 2.0, 3.0, 4.0]

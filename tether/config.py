@@ -203,8 +203,8 @@ class TrainerConfig:
     loads float32); auto is bf16 on CUDA and off on CPU; off runs in the weights' dtype."""
     threads: int = 0
     """torch CPU threads. 0: auto, half the cores this process may use, at least 1 and at most 8
-    (torch's default of every core ran 2.7x slower on 2 cores with one competing process:
-    docs/performance.md#cpu-threads-under-contention); -1: torch's default; N >= 1: N."""
+    (torch's default of every core made a step 18x slower than 1 thread on a loaded 2-core CPU with
+    one competing process: docs/performance.md, CPU threads under contention); -1: torch's default."""
     tensorboard: bool = True
     """Write TensorBoard event files to RUN_DIR/tb."""
     wandb: bool = False

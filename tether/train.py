@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -622,6 +623,15 @@ def flat_streak(metrics: dict[str, float], cfg: Config, streak: int) -> tuple[in
                     f"warm start and the reward, or raise rollout.group_size or rollout.temperature")
 
 
+def _logged_at(run_dir: Path, step: int, key: str) -> int:
+    """`key`'s value in metrics.jsonl at `step` (a resume continues a count where it was), else 0."""
+    path = run_dir / "metrics.jsonl"
+    if step == 0 or not path.exists():
+        return 0
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return int(next((r.get(key) or 0 for r in reversed(rows) if r.get("step") == step), 0))
+
+
 def _skipped_updates(metrics: dict[str, float], step: int, scored: Scored) -> str:
     """A log line when this step skipped updates with a non-finite loss or gradient, else ""."""
     if metrics["optim/skipped_updates"] == 0:
@@ -653,7 +663,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     progress = make_progress(t.total_steps, run.start, t.progress, t.log_every, log)
     samples_file = (run.run_dir / "samples.jsonl").open("a")
     tic, last_step, bad_steps, stop = time.perf_counter(), run.start, 0, StopSignals()
-    flat = 0  # rollout steps in a row without reward variance (`flat_streak`; restarts at 0 on resume)
+    flat = _logged_at(run.run_dir, run.start, "rollout/flat_streak")  # steps in a row without reward variance
     try:
         with stop:
             if run.start == 0:
