@@ -121,3 +121,13 @@ def test_a_bash_block_runs(path, marker, code, tmp_path):
     done = subprocess.run(["bash", "-e", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_config_check_fails_on_a_bad_key_or_objective():
+    from tether.schema import ConfigError
+
+    _config_check("tether train objective=dapo trainer.total_steps=3   # a comment")  # a good line passes
+    with pytest.raises(ConfigError, match="total_steps"):
+        _config_check("tether train trainer.totl_steps=3")
+    with pytest.raises(ConfigError):
+        _config_check("tether compare configs/compare.yaml --objectives grpo,nonesuch --seeds 2")
