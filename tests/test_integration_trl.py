@@ -419,3 +419,24 @@ def test_two_processes_train_exactly_as_one(one_and_two_processes, tiny_dir, nam
         assert any(k.startswith("etr/") for k in names)
     if name == "rpg_ref":
         assert two[0]["history"][1]["kl/ref"] > 0
+
+
+@pytest.mark.slow
+def test_the_example_defaults_make_the_trust_region_act(tmp_path):
+    """examples/trl/train_grpo.py with its defaults (--num-iterations 2) on a tiny model: the second
+    pass over each generation batch is off-policy, so the ratio moves and the clip acts (issue 24, 19)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "trl" / "train_grpo.py"
+    spec = importlib.util.spec_from_file_location("train_grpo", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    trainer = example.main(["--tiny", "--max-steps", "2", "--per-device-batch", "8", "--num-generations", "4",
+                            "--output-dir", str(tmp_path)])
+    logs = [h for h in trainer.state.log_history if "policy/ratio_max" in h]
+    assert len(logs) == 2
+    # optimiser step 1: first pass, on-policy (ratio exactly 1, nothing clipped); step 2: second pass
+    assert logs[0]["policy/ratio_max"] == 1.0 and logs[0]["policy/clipfrac_high"] == 0.0
+    assert logs[1]["policy/ratio_max"] > 1.0
+    assert logs[1]["policy/clipfrac_high"] + logs[1]["policy/clipfrac_low"] > 0

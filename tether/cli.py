@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if not sys.stdout.isatty() and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # `tether train > log`: each line lands as it is printed
     parser = build_parser()
     # key=value overrides may stand anywhere on the line, also after options (`tether compare CFG
     # --seeds 5 trainer.lr=1e-4`): argparse leaves those it could not place, and they join the rest.

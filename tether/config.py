@@ -216,7 +216,9 @@ class TrainerConfig:
     torch.autocast in bfloat16 on float32 master weights and optimiser state (model.dtype=auto then
     loads float32); auto is bf16 on CUDA and off on CPU; off runs in the weights' dtype."""
     threads: int = 0
-    """torch CPU threads (0: torch's default)."""
+    """torch CPU threads. 0: auto, half the cores this process may use, at least 1 and at most 8
+    (torch's default of every core made a step 18x slower than 1 thread on a loaded 2-core CPU with
+    one competing process: docs/performance.md, CPU threads under contention); -1: torch's default."""
     tensorboard: bool = True
     """Write TensorBoard event files to RUN_DIR/tb."""
     wandb: bool = False
@@ -281,6 +283,8 @@ class Config:
             raise ConfigError("rollout.group_size: group-relative advantages need at least 2 samples per prompt")
         if t.lr <= 0:
             raise ConfigError(f"trainer.lr: got {t.lr}, expected a positive number")
+        if t.threads < -1:
+            raise ConfigError(f"trainer.threads: got {t.threads}, expected 0 (auto), -1 (torch's default) or N >= 1")
         if r.temperature < 0 or not 0 < r.top_p <= 1:
             raise ConfigError("rollout.temperature must be >= 0 and rollout.top_p in (0, 1]")
         if self.model.lora is not None and (t.ref_update_every or t.ref_update_kl):

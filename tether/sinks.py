@@ -12,6 +12,7 @@ import math
 import netrc
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional, Protocol
@@ -126,20 +127,84 @@ def _duration(seconds: float) -> str:
     return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
 
 
+HEARTBEAT_S = 60.0
+"""The longest a plain-text progress log stays silent (`tether train` and `tether eval` to a file)."""
+
+
+def flushed(log):
+    """`log`, flushed at once when it is `print`: a redirected stdout is block-buffered, so a log
+    file would otherwise show nothing for minutes (and its first line only at exit)."""
+    if log is print:
+        return lambda *a, **k: print(*a, **k, flush=True)
+    return log
+
+
+class Heartbeat:
+    """A daemon thread that logs `message()` whenever `every_s` seconds pass without a line
+    (`beat()` marks one), so a slow step or batch is never silent for long. `close()` stops it."""
+
+    def __init__(self, log, message, every_s: float = HEARTBEAT_S):
+        self._log, self._message, self._every = log, message, every_s
+        self._last = time.perf_counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tether-heartbeat", daemon=True)
+        self._thread.start()
+
+    def beat(self) -> None:
+        with self._lock:
+            self._last = time.perf_counter()
+
+    def due(self) -> bool:
+        """True when `every_s` seconds have passed since the last line."""
+        with self._lock:
+            return time.perf_counter() - self._last >= self._every
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(self._every, 1.0) / 4):
+            with self._lock:
+                quiet = time.perf_counter() - self._last
+                if quiet < self._every:
+                    continue
+                self._last = time.perf_counter()
+            self._log(self._message(quiet))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 class PlainProgress:
     """Progress as plain log lines, for output that is not a terminal (a file, nohup, Slurm, tee):
-    one line every `every` steps and at every held-out evaluation, each complete on its own."""
+    one line every `every` steps, at every held-out evaluation, and at the first step after
+    `heartbeat_s` seconds without one, each complete on its own and flushed; while a single step
+    takes longer than `heartbeat_s`, a "still on step N" line every `heartbeat_s` seconds."""
 
-    def __init__(self, total: int, start: int = 0, every: int = 25, log=print):
-        self._total, self._start, self._every, self._log = total, start, max(1, every), log
+    def __init__(self, total: int, start: int = 0, every: int = 25, log=print, heartbeat_s: float = HEARTBEAT_S):
+        self._total, self._start, self._every = total, start, max(1, every)
         self._tic = time.perf_counter()
         self._acc, self._acc_step = float("nan"), None
+        self._step = start
+        log = flushed(log)
+        self._heartbeat = Heartbeat(log, self._still, heartbeat_s)
+
+        def log_and_beat(line: str) -> None:
+            self._heartbeat.beat()
+            log(line)
+
+        self._log = log_and_beat
+
+    def _still(self, quiet: float) -> str:
+        return (f"step {self._step + 1}/{self._total} under way: no step finished in the last {_duration(quiet)}, "
+                f"elapsed {_duration(time.perf_counter() - self._tic)}")
 
     def update(self, step: int, m: dict[str, float]) -> None:
         evaluated = "eval/accuracy" in m
         if evaluated:  # the latest held-out accuracy and the step it was measured at
             self._acc, self._acc_step = m["eval/accuracy"], step
-        if step <= self._start or not (evaluated or step % self._every == 0 or step == self._total):
+        self._step = max(self._step, step)
+        due = self._heartbeat.due()
+        if step <= self._start or not (evaluated or due or step % self._every == 0 or step == self._total):
             return
         elapsed = time.perf_counter() - self._tic
         rate = (step - self._start) / max(elapsed, 1e-9)
@@ -149,7 +214,7 @@ class PlainProgress:
                   f"{rate:.2f} steps/s  elapsed {_duration(elapsed)}  ETA {_duration(eta) if eta == eta else '?'}")
 
     def close(self) -> None:
-        pass
+        self._heartbeat.close()
 
 
 class Progress:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -293,6 +294,30 @@ def precision(device: torch.device, cfg: Config) -> contextlib.AbstractContextMa
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on)
 
 
+AUTO_THREADS_MAX = 8
+"""trainer.threads=0 (auto) uses half the cores, at most this many."""
+
+
+def cpu_threads(setting: int, cores: Optional[int] = None) -> tuple[int, str]:
+    """torch's CPU threads for `trainer.threads` (0: auto) and a log line saying why, or (0, "") to
+    keep torch's default (-1). Auto is half the cores this process may use, at least 1 and at most
+    AUTO_THREADS_MAX: torch's default of every core makes each parallel region wait for its slowest
+    thread, so one competing process (another run, a test suite, the verifier's worker) stalls them
+    all (docs/performance.md, "CPU threads under contention"); past a few threads a small model's
+    matmuls gain little."""
+    import os
+
+    if setting == -1:
+        return 0, ""
+    if setting > 0:
+        return setting, ""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = min(AUTO_THREADS_MAX, max(1, cores // 2))
+    return n, (f"torch threads: {n} of {cores} cores (trainer.threads=0: auto, half the cores, at most "
+               f"{AUTO_THREADS_MAX}; -1 for torch's default of every core)")
+
+
 def _scheduler(optimizer, cfg: Config, total_opt_steps: int):
     t = cfg.trainer
 
@@ -419,6 +444,7 @@ class Run:
     kl_window: list[float] = dataclasses.field(default_factory=list)
     saved_step: int = -1
     best_accuracy: float = -math.inf  # the best held-out accuracy a checkpoint holds
+    warm_start: dict[str, float] = dataclasses.field(default_factory=dict)  # warm_start/* metrics, logged at step 0
 
     def save(self, step: int, accuracy: Optional[float] = None) -> None:
         """A checkpoint of the weights, the optimiser and every counter after `step` (atomic), with the
@@ -503,14 +529,15 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     directory, the objective, task and verifiers (checked before any model loads), the models,
     the engine, the optimiser, and on resume the checkpoint's state and random-number streams."""
     from .models import load_model
-    from .warmstart import initial_model
+    from .warmstart import initial_model, warm_start_metrics
 
     if cfg.trainer.wandb and wandb_problem():  # before anything is written
         raise ConfigError(wandb_problem())
     run_dir = _run_path(cfg, resume_dir)
     t = cfg.trainer
-    if t.threads > 0:
-        torch.set_num_threads(t.threads)
+    threads, why = cpu_threads(t.threads)
+    if threads:
+        torch.set_num_threads(threads)
     if t.device != "auto":
         pick_device(t.device, 0, 0)  # a missing CUDA device fails here, before any warm start
     if cfg.model.name_or_path != "tiny":
@@ -522,6 +549,8 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg)
     _open_run_dir(cfg, run_dir, resume_dir, log)
+    if why:
+        log(why)
     ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
     lora = cfg.model.lora
     # The initial (warm-started) model: the policy of a new run, the base under LoRA, the reference.
@@ -564,7 +593,8 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
                _engine(cfg, model, tokenizer, device, log), optimizer, scheduler,
                PromptStream(task, t.seed, state["position"]), params, device, unfused, peft,
                stale=stale, opt_steps=state["opt_steps"], ref_updates=state["ref_updates"], saved_step=state["step"],
-               best_accuracy=-math.inf if best_accuracy is None else best_accuracy)
+               best_accuracy=-math.inf if best_accuracy is None else best_accuracy,
+               warm_start=warm_start_metrics(cfg, base) if base is not None else {})
 
 
 # ---------------------------------------------------------------- one RL step
@@ -607,6 +637,38 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     return scored, metrics
 
 
+FLAT_WARN_AFTER = 3
+"""Rollout steps in a row with no reward variance in any group before the trainer warns."""
+
+
+def flat_streak(metrics: dict[str, float], cfg: Config, streak: int) -> tuple[int, str]:
+    """Count rollout steps in a row in which no group had reward variance (every advantage 0, so
+    nothing trains): with dynamic sampling, no group was kept after every refill round; without,
+    every group of the batch was flat. Returns the new count, logged as `rollout/flat_streak`, and a
+    warning line at FLAT_WARN_AFTER steps in a row and every `trainer.log_every` steps after, else ""."""
+    dynamic = cfg.rollout.dynamic_sampling
+    flat = metrics.get("rollout/dynamic_kept_frac") == 0.0 if dynamic else metrics["adv/zero_var_frac"] == 1.0
+    streak = streak + 1 if flat else 0
+    due = streak >= FLAT_WARN_AFTER and (streak - FLAT_WARN_AFTER) % max(1, cfg.trainer.log_every) == 0
+    if not due:
+        return streak, ""
+    what = (f"dynamic sampling kept 0 of {cfg.rollout.prompts_per_step} groups after "
+            f"{cfg.rollout.dynamic_sampling_max_rounds} refill rounds" if dynamic else "every group was flat")
+    return streak, (f"warning: {streak} steps in a row with no reward variance ({what}): every sample of a "
+                    f"group got the same reward, so every advantage is 0 and nothing trains. The task is too "
+                    f"hard or too easy for this policy (reward/mean {metrics['reward/mean']:.3f}): check the "
+                    f"warm start and the reward, or raise rollout.group_size or rollout.temperature")
+
+
+def _logged_at(run_dir: Path, step: int, key: str) -> int:
+    """`key`'s value in metrics.jsonl at `step` (a resume continues a count where it was), else 0."""
+    path = run_dir / "metrics.jsonl"
+    if step == 0 or not path.exists():
+        return 0
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return int(next((r.get(key) or 0 for r in reversed(rows) if r.get("step") == step), 0))
+
+
 def _skipped_updates(metrics: dict[str, float], step: int, scored: Scored) -> str:
     """A log line when this step skipped updates with a non-finite loss or gradient, else ""."""
     if metrics["optim/skipped_updates"] == 0:
@@ -638,10 +700,11 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     progress = make_progress(t.total_steps, run.start, t.progress, t.log_every, log)
     samples_file = (run.run_dir / "samples.jsonl").open("a")
     tic, last_step, bad_steps, stop = time.perf_counter(), run.start, 0, StopSignals()
+    flat = _logged_at(run.run_dir, run.start, "rollout/flat_streak")  # steps in a row without reward variance
     try:
         with stop:
             if run.start == 0:
-                m = run.evaluate()
+                m = {**run.evaluate(), **run.warm_start}
                 for s in sinks:
                     s.log(0, m)
                 progress.update(0, m)
@@ -654,6 +717,10 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 bad_steps = bad_steps + 1 if skipped else 0
                 if skipped:
                     log(skipped)
+                flat, warning = flat_streak(metrics, cfg, flat)
+                metrics["rollout/flat_streak"] = float(flat)
+                if warning:
+                    log(warning)
                 if bad_steps >= t.max_nonfinite_steps:
                     _stop_nonfinite(run, step, bad_steps, metrics, sinks)
                 if step % t.eval_every == 0 or step == t.total_steps:

@@ -65,8 +65,33 @@ def warm_start_key(cfg: Config, base: str) -> dict:
     }
 
 
+def below_target_warning(cfg: Config, info: dict) -> str:
+    """A warning line when the warm start ended below `warm_start.target_accuracy` (its step budget,
+    `warm_start.max_steps`, ran out first), else "". RL from such a policy sees reward 0 in most
+    groups, whose advantages are then 0: the run trains on little or nothing."""
+    ws = cfg.warm_start
+    if info["accuracy"] >= ws.target_accuracy:
+        return ""
+    return (f"warning: the warm start stopped at warm_start.max_steps={ws.max_steps} with greedy accuracy "
+            f"{info['accuracy']:.3f} after {info['steps']} steps, below warm_start.target_accuracy="
+            f"{ws.target_accuracy}: RL starts from a policy that rarely solves a problem, so most groups score 0 "
+            f"everywhere and learn nothing. Raise warm_start.max_steps (or lower warm_start.target_accuracy)")
+
+
+def warm_start_metrics(cfg: Config, path: str) -> dict[str, float]:
+    """The warm start's outcome as step-0 metrics (docs/metrics.md), {} when `path` is no warm start:
+    `warm_start/accuracy`, `warm_start/steps` and `warm_start/below_target` (1.0 or 0.0)."""
+    record = Path(path) / "warmstart.json"
+    if not cfg.warm_start.enabled or not record.is_file():
+        return {}
+    info = json.loads(record.read_text())
+    return {"warm_start/accuracy": float(info["accuracy"]), "warm_start/steps": float(info["steps"]),
+            "warm_start/below_target": float(info["accuracy"] < cfg.warm_start.target_accuracy)}
+
+
 def initial_model(cfg: Config, task, verifier, log=print) -> str:
-    """Path or hub id of the model RL starts from (building and warm-starting it if needed)."""
+    """Path or hub id of the model RL starts from (building and warm-starting it if needed); a
+    warm start that ended below its target accuracy logs a warning, cached or not."""
     base = str(_tiny_model(cfg)) if cfg.model.name_or_path == "tiny" else cfg.model.name_or_path
     ws = cfg.warm_start
     if not ws.enabled:
@@ -76,6 +101,8 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
     if (path / "warmstart.json").exists():
         info = json.loads((path / "warmstart.json").read_text())
         log(f"warm start: cached model {path} (greedy accuracy {info['accuracy']:.3f})")
+        if below_target_warning(cfg, info):
+            log(below_target_warning(cfg, info))
         return str(path)
     from .models import load_model
     from .sft import sft
@@ -96,4 +123,6 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
     (tmp / "warmstart.json").write_text(json.dumps(info, indent=1, default=str))
     _publish(tmp, path)
     log(f"warm start: accuracy {result['accuracy']:.3f} after {result['steps']} steps ({info['seconds']:.0f} s)")
+    if below_target_warning(cfg, info):
+        log(below_target_warning(cfg, info))
     return str(path)

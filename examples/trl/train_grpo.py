@@ -1,7 +1,11 @@
 """Train with a tether objective inside TRL's GRPOTrainer, on a tether task with its verifier.
 
-    # CPU smoke run: a tiny randomly initialised model, 4 optimiser steps (seconds)
+    # CPU smoke run: a tiny randomly initialised model, 4 optimiser steps (about a minute)
     python examples/trl/train_grpo.py --tiny --max-steps 4
+    # Each generation batch is used for --num-iterations 2 passes (the default), so from the second
+    # pass on the ratio to the sampling policy moves and the trust region acts: policy/clipfrac_* > 0
+    # in the logs (tests/test_integration_trl.py checks it). With --num-iterations 1 and
+    # --steps-per-generation equal to --grad-accum every update is on-policy and nothing is clipped.
     # all GPUs of one node (one process per GPU); add --bf16 and, for vLLM generation, --use-vllm
     accelerate launch examples/trl/train_grpo.py --model Qwen/Qwen2.5-0.5B-Instruct \\
         --objective atr_grpo --num-generations 8 --per-device-batch 8 --grad-accum 2 --num-iterations 2
@@ -32,15 +36,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimiser step")
     p.add_argument("--steps-per-generation", type=int, default=None,
                    help="micro-batches per generation batch (default: --grad-accum)")
-    p.add_argument("--num-iterations", type=int, default=1, help="passes over each generation batch")
+    p.add_argument("--num-iterations", type=int, default=2,
+                   help="passes over each generation batch (default 2: the second is off-policy, so the trust "
+                        "region acts; 1 with the default --steps-per-generation leaves it inactive)")
     p.add_argument("--max-completion-length", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default 1e-5; 1e-3 with --tiny, a step that moves the ratio in a few steps)")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--use-vllm", action="store_true", help="generate with vLLM (colocated)")
     return p.parse_args(argv)
 
 
-def main(argv=None) -> None:
+def main(argv=None):
     a = parse_args(argv)
     from trl import GRPOConfig
 
@@ -58,7 +65,7 @@ def main(argv=None) -> None:
     config = GRPOConfig(
         output_dir=a.output_dir,
         max_steps=a.max_steps,
-        learning_rate=a.lr,
+        learning_rate=a.lr if a.lr is not None else (1e-3 if a.tiny else 1e-5),
         num_generations=a.num_generations,
         per_device_train_batch_size=a.per_device_batch,
         gradient_accumulation_steps=a.grad_accum,
@@ -81,6 +88,7 @@ def main(argv=None) -> None:
                            args=config)
     trainer.train()
     trainer.save_model()
+    return trainer
 
 
 if __name__ == "__main__":
