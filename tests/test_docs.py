@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import types
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,10 @@ def _python_files():
 @pytest.mark.parametrize("path", _python_files())
 def test_the_python_blocks_of_a_doc_run_in_order(path, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    namespace = {"__name__": "__docs__"}
+    # A real module in sys.modules: a dataclass defined in a doc looks its module up there.
+    module = types.ModuleType("__docs__")
+    monkeypatch.setitem(sys.modules, "__docs__", module)
+    namespace = module.__dict__
     for line, lang, marker, code in blocks(path):
         if lang == "python" and not marker.startswith("skip"):
             # Pad with blank lines so a traceback names the line in the .md file.
