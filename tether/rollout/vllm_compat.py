@@ -7,7 +7,7 @@ A new vLLM release is a review of this file:
      (random weights at start; the policy's are pushed before the first sample) and
      `generation_config="vllm"` (ignore a model directory's sampling defaults: tether passes every one).
   2. `VLLM_ENABLE_V1_MULTIPROCESSING=0`: the engine core runs in this process (an `InprocClient`), so
-     weights can be pushed as tensors, without serialisation.
+     weights can be pushed as tensors, without serialisation; `VLLM_LOGGING_LEVEL=WARNING` unless set.
   3. Weight push: `LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})` runs the
      model runner's `reload_weights`, which feeds Hugging Face-named tensors to the model's
      `load_weights` (fusing q/k/v and gate/up itself); then `LLM.reset_prefix_cache()`, since cached
@@ -44,6 +44,7 @@ def missing_reason() -> str:
 def import_vllm() -> Any:
     """The `vllm` module, in-process mode set first; an ImportError naming the extra when it is missing."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its per-engine INFO lines would swamp a run's log
     try:
         import vllm
     except ImportError as exc:
