@@ -35,6 +35,9 @@ Departures from the `hf` engine, and why:
      and the `mismatch/*` metrics exist for).
   3. `compile`: "auto" runs vLLM eagerly on a CPU and with its compiled CUDA graphs on CUDA;
      True compiles everywhere, False never (`enforce_eager`).
+  4. Precision: vLLM runs in the policy's parameter dtype (float32 master weights: float32), with
+     the trainer's autocast switched off around it; on a GPU that is exact but slower than bf16
+     sampling (not measured: no GPU was lent to the session that wrote this).
 """
 
 from __future__ import annotations
@@ -165,7 +168,9 @@ class VLLMEngine:
             stop=list(params.stop_strings), stop_token_ids=stop_ids, logprobs=0, skip_special_tokens=True,
             seed=None if seed is None else request_seed(seed, j),
         ) for j in range(len(rows))]
-        with vllm_compat.preserved_process_state():
+        # the trainer samples under its bf16 autocast on CUDA; vLLM runs its own kernels in its own dtype
+        with vllm_compat.preserved_process_state(), torch.autocast("cuda", enabled=False), \
+                torch.autocast("cpu", enabled=False):
             outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], requests, use_tqdm=False)
         return self._assemble(rows, prompt_index, [o.outputs[0] for o in outputs], set(stop_ids), params)
 
