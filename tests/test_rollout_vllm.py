@@ -186,6 +186,20 @@ def test_stop_token_stop_string_and_max_tokens(setup):
     assert int(batch.mask[0].sum()) == ends
 
 
+@needs_vllm
+def test_tether_eval_samples_with_the_vllm_engine_and_records_it(tmp_path, capfd):  # vLLM needs a real stdout fd
+    from tether.cli import main
+
+    model = init_model(tmp_path / "m", hidden_size=64, num_layers=1, num_heads=2, seed=0)
+    out = tmp_path / "eval"
+    assert main(["eval", str(model), "task:arithmetic", "--n", "2", "--k", "1", "--limit", "3", "--engine", "vllm",
+                 "--out", str(out), "--no-progress"]) == 0
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["engine"] == "vllm" and len((out / "problems.jsonl").read_text().splitlines()) == 3
+    assert main(["eval", str(model), "task:arithmetic", "--engine", "sglang", "--out", str(tmp_path / "x")]) == 2
+    assert "--engine: unknown rollout engine 'sglang'" in capfd.readouterr().err and not (tmp_path / "x").exists()
+
+
 def _train(tiny: Path, out: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(HERE / "cli_runner.py"), "train", f"model.name_or_path={tiny}", f"output_dir={out}",
