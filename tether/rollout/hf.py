@@ -134,6 +134,24 @@ def _eos_ids(model: Any, tokenizer: Any, extra: tuple[int, ...] | None) -> list[
     return sorted(i for i in ids if i is not None)
 
 
+def completion_texts(tokenizer: Any, ids: list[list[int]], lengths: list[int], stopped: list[bool],
+                     stop_ids: set[int], stop_strings: tuple[str, ...]) -> list[str]:
+    """Completion texts as rewards see them: the first `length` ids of each row, the stop token
+    dropped, decoded without special tokens, cut before the first stop string (every engine's)."""
+    texts = []
+    for row, length, stop in zip(ids, lengths, stopped):
+        row = row[:length]
+        if stop and row and row[-1] in stop_ids:
+            row = row[:-1]
+        text = tokenizer.decode(row, skip_special_tokens=True)
+        for s in stop_strings:
+            cut = text.find(s)
+            if cut != -1:
+                text = text[:cut]
+        texts.append(text)
+    return texts
+
+
 class _EagerDecoder:
     """Decode steps on the prefill's dynamic cache, every op launched from Python (module docstring).
 
@@ -319,27 +337,11 @@ class HFEngine:
         lengths = torch.cat([c[2] for c in chunks])
         stopped = torch.cat([c[3] for c in chunks]).tolist()
         mask = torch.arange(width, device=ids.device)[None, :] < lengths[:, None]  # (N, T)
-        completions = self._decode(ids.tolist(), lengths.tolist(), stopped, params)
+        stop_ids = set(_eos_ids(self.model, self.tokenizer, params.stop_token_ids))
+        completions = completion_texts(self.tokenizer, ids.tolist(), lengths.tolist(), stopped, stop_ids,
+                                       params.stop_strings)
         reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped]
         return RolloutBatch(
             prompt_ids=[list(r) for r in rows], completion_ids=ids, sampler_logprobs=logprobs, mask=mask,
             finish_reasons=reasons, completions=completions, prompt_index=prompt_index,
         )
-
-    def _decode(
-        self, ids: list[list[int]], lengths: list[int], stopped: list[bool], params: SamplingParams
-    ) -> list[str]:
-        """Completion texts: the stop token dropped, cut before the first stop string."""
-        stop_ids = set(_eos_ids(self.model, self.tokenizer, params.stop_token_ids))
-        texts = []
-        for row, length, stop in zip(ids, lengths, stopped):
-            row = row[:length]
-            if stop and row and row[-1] in stop_ids:
-                row = row[:-1]
-            text = self.tokenizer.decode(row, skip_special_tokens=True)
-            for s in params.stop_strings:
-                cut = text.find(s)
-                if cut != -1:
-                    text = text[:cut]
-            texts.append(text)
-        return texts

