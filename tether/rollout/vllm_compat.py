@@ -16,11 +16,17 @@ A new vLLM release is a review of this file:
   4. Engine creation changes process-wide state, which `preserved_process_state` undoes: it seeds
      Python's, numpy's and torch's global random generators (`set_random_seed`), and the CPU worker
      replaces `torch.set_num_threads` by a function that ignores its argument.
+  5. Every reload logs "RotaryEmbedding: Failed to load weights" on the logger of
+     `vllm.model_executor.model_loader.reload.layerwise`: the rotary cos/sin cache is computed, never
+     in a checkpoint, and vLLM puts the existing one back (log-probs still equal the trainer's to
+     1e-6, tests/test_rollout_vllm.py). `push_weights` drops that one message (a line every step
+     otherwise); any other layer's failure is still logged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 from pathlib import Path
@@ -87,8 +93,19 @@ def make_llm(model_dir: Path, *, dtype: torch.dtype, enforce_eager: bool, max_mo
         )
 
 
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+def _not_rotary_reload(record: logging.LogRecord) -> bool:
+    """False for the reload's warning about a rotary embedding (its cache is computed, not loaded)."""
+    return not (record.getMessage().startswith("RotaryEmbedding") and "Failed to load weights" in record.getMessage())
+
+
 def push_weights(llm: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Load Hugging Face-named weights into the live engine and drop its prefix cache."""
+    reload_log = logging.getLogger(RELOAD_LOGGER)
+    if _not_rotary_reload not in reload_log.filters:
+        reload_log.addFilter(_not_rotary_reload)
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
     llm.reset_prefix_cache()
 
