@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from .evaluate import greedy_accuracy
 from .rewards import RewardFn, score_rollout, verifier_faults
 from .rollout import RolloutBatch, RolloutEngine, SamplingParams, get_engine
 from .tasks import Example
-from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl, wandb_problem
+from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, read_jsonl, truncate_jsonl, wandb_problem
 from .schema import ConfigError, to_dict
 from .staleness import StalePolicies, stale_metrics
 from .stopping import Interrupted, StopSignals
@@ -665,8 +664,7 @@ def _logged_at(run_dir: Path, step: int, key: str) -> int:
     path = run_dir / "metrics.jsonl"
     if step == 0 or not path.exists():
         return 0
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return int(next((r.get(key) or 0 for r in reversed(rows) if r.get("step") == step), 0))
+    return int(next((r.get(key) or 0 for r in reversed(read_jsonl(path)) if r.get("step") == step), 0))
 
 
 def _skipped_updates(metrics: dict[str, float], step: int, scored: Scored) -> str:
