@@ -29,6 +29,8 @@ def _tether(*args, cwd):
     ("reward.name=exact_mach", "reward.name: unknown reward 'exact_mach'. Did you mean 'exact_match'?"),
     ("reward.weights={exact_mach: 1.0}", "reward.weights: unknown reward 'exact_mach'"),
     ("rollout.engine=sglang", "rollout.engine: unknown rollout engine 'sglang'. Valid: hf, vllm"),
+    # engines do not plug in by import path (a KeyError traceback before): the same unknown-name error
+    ("rollout.engine=mymod:Engine", "rollout.engine: unknown rollout engine 'mymod:Engine'. Valid: hf, vllm."),
     ("reward.weights={overlong: {cach: 16, max_tokens: 16}}",
      "reward.weights.overlong.cach: reward 'overlong' has no parameter 'cach'. Did you mean 'cache'?"),
     ("objective=grpoo", "unknown objective or preset 'grpoo'. Did you mean 'grpo'"),

@@ -321,11 +321,11 @@ def _check_names(cfg: "Config") -> None:
     and takes what it is given: checked on load, before any directory is written."""
     from .core.registry import unknown_name_message
     from .plugins import is_import_path
-    from .rollout import ENGINES
+    from .rollout import engine_problem
     from .rewards import REWARDS
     from .tasks import TASKS
 
-    def name(registry, value: str, key: str, extra: tuple[str, ...] = ()) -> None:
+    def name(registry, value: str, key: str, extra: tuple[str, ...] = ()) -> None:  # tasks and rewards plug in
         if value not in registry and value not in extra and not is_import_path(value):
             raise ConfigError(f"{key}: {unknown_name_message(registry.kind, value, [*extra, *registry.names()])}"
                               f" Or a {registry.kind} of your own as an import path, MODULE:NAME (docs/rewards.md).")
@@ -338,10 +338,9 @@ def _check_names(cfg: "Config") -> None:
     for reward, spec in cfg.reward.weights.items():
         name(REWARDS, reward, "reward.weights")
         _check_reward(reward, spec, f"reward.weights.{reward}")
-    name(ENGINES, cfg.rollout.engine, "rollout.engine")
-    missing = getattr(ENGINES.get(cfg.rollout.engine), "missing_reason", lambda: "")()  # e.g. vLLM not installed
-    if missing:
-        raise ConfigError(f"rollout.engine: {missing}")
+    problem = engine_problem(cfg.rollout.engine)  # unknown, or its package (vLLM) not installed
+    if problem:
+        raise ConfigError(f"rollout.engine: {problem}")
 
 
 def _check_task_args(task: str, args: dict[str, Any]) -> None:

@@ -528,14 +528,11 @@ def _tokenizer_for(model_path: str | Path) -> Any:
 
 def _check_engine(name: str) -> None:
     """An unknown or uninstalled engine fails before anything is loaded or written."""
-    from .core.registry import unknown_name_message
-    from .rollout import ENGINES
+    from .rollout import engine_problem
 
-    if name not in ENGINES:
-        raise EvalError(f"--engine: {unknown_name_message(ENGINES.kind, name, ENGINES.names())}")
-    missing = getattr(ENGINES.get(name), "missing_reason", lambda: "")()
-    if missing:
-        raise EvalError(f"--engine: {missing}")
+    problem = engine_problem(name)
+    if problem:
+        raise EvalError(f"--engine: {problem}")
 
 
 def _engine_for(model_path: str | Path, device: str, dtype: str, name: str = "hf") -> Any:

@@ -27,6 +27,16 @@ def get_engine(name: str, **kwargs: Any) -> RolloutEngine:
     return ENGINES.get(name)(**kwargs)
 
 
+def engine_problem(name: str) -> str:
+    """"" when `name` is an engine that can run here, else what is wrong: an unknown name (with the
+    valid ones) or an engine whose package is missing (with what to install)."""
+    from ..core.registry import unknown_name_message
+
+    if name not in ENGINES:
+        return unknown_name_message(ENGINES.kind, name, ENGINES.names())
+    return getattr(ENGINES.get(name), "missing_reason", lambda: "")()
+
+
 def engine_names() -> list[str]:
     """Names of the registered engines."""
     return ENGINES.names()
@@ -34,5 +44,5 @@ def engine_names() -> list[str]:
 
 __all__ = [
     "ENGINES", "FinishReason", "HFEngine", "RolloutBatch", "RolloutEngine", "SamplingParams", "VLLMEngine",
-    "encode_prompts", "engine_names", "get_engine", "sample_categorical", "sample_tokens", "top_p_filter",
+    "encode_prompts", "engine_names", "engine_problem", "get_engine", "sample_categorical", "sample_tokens", "top_p_filter",
 ]
