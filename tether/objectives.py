@@ -861,21 +861,20 @@ class Objective:
         n_tokens = m.detach().sum().to(torch.float64)
         metrics: dict[str, torch.Tensor] = {}
         merge: dict[str, MergeRule] = {}
-        kept, n_kept, correction = m, n_tokens, None
+        kept, correction = m, None
         if cfg.rollout_correction is not None:
             correction, correction_metrics = _correction(cfg.rollout_correction, old, batch.sampler_logprobs, m)
             metrics.update(correction_metrics)
             # A masked token leaves the loss: the objective sees it as padding, so it enters no sequence
             # statistic (GMPO's geometric mean, GSPO's sequence ratio) and its loss is 0 (c = 0).
             kept = torch.where(correction.masked, torch.zeros_like(m), m)
-            n_kept = kept.detach().sum().to(torch.float64)
         off_policy = None
         if cfg.off_policy_mask is not None:  # DeepSeek-V3.2's sequence mask: its tokens leave the loss, like masked ones
             behaviour = old if batch.sampler_logprobs is None else _masked_fill(batch.sampler_logprobs, m).detach()
             off_policy = _corr.off_policy_sequence_mask(lp, behaviour, batch.advantages, m, cfg.off_policy_mask)
             metrics["policy/off_policy_masked_frac"] = masked_fraction(off_policy, m)
             kept = torch.where(off_policy, torch.zeros_like(m), kept)
-            n_kept = kept.detach().sum().to(torch.float64)
+        n_kept = n_tokens if kept is m else kept.detach().sum().to(torch.float64)  # the tokens left in the loss
         tokens, extra = self._loss(cfg, batch if kept is m else dataclasses.replace(batch, mask=kept), lp, old)
         if correction is not None:
             tokens = tokens._replace(loss=tokens.loss * correction.weights.to(tokens.loss.dtype))
