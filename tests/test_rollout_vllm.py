@@ -126,6 +126,12 @@ def test_a_weight_push_logs_no_rotary_warning_and_keeps_other_reload_failures(se
 
     model, _, engine, _ = setup
     reload_log, keep = logging.getLogger(RELOAD_LOGGER), Keep()
+    # Other packages of the suite reconfigure logging (a dictConfig disables existing loggers; levels;
+    # logging.disable): the filter under test acts in any case, so see every record here.
+    level, disabled, off = reload_log.level, logging.root.manager.disable, reload_log.disabled
+    reload_log.setLevel(logging.DEBUG)
+    logging.disable(logging.NOTSET)
+    reload_log.disabled = False
     reload_log.addHandler(keep)
     try:
         with torch.no_grad():
@@ -135,6 +141,9 @@ def test_a_weight_push_logs_no_rotary_warning_and_keeps_other_reload_failures(se
         reload_log.warning("%s: Failed to load weights", "QKVParallelLinear")
     finally:
         reload_log.removeHandler(keep)
+        reload_log.setLevel(level)
+        logging.disable(disabled)
+        reload_log.disabled = off
     assert not any(line.startswith("RotaryEmbedding") for line in keep.lines), keep.lines
     assert "QKVParallelLinear: Failed to load weights" in keep.lines
 
