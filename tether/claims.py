@@ -59,6 +59,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
+from .runlog import accuracy, series, tail_mean
 from .schema import ConfigError
 
 N_BOOT = 10_000
@@ -71,16 +72,8 @@ NOT_ENOUGH = "not enough seeds"
 # ---------------------------------------------------------------- per-run metrics
 
 
-def _evals(rows: list[dict]) -> list[tuple[int, float]]:
-    return [(r["step"], r["eval/accuracy"]) for r in rows if r.get("eval/accuracy") is not None]
-
-
-def _series(rows: list[dict], key: str) -> list[tuple[int, float]]:
-    return [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-
-
 def _auc(rows: list[dict]) -> float:
-    ev = _evals(rows)
+    ev = accuracy(rows)
     if len(ev) < 2:
         return ev[0][1] if ev else float("nan")
     area = sum((s1 - s0) * (a0 + a1) / 2 for (s0, a0), (s1, a1) in zip(ev, ev[1:]))
@@ -88,19 +81,12 @@ def _auc(rows: list[dict]) -> float:
 
 
 def _max_drop(rows: list[dict]) -> float:
-    ev = [a for _, a in _evals(rows)]
+    ev = [a for _, a in accuracy(rows)]
     return max([0.0] + [a0 - a1 for a0, a1 in zip(ev, ev[1:])])
 
 
-def _final_entropy(rows: list[dict]) -> float:
-    vals = [v for _, v in _series(rows, "policy/entropy")]
-    if not vals:
-        return float("nan")
-    return statistics.fmean(vals[-max(1, len(vals) // 10):])
-
-
 def _entropy_half_step(rows: list[dict]) -> float:
-    ent = _series(rows, "policy/entropy")
+    ent = series(rows, "policy/entropy")
     if not ent:
         return float("nan")
     half = ent[0][1] / 2
@@ -114,11 +100,11 @@ def _clipfrac(rows: list[dict]) -> float:
 
 
 METRICS: dict[str, Callable[[list[dict]], float]] = {
-    "final_accuracy": lambda rows: _evals(rows)[-1][1] if _evals(rows) else float("nan"),
-    "best_accuracy": lambda rows: max((a for _, a in _evals(rows)), default=float("nan")),
+    "final_accuracy": lambda rows: accuracy(rows)[-1][1] if accuracy(rows) else float("nan"),
+    "best_accuracy": lambda rows: max((a for _, a in accuracy(rows)), default=float("nan")),
     "auc": _auc,
     "max_drop": _max_drop,
-    "final_entropy": _final_entropy,
+    "final_entropy": lambda rows: tail_mean(rows, "policy/entropy"),
     "entropy_half_step": _entropy_half_step,
     "clipfrac": _clipfrac,
 }

@@ -16,13 +16,11 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
 from .plots import rolling_mean, save_panel, ylabel_of
-from .sinks import read_jsonl
+from .runlog import ACCURACY, METRICS_FILE, accuracy, has_metrics, read_config, read_metrics, tail_mean, values
 
 CURVES = [  # (file, title, metric, smoothing window in steps); the y-axis label is the run plots' (ylabel_of)
-    ("accuracy", "held-out accuracy", "eval/accuracy", 1),
+    ("accuracy", "held-out accuracy", ACCURACY, 1),
     ("reward", "reward (rolling mean)", "reward/mean", 20),
     ("entropy", "policy entropy (rolling mean)", "policy/entropy", 20),
     ("clipfrac_high", "clip fraction, high (rolling mean)", "policy/clipfrac_high", 20),
@@ -37,11 +35,10 @@ def run_dir(out: Path, objective: str, seed: int) -> Path:
 
 
 def is_finished(run: Path) -> bool:
-    cfg = run / "config.yaml"
-    if not cfg.exists() or not (run / "summary.md").exists():
+    if not (run / "config.yaml").exists() or not (run / "summary.md").exists():
         return False
-    total = yaml.safe_load(cfg.read_text())["trainer"]["total_steps"]
-    rows = read_jsonl(run / "metrics.jsonl")
+    total = read_config(run)["trainer"]["total_steps"]
+    rows = read_metrics(run)
     return bool(rows) and rows[-1]["step"] >= total
 
 
@@ -108,7 +105,7 @@ def _label(run: Path) -> str:
     config's label (`atr_grpo`, not the `divergence_clip` it builds; tether.objectives.label_of)."""
     if run.name.startswith("seed"):
         return run.parent.name
-    obj = yaml.safe_load((run / "config.yaml").read_text())["objective"]
+    obj = read_config(run)["objective"]
     if isinstance(obj, dict):
         return str(obj.get("label") or obj.get("preset") or obj.get("name"))
     return str(obj)
@@ -118,42 +115,30 @@ def discover(paths: list[str]) -> list[Path]:
     """Run directories under the given paths (a run dir, or a compare dir holding runs)."""
     runs = []
     for p in map(Path, paths):
-        if (p / "metrics.jsonl").exists():
+        if has_metrics(p):
             runs.append(p)
         else:
-            runs.extend(sorted(q.parent for q in p.glob("**/metrics.jsonl")))
+            runs.extend(sorted(q.parent for q in p.glob(f"**/{METRICS_FILE}")))
     if not runs:
         raise FileNotFoundError(f"no run directories (with metrics.jsonl) under {', '.join(paths)}")
     return runs
 
 
-def _evals(rows: list[dict]) -> list[tuple[int, float]]:
-    return [(r["step"], r["eval/accuracy"]) for r in rows if r.get("eval/accuracy") is not None]
-
-
 def _mean_of(rows: list[dict], key: str) -> float:
-    vals = [r[key] for r in rows if r.get(key) is not None]
+    vals = values(rows, key)
     return statistics.fmean(vals) if vals else float("nan")
 
 
-def _tail_mean(rows: list[dict], key: str, frac: float = 0.1) -> float:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    if not vals:
-        return float("nan")
-    k = max(1, int(len(vals) * frac))
-    return statistics.fmean(vals[-k:])
-
-
 def run_summary(run: Path, threshold: float) -> dict:
-    rows = read_jsonl(run / "metrics.jsonl")
-    evals = _evals(rows)
+    rows = read_metrics(run)
+    evals = accuracy(rows)
     reached = [s for s, a in evals if a >= threshold]
     return {
         "initial": evals[0][1] if evals else float("nan"),
         "final": evals[-1][1] if evals else float("nan"),
         "best": max(a for _, a in evals) if evals else float("nan"),
         "steps_to_threshold": reached[0] if reached else None,
-        "final_entropy": _tail_mean(rows, "policy/entropy"),
+        "final_entropy": tail_mean(rows, "policy/entropy"),
         "clip_low": _mean_of(rows, "policy/clipfrac_low"),
         "clip_high": _mean_of(rows, "policy/clipfrac_high"),
         "wall_s": sum(r.get("time/step_s") or 0.0 for r in rows),
@@ -185,7 +170,7 @@ def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optio
     for name, methods in groups.items():
         plot_dir = out_dir / "plots" if len(groups) == 1 else out_dir / "plots" / name
         lines += _regime_section(name if len(groups) > 1 else None, methods, plot_dir, out_dir, threshold)
-        rows = {m: [read_jsonl(r / "metrics.jsonl") for r in rs] for m, rs in methods.items()}
+        rows = {m: [read_metrics(r) for r in rs] for m, rs in methods.items()}
         values = per_seed(rows)
         summary["regimes"][name] = {
             "config": _regime_config(methods),
@@ -217,19 +202,19 @@ def _json_safe(x):
 def _by_method(runs: list[Path]) -> dict[str, list[Path]]:
     groups: dict[str, list[Path]] = {}
     for run in runs:
-        if (run / "metrics.jsonl").exists():
+        if has_metrics(run):
             groups.setdefault(_label(run), []).append(run)
     return groups
 
 
 def _seed_of(run: Path) -> int:
-    return yaml.safe_load((run / "config.yaml").read_text())["trainer"]["seed"]
+    return read_config(run)["trainer"]["seed"]
 
 
 def _regime_config(methods: dict[str, list[Path]]) -> dict:
     """The settings every run of a regime shares: the first run's config without objective, seed and paths."""
     first = next(iter(methods.values()))[0]
-    cfg = yaml.safe_load((first / "config.yaml").read_text())
+    cfg = read_config(first)
     cfg.pop("objective", None), cfg.pop("output_dir", None), cfg.pop("tether_version", None)
     cfg.get("trainer", {}).pop("seed", None)
     return cfg
@@ -286,7 +271,7 @@ def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]
     import matplotlib.pyplot as plt
 
     plot_dir.mkdir(parents=True, exist_ok=True)
-    data = {label: [read_jsonl(r / "metrics.jsonl") for r in rs] for label, rs in groups.items()}
+    data = {label: [read_metrics(r) for r in rs] for label, rs in groups.items()}
     written = []
     for fname, title, key, window in CURVES:
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)

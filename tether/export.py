@@ -24,7 +24,7 @@ import yaml
 
 from . import checkpoint
 from .models import is_adapter_dir
-from .sinks import read_jsonl
+from .runlog import ACCURACY, accuracy, best, read_config, read_metrics, values
 
 WHICH = ("last", "best")  # besides a step number
 TOKEN_HELP = "set HF_TOKEN=hf_... or log in once with `hf auth login` (`huggingface-cli login` in older versions)"
@@ -46,7 +46,7 @@ def export(run_dir: str | Path, out: str | Path, step: str = "last", force: bool
         adapter_base(ckpt / "model")  # peft and the base model are there, before anything is written
     _check_out(out, force)
     api = hub_api() if push_to_hub else None  # a missing token fails here, before anything is written
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    cfg = read_config(run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     umask = os.umask(0)
@@ -102,15 +102,9 @@ def _step(ckpt: Path) -> int:
 
 def _with_accuracy(run_dir: Path, ckpts: list[Path]) -> str:
     """'50 (eval/accuracy 0.31), 60' : each step, with the accuracy metrics.jsonl logged at it."""
-    evals = _evals(run_dir)
-    return ", ".join(f"{_step(c)}" + (f" (eval/accuracy {evals[_step(c)]:.4g})" if _step(c) in evals else "")
+    evals = dict(accuracy(read_metrics(run_dir, missing_ok=True)))
+    return ", ".join(f"{_step(c)}" + (f" ({ACCURACY} {evals[_step(c)]:.4g})" if _step(c) in evals else "")
                      for c in ckpts)
-
-
-def _evals(run_dir: Path) -> dict[int, float]:
-    path = run_dir / "metrics.jsonl"
-    rows = read_jsonl(path) if path.exists() else []
-    return {r["step"]: r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None}
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -251,20 +245,19 @@ def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
 
 def _metrics(run_dir: Path, ckpt: Path) -> list[str]:
     """Start, end and best held-out accuracy and the exported step's, as markdown lines."""
-    path = run_dir / "metrics.jsonl"
-    rows = read_jsonl(path) if path.exists() else []
-    evals = [(r["step"], r["eval/accuracy"]) for r in rows if r.get("eval/accuracy") is not None]
+    rows = read_metrics(run_dir, missing_ok=True)
+    evals = accuracy(rows)
     step = _step(ckpt)
     recorded = checkpoint.recorded_accuracy(ckpt)
     here = recorded if recorded is not None else dict(evals).get(step)
     if not evals:
         return ["No held-out evaluation was logged (metrics.jsonl has no eval/accuracy)."]
-    best = max(evals, key=lambda e: (e[1], -e[0]))  # the earliest of equals, as checkpoint.best
+    top = best(evals)
     lines = ["| held-out accuracy | step | value |", "|---|---|---|",
              f"| start | {evals[0][0]} | {evals[0][1]:.4f} |", f"| end | {evals[-1][0]} | {evals[-1][1]:.4f} |",
-             f"| best | {best[0]} | {best[1]:.4f} |",
+             f"| best | {top[0]} | {top[1]:.4f} |",
              f"| **this model** | {step} | " + (f"{here:.4f} |" if here is not None else "not evaluated at this step |")]
-    rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
+    rewards = values(rows, "reward/mean")
     if rewards:
         lines += ["", f"Training reward (reward/mean): {rewards[0]:.4f} at the first step, "
                       f"{rewards[-1]:.4f} at the last ({len(rewards)} steps logged)."]

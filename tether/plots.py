@@ -17,7 +17,8 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-from .sinks import read_jsonl
+from . import runlog
+from .runlog import ACCURACY, read_config, read_metrics
 
 
 class Panel:
@@ -32,7 +33,7 @@ class Panel:
 
 PANELS = [
     Panel("reward", "reward", ["reward/mean"], "mean reward per completion"),
-    Panel("accuracy", "held-out accuracy", ["eval/accuracy"], "fraction of test prompts correct",
+    Panel("accuracy", "held-out accuracy", [ACCURACY], "fraction of test prompts correct",
           smooth=False, fraction=True),
     Panel("entropy", "policy entropy", ["policy/entropy"], "nats per token"),
     Panel("clip_fractions", "clip fractions", ["policy/clipfrac_low", "policy/clipfrac_high", "policy/clipfrac_dual"],
@@ -51,7 +52,8 @@ MAX_WINDOW = 20  # the comparison plots' window (tether/compare.py CURVES)
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    """`key`'s logged steps and values, as two lists (runlog.series, unzipped)."""
+    pts = runlog.series(rows, key)
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -60,7 +62,7 @@ def rolling_mean(rows: list[dict], key: str, window: int) -> dict[int, float]:
 
     Steps where `key` is missing or null are skipped, not counted as zeros.
     """
-    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    pts = runlog.series(rows, key)
     out = {}
     for i, (step, _) in enumerate(pts):
         w = pts[max(0, i - window + 1): i + 1]
@@ -101,14 +103,11 @@ def objective_label(run_dir: Path, width: int = 100) -> str:
     """The run's objective for a plot title, from RUN_DIR/config.yaml (resolved, so every parameter
     is there): the name the user chose with the objective it builds (`atr_grpo (divergence_clip)`),
     then its parameters on a second line, cut at `width` characters; '' without a config.yaml."""
-    import yaml
-
     from .objectives import display
 
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
+    if not (Path(run_dir) / "config.yaml").is_file():
         return ""
-    obj = (yaml.safe_load(path.read_text()) or {}).get("objective")
+    obj = read_config(run_dir).get("objective")
     if not isinstance(obj, dict):
         return str(obj or "")
     head, params = display(obj, width, skip=("max_len",))
@@ -132,7 +131,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_dir)
     objective = objective_label(run_dir)
     out_dir = run_dir / "plots"
     out_dir.mkdir(exist_ok=True)

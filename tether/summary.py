@@ -17,7 +17,7 @@ import torch
 
 from . import checkpoint, objectives
 from .config import Config
-from .sinks import read_jsonl
+from .runlog import ACCURACY, accuracy, best, read_metrics, series
 
 
 def summary_header(cfg: Config, run_dir: Path, start: int, steps_done: int, wall_s: float,
@@ -25,7 +25,7 @@ def summary_header(cfg: Config, run_dir: Path, start: int, steps_done: int, wall
     """What the run was, for the top of summary.md: objective, model, task, reward, progress, device,
     best held-out accuracy and the checkpoint `tether export --step best` takes, and the command that
     reproduces it."""
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_dir)
     status = ("finished" if signum is None
               else f"interrupted by signal {signum}; resume with `tether train --resume {run_dir}`")
     task = cfg.data.task + (f" {dict(cfg.data.task_args)}" if cfg.data.task_args else "")
@@ -70,10 +70,10 @@ def best_text(rows: list[dict], run_dir: Path) -> str:
     """The best held-out accuracy of the run (its first step) and, truthfully, which checkpoint
     `tether export --step best` takes: the one at that step, one that scores the same later, a worse
     one (the best step was the initial model, or its checkpoint is gone), or none."""
-    evals = [(r["eval/accuracy"], r["step"]) for r in rows if r.get("eval/accuracy") is not None]
+    evals = accuracy(rows)
     if not evals:
         return "none measured"
-    acc, step = max(evals, key=lambda e: (e[0], -e[1]))  # the earliest of equals
+    step, acc = best(evals)
     at = f"{acc:.3f} at step {step}" + (" (the initial model)" if step == 0 else "")
     kept = checkpoint.best(run_dir, log=lambda *_: None)  # what `tether export --step best` takes
     if kept is None:
@@ -91,18 +91,18 @@ def best_text(rows: list[dict], run_dir: Path) -> str:
 def summary_table(run_dir: Path) -> str:
     """Start / end / best of the headline metrics, each with the step it is from (also saved to
     summary.md); a note when held-out accuracy was measured only once."""
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_dir)
     lines = ["| metric | start | end | best |", "|---|---|---|---|"]
-    for key, best in (("eval/accuracy", max), ("reward/mean", max), ("policy/entropy", None),
-                      ("rollout/len_mean", None), ("policy/kl_old", None), ("time/step_s", None)):
-        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    for key, has_best in ((ACCURACY, True), ("reward/mean", True), ("policy/entropy", False),
+                          ("rollout/len_mean", False), ("policy/kl_old", False), ("time/step_s", False)):
+        pts = series(rows, key)
         if not pts:
             continue
         cell = lambda p: f"{p[1]:.4f} (step {p[0]})"  # noqa: E731
         end = cell(pts[-1]) if len(pts) > 1 else f"{cell(pts[-1])}, the only value"
-        b = cell(max(pts, key=lambda p: (p[1], -p[0]))) if best else ""
+        b = cell(best(pts)) if has_best else ""
         lines.append(f"| {key} | {cell(pts[0])} | {end} | {b} |")
-    evals = [r["step"] for r in rows if r.get("eval/accuracy") is not None]
+    evals = [step for step, _ in accuracy(rows)]
     last = rows[-1]["step"] if rows else 0
     if len(evals) == 1 and last > evals[0]:
         lines += ["", f"Held-out accuracy was measured once, at step {evals[0]}: the run ended at step {last}, "
