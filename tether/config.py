@@ -15,7 +15,6 @@ is imported and its signature checked.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -323,7 +322,7 @@ def _check_names(cfg: "Config") -> None:
     from .plugins import is_import_path
     from .rollout import engine_problem
     from .rewards import REWARDS
-    from .tasks import TASKS
+    from .tasks import TASKS, check_task_knobs
 
     def name(registry, value: str, key: str, extra: tuple[str, ...] = ()) -> None:  # tasks and rewards plug in
         if value not in registry and value not in extra and not is_import_path(value):
@@ -331,7 +330,7 @@ def _check_names(cfg: "Config") -> None:
                               f" Or a {registry.kind} of your own as an import path, MODULE:NAME (docs/rewards.md).")
 
     name(TASKS, cfg.data.task, "data.task")
-    _check_task_args(cfg.data.task, cfg.data.task_args)
+    check_task_knobs(cfg.data.task, cfg.data.task_args, key="data.task_args", types=True)
     name(REWARDS, cfg.reward.name, "reward.name", ("auto",))
     if cfg.reward.name != "auto":
         _check_reward(cfg.reward.name, {}, "reward.name")
@@ -343,50 +342,15 @@ def _check_names(cfg: "Config") -> None:
         raise ConfigError(f"rollout.engine: {problem}")
 
 
-def _check_task_args(task: str, args: dict[str, Any]) -> None:
-    """data.task_args against the task's class or factory: each knob exists and has the right type,
-    and every knob without a default is given (the tokenizer is the trainer's to pass)."""
-    from .plugins import parameters, type_hints
-    from .schema import field_docs
-    from .tasks import task_factory
-
-    factory = task_factory(task)
-    valid, required, any_keyword = parameters(factory)
-    hints = type_hints(factory)
-    knobs = [k for k in valid if k != "tokenizer"]
-    for knob, value in args.items():
-        if knob not in valid and not any_keyword:
-            close = difflib.get_close_matches(knob, knobs, n=3, cutoff=0.5)
-            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise ConfigError(f"data.task_args.{knob}: task {task!r} has no knob {knob!r}.{hint} "
-                              f"Valid knobs: {', '.join(knobs) or 'none'}.")
-        if knob != "tokenizer" and knob in hints:
-            coerce(value, hints[knob], f"data.task_args.{knob}")
-    missing = [k for k in required if k not in args and k != "tokenizer"]
-    if missing:
-        docs = field_docs(factory) if isinstance(factory, type) else {}
-        what = f" ({docs[missing[0]].rstrip('.')})" if docs.get(missing[0]) else ""
-        more = f" (and {', '.join(missing[1:])})" if missing[1:] else ""
-        raise ConfigError(f"data.task_args.{missing[0]}: task {task!r} needs it{what} and it is not set; set "
-                          f"data.task_args.{missing[0]}=VALUE{more}; `tether train --help-config` lists every "
-                          "task's knobs")
-
-
 def _check_reward(reward: str, spec: Any, key: str) -> None:
     """A part of the reward: its parameters exist; a user's reward (an import path) also imports,
     is built with them and takes (completion, example)."""
     from .plugins import entry, is_import_path
-    from .rewards import REWARDS, get_reward, reward_options
+    from .rewards import REWARDS, check_reward_params, get_reward
 
     if is_import_path(reward):
         entry(REWARDS, reward, key)  # an import error names this key
-    params = set(spec) - {"weight"} if isinstance(spec, dict) else set()
-    valid = reward_options(reward)
-    for param in sorted(params - valid):
-        close = difflib.get_close_matches(param, sorted(valid), n=1)
-        raise ConfigError(f"{key}.{param}: reward {reward!r} has no parameter {param!r}."
-                          f"{f' Did you mean {close[0]!r}?' if close else ''} "
-                          f"Valid: weight, {', '.join(sorted(valid)) or 'none'}.")
+    check_reward_params(reward, spec if isinstance(spec, dict) else (), key, also=("weight",))
     if is_import_path(reward):
         try:
             get_reward(reward, **{k: v for k, v in spec.items() if k != "weight"} if isinstance(spec, dict) else {})

@@ -8,10 +8,11 @@ path, say what was expected, and for an unknown key list the nearest valid names
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from typing import Any, Literal, Union
+
+from .core.registry import did_you_mean
 
 
 class ConfigError(ValueError):
@@ -23,9 +24,8 @@ def _join(path: str, key: str) -> str:
 
 
 def unknown_key_error(path: str, key: str, valid: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return ConfigError(f"unknown key {_join(path, key)!r}.{hint} Valid keys: {', '.join(sorted(valid))}.")
+    return ConfigError(f"unknown key {_join(path, key)!r}.{did_you_mean(key, valid)} "
+                       f"Valid keys: {', '.join(sorted(valid))}.")
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -19,12 +19,11 @@ instances are one. A number it returns becomes `RewardResult(score)` (`UserRewar
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..core.registry import Registry
+from ..core.registry import Registry, did_you_mean
 from ..plugins import is_import_path
 from ..tasks import Example
 from .base import (RewardFn, RewardResult, accuracy, check_verdicts, rollout_examples, score_batch, score_rollout,
@@ -157,10 +156,8 @@ def _build(name: str, params: Mapping[str, Any]) -> RewardFn:
         if params:
             raise ValueError(f"reward {name!r} takes no parameters, got {sorted(params)}")
         return user_reward(entry, name) if is_import_path(name) else entry
+    check_reward_params(name, params)
     valid, required = _parameters(entry)
-    unknown = {k: difflib.get_close_matches(k, valid, n=1) for k in params if k not in valid}
-    if unknown:
-        raise ValueError(f"reward {name!r} has no parameter(s) {unknown}; valid: {valid}")
     missing = [k for k in required if k not in params]
     if missing:
         raise ValueError(f"reward {name!r} needs parameter(s) {missing}")
@@ -182,10 +179,11 @@ def get_reward(name_or_config: str | Mapping[str, Any], **params: Any) -> Reward
         return _build(name_or_config, params)
     if not name_or_config:
         raise ValueError("empty reward config")
-    known = set().union(*map(reward_options, REWARDS.names()))
-    unknown = {k: difflib.get_close_matches(k, sorted(known), n=1) for k in params if k not in known}
+    known = sorted(set().union(*map(reward_options, REWARDS.names())))
+    unknown = [k for k in params if k not in known]
     if unknown:
-        raise ValueError(f"no reward takes the option(s) {unknown}; options: {sorted(known)}")
+        raise ValueError(f"no reward takes the option {unknown[0]!r}.{did_you_mean(unknown[0], known)} "
+                         f"Options: {', '.join(known)}.")
     parts = []
     for name, spec in name_or_config.items():
         if isinstance(spec, Mapping):
@@ -203,6 +201,21 @@ def get_reward(name_or_config: str | Mapping[str, Any], **params: Any) -> Reward
 def reward_options(name: str) -> set[str]:
     """The parameters the named reward takes (empty for a plain function)."""
     return set(_parameters(reward_entry(name))[0])
+
+
+def check_reward_params(name: str, params: Iterable[str], key: str = "", also: Sequence[str] = ()) -> None:
+    """Each of `params` is a parameter of reward `name`, or one of `also` (the config's `weight`);
+    else a ConfigError naming the first that is not, the closest and the valid ones, prefixed by
+    `key.PARAM: ` when `key` (reward.weights.NAME) is given. The one check of a reward's parameters:
+    the config's on load and `get_reward`'s."""
+    from ..schema import ConfigError
+
+    valid = sorted(reward_options(name))
+    unknown = sorted(set(params) - set(valid) - set(also))
+    if unknown:
+        param = unknown[0]
+        raise ConfigError(f"{f'{key}.{param}: ' if key else ''}reward {name!r} has no parameter {param!r}."
+                          f"{did_you_mean(param, valid)} Valid: {', '.join([*also, *valid]) or 'none'}.")
 
 
 def task_reward(task: Any, name: str = "auto", weights: Mapping[str, Any] | None = None, timeout_s: float = 5.0,
@@ -227,7 +240,7 @@ def reward_names() -> list[str]:
 __all__ = [
     "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "RewardFn", "UserReward",
     "RewardResult", "asks_for_boxed", "boxed_answers", "check_user_rewards", "countdown", "exact_match",
-    "get_reward", "math_verify_score", "overlong_penalty", "reward_entry", "reward_names", "reward_options",
+    "get_reward", "math_verify_score", "overlong_penalty", "reward_entry", "reward_names", "reward_options", "check_reward_params",
     "score_batch", "strict_for_task", "task_reward", "user_reward", "accuracy", "check_verdicts",
     "rollout_examples", "score_rollout", "verifier_faults", "with_completion_tokens",
 ]

@@ -12,15 +12,14 @@ hub datasets with prompt templates). Each task names its default reward. An impo
 
 from __future__ import annotations
 
-import difflib
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .arithmetic import Arithmetic
 from .base import SPLITS, DataError, Example, Split, Task, split_of, stable_hash
 from .countdown import Countdown, solve_all
 from .expression import Evaluated, ExpressionError, check_countdown, evaluate
 from .math import TEMPLATES, MathTask, apply_template, load_math_dataset, render_prompt
-from ..core.registry import Registry
+from ..core.registry import Registry, did_you_mean
 
 TASKS: Registry[Callable[..., Task]] = Registry("task")
 TASKS.register("arithmetic")(Arithmetic)
@@ -40,23 +39,47 @@ def get_task(name: str, **knobs: Any) -> Task:
     """Build the task called `name` (registered, or an import path) with its knobs (the keyword
     parameters of its class or factory: a registered task's dataclass fields).
 
-    An unknown knob raises with the valid ones (and the nearest match), a missing one names it.
+    An unknown knob or a missing one raises ConfigError (`check_task_knobs`).
     """
-    from ..plugins import check_task, is_import_path, parameters
+    from ..plugins import check_task, is_import_path
 
-    factory = task_factory(name)
-    valid, required, any_keyword = parameters(factory)
-    unknown = [k for k in knobs if k not in valid and not any_keyword]
-    if unknown:
-        near = {k: difflib.get_close_matches(k, valid, n=1) for k in unknown}
-        raise ValueError(f"task {name!r} has no knob(s) {near}; valid knobs: {valid}")
-    missing = [k for k in required if k not in knobs]
-    if missing:
-        raise ValueError(f"task {name!r} needs the knob(s) {missing}")
-    task = factory(**knobs)
+    check_task_knobs(name, knobs)
+    task = task_factory(name)(**knobs)
     if is_import_path(name):
         check_task(task, name, needs_solution=False)
     return task
+
+
+def check_task_knobs(name: str, knobs: Mapping[str, Any], key: str = "", types: bool = False) -> None:
+    """`knobs` against task `name`'s class or factory, the one check of a task's knobs (the config's on
+    load, `get_task`'s): each knob exists (else the closest and the valid ones), and with `types`
+    has its annotated type (a config value's; `get_task` takes what Python code passes), and every
+    knob without a default is given. The tokenizer is the trainer's to pass, never a user's knob.
+    Raises ConfigError, each message prefixed by `key.KNOB: ` when `key` (data.task_args) is given."""
+    from ..plugins import parameters, type_hints
+    from ..schema import ConfigError, coerce, field_docs
+
+    factory = task_factory(name)
+    valid, required, any_keyword = parameters(factory)
+    hints = type_hints(factory) if types else {}
+    at = (lambda knob: f"{key}.{knob}") if key else (lambda knob: knob)
+    user = [k for k in valid if k != "tokenizer"]
+    for knob, value in knobs.items():
+        if knob not in valid and not any_keyword:
+            raise ConfigError(f"{at(knob) + ': ' if key else ''}task {name!r} has no knob {knob!r}."
+                              f"{did_you_mean(knob, user)} Valid knobs: {', '.join(user) or 'none'}.")
+        if knob != "tokenizer" and knob in hints:
+            coerce(value, hints[knob], at(knob))
+    missing = [k for k in required if k not in knobs and k != "tokenizer"]
+    if not missing:
+        return
+    docs = field_docs(factory) if isinstance(factory, type) else {}
+    what = f" ({docs[missing[0]].rstrip('.')})" if docs.get(missing[0]) else ""
+    more = f" (and {', '.join(missing[1:])})" if missing[1:] else ""
+    if not key:
+        raise ConfigError(f"task {name!r} needs the knob {missing[0]!r}{what}{more}")
+    raise ConfigError(f"{at(missing[0])}: task {name!r} needs it{what} and it is not set; set {at(missing[0])}=VALUE"
+                      f"{more}; `tether train --help-config` lists every task's knobs")
 
 
 def task_names() -> list[str]:
@@ -67,6 +90,6 @@ def task_names() -> list[str]:
 __all__ = [
     "SPLITS", "TASKS", "TEMPLATES", "Arithmetic", "Countdown", "DataError", "Evaluated", "Example",
     "ExpressionError", "MathTask", "Split", "Task", "apply_template",
-    "check_countdown", "evaluate", "get_task", "task_factory", "load_math_dataset", "render_prompt",
+    "check_countdown", "check_task_knobs", "evaluate", "get_task", "task_factory", "load_math_dataset", "render_prompt",
     "solve_all", "split_of", "stable_hash", "task_names",
 ]
