@@ -9,12 +9,12 @@ Also on load (issue 24; before, these failed after the run directory was written
 traceback): a task knob without a default must be set; `model.name_or_path` must be able to be
 a model, checked without the network (`tether.models.model_source_problem`); `trainer.device`
 must name a device; and a reward or task named by import path (`module:name`, tether.plugins)
-is imported and its signature checked.
+is imported and its signature checked. Those checks, which ask the rest of tether, are in
+`tether.config_checks`; the `--help-config` listing is `tether.config_help` (re-exported here).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -22,6 +22,8 @@ from typing import Any, Literal, Optional, Union
 import yaml
 
 from . import objectives
+from .config_checks import check_model_and_device, check_names
+from .config_help import describe_fields, describe_reward_params, describe_task_knobs
 from .models import SMALL_MODEL_PARAMS
 from .schema import ConfigError, coerce, from_dict, to_dict, unknown_key_error
 
@@ -258,8 +260,8 @@ class Config:
         # The one place the objective spec is interpreted: from here on it is the full mapping
         # {name, every parameter} (max_len: the generation budget, Dr. GRPO's constant T_max).
         self.objective = objectives.resolved(self.objective, max_len=self.rollout.max_new_tokens)
-        _check_names(self)
-        _check_model_and_device(self)
+        check_names(self)
+        check_model_and_device(self)
         t, r = self.trainer, self.rollout
         positive = {
             "trainer.total_steps": t.total_steps, "trainer.ppo_epochs": t.ppo_epochs,
@@ -298,66 +300,6 @@ class Config:
                 f"with rollout.top_p=1 and rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); "
                 "use trainer.old_logprobs=recompute"
             )
-
-
-def _check_model_and_device(cfg: "Config") -> None:
-    """model.name_or_path can be a model (a directory with config.json, or a hub id; no network) and
-    trainer.device names a device (whether this machine has it is checked when a run starts)."""
-    from .models import device_problem, model_source_problem
-
-    if cfg.model.name_or_path != "tiny":
-        problem = model_source_problem(cfg.model.name_or_path)
-        if problem:
-            raise ConfigError(f"model.name_or_path: {problem}")
-    if cfg.trainer.device != "auto":
-        problem = device_problem(cfg.trainer.device, available=False)
-        if problem:
-            raise ConfigError(problem)
-
-
-def _check_names(cfg: "Config") -> None:
-    """Task, task knobs, reward and engine exist, a user's (`module:name`, tether.plugins) imports
-    and takes what it is given: checked on load, before any directory is written."""
-    from .core.registry import unknown_name_message
-    from .plugins import is_import_path
-    from .rollout import engine_problem
-    from .rewards import REWARDS
-    from .tasks import TASKS, check_task_knobs
-
-    def name(registry, value: str, key: str, extra: tuple[str, ...] = ()) -> None:  # tasks and rewards plug in
-        if value not in registry and value not in extra and not is_import_path(value):
-            raise ConfigError(f"{key}: {unknown_name_message(registry.kind, value, [*extra, *registry.names()])}"
-                              f" Or a {registry.kind} of your own as an import path, MODULE:NAME (docs/rewards.md).")
-
-    name(TASKS, cfg.data.task, "data.task")
-    check_task_knobs(cfg.data.task, cfg.data.task_args, key="data.task_args", types=True)
-    name(REWARDS, cfg.reward.name, "reward.name", ("auto",))
-    if cfg.reward.name != "auto":
-        _check_reward(cfg.reward.name, {}, "reward.name")
-    for reward, spec in cfg.reward.weights.items():
-        name(REWARDS, reward, "reward.weights")
-        _check_reward(reward, spec, f"reward.weights.{reward}")
-    problem = engine_problem(cfg.rollout.engine)  # unknown, or its package (vLLM) not installed
-    if problem:
-        raise ConfigError(f"rollout.engine: {problem}")
-
-
-def _check_reward(reward: str, spec: Any, key: str) -> None:
-    """A part of the reward: its parameters exist; a user's reward (an import path) also imports,
-    is built with them and takes (completion, example)."""
-    from .plugins import entry, is_import_path
-    from .rewards import REWARDS, check_reward_params, get_reward
-
-    if is_import_path(reward):
-        entry(REWARDS, reward, key)  # an import error names this key
-    check_reward_params(reward, spec if isinstance(spec, dict) else (), key, also=("weight",))
-    if is_import_path(reward):
-        try:
-            get_reward(reward, **{k: v for k, v in spec.items() if k != "weight"} if isinstance(spec, dict) else {})
-        except ConfigError:
-            raise
-        except ValueError as err:
-            raise ConfigError(f"{key}: {err}") from None
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -492,75 +434,6 @@ def save_config(cfg: Config, path: Path) -> None:
     from . import __version__
 
     path.write_text(yaml.safe_dump({VERSION_KEY: __version__, **to_dict(cfg)}, sort_keys=False))
-
-
-def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, docstring) for every field, for `tether train --help-config`."""
-    from .schema import field_docs
-
-    docs = field_docs(cls)
-    rows = []
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        key = prefix + f.name
-        if dataclasses.is_dataclass(default):
-            rows.extend(describe_fields(type(default), key + "."))
-        else:
-            rows.append((key, repr(default), docs.get(f.name, "")))
-    return rows
-
-
-def _default_text(f: dataclasses.Field) -> str:
-    if f.default is not dataclasses.MISSING:
-        return repr(f.default)
-    if f.default_factory is not dataclasses.MISSING:
-        return repr(f.default_factory())
-    return "(required)"
-
-
-def describe_task_knobs() -> list[tuple[str, str, str, str]]:
-    """(data.task_args.KNOB, "task NAME", default, docstring) for every knob of every registered
-    task, for `tether train --help-config`."""
-    from .schema import field_docs
-    from .tasks import TASKS
-
-    rows = []
-    for name in TASKS.names():
-        cls = TASKS.get(name)
-        docs = field_docs(cls)
-        rows.extend((f"data.task_args.{f.name}", f"task {name}", _default_text(f), docs.get(f.name, ""))
-                    for f in dataclasses.fields(cls) if f.init)
-    return rows
-
-
-def describe_reward_params() -> list[tuple[str, str, str, str]]:
-    """(reward.weights.NAME.PARAM, "reward NAME", default, docstring) for every parameter of every
-    registered reward, for `tether train --help-config`.
-
-    A parameter that `RewardConfig` also has (timeout_s, strict) is passed from there to every part
-    that takes it (`rewards.task_reward`), so its default is that key, not the dataclass default.
-    """
-    from .rewards import REWARDS
-    from .schema import field_docs
-
-    shared = {f.name for f in dataclasses.fields(RewardConfig)} - {"name", "weights"}
-    rows = []
-    for name in REWARDS.names():
-        entry = REWARDS.get(name)
-        if not isinstance(entry, type):
-            continue  # a plain function: a weight, no parameters
-        docs = field_docs(entry)
-        for f in dataclasses.fields(entry):
-            if not f.init:
-                continue
-            default, doc = _default_text(f), docs.get(f.name, "")
-            if f.name in shared:
-                default = f"reward.{f.name}"
-                doc += (f" Unset, it is reward.{f.name}, passed to every reward that takes it"
-                        " (also one named by reward.name).")
-            rows.append((f"reward.weights.{name}.{f.name}", f"reward {name}", default, doc))
-    return rows
 
 
 __all__ = ["Config", "ConfigError", "check_resume", "config_differences", "load_config", "save_config", "describe_fields",

@@ -536,15 +536,12 @@ def _check_engine(name: str) -> None:
 
 
 def _engine_for(model_path: str | Path, device: str, dtype: str, name: str = "hf") -> Any:
-    from .models import SMALL_MODEL_PARAMS, load_model, pick_device
+    from .models import load_model, place_model
     from .rollout import get_engine
 
     model, tokenizer = load_model(model_path, dtype=dtype, device="cpu" if device == "auto" else device)
     if device == "auto":  # the trainer's rule: a model too small to keep a GPU busy stays on the CPU
-        where, why = pick_device("auto", sum(p.numel() for p in model.parameters()), SMALL_MODEL_PARAMS, key="device")
-        if why:
-            print(why, file=sys.stderr)
-        model.to(where)
+        place_model(model, "auto", key="device", log=lambda line: print(line, file=sys.stderr))
     return get_engine(name, model=model, tokenizer=tokenizer)
 
 

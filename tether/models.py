@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import string
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 
@@ -78,6 +78,18 @@ def pick_device(name: str, n_params: int, small_model_params: int, key: str = "t
 
         raise ConfigError(problem)
     return torch.device(name), ""
+
+
+def place_model(model: Any, name: str, small_model_params: int = SMALL_MODEL_PARAMS, key: str = "trainer.device",
+                log: Callable[[str], Any] = print) -> torch.device:
+    """Move `model` (loaded on the CPU) to the device `name` picks for a model of its size
+    (`pick_device`: `auto` keeps one under `small_model_params` parameters on the CPU, and `log`s
+    why); returns that device. The one place the trainer and `tether eval` apply the rule."""
+    device, why = pick_device(name, sum(p.numel() for p in model.parameters()), small_model_params, key)
+    if why:
+        log(why)
+    model.to(device)
+    return device
 
 
 def device_problem(name: str, key: str = "trainer.device", available: bool = True) -> str:
@@ -278,6 +290,7 @@ def char_tokenizer(charset: str = DEFAULT_CHARSET, vocab_size: int | None = None
 
 def init_model(
     out_dir: str | Path,
+    *,
     arch: Arch = "llama",
     hidden_size: int = 128,
     num_layers: int = 4,
@@ -293,6 +306,7 @@ def init_model(
     model has about 1.1M parameters. Embeddings are untied, as in the measured CPU baselines.
     `vocab_size` pads the character vocabulary with filler tokens to that size (see
     `char_tokenizer`): the cost profile of a real LLM's head on a tiny body, for benchmarks.
+    The settings are keyword-only, as the callers pass them (a few of eight each, by name).
 
     Returns:
         the directory, loadable with `load_model(out_dir)`.

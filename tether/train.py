@@ -30,7 +30,7 @@ import torch
 
 from . import checkpoint, faults, objectives
 from .config import Config, check_resume, save_config
-from .models import apply_lora, check_model_loads, pick_device
+from .models import apply_lora, check_model_loads, pick_device, place_model
 from .data import PromptStream
 from .causal_lm import (Tokens, batched_logprobs, eval_mode, fused_head_reason, shared_prompt_reason, to_tokens,
                         token_logprobs)
@@ -510,10 +510,8 @@ def _load_policy(cfg: Config, source: str, log):
     t = cfg.trainer
     model, tokenizer = load_model(source, dtype=cfg.model.dtype, device="cpu",
                                   gradient_checkpointing=cfg.model.gradient_checkpointing)
-    device, why = pick_device(t.device, sum(p.numel() for p in model.parameters()), t.small_model_params)
-    if why:
-        log(why)
-    return model.to(device).train(), tokenizer, device
+    device = place_model(model, t.device, t.small_model_params, log=log)
+    return model.train(), tokenizer, device
 
 
 def _engine(cfg: Config, model, tokenizer, device: torch.device, log):

@@ -1,0 +1,79 @@
+"""`tether train --help-config`: every config key, task knob and reward parameter with its default
+and the docstring under its field (the dataclasses are the one source of both)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from .schema import field_docs
+
+
+def describe_fields(cls: Optional[type] = None, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, docstring) for every field of `cls` (default: the whole `Config`)."""
+    if cls is None:
+        from .config import Config
+
+        cls = Config
+    docs = field_docs(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        key = prefix + f.name
+        if dataclasses.is_dataclass(default):
+            rows.extend(describe_fields(type(default), key + "."))
+        else:
+            rows.append((key, repr(default), docs.get(f.name, "")))
+    return rows
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        return repr(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return repr(f.default_factory())
+    return "(required)"
+
+
+def describe_task_knobs() -> list[tuple[str, str, str, str]]:
+    """(data.task_args.KNOB, "task NAME", default, docstring) for every knob of every registered
+    task, for `tether train --help-config`."""
+    from .tasks import TASKS
+
+    rows = []
+    for name in TASKS.names():
+        cls = TASKS.get(name)
+        docs = field_docs(cls)
+        rows.extend((f"data.task_args.{f.name}", f"task {name}", _default_text(f), docs.get(f.name, ""))
+                    for f in dataclasses.fields(cls) if f.init)
+    return rows
+
+
+def describe_reward_params() -> list[tuple[str, str, str, str]]:
+    """(reward.weights.NAME.PARAM, "reward NAME", default, docstring) for every parameter of every
+    registered reward, for `tether train --help-config`.
+
+    A parameter that `RewardConfig` also has (timeout_s, strict) is passed from there to every part
+    that takes it (`rewards.task_reward`), so its default is that key, not the dataclass default.
+    """
+    from .config import RewardConfig
+    from .rewards import REWARDS
+
+    shared = {f.name for f in dataclasses.fields(RewardConfig)} - {"name", "weights"}
+    rows = []
+    for name in REWARDS.names():
+        entry = REWARDS.get(name)
+        if not isinstance(entry, type):
+            continue  # a plain function: a weight, no parameters
+        docs = field_docs(entry)
+        for f in dataclasses.fields(entry):
+            if not f.init:
+                continue
+            default, doc = _default_text(f), docs.get(f.name, "")
+            if f.name in shared:
+                default = f"reward.{f.name}"
+                doc += (f" Unset, it is reward.{f.name}, passed to every reward that takes it"
+                        " (also one named by reward.name).")
+            rows.append((f"reward.weights.{name}.{f.name}", f"reward {name}", default, doc))
+    return rows
