@@ -188,6 +188,11 @@ def _best_of(ckpts: list[Path]) -> Optional[Path]:
     return max(scored, key=lambda s: s[0])[1] if scored else None
 
 
+def step_of(ckpt: Path) -> int:
+    """The step a checkpoint directory (`step_000050`) holds."""
+    return int(_STEP_DIR.match(Path(ckpt).name).group(1))
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():

@@ -105,10 +105,9 @@ def _label(run: Path) -> str:
     config's label (`atr_grpo`, not the `divergence_clip` it builds; tether.objectives.label_of)."""
     if run.name.startswith("seed"):
         return run.parent.name
-    obj = read_config(run)["objective"]
-    if isinstance(obj, dict):
-        return str(obj.get("label") or obj.get("preset") or obj.get("name"))
-    return str(obj)
+    from .objectives import label_of
+
+    return label_of(read_config(run)["objective"])
 
 
 def discover(paths: list[str]) -> list[Path]:

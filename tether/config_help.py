@@ -18,22 +18,25 @@ def describe_fields(cls: Optional[type] = None, prefix: str = "") -> list[tuple[
     docs = field_docs(cls)
     rows = []
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        default = _default(f)
         key = prefix + f.name
         if dataclasses.is_dataclass(default):
             rows.extend(describe_fields(type(default), key + "."))
         else:
-            rows.append((key, repr(default), docs.get(f.name, "")))
+            rows.append((key, repr(None if default is dataclasses.MISSING else default), docs.get(f.name, "")))
     return rows
 
 
-def _default_text(f: dataclasses.Field) -> str:
-    if f.default is not dataclasses.MISSING:
-        return repr(f.default)
+def _default(f: dataclasses.Field):
+    """A field's default value (its factory's product), or dataclasses.MISSING when it has none."""
     if f.default_factory is not dataclasses.MISSING:
-        return repr(f.default_factory())
-    return "(required)"
+        return f.default_factory()
+    return f.default
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    default = _default(f)
+    return "(required)" if default is dataclasses.MISSING else repr(default)
 
 
 def describe_task_knobs() -> list[tuple[str, str, str, str]]:

@@ -23,6 +23,7 @@ from typing import Any, Optional
 import yaml
 
 from . import checkpoint
+from .checkpoint import step_of
 from .models import is_adapter_dir
 from .runlog import ACCURACY, accuracy, best, read_config, read_metrics, values
 
@@ -72,7 +73,7 @@ def select_checkpoint(run_dir: Path, which: str, log=print) -> Path:
     if not ckpts:
         raise ExportError(f"{run_dir} has no checkpoints (RUN_DIR/checkpoints/step_*); "
                           f"a run writes one every trainer.save_every steps and at the end")
-    available = ", ".join(str(_step(c)) for c in ckpts)
+    available = ", ".join(str(step_of(c)) for c in ckpts)
     if which == "last":
         ckpt = checkpoint.latest(run_dir, log=log)
     elif which == "best":
@@ -85,7 +86,7 @@ def select_checkpoint(run_dir: Path, which: str, log=print) -> Path:
             n = int(which)
         except ValueError:
             raise ExportError(f"--step {which!r}: expected a step number, 'best' or 'last'") from None
-        ckpt = next((c for c in ckpts if _step(c) == n), None)
+        ckpt = next((c for c in ckpts if step_of(c) == n), None)
         if ckpt is None:
             raise ExportError(f"--step {n}: {run_dir} has no checkpoint of that step; available: {available}")
     if ckpt is None:
@@ -96,15 +97,11 @@ def select_checkpoint(run_dir: Path, which: str, log=print) -> Path:
     return ckpt
 
 
-def _step(ckpt: Path) -> int:
-    return int(ckpt.name.split("_")[1])
-
-
 def _with_accuracy(run_dir: Path, ckpts: list[Path]) -> str:
     """'50 (eval/accuracy 0.31), 60' : each step, with the accuracy metrics.jsonl logged at it."""
     evals = dict(accuracy(read_metrics(run_dir, missing_ok=True)))
-    return ", ".join(f"{_step(c)}" + (f" ({ACCURACY} {evals[_step(c)]:.4g})" if _step(c) in evals else "")
-                     for c in ckpts)
+    steps = [step_of(c) for c in ckpts]
+    return ", ".join(f"{s}" + (f" ({ACCURACY} {evals[s]:.4g})" if s in evals else "") for s in steps)
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -197,7 +194,7 @@ def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
     sampling) and what it scored (metrics.jsonl), with a snippet that loads it."""
     from .objectives import display
 
-    step = _step(ckpt)
+    step = step_of(ckpt)
     model = (cfg.get("model") or {}).get("name_or_path", "?")
     data = cfg.get("data") or {}
     rollout, trainer = cfg.get("rollout") or {}, cfg.get("trainer") or {}
@@ -247,7 +244,7 @@ def _metrics(run_dir: Path, ckpt: Path) -> list[str]:
     """Start, end and best held-out accuracy and the exported step's, as markdown lines."""
     rows = read_metrics(run_dir, missing_ok=True)
     evals = accuracy(rows)
-    step = _step(ckpt)
+    step = step_of(ckpt)
     recorded = checkpoint.recorded_accuracy(ckpt)
     here = recorded if recorded is not None else dict(evals).get(step)
     if not evals:
@@ -313,7 +310,7 @@ def upload(api: Any, folder: Path, repo: str, ckpt: Path) -> str:
     try:
         api.create_repo(repo_id=repo, repo_type="model", exist_ok=True)
         info = api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="model",
-                                 commit_message=f"tether export of {ckpt.parent.parent.name} step {_step(ckpt)}")
+                                 commit_message=f"tether export of {ckpt.parent.parent.name} step {step_of(ckpt)}")
     except (HfHubHTTPError, OSError) as e:
         raise ExportError(f"uploading to {repo} failed ({e}); the export in {folder} is complete: retry with "
                           f"`hf upload {repo} {folder}`") from e

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Iterator, Optional, Protocol
 
 
 class MetricSink(Protocol):
@@ -46,27 +46,24 @@ class JsonlSink:
         self._f.close()
 
 
-def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the rows with step <= last_step (and drop a torn last line) before resuming."""
-    kept = []
-    for line in path.read_text().splitlines():
+def _lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(line, row) for each line of a metrics file that parses; a torn last line from a killed run does not."""
+    for line in Path(path).read_text().splitlines():
         try:
-            row = json.loads(line)
+            yield line, json.loads(line)
         except json.JSONDecodeError:
             continue
-        if row.get("step", -1) <= last_step:
-            kept.append(line)
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the rows with step <= last_step (and drop a torn last line) before resuming."""
+    kept = [line for line, row in _lines(path) if row.get("step", -1) <= last_step]
     path.write_text("".join(line + "\n" for line in kept))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn last line from a killed run
-    return rows
+    """The rows of a metrics file (`tether.runlog` reads a run's through this)."""
+    return [row for _, row in _lines(path)]
 
 
 class TensorBoardSink:

@@ -30,7 +30,7 @@ def summary_header(cfg: Config, run_dir: Path, start: int, steps_done: int, wall
               else f"interrupted by signal {signum}; resume with `tether train --resume {run_dir}`")
     task = cfg.data.task + (f" {dict(cfg.data.task_args)}" if cfg.data.task_args else "")
     _, params = objectives.display(cfg.objective)
-    label, name = cfg.objective.get("label") or cfg.objective["name"], cfg.objective["name"]
+    label, name = objectives.label_of(cfg.objective), cfg.objective["name"]
     what = f"**{label}** ({name}: {params})" if label != name else f"**{name}** ({params})"
     return "\n".join([
         f"# Run {run_dir.name}",
@@ -78,7 +78,7 @@ def best_text(rows: list[dict], run_dir: Path) -> str:
     kept = checkpoint.best(run_dir, log=lambda *_: None)  # what `tether export --step best` takes
     if kept is None:
         return f"{at}; no checkpoint records a held-out accuracy"
-    kept_acc, kept_step = checkpoint.recorded_accuracy(kept), int(kept.name.split("_")[-1])
+    kept_acc, kept_step = checkpoint.recorded_accuracy(kept), checkpoint.step_of(kept)
     export = f"`tether export {run_dir} --step best OUT`"
     if kept_step == step:
         return f"{at}, in checkpoint `{kept}` ({export})"

@@ -18,7 +18,6 @@ instances are one. A number it returns becomes `RewardResult(score)` (`UserRewar
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -136,14 +135,10 @@ def user_reward(fn: Any, name: str) -> RewardFn:
 
 
 def _parameters(entry: Any) -> tuple[list[str], list[str]]:
-    """(parameters, required ones) of a reward class (its dataclass fields, or its constructor's
-    keywords); a function takes none."""
+    """(parameters, required ones) of a reward class (its constructor's keywords: a dataclass's init
+    fields); a function takes none."""
     if not isinstance(entry, type):
         return [], []
-    if dataclasses.is_dataclass(entry):
-        init = [f for f in dataclasses.fields(entry) if f.init]
-        return [f.name for f in init], [f.name for f in init if f.default is dataclasses.MISSING
-                                        and f.default_factory is dataclasses.MISSING]
     from ..plugins import parameters
 
     valid, required, _ = parameters(entry)
