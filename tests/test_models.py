@@ -99,3 +99,19 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="divisible"):
         init_model(tmp_path, hidden_size=30, num_heads=4)
     assert resolve_dtype("auto", "cuda") == torch.bfloat16
+
+
+def test_place_model_keeps_a_small_model_on_the_cpu_and_says_why(llama_dir, monkeypatch):
+    """`place_model` is where the trainer and `tether eval` apply `pick_device`'s rule: with a GPU
+    present, `auto` keeps a model under the threshold on the CPU and logs why; `cpu` logs nothing."""
+    from tether.models import place_model
+
+    model, _ = load_model(llama_dir)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    lines: list[str] = []
+    assert place_model(model, "auto", small_model_params=10**9, key="device", log=lines.append) == torch.device("cpu")
+    assert len(lines) == 1 and lines[0].startswith("device=auto: running on the CPU") and "device=cuda" in lines[0]
+    assert next(model.parameters()).device.type == "cpu"
+    assert place_model(model, "cpu", log=lines.append) == torch.device("cpu") and len(lines) == 1
+    with pytest.raises(TypeError):
+        init_model(llama_dir, "qwen2")  # the settings are keyword-only: a positional one cannot land in the wrong slot

@@ -48,7 +48,7 @@ def test_registry():
         get_reward("exact_match", strip=False)
     with pytest.raises(ValueError, match="needs parameter"):
         get_reward("overlong", max_tokens=10)
-    with pytest.raises(ValueError, match="cache"):
+    with pytest.raises(ValueError, match="reward 'overlong' has no parameter 'cach'. Did you mean 'cache'"):
         get_reward("overlong", max_tokens=10, cach=2)
     with pytest.raises(ValueError, match="weight"):
         get_reward({"exact_match": "1"})
@@ -372,7 +372,7 @@ def test_weighted_config_passes_timeout_and_strict_to_its_math_part():
     own = get_reward({"math": {"weight": 1.0, "timeout_s": 2.0}}, timeout_s=7.5)
     assert own.parts[0][2].timeout_s == 2.0  # a part's own setting wins
     assert get_reward({"exact_match": 1.0}, timeout_s=7.5, strict=True).parts[0][2] is get_reward("exact_match")
-    with pytest.raises(ValueError, match="timeout_s"):
+    with pytest.raises(ValueError, match="no reward takes the option 'timeout'. Did you mean 'timeout_s'"):
         get_reward({"math": 1.0}, timeout=3)
 
 
