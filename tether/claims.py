@@ -9,6 +9,13 @@ A claim (YAML, `claims/*.yaml`) says that `method` beats `baseline` on `metric` 
       baseline: grpo
       direction: higher             # higher or lower is better for the claim
       regime: off_policy            # optional: only this regime (default: every regime)
+      relative_to: s0               # optional: the change of the metric from this regime, per seed
+
+With `relative_to: R`, each seed's value is metric(this regime) - metric(regime R) of the same
+method and seed (tether compare gives seed k of every regime the same initial model and data
+order), so the claim compares how much each method lost or gained from R: "holds accuracy better
+as staleness grows" is final_accuracy relative_to the on-policy regime, method higher than
+baseline. It is a paired difference of differences; regime R itself is not tested.
 
 For each regime, with a_1..a_n the method's per-seed values and b_1..b_m the baseline's:
 
@@ -39,7 +46,10 @@ run, trapezoids over the evaluation steps divided by their span), max_drop (the 
 held-out accuracy between consecutive evaluations: stability), final_entropy (policy entropy,
 mean of the last 10% of steps), entropy_half_step (the first step whose entropy is below half
 the first step's: collapse; the run's last step + 1 when it never falls that far), clipfrac (the
-mean over steps of clipfrac_low + clipfrac_high).
+mean over steps of clipfrac_low + clipfrac_high), constrained_frac (the mean over steps of the
+fraction of tokens a trust region clipped or masked: clipfrac_low + clipfrac_high + the masked
+fractions of M2PO, the rollout correction and the off-policy sequence mask, so that methods that
+mask instead of clipping are counted too).
 
 Why paired: the seed (its warm start, its data order) moves final accuracy by more than any
 method does (seed spreads of 0.05-0.1 against method gaps of a few points), and it moves every
@@ -99,6 +109,16 @@ def _clipfrac(rows: list[dict]) -> float:
     return statistics.fmean(vals) if vals else float("nan")
 
 
+CONSTRAINED = ("policy/clipfrac_low", "policy/clipfrac_high", "m2po/masked_frac", "rollout_correction/masked_frac",
+               "policy/off_policy_masked_frac")
+"""The per-step fractions of tokens a trust region clipped or masked, summed by `constrained_frac`."""
+
+
+def _constrained_frac(rows: list[dict]) -> float:
+    vals = [sum(r.get(k) or 0.0 for k in CONSTRAINED) for r in rows if any(r.get(k) is not None for k in CONSTRAINED)]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
 METRICS: dict[str, Callable[[list[dict]], float]] = {
     "final_accuracy": lambda rows: accuracy(rows)[-1][1] if accuracy(rows) else float("nan"),
     "best_accuracy": lambda rows: max((a for _, a in accuracy(rows)), default=float("nan")),
@@ -107,6 +127,7 @@ METRICS: dict[str, Callable[[list[dict]], float]] = {
     "final_entropy": lambda rows: tail_mean(rows, "policy/entropy"),
     "entropy_half_step": _entropy_half_step,
     "clipfrac": _clipfrac,
+    "constrained_frac": _constrained_frac,
 }
 """Per-run metrics a claim can name (module docstring)."""
 
@@ -161,6 +182,17 @@ def bootstrap_difference(a: Sequence[float], b: Sequence[float], direction: str 
     return Comparison(difference, (lo, hi), (hi - lo) / 2, verdict)
 
 
+def bootstrap_mean(values: Sequence[float], n_boot: int = N_BOOT, seed: int = 0) -> Optional[tuple[float, float]]:
+    """The 95% percentile-bootstrap interval of the mean of `values` (seeded, as `bootstrap_difference`);
+    None with fewer than MIN_SEEDS values, where it would only be the range of the values seen."""
+    vals = [float(v) for v in values if not math.isnan(v)]
+    if len(vals) < MIN_SEEDS:
+        return None
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(vals, k=len(vals))) for _ in range(n_boot))
+    return means[int(0.025 * n_boot)], means[int(0.975 * n_boot) - 1]
+
+
 # ---------------------------------------------------------------- claims
 
 
@@ -172,6 +204,8 @@ class Claim:
     baseline: str
     direction: str = "higher"
     regime: Optional[str] = None
+    relative_to: Optional[str] = None
+    """A regime: the claim is about each seed's change of the metric from it (module docstring)."""
 
 
 def load_claims(path: str | Path) -> list[Claim]:
@@ -214,29 +248,53 @@ def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[s
         for name, methods in regimes.items():
             if (c.regime is not None and c.regime != name) or c.method not in methods or c.baseline not in methods:
                 continue
-            a, b, paired = _aligned(methods[c.method], methods[c.baseline], c.metric)
+            if c.relative_to is not None:
+                if name == c.relative_to or c.relative_to not in regimes:
+                    continue
+                base = regimes[c.relative_to]
+                if c.method not in base or c.baseline not in base:
+                    continue
+                a, b, paired = _aligned(_change(methods[c.method], base[c.method], c.metric),
+                                        _change(methods[c.baseline], base[c.baseline], c.metric), c.metric)
+            else:
+                a, b, paired = _aligned(methods[c.method], methods[c.baseline], c.metric)
             if not a or not b:
                 r = Comparison(float("nan"), None, None, NOT_ENOUGH, f"no run has a value of {c.metric}")
             else:
                 r = bootstrap_difference(a, b, c.direction, paired=paired)
-            out.append({"claim": c.claim, "regime": name, "metric": c.metric, "method": c.method,
+            out.append({"claim": c.claim, "regime": name, "relative_to": c.relative_to, "metric": c.metric,
+                        "method": c.method,
                         "baseline": c.baseline, "direction": c.direction, "difference": r.difference,
                         "ci95": list(r.ci95) if r.ci95 else None, "detectable": r.detectable, "verdict": r.verdict,
                         "why": r.why, "seeds": [len(a), len(b)], "paired": paired})
     return out
 
 
+def _change(values: dict[str, list], base: dict[str, list], metric: str) -> dict[str, list]:
+    """{metric: [value - base value of the same seed], seeds: [...]} over the seeds both regimes ran."""
+    by_seed = dict(zip(base["seeds"], base[metric]))
+    pairs = [(s, v - by_seed[s]) for s, v in zip(values["seeds"], values[metric]) if s in by_seed]
+    return {"seeds": [s for s, _ in pairs], metric: [d for _, d in pairs]}
+
+
 def skipped_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, Any]]) -> list[dict]:
-    """{claim, regime, reason} for each claim that `evaluate_claims` could not test: its regime is not
-    reported, or its method or baseline was not run in a regime it applies to."""
+    """{claim, regime, reason} for each claim that `evaluate_claims` could not test: its regime (or the
+    regime it is relative to) is not reported, or its method or baseline was not run in a regime it
+    applies to."""
     out = []
     for c in claims:
-        if c.regime is not None and c.regime not in regimes:
-            out.append({"claim": c.claim, "regime": c.regime,
-                        "reason": f"regime {c.regime!r} is not in this report (regimes: {', '.join(regimes)})"})
+        absent = [r for r in (c.regime, c.relative_to) if r is not None and r not in regimes]
+        if absent:
+            out.append({"claim": c.claim, "regime": c.regime or "every",
+                        "reason": f"regime {absent[0]!r} is not in this report (regimes: {', '.join(regimes)})"})
             continue
         for name, methods in regimes.items():
+            if name == c.relative_to:
+                continue
             missing = [m for m in (c.method, c.baseline) if m not in methods]
+            if c.relative_to is not None:
+                missing += [f"{m} (in {c.relative_to})" for m in (c.method, c.baseline)
+                            if m not in regimes[c.relative_to] and m in methods]
             if (c.regime is None or c.regime == name) and missing:
                 out.append({"claim": c.claim, "regime": name,
                             "reason": f"{' and '.join(repr(m) for m in missing)} not run here "
@@ -266,7 +324,8 @@ def claims_markdown(results: Sequence[dict[str, Any]], skipped: Sequence[dict[st
         else:
             lo, hi = r["ci95"]
             ci, detectable, verdict = f"[{lo:+.4f}, {hi:+.4f}]", f"{r['detectable']:.4f}", f"**{r['verdict']}**"
-        lines.append(f"| {r['claim']} | {r['regime']} | {r['metric']} ({r['direction']} is the claim) | "
+        metric = r["metric"] if not r.get("relative_to") else f"change of {r['metric']} from {r['relative_to']}"
+        lines.append(f"| {r['claim']} | {r['regime']} | {metric} ({r['direction']} is the claim) | "
                      f"{r['method']} vs {r['baseline']} ({_seeds_text(r)}) | "
                      f"{r['difference']:+.4f} | {ci} | {detectable} | {verdict} |")
     if skipped:

@@ -175,6 +175,10 @@ def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optio
             "config": _regime_config(methods),
             "methods": {m: {"seeds": [_seed_of(r) for r in rs], **values[m]} for m, rs in methods.items()},
         }
+    axis = setting_axis({name: _regime_config(methods) for name, methods in groups.items()})
+    if axis is not None:
+        summary["axis"] = {"setting": axis[0], "values": axis[1]}
+        lines += _axis_section(axis, summary["regimes"], out_dir)
     if claim_list is not None:
         per_regime = {n: dict(r["methods"]) for n, r in summary["regimes"].items()}
         results, skipped = evaluate_claims(claim_list, per_regime), skipped_claims(claim_list, per_regime)
@@ -291,4 +295,95 @@ def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]
             continue
         written.append(save_panel(fig, ax, title, plot_dir / f"{fname}.png", legend=True,
                                   ylabel=ylabel_of(key)))
+    return written
+
+
+# ---------------------------------------------------------------- against a setting
+
+
+AXIS_METRICS = [  # (per-seed metric of tether.claims.METRICS, y-axis label)
+    ("final_accuracy", "final held-out accuracy"),
+    ("auc", "mean held-out accuracy over the run"),
+    ("constrained_frac", "fraction of tokens clipped or masked"),
+]
+
+
+def setting_axis(configs: dict[str, dict]) -> Optional[tuple[str, dict[str, float]]]:
+    """(dotted key, {regime: value}) when the regimes' shared settings differ in exactly one numeric
+    setting (a sweep such as trainer.staleness = 0, 16, 64); None otherwise (a single regime, or
+    regimes that differ in several settings, which no single x-axis can show)."""
+    from .config import flatten
+
+    if len(configs) < 2:
+        return None
+    flat = {name: flatten(cfg) for name, cfg in configs.items()}
+    keys = set().union(*flat.values())
+    differ = [k for k in sorted(keys) if len({repr(f.get(k)) for f in flat.values()}) > 1]
+    if len(differ) != 1:
+        return None
+    values = {name: f.get(differ[0]) for name, f in flat.items()}
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
+        return None
+    return differ[0], {name: float(v) for name, v in values.items()}
+
+
+def _axis_section(axis: tuple[str, dict[str, float]], regimes: dict, out_dir: Path) -> list[str]:
+    """A table and plots of each method's per-seed metrics against the one setting the regimes vary:
+    mean over seeds and its 95% bootstrap interval (tether.claims.bootstrap_mean)."""
+    from .claims import bootstrap_mean
+
+    key, values = axis
+    order = sorted(values, key=values.get)
+    methods = list(dict.fromkeys(m for name in order for m in regimes[name]["methods"]))
+    lines = [f"## Against `{key}`", "",
+             f"Each method's runs at {key} = {', '.join(f'{values[n]:g}' for n in order)}: mean over seeds, and "
+             "in brackets the 95% percentile-bootstrap interval of that mean (shown from 4 seeds up).", ""]
+    for metric, label in AXIS_METRICS:
+        lines += [f"{label} (`{metric}`):", "",
+                  f"| method | {' | '.join(f'{key}={values[n]:g}' for n in order)} |",
+                  "|---|" + "---|" * len(order)]
+        for m in methods:
+            cells = []
+            for n in order:
+                vals = [v for v in regimes[n]["methods"].get(m, {}).get(metric, []) if not math.isnan(v)]
+                ci = bootstrap_mean(vals)
+                cells.append("n/a" if not vals else f"{statistics.fmean(vals):.3f}"
+                             + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f" ({len(vals)} seeds)"))
+            lines.append(f"| {m} | {' | '.join(cells)} |")
+        lines.append("")
+    plots = plot_against(key, values, regimes, out_dir / "plots" / f"against_{key.split('.')[-1]}")
+    return lines + [f"![{p.stem}]({p.relative_to(out_dir)})" for p in plots] + [""]
+
+
+def plot_against(key: str, values: dict[str, float], regimes: dict, plot_dir: Path) -> list[Path]:
+    """One PNG per AXIS_METRICS entry: x = the setting, one line per method through its means over
+    seeds, error bars = the 95% bootstrap interval of each mean (none under 4 seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .claims import bootstrap_mean
+
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    order = sorted(values, key=values.get)
+    methods = list(dict.fromkeys(m for name in order for m in regimes[name]["methods"]))
+    written = []
+    for metric, label in AXIS_METRICS:
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+        for i, m in enumerate(methods):
+            xs, ys, lo, hi = [], [], [], []
+            for n in order:
+                vals = [v for v in regimes[n]["methods"].get(m, {}).get(metric, []) if not math.isnan(v)]
+                if not vals:
+                    continue
+                mean, ci = statistics.fmean(vals), bootstrap_mean(vals)
+                xs.append(values[n]), ys.append(mean)
+                lo.append(mean - ci[0] if ci else 0.0), hi.append(ci[1] - mean if ci else 0.0)
+            if xs:  # a small sideways offset per method keeps the error bars apart
+                shift = (i - (len(methods) - 1) / 2) * 0.012 * (max(values.values()) - min(values.values()) or 1)
+                ax.errorbar([x + shift for x in xs], ys, yerr=[lo, hi], label=m, marker="o", ms=3, lw=1.2, capsize=2)
+        ax.set_xticks(sorted(set(values.values())))
+        written.append(save_panel(fig, ax, f"{label} against {key}", plot_dir / f"{metric}.png", legend=True,
+                                  xlabel=key, ylabel=label))
     return written
