@@ -103,19 +103,14 @@ def _entropy_half_step(rows: list[dict]) -> float:
     return float(next((s for s, v in ent if v < half), ent[-1][0] + 1))
 
 
-def _clipfrac(rows: list[dict]) -> float:
-    vals = [(r.get("policy/clipfrac_low") or 0.0) + (r.get("policy/clipfrac_high") or 0.0)
-            for r in rows if r.get("policy/clipfrac_low") is not None or r.get("policy/clipfrac_high") is not None]
-    return statistics.fmean(vals) if vals else float("nan")
-
-
-CONSTRAINED = ("policy/clipfrac_low", "policy/clipfrac_high", "m2po/masked_frac", "rollout_correction/masked_frac",
-               "policy/off_policy_masked_frac")
+CLIPPED = ("policy/clipfrac_low", "policy/clipfrac_high")
+CONSTRAINED = (*CLIPPED, "m2po/masked_frac", "rollout_correction/masked_frac", "policy/off_policy_masked_frac")
 """The per-step fractions of tokens a trust region clipped or masked, summed by `constrained_frac`."""
 
 
-def _constrained_frac(rows: list[dict]) -> float:
-    vals = [sum(r.get(k) or 0.0 for k in CONSTRAINED) for r in rows if any(r.get(k) is not None for k in CONSTRAINED)]
+def _mean_of_sum(rows: list[dict], keys: Sequence[str]) -> float:
+    """The mean, over the steps that logged any of `keys`, of their sum (one not logged counts 0)."""
+    vals = [sum(r.get(k) or 0.0 for k in keys) for r in rows if any(r.get(k) is not None for k in keys)]
     return statistics.fmean(vals) if vals else float("nan")
 
 
@@ -126,8 +121,8 @@ METRICS: dict[str, Callable[[list[dict]], float]] = {
     "max_drop": _max_drop,
     "final_entropy": lambda rows: tail_mean(rows, "policy/entropy"),
     "entropy_half_step": _entropy_half_step,
-    "clipfrac": _clipfrac,
-    "constrained_frac": _constrained_frac,
+    "clipfrac": lambda rows: _mean_of_sum(rows, CLIPPED),
+    "constrained_frac": lambda rows: _mean_of_sum(rows, CONSTRAINED),
 }
 """Per-run metrics a claim can name (module docstring)."""
 

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-from .plots import rolling_mean, save_panel, ylabel_of
+from .plots import pyplot, rolling_mean, save_panel, ylabel_of
 from .runlog import ACCURACY, METRICS_FILE, accuracy, has_metrics, read_config, read_metrics, tail_mean, values
 
 CURVES = [  # (file, title, metric, smoothing window in steps); the y-axis label is the run plots' (ylabel_of)
@@ -268,11 +268,7 @@ def _regime_section(name: Optional[str], methods: dict[str, list[Path]], plot_di
 
 
 def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     plot_dir.mkdir(parents=True, exist_ok=True)
     data = {label: [read_metrics(r) for r in rs] for label, rs in groups.items()}
     written = []
@@ -327,14 +323,24 @@ def setting_axis(configs: dict[str, dict]) -> Optional[tuple[str, dict[str, floa
     return differ[0], {name: float(v) for name, v in values.items()}
 
 
+def _axis_runs(values: dict[str, float], regimes: dict) -> tuple[list[str], list[str]]:
+    """The regimes in the order of the setting's value, and the methods any of them ran."""
+    order = sorted(values, key=values.get)
+    return order, list(dict.fromkeys(m for name in order for m in regimes[name]["methods"]))
+
+
+def _seed_values(regimes: dict, regime: str, method: str, metric: str) -> list[float]:
+    """A method's per-seed values of `metric` in a regime, without NaN (a run that never evaluated)."""
+    return [v for v in regimes[regime]["methods"].get(method, {}).get(metric, []) if not math.isnan(v)]
+
+
 def _axis_section(axis: tuple[str, dict[str, float]], regimes: dict, out_dir: Path) -> list[str]:
     """A table and plots of each method's per-seed metrics against the one setting the regimes vary:
     mean over seeds and its 95% bootstrap interval (tether.claims.bootstrap_mean)."""
     from .claims import bootstrap_mean
 
     key, values = axis
-    order = sorted(values, key=values.get)
-    methods = list(dict.fromkeys(m for name in order for m in regimes[name]["methods"]))
+    order, methods = _axis_runs(values, regimes)
     lines = [f"## Against `{key}`", "",
              f"Each method's runs at {key} = {', '.join(f'{values[n]:g}' for n in order)}: mean over seeds, and "
              "in brackets the 95% percentile-bootstrap interval of that mean (shown from 4 seeds up).", ""]
@@ -345,7 +351,7 @@ def _axis_section(axis: tuple[str, dict[str, float]], regimes: dict, out_dir: Pa
         for m in methods:
             cells = []
             for n in order:
-                vals = [v for v in regimes[n]["methods"].get(m, {}).get(metric, []) if not math.isnan(v)]
+                vals = _seed_values(regimes, n, m, metric)
                 ci = bootstrap_mean(vals)
                 cells.append("n/a" if not vals else f"{statistics.fmean(vals):.3f}"
                              + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f" ({len(vals)} seeds)"))
@@ -358,23 +364,18 @@ def _axis_section(axis: tuple[str, dict[str, float]], regimes: dict, out_dir: Pa
 def plot_against(key: str, values: dict[str, float], regimes: dict, plot_dir: Path) -> list[Path]:
     """One PNG per AXIS_METRICS entry: x = the setting, one line per method through its means over
     seeds, error bars = the 95% bootstrap interval of each mean (none under 4 seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from .claims import bootstrap_mean
 
+    plt = pyplot()
     plot_dir.mkdir(parents=True, exist_ok=True)
-    order = sorted(values, key=values.get)
-    methods = list(dict.fromkeys(m for name in order for m in regimes[name]["methods"]))
+    order, methods = _axis_runs(values, regimes)
     written = []
     for metric, label in AXIS_METRICS:
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
         for i, m in enumerate(methods):
             xs, ys, lo, hi = [], [], [], []
             for n in order:
-                vals = [v for v in regimes[n]["methods"].get(m, {}).get(metric, []) if not math.isnan(v)]
+                vals = _seed_values(regimes, n, m, metric)
                 if not vals:
                     continue
                 mean, ci = statistics.fmean(vals), bootstrap_mean(vals)

@@ -75,6 +75,16 @@ def window_for(n_points: int) -> int:
     return max(1, min(MAX_WINDOW, n_points // 10))
 
 
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend (no display is needed or opened)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_panel(fig, ax, title: str, path: Path, legend: bool, xlabel: str = "rollout step",
                ylabel: Optional[str] = None, legend_title: Optional[str] = None) -> Path:
     """Label a metric-vs-step panel, write it as PNG and close the figure. A title's second line
@@ -125,11 +135,7 @@ def _drawn(rows: list[dict], panel: Panel) -> list[tuple[str, list[int], list[fl
 
 def plot_run(run_dir: Path) -> list[Path]:
     """Write RUN_DIR/plots/<panel>.png for every panel with data; returns the files."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
     objective = objective_label(run_dir)
