@@ -1,4 +1,4 @@
-"""tether.evaluate: pass@k and maj@k exact, data specs, metrics of a scripted engine, resume, end to end."""
+"""tether.evaluation and `tether eval`: pass@k and maj@k exact, data specs, metrics of a scripted engine, resume, end to end."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import tether.evaluate as ev
-from tether.evaluate import (
+import tether.evaluation as ev
+from tether.cli import build_parser, cmd_eval
+from tether.evaluation import (
     EvalError,
-    add_eval_parser,
     evaluate,
     extract_answer,
     load_eval_data,
@@ -178,7 +178,7 @@ def test_hub_name_and_split(monkeypatch):
         calls.append((name, split, limit))
         return [Example("r0", "p?", "1", {"problem": "p?"})]
 
-    monkeypatch.setattr(ev, "load_math_dataset", fake_load)
+    monkeypatch.setattr(ev.data, "load_math_dataset", fake_load)
     (ex,) = load_eval_data("owner/bench@validation", limit=7)
     assert calls[-1] == ("owner/bench", "validation", 7) and ex.meta["source"] == "owner/bench"
     load_eval_data("owner/bench")
@@ -403,10 +403,8 @@ def test_killed_and_resumed_matches_uninterrupted(tiny_model, tmp_path):
 # ---------------------------------------------------------------- command line, end to end
 
 
-def eval_parser():
-    parser = argparse.ArgumentParser(prog="tether")
-    add_eval_parser(parser.add_subparsers(dest="command", required=True))
-    return parser
+def eval_parser() -> argparse.ArgumentParser:
+    return build_parser()  # the `tether` parser: `eval` is one of its subcommands
 
 
 def test_cli_defaults_and_bad_k():
@@ -414,7 +412,7 @@ def test_cli_defaults_and_bad_k():
     assert (args.model, args.data) == ("some/model", ["task:arithmetic", "bench.jsonl"])
     assert (args.n, args.k) == (16, [1, 4, 16])
     assert (args.temperature, args.top_p, args.max_new_tokens, args.out) == (0.6, 0.95, None, None)
-    assert (args.template, args.limit, args.seed, args.func) == ("boxed", None, 0, ev.cmd_eval)
+    assert (args.template, args.limit, args.seed, args.func) == ("boxed", None, 0, cmd_eval)
     assert args.lenient is False  # strict math extraction unless asked
     with pytest.raises(SystemExit):
         eval_parser().parse_args(["eval", "m", "d", "--k", "1,x"])
