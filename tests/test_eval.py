@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -17,6 +18,8 @@ import tether.evaluation as ev
 from tether.cli import build_parser, cmd_eval
 from tether.evaluation import (
     EvalError,
+    EvalOptions,
+    EvalSettings,
     evaluate,
     extract_answer,
     load_eval_data,
@@ -330,6 +333,24 @@ def test_cli_states_the_extraction(tmp_path, capsys, monkeypatch):
         assert args.func(args) == 0
         assert f"math answer extraction: {word}" in capsys.readouterr().out
     assert calls == [True, False]
+
+
+def test_settings_json_is_exactly_the_settings_object_the_run_passes(tmp_path):
+    """Issue 25: what settings.json records is the frozen EvalSettings, field for field, in order."""
+    arith = load_eval_data("task:arithmetic", limit=1)
+    engine = ScriptedEngine({arith[0].prompt: [(arith[0].answer, "stop")]})
+    results = evaluate("m", ["task:arithmetic"], n=1, ks=(1,), limit=1, out_dir=tmp_path, progress=False,
+                       engine=engine, stop_strings=("\n",))
+    recorded = json.loads((tmp_path / "settings.json").read_text())
+    fields = [f.name for f in dataclasses.fields(EvalSettings)]
+    assert list(recorded) == [f for f in fields if f != "engine"]  # the engine only when it is not hf
+    assert recorded == results["settings"] and recorded["stop_strings"] == ["\n"]
+    settings = EvalSettings(**{**recorded, "engine": None, "stop_strings": tuple(recorded["stop_strings"])})
+    assert settings.to_json() == recorded
+    vllm = EvalSettings.of("m", ["task:arithmetic"], EvalOptions(engine="vllm")).to_json()
+    assert list(vllm) == fields and vllm["engine"] == "vllm"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.n = 2
 
 
 def test_non_binary_reward_is_refused(tmp_path):
