@@ -1,8 +1,9 @@
-"""tether.evaluate: pass@k and maj@k exact, data specs, metrics of a scripted engine, resume, end to end."""
+"""tether.evaluation and `tether eval`: pass@k and maj@k exact, data specs, metrics of a scripted engine, resume, end to end."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -13,10 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import tether.evaluate as ev
-from tether.evaluate import (
+import tether.evaluation as ev
+from tether.cli import build_parser, cmd_eval
+from tether.evaluation import (
     EvalError,
-    add_eval_parser,
+    EvalOptions,
+    EvalSettings,
     evaluate,
     extract_answer,
     load_eval_data,
@@ -178,7 +181,7 @@ def test_hub_name_and_split(monkeypatch):
         calls.append((name, split, limit))
         return [Example("r0", "p?", "1", {"problem": "p?"})]
 
-    monkeypatch.setattr(ev, "load_math_dataset", fake_load)
+    monkeypatch.setattr(ev.data, "load_math_dataset", fake_load)
     (ex,) = load_eval_data("owner/bench@validation", limit=7)
     assert calls[-1] == ("owner/bench", "validation", 7) and ex.meta["source"] == "owner/bench"
     load_eval_data("owner/bench")
@@ -332,6 +335,24 @@ def test_cli_states_the_extraction(tmp_path, capsys, monkeypatch):
     assert calls == [True, False]
 
 
+def test_settings_json_is_exactly_the_settings_object_the_run_passes(tmp_path):
+    """Issue 25: what settings.json records is the frozen EvalSettings, field for field, in order."""
+    arith = load_eval_data("task:arithmetic", limit=1)
+    engine = ScriptedEngine({arith[0].prompt: [(arith[0].answer, "stop")]})
+    results = evaluate("m", ["task:arithmetic"], n=1, ks=(1,), limit=1, out_dir=tmp_path, progress=False,
+                       engine=engine, stop_strings=("\n",))
+    recorded = json.loads((tmp_path / "settings.json").read_text())
+    fields = [f.name for f in dataclasses.fields(EvalSettings)]
+    assert list(recorded) == [f for f in fields if f != "engine"]  # the engine only when it is not hf
+    assert recorded == results["settings"] and recorded["stop_strings"] == ["\n"]
+    settings = EvalSettings(**{**recorded, "engine": None, "stop_strings": tuple(recorded["stop_strings"])})
+    assert settings.to_json() == recorded
+    vllm = EvalSettings.of("m", ["task:arithmetic"], EvalOptions(engine="vllm")).to_json()
+    assert list(vllm) == fields and vllm["engine"] == "vllm"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.n = 2
+
+
 def test_non_binary_reward_is_refused(tmp_path):
     arith = load_eval_data("task:arithmetic", limit=1)
     engine = ScriptedEngine({arith[0].prompt: [(arith[0].answer, "stop")]})
@@ -403,10 +424,8 @@ def test_killed_and_resumed_matches_uninterrupted(tiny_model, tmp_path):
 # ---------------------------------------------------------------- command line, end to end
 
 
-def eval_parser():
-    parser = argparse.ArgumentParser(prog="tether")
-    add_eval_parser(parser.add_subparsers(dest="command", required=True))
-    return parser
+def eval_parser() -> argparse.ArgumentParser:
+    return build_parser()  # the `tether` parser: `eval` is one of its subcommands
 
 
 def test_cli_defaults_and_bad_k():
@@ -414,7 +433,7 @@ def test_cli_defaults_and_bad_k():
     assert (args.model, args.data) == ("some/model", ["task:arithmetic", "bench.jsonl"])
     assert (args.n, args.k) == (16, [1, 4, 16])
     assert (args.temperature, args.top_p, args.max_new_tokens, args.out) == (0.6, 0.95, None, None)
-    assert (args.template, args.limit, args.seed, args.func) == ("boxed", None, 0, ev.cmd_eval)
+    assert (args.template, args.limit, args.seed, args.func) == ("boxed", None, 0, cmd_eval)
     assert args.lenient is False  # strict math extraction unless asked
     with pytest.raises(SystemExit):
         eval_parser().parse_args(["eval", "m", "d", "--k", "1,x"])

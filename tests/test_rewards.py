@@ -6,10 +6,12 @@ import json
 import time
 
 import pytest
+import torch
 
 from tether.rewards import (
     Combined,
     MathVerifier,
+    PerExample,
     RewardResult,
     asks_for_boxed,
     boxed_answers,
@@ -17,10 +19,12 @@ from tether.rewards import (
     overlong_penalty,
     reward_names,
     score_batch,
+    score_rollout,
     strict_for_task,
     verifier_faults,
     with_completion_tokens,
 )
+from tether.rollout import RolloutBatch
 from tether.tasks import Example, get_task, load_math_dataset
 
 from conftest import MATH_DATA, needs_math_data
@@ -168,6 +172,45 @@ def test_combined_weights_components_and_reasons():
     assert "exact_match: expected" in boxed.reason and "overlong:" in boxed.reason
     batch = score_batch(reward, ["81", "\\boxed{81}"], [ADD, ADD])
     assert batch == [good, boxed]
+
+
+class Batched:
+    """A reward with its own batched path that records each batch it is given."""
+
+    def __init__(self, name, fn, calls):
+        self.name, self.fn, self.calls = name, fn, calls
+
+    def __call__(self, completion, example):
+        return self.fn(completion, example)
+
+    def score_batch(self, completions, examples):
+        self.calls.append((self.name, list(completions)))
+        return [self.fn(c, e) for c, e in zip(completions, examples)]
+
+
+def test_per_example_scores_each_example_with_its_reward_one_batch_per_reward_in_order():
+    calls = []
+    exact, countdown = Batched("exact", get_reward("exact_match"), calls), Batched("cd", get_reward("countdown"), calls)
+    reward = PerExample(lambda ex: countdown if "target" in ex.meta else exact)
+    results = score_batch(reward, ["81", "(9-7)*8", "80", "9+8+7"], [ADD, CD, ADD, CD])
+    assert [r.score for r in results] == [1.0, 1.0, 0.0, 0.0]  # 81 right, (9-7)*8 = 16 right, 80 wrong, 24 wrong
+    assert calls == [("exact", ["81", "80"]), ("cd", ["(9-7)*8", "9+8+7"])]
+
+
+def test_score_rollout_gives_the_scored_batch_the_trainer_reads():
+    # Two prompts x two samples; a stopped sample's length is its text plus the stop token.
+    completions, lengths = ["81", "82", "(9-7)*8", "16"], [3, 3, 8, 3]
+    mask = torch.arange(8)[None, :] < torch.tensor(lengths)[:, None]
+    rollout = RolloutBatch(prompt_ids=[[0]] * 4, completion_ids=torch.zeros(4, 8, dtype=torch.long),
+                           sampler_logprobs=torch.zeros(4, 8), mask=mask, finish_reasons=["stop"] * 4,
+                           completions=completions, prompt_index=[0, 0, 1, 1])
+    scored = score_rollout(PerExample(lambda ex: get_reward("countdown" if "target" in ex.meta else "exact_match")),
+                           rollout, [ADD, CD])
+    assert scored.rollout is rollout and scored.metrics == {}
+    assert [e.id for e in scored.examples] == ["a", "a", "c", "c"]
+    assert [e.meta["completion_tokens"] for e in scored.examples] == lengths  # for overlong
+    assert scored.rewards.dtype == torch.float32 and scored.rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert scored.group_ids.tolist() == [0, 0, 1, 1]
 
 
 def test_rewards_are_deterministic_and_pure():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tether.config import load_config
-from tether.evaluate import _progress
+from tether.evaluation.progress import progress as eval_progress
 from tether.rewards import REWARDS, RewardResult
 from tether.sinks import Heartbeat, PlainProgress
 from tether.train import FLAT_WARN_AFTER, flat_streak, train
@@ -117,7 +117,7 @@ def test_plain_progress_speaks_during_a_slow_step_and_at_the_next_step_after_a_q
 
 def test_eval_progress_to_a_file_is_plain_lines_from_the_start():
     lines = []
-    with _progress(True, 40, 0, stream=_File(), log=lines.append, every_s=60) as advance:
+    with eval_progress(True, 40, 0, stream=_File(), log=lines.append, every_s=60) as advance:
         assert lines == ["eval: 40 problems"]  # at once, before the first batch
         for _ in range(5):
             advance(8)

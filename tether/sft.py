@@ -22,8 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import evaluate
-from .rewards import RewardFn, task_reward
+from .rewards import RewardFn, task_reward, verdicts
 from .rollout import HFEngine, encode_prompts
 from .tasks import Example, Task
 
@@ -37,9 +36,9 @@ def greedy_accuracy(
     batch_size: int | None = None,
 ) -> float:
     """Greedy accuracy on `examples`, measured as the trainer measures held-out accuracy
-    (`tether.evaluate.greedy_accuracy`: the share the 0/1 verifier `reward` accepts)."""
+    (`tether.rewards.greedy_accuracy`: the share the 0/1 verifier `reward` accepts)."""
     engine = HFEngine(model, tokenizer, batch_size=batch_size)
-    return evaluate.greedy_accuracy(engine, examples, reward, max_new_tokens)["eval/accuracy"]
+    return verdicts.greedy_accuracy(engine, examples, reward, max_new_tokens)["eval/accuracy"]
 
 
 def sft_batch(

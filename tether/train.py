@@ -34,8 +34,7 @@ from .models import apply_lora, check_model_loads, pick_device, place_model
 from .data import PromptStream
 from .causal_lm import (Tokens, batched_logprobs, eval_mode, fused_head_reason, shared_prompt_reason, to_tokens,
                         token_logprobs)
-from .evaluate import greedy_accuracy
-from .rewards import RewardFn, score_rollout, verifier_faults
+from .rewards import RewardFn, Scored, greedy_accuracy, score_rollout, verifier_faults
 from .rollout import RolloutBatch, RolloutEngine, SamplingParams, get_engine
 from .tasks import Example
 from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, read_jsonl, truncate_jsonl, wandb_problem
@@ -64,23 +63,6 @@ def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config) -> Optional
 # ---------------------------------------------------------------- rollout and rewards
 
 
-@dataclass
-class Scored:
-    """A rollout batch with its rewards, ready for advantages and the update."""
-
-    rollout: RolloutBatch
-    examples: list[Example]  # (N,) the example of each sample
-    rewards: torch.Tensor  # (N,)
-    group_ids: torch.Tensor  # (N,) prompt group of each sample
-    metrics: dict[str, float]  # rollout and reward metrics, on the host
-
-
-def _score(rollout: RolloutBatch, examples, reward_fn):
-    """Rewards (N,), the example of each sample and the results (rewards.score_rollout)."""
-    per_sample, results = score_rollout(reward_fn, rollout, examples)
-    return torch.tensor([r.score for r in results], dtype=torch.float32), per_sample, results
-
-
 def rollout_metrics(rollout, rewards: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
     from .core.advantages import zero_variance_fraction
 
@@ -100,7 +82,7 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
     """Sample and score one batch; with dynamic sampling, drop flat groups and sample more."""
     r = cfg.rollout
     want = r.prompts_per_step
-    kept_rollouts, kept_examples, kept_rewards = [], [], []
+    kept_rollouts, kept_examples, kept_results = [], [], []
     first_metrics = None
     rounds = 1 + (r.dynamic_sampling_max_rounds if r.dynamic_sampling else 0)
     have = 0
@@ -108,12 +90,13 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
         examples = stream.take(want - have if k else want)
         rollout = engine.generate([e.prompt for e in examples], n=r.group_size, params=params, seed=seed + 7919 * k)
         faults.point("rollout")
-        rewards, per_sample, results = _score(rollout, examples, reward_fn)
+        scored = score_rollout(reward_fn, rollout, examples)
+        rewards, per_sample, results = scored.rewards, scored.examples, scored.results
         groups = torch.tensor(rollout.prompt_index)
         if first_metrics is None:
             first_metrics = {**rollout_metrics(rollout, rewards, groups), **verifier_faults(results)}
         if not r.dynamic_sampling:
-            return Scored(rollout, per_sample, rewards, groups, first_metrics)
+            return dataclasses.replace(scored, metrics=first_metrics)
         from .core.masked import group_stats
 
         s = group_stats(rewards, groups)
@@ -123,17 +106,14 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
             keep = [i for i, g in enumerate(rollout.prompt_index) if g in set(live_prompts)]
             kept_rollouts.append(rollout.select(keep))
             kept_examples += [per_sample[i] for i in keep]
-            kept_rewards.append(rewards[keep])
+            kept_results += [results[i] for i in keep]
             have += len(live_prompts)
         if have >= want:
             break
     if not kept_rollouts:  # every group was flat: train on the last batch (zero advantages)
-        return Scored(rollout, per_sample, rewards, groups, {**first_metrics, "rollout/dynamic_kept_frac": 0.0})
+        return dataclasses.replace(scored, metrics={**first_metrics, "rollout/dynamic_kept_frac": 0.0})
     merged = RolloutBatch.concat(kept_rollouts, pad_id)
-    rewards = torch.cat(kept_rewards)
-    groups = torch.tensor(merged.prompt_index)
-    return Scored(merged, kept_examples, rewards, groups,
-                  {**first_metrics, "rollout/dynamic_kept_frac": have / want})
+    return Scored(merged, kept_examples, kept_results, {**first_metrics, "rollout/dynamic_kept_frac": have / want})
 
 
 # ---------------------------------------------------------------- the update

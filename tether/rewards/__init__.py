@@ -14,6 +14,9 @@ are each reward's unweighted score under its name (and its own sub-components as
 Wherever a reward is named, an import path `module:name` names a user's reward instead
 (tether.plugins): a function (completion, example) -> float | RewardResult, or a class whose
 instances are one. A number it returns becomes `RewardResult(score)` (`UserReward`).
+
+`PerExample(pick)` scores each example with its own reward (a benchmark of several tasks). Scoring
+a rollout is `score_rollout` (`base`); accuracy, held-out greedy accuracy included, is `verdicts`.
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..core.registry import Registry, did_you_mean
 from ..plugins import is_import_path
 from ..tasks import Example
-from .base import (RewardFn, RewardResult, accuracy, check_verdicts, rollout_examples, score_batch, score_rollout,
-                   verifier_faults)
+from .base import RewardFn, RewardResult, Scored, rollout_examples, score_batch, score_rollout, verifier_faults
 from .math_verifier import Math, MathVerifier, asks_for_boxed, math_verify_score, strict_for_task
 from .simple import (
     Format,
@@ -37,6 +39,7 @@ from .simple import (
     overlong_penalty,
     with_completion_tokens,
 )
+from .verdicts import accuracy, check_verdicts, greedy_accuracy
 
 REWARDS: Registry[Any] = Registry("reward")
 REWARDS.register("exact_match")(exact_match)
@@ -70,6 +73,32 @@ class Combined:
     def score_batch(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
         per_part = [score_batch(reward, completions, examples) for _, _, reward in self.parts]
         return [self._merge(row) for row in zip(*per_part)]
+
+    def __call__(self, completion: str, example: Example) -> RewardResult:
+        return self.score_batch([completion], [example])[0]
+
+
+@dataclass(frozen=True)
+class PerExample:
+    """Each example scored by its own reward, `pick(example)` (a benchmark of several tasks, each
+    with its verifier: `tether eval`); one batched call per distinct reward, results in order.
+
+    Attributes:
+        pick: example -> the reward that scores it.
+    """
+
+    pick: Callable[[Example], RewardFn]
+
+    def score_batch(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
+        groups: dict[int, tuple[RewardFn, list[int]]] = {}
+        for i, ex in enumerate(examples):
+            reward = self.pick(ex)
+            groups.setdefault(id(reward), (reward, []))[1].append(i)
+        results: list[RewardResult] = [RewardResult(0.0)] * len(examples)
+        for reward, idx in groups.values():
+            for i, result in zip(idx, score_batch(reward, [completions[i] for i in idx], [examples[i] for i in idx])):
+                results[i] = result
+        return results
 
     def __call__(self, completion: str, example: Example) -> RewardResult:
         return self.score_batch([completion], [example])[0]
@@ -233,9 +262,10 @@ def reward_names() -> list[str]:
 
 
 __all__ = [
-    "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "RewardFn", "UserReward",
+    "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "PerExample", "RewardFn", "Scored",
+    "UserReward",
     "RewardResult", "asks_for_boxed", "boxed_answers", "check_user_rewards", "countdown", "exact_match",
     "get_reward", "math_verify_score", "overlong_penalty", "reward_entry", "reward_names", "reward_options", "check_reward_params",
     "score_batch", "strict_for_task", "task_reward", "user_reward", "accuracy", "check_verdicts",
-    "rollout_examples", "score_rollout", "verifier_faults", "with_completion_tokens",
+    "greedy_accuracy", "rollout_examples", "score_rollout", "verifier_faults", "with_completion_tokens",
 ]

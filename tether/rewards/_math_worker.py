@@ -4,7 +4,7 @@ and the answer extraction it shares with the rest of tether.
 Standard library plus math-verify only, and started by file path rather than `-m`, so a
 worker (re)start does not pay for importing torch through `tether/__init__`. That is also why
 the `\\boxed{}` scanners live here: the worker needs them, and `tether.rewards.simple` and
-`tether.evaluate` import them from here (one implementation). The worker talks to the parent
+`tether.evaluation` import them from here (one implementation). The worker talks to the parent
 over one socket wrapped in `multiprocessing.connection.Connection`:
 
     parent -> worker  (sys_path, pickled verify_fn or None, strict)   once, at start

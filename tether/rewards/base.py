@@ -13,7 +13,8 @@ it wrong ("81 82" is not "81").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, Sequence
+from functools import cached_property
+from typing import Any, Protocol, Sequence
 
 from ..tasks import Example
 
@@ -77,12 +78,33 @@ def _guarded(reward: RewardFn, completion: str, example: Example) -> RewardResul
         return RewardResult(0.0, {}, f"{REWARD_ERROR}: {type(err).__name__}: {str(err)[:80]}", ("error",))
 
 
-class Scored(NamedTuple):
-    """A rollout's completions scored: the example of each sample (with its completion length in
-    tokens, for `overlong`) and its result, in the rollout's row order."""
+@dataclass(frozen=True)
+class Scored:
+    """A rollout's N completions scored, in the rollout's row order: what `score_rollout` returns
+    to training, SFT and `tether eval`, and what the trainer carries through a step."""
 
+    rollout: Any
+    """The `tether.rollout.RolloutBatch` (N rows)."""
     examples: list[Example]
+    """(N,) the example each sample answers, with its completion length in tokens (for `overlong`)."""
     results: list[RewardResult]
+    """(N,) each sample's reward."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Rollout and reward metrics on the host (the trainer's `collect` fills them)."""
+
+    @cached_property
+    def rewards(self) -> Any:
+        """(N,) float32 tensor of the scores."""
+        import torch
+
+        return torch.tensor([r.score for r in self.results], dtype=torch.float32)
+
+    @cached_property
+    def group_ids(self) -> Any:
+        """(N,) int64 tensor: the prompt group of each sample (`rollout.prompt_index`)."""
+        import torch
+
+        return torch.tensor(self.rollout.prompt_index)
 
 
 def rollout_examples(rollout: Any, examples: Sequence[Example]) -> list[Example]:
@@ -98,22 +120,7 @@ def score_rollout(reward: RewardFn, rollout: Any, examples: Sequence[Example]) -
     """THE scoring path of training, SFT and `tether eval`: each completion of `rollout` against
     the example of its prompt (`rollout_examples`)."""
     per_sample = rollout_examples(rollout, examples)
-    return Scored(per_sample, score_batch(reward, list(rollout.completions), per_sample))
-
-
-def check_verdicts(results: Sequence[RewardResult], verifier: object, examples: Sequence[Example] = ()) -> None:
-    """Raise unless every score is 0 or 1: accuracy is a 0/1 verifier's verdict, never a shaped reward."""
-    for i, r in enumerate(results):
-        if r.score not in (0.0, 1.0):
-            on = f" on {examples[i].id!r}" if i < len(examples) else ""
-            raise ValueError(f"accuracy needs a 0/1 verifier; {verifier!r} scored {r.score}{on} "
-                             "(use the task's verifier, not a shaped or weighted reward)")
-
-
-def accuracy(results: Sequence[RewardResult], verifier: object = "the verifier") -> float:
-    """THE definition of accuracy: the share of completions the task's 0/1 verifier accepts."""
-    check_verdicts(results, verifier)
-    return sum(r.score for r in results) / max(len(results), 1)
+    return Scored(rollout, per_sample, score_batch(reward, list(rollout.completions), per_sample))
 
 
 def verifier_faults(results: Sequence[RewardResult]) -> dict[str, float]:

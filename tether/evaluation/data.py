@@ -1,0 +1,111 @@
+"""Data specs: which problems an evaluation samples, each with `meta["source"]` (its benchmark)
+and `meta["task"]` (which picks its verifier), keyed by (source, id)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..tasks import Example, get_task, load_math_dataset, render_prompt
+
+DEFAULT_TASK_PROBLEMS = 200  # = the trainer's data.eval_size default: `task:X` is its held-out set
+
+
+class EvalError(ValueError):
+    """A user error: a bad data spec, or an output directory holding other settings' results."""
+
+
+def _parse_value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _task_examples(spec: str, limit: int | None) -> list[Example]:
+    """`task:NAME[:KEY=VALUE...]`: the held-out ("test") split of a synthetic task."""
+    name, *parts = spec[len("task:") :].split(":")
+    knobs = {}
+    for item in (p for part in parts for p in part.split(",") if p):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise EvalError(f"{spec!r}: task knobs are KEY=VALUE, got {item!r}")
+        knobs[key.strip()] = _parse_value(value.strip())
+    if name == "math":
+        raise EvalError(f"{spec!r}: give math data as a JSONL/Parquet path or a dataset name, not task:math")
+    try:
+        task = get_task(name, **knobs)
+        examples = task.examples("test", DEFAULT_TASK_PROBLEMS if limit is None else limit)
+    except KeyError as err:
+        raise EvalError(f"{spec!r}: {err.args[0]}") from None
+    except ValueError as err:
+        raise EvalError(f"{spec!r}: {err}") from None
+    source = spec[len("task:") :] if knobs else name
+    return [replace(ex, meta={**ex.meta, "source": source, "task": name}) for ex in examples]
+
+
+def _math_examples(spec: str, tokenizer: Any, template: str, limit: int | None,
+                   problem_field: str, answer_field: str) -> list[Example]:
+    """A JSONL/Parquet file, or a `datasets` hub name with an optional `@split` (default test)."""
+    split, stem = None, spec
+    if Path(spec).expanduser().exists():
+        stem = Path(spec).stem
+    elif "@" in spec:
+        stem, split = spec.rsplit("@", 1)
+    elif not spec.startswith(("/", ".", "~")) and Path(spec).suffix not in (".jsonl", ".json", ".parquet"):
+        split = "test"
+    rows = load_math_dataset(stem if split else spec, problem_field, answer_field, split=split, limit=limit)
+    return [
+        replace(ex, prompt=render_prompt(tokenizer, template, ex.prompt),
+                meta={**ex.meta, "source": str(ex.meta.get("source") or stem), "task": "math"})
+        for ex in rows
+    ]
+
+
+def load_eval_data(
+    spec: str,
+    tokenizer: Any = None,
+    template: str = "boxed",
+    limit: int | None = None,
+    *,
+    problem_field: str = "problem",
+    answer_field: str = "answer",
+) -> list[Example]:
+    """The problems of one data spec, with `meta["source"]` and `meta["task"]` set.
+
+    spec:
+        `task:NAME[:KEY=VALUE...]`  the held-out split of a synthetic task (`task:arithmetic`,
+            `task:countdown:count=4:max_target=99`); `limit` problems, default 200. Prompts are
+            the task's own (no template). Source: NAME, or NAME:knobs when knobs are given.
+        a `.jsonl` / `.parquet` path  rows with `problem_field` and `answer_field`; the first
+            `limit` rows. Source: the row's `source` field, else the file stem.
+        a `datasets` hub name  `owner/name` or `owner/name@split` (default split "test").
+    Math prompts are `render_prompt(tokenizer, template, problem)`; `meta["task"]` is "math"
+    for them and the task name for synthetic ones (it picks the verifier).
+    """
+    if limit is not None and limit < 1:
+        raise EvalError(f"limit must be >= 1 or None, got {limit}")
+    if spec.startswith("task:"):
+        return _task_examples(spec, limit)
+    return _math_examples(spec, tokenizer, template, limit, problem_field, answer_field)
+
+
+def problem_key(ex: Example) -> tuple[str, str]:
+    """(source, id): a problem's identity in `problems.jsonl`."""
+    return ex.meta["source"], ex.id
+
+
+def unique_problems(examples: list[Example]) -> list[Example]:
+    """Examples keyed by (source, id), first kept; the same key with another prompt is an error."""
+    seen: dict[tuple[str, str], Example] = {}
+    for ex in examples:
+        old = seen.setdefault(problem_key(ex), ex)
+        if old.prompt != ex.prompt:
+            raise EvalError(f"two different problems share source {problem_key(ex)[0]!r} and id {ex.id!r}")
+    return list(seen.values())
+
+
+__all__ = ["DEFAULT_TASK_PROBLEMS", "EvalError", "load_eval_data", "problem_key", "unique_problems"]

@@ -1,0 +1,49 @@
+"""Accuracy: the share of completions a task's 0/1 verifier accepts, and held-out greedy accuracy.
+
+One definition serves the trainer's `eval/accuracy`, the supervised warm start's stopping rule and
+`tether eval` (whose verdicts are checked the same way): a shaped or weighted reward is refused,
+since accuracy is a verdict, not a score.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..tasks import Example
+from .base import RewardFn, RewardResult, score_rollout
+
+
+def check_verdicts(results: Sequence[RewardResult], verifier: object, examples: Sequence[Example] = ()) -> None:
+    """Raise unless every score is 0 or 1: accuracy is a 0/1 verifier's verdict, never a shaped reward."""
+    for i, r in enumerate(results):
+        if r.score not in (0.0, 1.0):
+            on = f" on {examples[i].id!r}" if i < len(examples) else ""
+            raise ValueError(f"accuracy needs a 0/1 verifier; {verifier!r} scored {r.score}{on} "
+                             "(use the task's verifier, not a shaped or weighted reward)")
+
+
+def accuracy(results: Sequence[RewardResult], verifier: object = "the verifier") -> float:
+    """THE definition of accuracy: the share of completions the task's 0/1 verifier accepts."""
+    check_verdicts(results, verifier)
+    return sum(r.score for r in results) / max(len(results), 1)
+
+
+def greedy_accuracy(engine: Any, examples: Sequence[Example], verifier: RewardFn, max_new_tokens: int,
+                    stop_strings: Sequence[str] = (), seed: int = 0) -> dict[str, float]:
+    """Held-out accuracy as the trainer measures it: one greedy completion per example of `engine`
+    (a `tether.rollout.RolloutEngine`), scored by the task's 0/1 `verifier` (`accuracy`, never a
+    shaped training reward), and the mean completion length in tokens: {"eval/accuracy", "eval/len_mean"}."""
+    import torch
+
+    from ..rollout import SamplingParams
+
+    if not examples:
+        raise ValueError("no examples to evaluate")
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
+    with torch.no_grad():
+        rollout = engine.generate([e.prompt for e in examples], n=1, params=params, seed=seed)
+    return {"eval/accuracy": accuracy(score_rollout(verifier, rollout, list(examples)).results, verifier),
+            "eval/len_mean": rollout.mask.sum(1).float().mean().item()}
+
+
+__all__ = ["accuracy", "check_verdicts", "greedy_accuracy"]
