@@ -67,10 +67,9 @@ Where the loss path departs from TRL's, and why:
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import warnings
-from typing import Any, Callable, Literal, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import torch
 
@@ -87,7 +86,6 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     ) from err
 
 TESTED_TRL = ">=1.16,<1.17"
-ObjectiveSpec = Union[str, dict, Objective]
 ObjectiveHook = Callable[[dict, TokenBatch, ObjectiveOutput], None]
 
 # Model inputs besides ids and attention mask that a TRL batch may carry (images), passed on as TRL does.
@@ -112,17 +110,6 @@ _check_version()
 
 
 # ---------------------------------------------------------------- configuration
-
-
-def prepare_objective(spec: ObjectiveSpec, max_completion_length: Optional[int]) -> Objective:
-    """A built objective from a preset name, an objective name, a config mapping or an `Objective`.
-
-    An unset `max_len` becomes `max_completion_length` (departure 3 in the module docstring).
-    """
-    obj = spec if isinstance(spec, Objective) else objectives.build(spec)
-    if obj.config.max_len is None and max_completion_length is not None:
-        obj = Objective(obj.name, dataclasses.replace(obj.config, max_len=max_completion_length))
-    return obj
 
 
 def inactive_trust_region(args: Any, obj: Objective) -> Optional[str]:
@@ -244,7 +231,7 @@ class TetherGRPOTrainer(GRPOTrainer):
         reward_funcs: Any = None,
         args: Optional[GRPOConfig] = None,
         *,
-        objective: ObjectiveSpec,
+        objective: objectives.Spec,
         advantages: Literal["tether", "trl"] = "tether",
         on_objective: Optional[ObjectiveHook] = None,
         **kwargs: Any,
@@ -252,7 +239,8 @@ class TetherGRPOTrainer(GRPOTrainer):
         if advantages not in ("tether", "trl"):
             raise ConfigError(f"advantages: got {advantages!r}, expected 'tether' or 'trl'")
         args = GRPOConfig() if args is None else args
-        obj = prepare_objective(objective, args.max_completion_length)
+        # An unset max_len becomes max_completion_length (departure 3), before the config validates.
+        obj = objectives.build(objective, max_len=args.max_completion_length)
         problems = unsupported_options(args, obj)
         if problems:
             raise ConfigError("GRPOConfig settings tether cannot honour:\n- " + "\n- ".join(problems))
@@ -410,7 +398,7 @@ def make_trainer(
     model: Any,
     reward_funcs: Any,
     train_dataset: Any,
-    objective: ObjectiveSpec = "rpg_fkl",
+    objective: objectives.Spec = "rpg_fkl",
     args: Optional[GRPOConfig] = None,
     **kwargs: Any,
 ) -> TetherGRPOTrainer:

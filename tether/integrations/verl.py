@@ -120,9 +120,8 @@ def objective_from(
 def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objectives.Objective:
     name = LOSS_MODES[loss_mode]
     objective = objective or name
-    start = {"preset": objective} if objective in objectives.preset_names() else {"name": objective}
-    try:
-        obj = objectives.build({**start, **overrides})
+    try:  # the overrides replace the values of `objective` (a preset or objective name)
+        obj = objectives.build(overrides, default=objective)
     except (ConfigError, KeyError) as e:
         raise ConfigError(f"{_KEY}: {e}") from None
     if obj.name != name:

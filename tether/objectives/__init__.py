@@ -19,7 +19,8 @@ The math lives in `tether.core`; this package validates configs and assembles me
     base.py      the keys every objective has (ObjectiveConfig and its capabilities), the shared
                  clip range (ClipRange), validation, and the OBJECTIVES registry
     runtime.py   Objective: terms(batch) per token, __call__ aggregated
-    spec.py      presets, the spec an objective is chosen by, and its resolved record
+    spec.py      presets and THE spec function: `build(spec, max_len=, default=)` -> Objective and
+                 `resolve(...)`, the same as the plain mapping a run records
     one file per family, each config class directly above the loss function that uses it:
     clip.py (ppo_clip, divergence_clip), sequence.py (gspo, gmpo), reinforce.py (reinforce, cispo),
     rpg.py, etr.py, masks.py (dppo, m2po), sapo.py, covariance.py (clip_cov, kl_cov)
@@ -38,7 +39,7 @@ from .base import (
 from .batch import Mean, MergeRule, ObjectiveOutput, TokenBatch, TokenTerms
 from .metrics import POLICY_METRIC_EXTREMES, MetricMerger, policy_metrics
 from .runtime import Objective
-from .spec import build, describe, display, label_of, load_preset, names, preset_names, resolve, resolved
+from .spec import Spec, build, describe, display, label_of, load_preset, names, preset_names, resolve, spec_mapping
 
 # The families register their objectives on import; the order is the order `names()` lists them in.
 from .clip import DivergenceClipConfig, PPOClipConfig  # noqa: E402  isort: skip
@@ -56,5 +57,5 @@ __all__ = [
     "M2POConfig", "Mean", "MergeRule", "MetricMerger", "Objective", "ObjectiveConfig", "ObjectiveEntry",
     "ObjectiveOutput", "PPOClipConfig", "RPGConfig", "ReinforceConfig", "RolloutCorrectionConfig", "SAPOConfig",
     "TokenBatch", "TokenTerms", "build", "describe", "display", "label_of", "load_preset", "names", "objective",
-    "policy_metrics", "preset_names", "resolve", "resolved",
+    "policy_metrics", "preset_names", "resolve", "Spec", "spec_mapping",
 ]

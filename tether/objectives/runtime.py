@@ -23,11 +23,12 @@ from .metrics import POLICY_METRIC_EXTREMES, policy_metrics
 
 
 class Objective:
-    """A built objective: `obj(batch) -> ObjectiveOutput`. See the package docstring."""
+    """A built objective (`objectives.build`): `obj(batch) -> ObjectiveOutput`. See the package docstring."""
 
-    def __init__(self, name: str, config: ObjectiveConfig):
+    def __init__(self, name: str, config: ObjectiveConfig, label: Optional[str] = None):
         self.name = name
         self.config = config
+        self.label = label or name  # the name it was chosen by (atr_grpo for divergence_clip), which reports show
         self._loss = OBJECTIVES.get(name).loss
 
     def __repr__(self) -> str:

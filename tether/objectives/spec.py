@@ -5,6 +5,7 @@ report shows it."""
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import resources
 from typing import Optional, Union
 
@@ -34,6 +35,16 @@ def names() -> list[str]:
     return OBJECTIVES.names()
 
 
+Spec = Union[str, dict, Objective]
+"""How an objective is chosen: a preset name, an objective name, a mapping {preset|name, params...}
+(a resolved record, with `label`, is one), or an `Objective` already built."""
+
+
+def spec_mapping(name: str) -> dict:
+    """A name as a spec mapping: {preset: name} for a preset, else {name: name} (the one place that decides)."""
+    return {"preset": name} if name in preset_names() else {"name": name}
+
+
 def label_of(spec: Union[str, dict]) -> str:
     """The name a spec was chosen by, which reports show: its recorded `label`, else the preset's
     name, else the objective's (`objective=grpo` is labelled grpo, though it builds ppo_clip)."""
@@ -45,13 +56,51 @@ def label_of(spec: Union[str, dict]) -> str:
     return label
 
 
-def resolve(spec: Union[str, dict]) -> dict:
-    """A preset name, objective name, or dict -> the full dict {name, **params} it stands for
-    (without its `label`, which names it in reports and is no parameter)."""
+def build(spec: Spec, *, max_len: Optional[int] = None, default: Optional[str] = None) -> Objective:
+    """THE place an objective spec is interpreted, for every caller (tether's config and trainer, the
+    verl plugin, the TRL adapter): a preset name, objective name, mapping or built `Objective` -> the
+    `Objective`, labelled with the name it was chosen by (`label_of`).
+
+    max_len: the generation budget, the objective's `max_len` when the spec leaves it null, applied
+        before the config validates (Dr. GRPO's constant T_max).
+    default: the preset or objective a mapping with neither `preset` nor `name` overrides
+        (`objective.eps_high=0.3` on the command line overrides the config's default objective).
+    """
+    if isinstance(spec, Objective):
+        if max_len is None or spec.config.max_len is not None:
+            return spec
+        return Objective(spec.name, dataclasses.replace(spec.config, max_len=max_len), spec.label)
+    spec = _with_default(spec, default)
+    label, params = label_of(spec), _expand(spec)
+    name = params.pop("name")
+    if name not in OBJECTIVES:
+        raise ConfigError(unknown_name_message("objective or preset", name, names() + preset_names()))
+    if max_len is not None and params.get("max_len") is None:
+        params["max_len"] = max_len
+    return Objective(name, from_dict(OBJECTIVES.get(name).config, params, "objective"), label)
+
+
+def resolve(spec: Spec, *, max_len: Optional[int] = None, default: Optional[str] = None) -> dict:
+    """The full mapping {label, name, every parameter} a spec stands for (`build`'s objective, as
+    plain data). A config records this, so a run never depends on what a preset says later, and
+    `build(resolve(spec))` is the same objective. `label` is the name the user chose: reports show
+    it, with `name` and the parameters beside it, so a run of the atr_grpo preset reads as
+    atr_grpo, not divergence_clip."""
+    return describe(build(spec, max_len=max_len, default=default))
+
+
+def _with_default(spec: Union[str, dict], default: Optional[str]) -> dict:
     if isinstance(spec, str):
-        spec = {"preset": spec} if spec in preset_names() else {"name": spec}
+        return spec_mapping(spec)
     if not isinstance(spec, dict):
         raise ConfigError(f"an objective is a preset name, an objective name or a mapping; got {spec!r}")
+    if default is not None and "preset" not in spec and "name" not in spec:
+        return {**spec_mapping(default), **spec}
+    return spec
+
+
+def _expand(spec: dict) -> dict:
+    """A spec mapping -> {name, **params} with its preset's values under its own (without `label`)."""
     spec = {k: v for k, v in spec.items() if k != "label"}
     if "preset" in spec:
         base = load_preset(spec.pop("preset"))
@@ -67,32 +116,9 @@ def resolve(spec: Union[str, dict]) -> dict:
     return spec
 
 
-def build(spec: Union[str, dict]) -> Objective:
-    """Build an objective from a preset name, an objective name, or a config mapping."""
-    spec = resolve(spec)
-    name = spec.pop("name")
-    if name not in OBJECTIVES:
-        raise ConfigError(unknown_name_message("objective or preset", name, names() + preset_names()))
-    config = from_dict(OBJECTIVES.get(name).config, spec, "objective")
-    return Objective(name, config)
-
-
-def resolved(spec: Union[str, dict], max_len: Optional[int] = None) -> dict:
-    """THE place a preset or objective spec is interpreted: the full mapping {label, name, every
-    parameter} it stands for, with `max_len` filled in when the spec leaves it null. A config records
-    this, so a run never depends on what a preset says later; `build(resolved(spec))` is the same
-    objective. `label` is the name the user chose (`label_of`): reports show it, with `name` and the
-    parameters beside it, so a run of the atr_grpo preset reads as atr_grpo, not divergence_clip."""
-    label = label_of(spec)
-    obj = build(spec)
-    if max_len is not None and obj.config.max_len is None:
-        obj.config.max_len = max_len
-    return {"label": label, **describe(obj)}
-
-
 def describe(obj: Objective) -> dict:
-    """The objective's full resolved config as plain data (for run directories and reports)."""
-    d = {"name": obj.name, **to_dict(obj.config)}
+    """The objective's full resolved config as plain data, with its label (for run directories and reports)."""
+    d = {"label": obj.label, "name": obj.name, **to_dict(obj.config)}
     if callable(d.get("measure")):
         d["measure"] = getattr(d["measure"], "__name__", "callable")
     return d
