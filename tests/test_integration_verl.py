@@ -500,7 +500,7 @@ def test_verl_kl_in_reward_under_a_tether_estimator_is_refused_naming_the_key():
 
 from verl.workers.config import PolicyLossConfig  # noqa: E402
 
-from tether.core.masked import group_stats  # noqa: E402
+from tether.core.masked import group_summary  # noqa: E402
 
 # (verl loss_mode, verl actor keys, verl policy_loss keys, tether objective spec, aggregation modes verl honours).
 # Settings are chosen so that every mechanism acts on _data's ratios (~0.5 to ~2): masks, TIS truncation, clips,
@@ -666,7 +666,7 @@ def test_reinforce_pp_equals_verls_reinforce_plus_plus_baseline():
     # verl computes the Bessel factor n / (n - 1) of its token-level variance in float32 (an int64 tensor
     # division), a relative error up to ~3e-8 in the variance; tether's is float64. With verl's factor the two
     # agree to rounding on every group with reward variance.
-    s = group_stats(d["rewards"], d["groups"])
+    s = group_summary(d["rewards"], d["groups"])
     flat = (s["min"] == s["max"])[:, None] & m
     live = m & ~flat
     n = int(lengths.sum())

@@ -135,9 +135,7 @@ def reference_beta(obj: Objective) -> float:
     """The TRL `beta` that loads the reference exactly when the objective uses it (departure 2)."""
     if not obj.uses_reference():
         return 0.0
-    cfg = obj.config
-    coef = cfg.kl_penalty.coef if cfg.kl_penalty is not None else 0.0
-    return coef or getattr(cfg, "beta", 0.0) or 1.0
+    return obj.config.reference_kl_coef() or 1.0
 
 
 def unsupported_options(args: Any, obj: Objective) -> list[str]:
@@ -196,17 +194,17 @@ def group_stat_columns(obj: Objective, rewards: torch.Tensor, groups: torch.Tens
     stats = obj.group_stats(rewards, groups)
     if stats is None:
         return {}
-    return {STAT_PREFIX + name: t[rows] for name, t in stats._asdict().items() if t is not None}
+    return {STAT_PREFIX + name: t[rows] for name, t in stats.columns().items()}
 
 
-def group_stats_of(obj: Objective, inputs: dict) -> Any:
+def group_stats_of(obj: Objective, inputs: dict) -> Optional[objectives.GroupStats]:
     """The group statistics of the rows of `inputs` (a micro-batch), rebuilt from their columns."""
     if not obj.needs_group_stats():
         return None
     columns = {k[len(STAT_PREFIX):]: v for k, v in inputs.items() if k.startswith(STAT_PREFIX)}
     if not columns:
         raise RuntimeError(f"objective {obj.name!r} reads group statistics, but the batch has no {STAT_PREFIX}* columns")
-    return obj.config.GROUP_STATS(**columns)
+    return objectives.GroupStats.from_columns(columns)
 
 
 # ---------------------------------------------------------------- the trainer
@@ -348,7 +346,7 @@ class TetherGRPOTrainer(GRPOTrainer):
             rewards=inputs.get("tether_rewards"),
             sampler_logprobs=inputs.get("sampling_per_token_logps"),  # vLLM's, for rollout_correction
             group_stats=group_stats_of(obj, inputs),
-            entropy=ent if obj.config.entropy_coef else ent.detach(),
+            entropy=ent if "entropy" in obj.config.needs() else ent.detach(),
             loss_norm=self._step_normalizer() if train else None,
         )
 

@@ -146,10 +146,12 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             "inside the loss (ETR macro='implicit' needs each group's rewards), which verl does not pass; use "
             "macro=explicit (its statistic comes from a tether_* advantage estimator) or macro=off"
         )
-    if cfg.needs_group_stats() and getattr(cfg, "reward_range", None) is not None:
+    options = cfg.group_stats_options() if cfg.needs_group_stats() else {}
+    if options:
         raise ConfigError(
-            f"{_KEY}: reward_range is not supported under verl: the tether_* advantage estimators compute "
-            "nu_g from the batch's observed reward range (for 0/1 rewards the same as [0, 1]); set reward_range=null"
+            f"{_KEY}: {', '.join(options)} is not supported under verl: the tether_* advantage estimators compute "
+            "the group statistics from the batch's rewards alone (nu_g from its observed reward range, for 0/1 "
+            f"rewards the same as [0, 1]); set {', '.join(f'{k}=null' for k in options)}"
         )
     return obj
 
@@ -250,7 +252,7 @@ def install_batch_hook() -> list[str]:
 def _reference(obj: objectives.Objective, like: torch.Tensor) -> torch.Tensor:
     ref = _batch_field("ref_log_prob", like)
     if ref is None:
-        why = "rpg anchor='ref'" if getattr(obj.config, "anchor", None) == "ref" else "kl_penalty.coef > 0"
+        why = obj.config.needs()["ref_logprobs"]
         raise ValueError(
             f"tether objective {obj.name!r} needs the reference log-probs ({why}), but verl's micro-batch has no "
             "'ref_log_prob'. verl computes them only when actor_rollout_ref.actor.use_kl_loss=True, which also adds "
@@ -263,11 +265,9 @@ def _reference(obj: objectives.Objective, like: torch.Tensor) -> torch.Tensor:
     return ref
 
 
-def _group_stats_from_batch(advantages: torch.Tensor, mask: torch.Tensor) -> _etr.ETRGroupStats:
+def _group_stats_from_batch(advantages: torch.Tensor, mask: torch.Tensor) -> objectives.GroupStats:
     """ETR's per-sequence nu_g - nu_bar, read from verl's `returns` (N, T), where the estimator put it."""
-    shift = _group_shift_from_batch(advantages, mask)
-    m = mask.to(shift.dtype)
-    return _etr.ETRGroupStats(nu_shift=(shift * m).sum(-1) / m.sum(-1).clamp(min=1.0))  # (N,)
+    return objectives.GroupStats.from_tokens(_group_shift_from_batch(advantages, mask), mask)
 
 
 def _group_shift_from_batch(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -446,7 +446,7 @@ def _make_estimator(adv_estimator: str):
             mask = response_mask.to(rewards.dtype)
             # Response lengths weigh batch-level statistics (reinforce_pp whitens over tokens, as verl does).
             adv = _adv.compute_advantages(name, rewards, group_ids, weights=mask.sum(-1))
-            return adv[:, None] * mask, group_shift(rewards, group_ids)[:, None] * mask
+            return adv[:, None] * mask, _etr.etr_group_stats(rewards, group_ids).to_tokens(mask)
 
     estimator.__name__ = estimator.__qualname__ = adv_estimator
     return estimator

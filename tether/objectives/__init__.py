@@ -36,6 +36,7 @@ from .base import (
     RolloutCorrectionConfig,
     objective,
 )
+from ..core.etr import GroupStats
 from .batch import Mean, MergeRule, ObjectiveOutput, TokenBatch, TokenTerms
 from .metrics import POLICY_METRIC_EXTREMES, MetricMerger, policy_metrics
 from .runtime import Objective
@@ -52,7 +53,7 @@ from .sapo import SAPOConfig  # noqa: E402  isort: skip
 from .covariance import ClipCovConfig, KLCovConfig  # noqa: E402  isort: skip
 
 __all__ = [
-    "OBJECTIVES", "POLICY_METRIC_EXTREMES", "CISPOConfig", "ClipCovConfig", "ClipRange", "DPPOConfig",
+    "OBJECTIVES", "POLICY_METRIC_EXTREMES", "CISPOConfig", "GroupStats", "ClipCovConfig", "ClipRange", "DPPOConfig",
     "DivergenceClipConfig", "ETRConfig", "GMPOConfig", "GSPOConfig", "KLCovConfig", "KLPenaltyConfig", "LossFn",
     "M2POConfig", "Mean", "MergeRule", "MetricMerger", "Objective", "ObjectiveConfig", "ObjectiveEntry",
     "ObjectiveOutput", "PPOClipConfig", "RPGConfig", "ReinforceConfig", "RolloutCorrectionConfig", "SAPOConfig",

@@ -6,7 +6,7 @@ helpers, and the `OBJECTIVES` registry that pairs each config class with its los
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 
@@ -16,6 +16,7 @@ from ..core import correction as _corr
 from ..core import divergences as _div
 from ..core import kl as _kl
 from ..core import surrogates as _sur
+from ..core.etr import GroupStats
 from ..core.kl import k3_of_log
 from ..core.masked import masked_fraction, masked_mean
 from ..core.registry import Registry, unknown_name_message
@@ -158,42 +159,57 @@ class ObjectiveConfig:
             self.rollout_correction = from_dict(RolloutCorrectionConfig, self.rollout_correction, "rollout_correction")
         check(self.max_len is None or self.max_len > 0, "max_len", self.max_len, "a positive integer or null")
 
+    # ---- capabilities: what the trainers ask of a config instead of probing its keys
+
+    def needs(self) -> dict[str, str]:
+        """The TokenBatch fields the loss reads beyond logprobs, old_logprobs, advantages and mask, each with
+        why (`ref_logprobs`: a reference model; `sampler_logprobs`: the sampler's log-probs; `entropy`)."""
+        need = {}
+        if self.kl_penalty is not None and self.kl_penalty.coef > 0:
+            need["ref_logprobs"] = "kl_penalty.coef > 0 compares against the reference policy"
+        if self.entropy_coef != 0:
+            need["entropy"] = "entropy_coef != 0 adds an entropy bonus"
+        if self.rollout_correction is not None:
+            need["sampler_logprobs"] = (
+                "rollout_correction weighs each token by pi_old / pi_sampler; pass the sampler's log-probs (tether's "
+                "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop rollout_correction")
+        return need
+
     def required_fields(self) -> list[str]:
         """TokenBatch fields this objective needs beyond logprobs, old_logprobs, advantages, mask."""
-        need = []
-        if self.uses_reference():
-            need.append("ref_logprobs")
-        if self.entropy_coef != 0:
-            need.append("entropy")
-        if self.rollout_correction is not None:
-            need.append("sampler_logprobs")
-        return need
+        return list(self.needs())
 
     def uses_reference(self) -> bool:
         """Whether a reference model's log-probs are needed (the trainer loads it only then)."""
-        return self.kl_penalty is not None and self.kl_penalty.coef > 0
+        return "ref_logprobs" in self.needs()
+
+    def reference_kl_coef(self) -> float:
+        """The coefficient of the loss's KL to the reference policy (0: none); a trainer that switches its
+        reference model on by a KL coefficient (TRL's beta) reads it."""
+        return self.kl_penalty.coef if self.kl_penalty is not None else 0.0
 
     def has_trust_region(self) -> bool:
         """Whether the loss limits how far an update may move from the sampling policy (a clip, mask, truncation,
         soft gate or |log w| penalty); every such limit acts only on off-policy updates (w != 1)."""
         return True
 
-    GROUP_STATS: ClassVar[Optional[type]] = None
-    """The NamedTuple type of `group_stats` (fields: (N,) tensors or None), for adapters that carry
-    it as separate batch columns; None when the objective reads no group statistics."""
-
     def needs_group_stats(self) -> bool:
         """Whether the loss reads statistics of each sample's group over the whole rollout batch
         (`group_stats`); the trainers compute them once per rollout batch and slice them per micro-batch."""
         return False
 
-    def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Any:
+    def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Optional[GroupStats]:
         """Per-sequence group statistics over a whole rollout batch (rewards, group_ids (N,)); None if unused."""
         return None
 
     def group_stats_needed(self) -> tuple[str, ...]:
         """The fields of `group_stats` the loss reads (an adapter that can supply only some checks this)."""
         return ()
+
+    def group_stats_options(self) -> dict[str, Any]:
+        """Settings of `group_stats` beyond the rewards and groups (ETR's reward_range when set), which an
+        adapter computing the statistics without this config (verl's estimators) cannot honour."""
+        return {}
 
 
 @dataclass

@@ -8,6 +8,8 @@ from typing import Any, Literal, NamedTuple, Optional, Union
 
 import torch
 
+from ..core.etr import GroupStats
+
 
 @dataclass(frozen=True)
 class TokenBatch:
@@ -35,7 +37,7 @@ class TokenBatch:
     sampler_logprobs: Optional[torch.Tensor] = None
     """(N, T) log-probs of the sampled tokens under the sampler (the rollout engine, vLLM); read by
     `rollout_correction` (train-inference mismatch), which needs them."""
-    group_stats: Optional[Any] = None
+    group_stats: Optional[GroupStats] = None
     """Per-sequence statistics of each sample's group over the WHOLE rollout batch
     (`Objective.group_stats(rewards, group_ids)`, rows selected like this batch's; ETR's nu_g - nu_bar).
     None: an objective that needs them computes them from `rewards` and `group_ids`, taking this batch

@@ -10,7 +10,7 @@ The math and the departures are in `tether.core.etr`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Optional
+from typing import Literal, Optional
 
 import torch
 
@@ -53,16 +53,17 @@ class ETRConfig(ClipRange):
             check(len(self.reward_range) == 2 and self.reward_range[1] > self.reward_range[0],
                   "reward_range", self.reward_range, "[R_min, R_max] with R_max > R_min")
 
-    GROUP_STATS: ClassVar[Optional[type]] = _etr.ETRGroupStats
-
     def needs_group_stats(self) -> bool:
         return self.macro != "off"
 
     def group_stats_needed(self) -> tuple[str, ...]:
         return {"explicit": ("nu_shift",), "implicit": ("spread",), "off": ()}[self.macro]
 
-    def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Optional[_etr.ETRGroupStats]:
+    def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Optional[_etr.GroupStats]:
         return _etr.etr_group_stats(rewards, group_ids, self.reward_range) if self.needs_group_stats() else None
+
+    def group_stats_options(self) -> dict:
+        return {} if self.reward_range is None else {"reward_range": self.reward_range}
 
 
 _PASS_BUCKETS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0001))

@@ -76,10 +76,10 @@ class M2POConfig(ObjectiveConfig):
         super().__post_init__()
         check_positive(self, "tau")
 
-    def required_fields(self) -> list[str]:
-        need = super().required_fields()
+    def needs(self) -> dict[str, str]:
+        need = super().needs()
         if self.against == "sampler" and "sampler_logprobs" not in need:
-            need.append("sampler_logprobs")
+            need["sampler_logprobs"] = "m2po against='sampler' measures log(pi_old / pi_sampler); or use against='old'"
         return need
 
 

@@ -49,14 +49,15 @@ class RPGConfig(ClipRange):
         check(self.beta >= 0, "beta", self.beta, "a number >= 0")
         check_dual(self.dual_clip_c)
 
-    def required_fields(self) -> list[str]:
-        need = super().required_fields()
-        if self.anchor == "ref" and "ref_logprobs" not in need:
-            need.append("ref_logprobs")
+    def needs(self) -> dict[str, str]:
+        need = super().needs()
+        if self.anchor == "ref":
+            why = "rpg anchor='ref' takes its KL to the reference policy"
+            need["ref_logprobs"] = f"{need['ref_logprobs']}; {why}" if "ref_logprobs" in need else why
         return need
 
-    def uses_reference(self) -> bool:
-        return super().uses_reference() or self.anchor == "ref"
+    def reference_kl_coef(self) -> float:
+        return super().reference_kl_coef() or (self.beta if self.anchor == "ref" else 0.0)
 
     def has_trust_region(self) -> bool:
         return self.clip != "none"

@@ -6,7 +6,7 @@ with the config's aggregation mode (tether's trainer, the TRL adapter)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -15,6 +15,7 @@ from ..core import advantages as _adv
 from ..core import correction as _corr
 from ..core import kl as _kl
 from ..core import surrogates as _sur
+from ..core.etr import GroupStats
 from ..core.kl import k3_of_log
 from ..core.masked import masked_fraction, masked_mean
 from .base import OBJECTIVES, ObjectiveConfig, rollout_correction
@@ -55,7 +56,7 @@ class Objective:
     def needs_group_stats(self) -> bool:
         return self.config.needs_group_stats()
 
-    def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Any:
+    def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Optional[GroupStats]:
         """Statistics of each sample's group over a whole rollout batch, for `TokenBatch.group_stats`
         (select rows with `.select(idx)`); None when the objective reads none."""
         return self.config.group_stats(rewards, group_ids)
@@ -152,12 +153,10 @@ def _validate(name: str, cfg: ObjectiveConfig, batch: TokenBatch) -> None:
     """Every field the objective reads is there, and every tensor has the shape of `logprobs`."""
     if cfg.needs_group_stats() and batch.group_stats is None:
         _validate_group_stats_source(name, batch)
-    for field in cfg.required_fields():
+    for field, why in cfg.needs().items():
         if getattr(batch, field) is None:
-            raise ValueError(
-                f"objective {name!r} needs TokenBatch.{field}, which is None "
-                f"({_WHY_NEEDED.get(field, '')}); pass it or change the config"
-            )
+            raise ValueError(f"objective {name!r} needs TokenBatch.{field}, which is None ({why}); pass it or change "
+                             "the config")
     shape = batch.logprobs.shape
     if batch.logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (N, T); got shape {tuple(shape)}")
@@ -193,12 +192,7 @@ def _validate_group_stats_source(name: str, batch: TokenBatch) -> None:
             )
 
 
-_WHY_NEEDED = {
-    "ref_logprobs": "the KL penalty or anchor='ref' compares against the reference policy",
-    "entropy": "entropy_coef != 0 adds an entropy bonus",
+_WHY_NEEDED = {  # the sources of group statistics computed in the loss (a batch that is the whole rollout batch)
     "rewards": "ETR's macro factor uses each group's reward variance; or set macro='off'",
-    "sampler_logprobs": "rollout_correction weighs each token by pi_old / pi_sampler; pass the sampler's log-probs "
-                        "(tether's engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop "
-                        "rollout_correction",
     "group_ids": "ETR's macro factor needs to know which samples share a prompt; or set macro='off'",
 }
