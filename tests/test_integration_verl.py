@@ -29,6 +29,7 @@ from tether.schema import ConfigError  # noqa: E402
 tv = sys.modules.get("tether.integrations.verl")  # loaded by `import verl`, through the entry point
 if tv is None:  # the subprocess test below says why; import it so the rest can still run
     import tether.integrations.verl as tv
+from tether.integrations import verl_compat  # noqa: E402
 
 D = torch.float64
 G = 4  # samples per prompt
@@ -121,7 +122,7 @@ def test_verl_registries_return_tethers_functions():
         assert core_algos.get_adv_estimator_fn(f"tether_{name}").__module__ == "tether.integrations.verl"
     tv.register()  # a second registration is a no-op, not a duplicate-name error
     with pytest.raises(ValueError, match="not tether's"):
-        tv._claim({"tether_rpg": print}, "tether_rpg", print, None, "policy loss")
+        verl_compat.claim({"tether_rpg": print}, "tether_rpg", print, None, "policy loss", owner=tv.__name__)
 
 
 # ---------------------------------------------------------------- losses = tether's objectives
@@ -358,7 +359,7 @@ def test_batch_field_pads_nested_tensors_as_verl_does():
     lengths = d["mask"].sum(-1).tolist()
     nested = torch.nested.nested_tensor([d["ref"][i, :n] for i, n in enumerate(lengths)], layout=torch.jagged)
     with tv.micro_batch({"ref_log_prob": nested}):
-        got = tv._batch_field("ref_log_prob", d["lp"])
+        got = verl_compat.batch_field("ref_log_prob", d["lp"])
     torch.testing.assert_close(got, torch.where(d["mask"], d["ref"], torch.zeros_like(d["ref"])))
 
 
