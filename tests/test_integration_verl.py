@@ -114,6 +114,16 @@ def test_the_entry_point_is_declared():
     assert eps.get("tether") == "tether.integrations.verl"
 
 
+def test_only_verl_compat_imports_verl():
+    # Issue 25, item 6: every touchpoint into verl (registries, ppo_loss, config classes) is in verl_compat.py.
+    import inspect
+    import re
+
+    source = inspect.getsource(tv)
+    assert not re.search(r"^\s*(from|import) verl\b", source, re.M) and "core_algos" not in source
+    assert re.search(r"^from verl\.trainer\.ppo import core_algos", inspect.getsource(verl_compat), re.M)
+
+
 def test_verl_registries_return_tethers_functions():
     assert set(tv.LOSS_MODES.values()) == set(objectives.names())
     for mode in tv.LOSS_MODES:

@@ -71,7 +71,8 @@ def build(spec: Spec, *, max_len: Optional[int] = None, default: Optional[str] =
             return spec
         return Objective(spec.name, dataclasses.replace(spec.config, max_len=max_len), spec.label)
     spec = _with_default(spec, default)
-    label, params = label_of(spec), _expand(spec)
+    params = _expand(spec)
+    label = label_of(spec)
     name = params.pop("name")
     if name not in OBJECTIVES:
         raise ConfigError(unknown_name_message("objective or preset", name, names() + preset_names()))
