@@ -64,7 +64,7 @@ def test_the_objective_is_resolved_once_and_recorded_with_every_parameter(tiny_d
         "trainer.total_steps=1", "data.eval_size=4", "trainer.progress=false", "trainer.plots=false",
         "objective=etr", "objective.alpha=0.25",
     ])
-    assert cfg.objective == objectives.resolved({"preset": "etr", "alpha": 0.25}, max_len=4)
+    assert cfg.objective == objectives.resolve({"preset": "etr", "alpha": 0.25}, max_len=4)
     run = train(cfg, log=lambda *_: None)
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["tether_version"] == __version__

@@ -205,6 +205,24 @@ def test_etr_micro_batches_get_the_whole_generation_batchs_group_statistics(tiny
     assert any(k.startswith("etr/") for k in trainer.state.log_history[0])
 
 
+def test_only_trl_compat_touches_trls_private_members():
+    # Issue 25, item 6: a new TRL release is a review of trl_compat.py. The adapter overrides no private
+    # GRPOTrainer method and reads no private attribute; the hooks class overrides exactly these four.
+    import inspect
+    import re
+
+    from tether.integrations import trl as adapter
+    from tether.integrations import trl_compat
+    from trl import GRPOTrainer
+
+    private = {k for k in vars(GRPOTrainer) if k.startswith("_") and not k.startswith("__")}
+    assert private & set(vars(trl_compat.GRPOTrainerHooks)) == {
+        "_calculate_rewards", "_generate_and_score_completions", "_prepare_inputs", "_compute_loss"}
+    assert not private & set(vars(TetherGRPOTrainer))
+    source = inspect.getsource(adapter)
+    assert not re.search(r"self\.(_step|_buffered_inputs|_metrics|_get_per_token_logps_and_entropies)\b", source)
+
+
 def test_unknown_objective_fails_before_loading_the_model():
     with pytest.raises(ConfigError, match=r"unknown objective or preset 'rpg_fk1'.*'rpg_fkl'.*Valid"):
         TetherGRPOTrainer("no/such-model", odd_chars, GRPOConfig(report_to="none", use_cpu=True), objective="rpg_fk1")
@@ -309,8 +327,8 @@ def test_rollout_correction_reads_injected_sampler_logprobs(tiny_dir, tmp_path):
     # Issue 18, item 2: TRL hands vLLM's log-probs over as `sampling_per_token_logps`; here they are
     # injected (pi_old plus noise) as vLLM would, and the objective's correction weighs each token.
     class Injected(TetherGRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            out = super()._generate_and_score_completions(inputs)
+        def on_generation_batch(self, out):
+            out = super().on_generation_batch(out)
             old = out["old_per_token_logps"]
             g = torch.Generator().manual_seed(0)
             out["sampling_per_token_logps"] = old + 0.2 * torch.randn(old.shape, generator=g).to(old.device)

@@ -29,6 +29,7 @@ from tether.schema import ConfigError  # noqa: E402
 tv = sys.modules.get("tether.integrations.verl")  # loaded by `import verl`, through the entry point
 if tv is None:  # the subprocess test below says why; import it so the rest can still run
     import tether.integrations.verl as tv
+from tether.integrations import verl_compat  # noqa: E402
 
 D = torch.float64
 G = 4  # samples per prompt
@@ -113,6 +114,16 @@ def test_the_entry_point_is_declared():
     assert eps.get("tether") == "tether.integrations.verl"
 
 
+def test_only_verl_compat_imports_verl():
+    # Issue 25, item 6: every touchpoint into verl (registries, ppo_loss, config classes) is in verl_compat.py.
+    import inspect
+    import re
+
+    source = inspect.getsource(tv)
+    assert not re.search(r"^\s*(from|import) verl\b", source, re.M) and "core_algos" not in source
+    assert re.search(r"^from verl\.trainer\.ppo import core_algos", inspect.getsource(verl_compat), re.M)
+
+
 def test_verl_registries_return_tethers_functions():
     assert set(tv.LOSS_MODES.values()) == set(objectives.names())
     for mode in tv.LOSS_MODES:
@@ -121,7 +132,7 @@ def test_verl_registries_return_tethers_functions():
         assert core_algos.get_adv_estimator_fn(f"tether_{name}").__module__ == "tether.integrations.verl"
     tv.register()  # a second registration is a no-op, not a duplicate-name error
     with pytest.raises(ValueError, match="not tether's"):
-        tv._claim({"tether_rpg": print}, "tether_rpg", print, None, "policy loss")
+        verl_compat.claim({"tether_rpg": print}, "tether_rpg", print, None, "policy loss", owner=tv.__name__)
 
 
 # ---------------------------------------------------------------- losses = tether's objectives
@@ -358,7 +369,7 @@ def test_batch_field_pads_nested_tensors_as_verl_does():
     lengths = d["mask"].sum(-1).tolist()
     nested = torch.nested.nested_tensor([d["ref"][i, :n] for i, n in enumerate(lengths)], layout=torch.jagged)
     with tv.micro_batch({"ref_log_prob": nested}):
-        got = tv._batch_field("ref_log_prob", d["lp"])
+        got = verl_compat.batch_field("ref_log_prob", d["lp"])
     torch.testing.assert_close(got, torch.where(d["mask"], d["ref"], torch.zeros_like(d["ref"])))
 
 
@@ -500,7 +511,7 @@ def test_verl_kl_in_reward_under_a_tether_estimator_is_refused_naming_the_key():
 
 from verl.workers.config import PolicyLossConfig  # noqa: E402
 
-from tether.core.masked import group_stats  # noqa: E402
+from tether.core.masked import group_summary  # noqa: E402
 
 # (verl loss_mode, verl actor keys, verl policy_loss keys, tether objective spec, aggregation modes verl honours).
 # Settings are chosen so that every mechanism acts on _data's ratios (~0.5 to ~2): masks, TIS truncation, clips,
@@ -666,7 +677,7 @@ def test_reinforce_pp_equals_verls_reinforce_plus_plus_baseline():
     # verl computes the Bessel factor n / (n - 1) of its token-level variance in float32 (an int64 tensor
     # division), a relative error up to ~3e-8 in the variance; tether's is float64. With verl's factor the two
     # agree to rounding on every group with reward variance.
-    s = group_stats(d["rewards"], d["groups"])
+    s = group_summary(d["rewards"], d["groups"])
     flat = (s["min"] == s["max"])[:, None] & m
     live = m & ~flat
     n = int(lengths.sum())

@@ -240,3 +240,57 @@ def test_micro_batches_sum_to_the_full_batch_gradient(preset, aggregation):
 def test_registries_reject_duplicates():
     with pytest.raises(ValueError, match="already registered"):
         G.AGGREGATIONS.register("token-mean")(None)
+
+
+# ---------------------------------------------------------------- one spec function (issue 25, item 4)
+
+
+def test_max_len_is_applied_before_the_config_validates():
+    # The default fills a null max_len before validation: an invalid one is refused, not set afterwards.
+    assert objectives.build("dr_grpo", max_len=7).config.max_len == 7
+    assert objectives.build({"preset": "dr_grpo", "max_len": 3}, max_len=7).config.max_len == 3  # the spec's wins
+    with pytest.raises(ConfigError, match="max_len: got 0"):
+        objectives.build("dr_grpo", max_len=0)
+    built = objectives.build("grpo")
+    assert objectives.build(built, max_len=5).config.max_len == 5 and built.config.max_len is None  # not mutated
+
+
+def test_a_mapping_without_preset_or_name_overrides_the_default():
+    spec = objectives.resolve({"eps_high": 0.3}, default="dapo")
+    assert (spec["label"], spec["name"], spec["eps_high"], spec["eps_low"]) == ("dapo", "ppo_clip", 0.3, 0.2)
+    with pytest.raises(ConfigError, match="needs 'name'"):
+        objectives.resolve({"eps_high": 0.3})
+    assert objectives.spec_mapping("dapo") == {"preset": "dapo"}
+    assert objectives.spec_mapping("ppo_clip") == {"name": "ppo_clip"}
+    assert objectives.build(objectives.resolve("atr_grpo")).label == "atr_grpo"
+
+
+# ---------------------------------------------------------------- capabilities and group statistics
+
+
+@pytest.mark.parametrize("spec, fields, uses_ref, kl_coef", [
+    ("dapo", [], False, 0.0),
+    ({"preset": "dapo", "kl_penalty": {"coef": 0.2}}, ["ref_logprobs"], True, 0.2),
+    ({"preset": "rpg_urkl", "anchor": "ref"}, ["ref_logprobs"], True, 5e-5),
+    ({"preset": "rpg_urkl", "anchor": "ref", "kl_penalty": {"coef": 0.1}}, ["ref_logprobs"], True, 0.1),
+    ({"name": "m2po", "against": "sampler", "entropy_coef": 0.01}, ["entropy", "sampler_logprobs"], False, 0.0),
+])
+def test_a_config_says_what_it_needs(spec, fields, uses_ref, kl_coef):
+    cfg = objectives.build(spec).config
+    assert sorted(cfg.needs()) == fields and all(cfg.needs().values())  # each with its reason
+    assert cfg.uses_reference() is uses_ref and cfg.reference_kl_coef() == kl_coef
+
+
+def test_group_stats_round_trip_through_columns_and_tokens():
+    rewards, groups = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 1, 1, 1])
+    stats = objectives.build("etr").group_stats(rewards, groups)
+    assert isinstance(stats, objectives.GroupStats)
+    back = objectives.GroupStats.from_columns(stats.columns())
+    assert all(torch.equal(a, b) for a, b in zip(stats, back))
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0], [1, 1, 0], [1, 0, 0]], dtype=torch.float32)
+    shift = objectives.GroupStats.from_tokens(stats.to_tokens(mask), mask).nu_shift
+    has = mask.sum(-1) > 0  # a sequence without tokens carries nothing: 0
+    torch.testing.assert_close(shift[has], stats.nu_shift[has])
+    assert shift[~has].eq(0).all()
+    assert objectives.build({"preset": "etr", "reward_range": [0, 1]}).config.group_stats_options() == {
+        "reward_range": (0.0, 1.0)}

@@ -290,9 +290,9 @@ def test_a_masked_token_has_no_gradient_and_leaves_sequence_statistics(spec):
     lp0 = old + torch.tensor([[0.1, -0.2, 0.3, 0.05]], dtype=D)
     sampler = old - torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=D)
     adv = torch.tensor([1.0], dtype=D)
-    obj = objectives.build({"preset" if spec in objectives.preset_names() else "name": spec,
-                            "rollout_correction": {"mode": "mask", "low": 0.5, "high": 2.0}})
-    plain = objectives.build({"preset" if spec in objectives.preset_names() else "name": spec})
+    obj = objectives.build({**objectives.spec_mapping(spec), "rollout_correction": {"mode": "mask", "low": 0.5,
+                                                                                    "high": 2.0}})
+    plain = objectives.build(spec)
     extra = dict(rewards=torch.tensor([1.0], dtype=D), group_ids=torch.tensor([0]))
 
     lp = lp0.clone().requires_grad_()

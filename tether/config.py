@@ -236,9 +236,13 @@ class TrainerConfig:
     """Write PNG plots of the metrics at the end."""
 
 
+DEFAULT_OBJECTIVE = "atr_grpo"
+"""The objective a run trains with when the config names none (overrides like objective.eps_high apply to it)."""
+
+
 @dataclass
 class Config:
-    objective: Union[str, dict] = "atr_grpo"
+    objective: Union[str, dict] = DEFAULT_OBJECTIVE
     """Objective: a preset or objective name (`tether list`), or a mapping {preset|name, params...}; recorded
     resolved, with `label`, the name chosen (a preset's; objective.label=NAME for your own), which reports show."""
     output_dir: str = "runs/{time}"
@@ -257,11 +261,6 @@ class Config:
     """The optimisation loop."""
 
     def __post_init__(self):
-        # The one place the objective spec is interpreted: from here on it is the full mapping
-        # {name, every parameter} (max_len: the generation budget, Dr. GRPO's constant T_max).
-        self.objective = objectives.resolved(self.objective, max_len=self.rollout.max_new_tokens)
-        check_names(self)
-        check_model_and_device(self)
         t, r = self.trainer, self.rollout
         positive = {
             "trainer.total_steps": t.total_steps, "trainer.ppo_epochs": t.ppo_epochs,
@@ -274,6 +273,12 @@ class Config:
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key}: got {value}, expected an integer >= 1")
+        # The objective spec, resolved by the one function that interprets specs: from here on it is
+        # the full mapping {label, name, every parameter}; max_len defaults to the generation budget
+        # (Dr. GRPO's constant T_max), a mapping without preset or name overrides the default objective.
+        self.objective = objectives.resolve(self.objective, max_len=r.max_new_tokens, default=DEFAULT_OBJECTIVE)
+        check_names(self)
+        check_model_and_device(self)
         if t.staleness < 0:
             raise ConfigError(f"trainer.staleness: got {t.staleness}, expected an integer >= 0 (0: on-policy sampling)")
         if t.mini_batches > r.prompts_per_step:
@@ -318,7 +323,7 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
         if current is None:
             node[k] = {}
         elif k == "objective" and isinstance(current, str):
-            node[k] = {"preset" if current in objectives.preset_names() else "name": current}
+            node[k] = objectives.spec_mapping(current)
         elif not isinstance(current, dict):
             raise ConfigError(f"{dotted}: {k!r} is not a section that has keys")
         node = node[k]
@@ -335,14 +340,6 @@ def parse_override(text: str) -> tuple[str, Any]:
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
-
-
-def _objective_tree(tree: dict) -> None:
-    """Objective overrides like objective.eps_high=0.3 apply on top of the chosen preset."""
-    obj = tree.get("objective")
-    if isinstance(obj, dict) and "preset" not in obj and "name" not in obj:
-        base = Config.__dataclass_fields__["objective"].default
-        tree["objective"] = {"preset": base, **obj}
 
 
 def _yaml_error(path: str, err: yaml.YAMLError) -> str:
@@ -377,7 +374,6 @@ def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[st
         if top not in Config.__dataclass_fields__:
             raise unknown_key_error("", top, list(Config.__dataclass_fields__))
         _set_dotted(tree, key, value)
-    _objective_tree(tree)
     return from_dict(Config, tree)
 
 

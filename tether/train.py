@@ -97,9 +97,9 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
             first_metrics = {**rollout_metrics(rollout, rewards, groups), **verifier_faults(results)}
         if not r.dynamic_sampling:
             return dataclasses.replace(scored, metrics=first_metrics)
-        from .core.masked import group_stats
+        from .core.masked import group_summary
 
-        s = group_stats(rewards, groups)
+        s = group_summary(rewards, groups)
         live = s["max"] > s["min"]
         live_prompts = sorted(set(groups[live].tolist()))[: want - have]
         if live_prompts:

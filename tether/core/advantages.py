@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from .masked import group_stats
+from .masked import group_summary
 from .registry import Registry
 
 ADVANTAGES: Registry = Registry("advantage estimator")
@@ -46,7 +46,7 @@ def _finish(adv: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
 
 @ADVANTAGES.register("grpo")
 def grpo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    s = group_stats(rewards, group_ids)
+    s = group_summary(rewards, group_ids)
     n = s["count"]
     std = torch.sqrt(s["var"] * n / (n - 1).clamp(min=1))
     return _finish((rewards - s["mean"]) / (std + 1e-6), s)
@@ -54,20 +54,20 @@ def grpo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
 
 @ADVANTAGES.register("dr_grpo")
 def dr_grpo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    s = group_stats(rewards, group_ids)
+    s = group_summary(rewards, group_ids)
     return _finish(rewards - s["mean"], s)
 
 
 @ADVANTAGES.register("rloo")
 def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    s = group_stats(rewards, group_ids)
+    s = group_summary(rewards, group_ids)
     n = s["count"]
     return _finish((rewards - s["mean"]) * n / (n - 1).clamp(min=1), s)
 
 
 @ADVANTAGES.register("reinforce_pp")
 def reinforce_pp(rewards: torch.Tensor, group_ids: torch.Tensor, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-    s = group_stats(rewards, group_ids)
+    s = group_summary(rewards, group_ids)
     a = rewards - s["mean"]
     w = torch.ones_like(a) if weights is None else weights.to(a.dtype)
     total = w.sum()
@@ -90,7 +90,7 @@ def compute_advantages(
 
 def zero_variance_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Share of groups (each counted once) whose rewards are all equal: `adv/zero_var_frac`."""
-    s = group_stats(rewards, group_ids)
+    s = group_summary(rewards, group_ids)
     per_group = 1.0 / s["count"]
     flat = (s["max"] == s["min"]).to(rewards.dtype)
     return (flat * per_group).sum() / per_group.sum()

@@ -35,21 +35,42 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .masked import group_stats
+from .masked import group_summary
 
 MACRO_MODES = ("explicit", "implicit", "off")
 
 
-class ETRGroupStats(NamedTuple):
-    """Per-sequence statistics of each sample's group, over a whole rollout batch. All (N,)."""
+class GroupStats(NamedTuple):
+    """Per-sequence statistics of each sample's group over a whole rollout batch, all (N,): the one
+    type in which every trainer carries them to the loss. Rows go with `select` (tether's trainer),
+    batch columns with `columns` / `from_columns` (TRL shuffles and splits them with the rows), and
+    `nu_shift` rides a per-token slot with `to_tokens` / `from_tokens` (verl's `returns`)."""
 
     nu_shift: torch.Tensor  # nu_g - nu_bar
     nu: Optional[torch.Tensor] = None  # reward-variance share of the group, in [0, 1]
     pass_rate: Optional[torch.Tensor] = None  # group mean reward scaled to [0, 1]
     spread: Optional[torch.Tensor] = None  # |R - mean_g(R)|, the implicit mode's magnitude
 
-    def select(self, idx: torch.Tensor) -> "ETRGroupStats":
-        return ETRGroupStats(*(None if t is None else t[idx] for t in self))
+    def select(self, idx: torch.Tensor) -> "GroupStats":
+        return GroupStats(*(None if t is None else t[idx] for t in self))
+
+    def columns(self) -> dict[str, torch.Tensor]:
+        """The statistics present, by name, each (N,)."""
+        return {name: t for name, t in self._asdict().items() if t is not None}
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, torch.Tensor]) -> "GroupStats":
+        return cls(**columns)
+
+    def to_tokens(self, mask: torch.Tensor) -> torch.Tensor:
+        """(N, T) `nu_shift` on every counted token of `mask` (N, T), 0 elsewhere."""
+        return self.nu_shift[:, None] * mask
+
+    @classmethod
+    def from_tokens(cls, per_token: torch.Tensor, mask: torch.Tensor) -> "GroupStats":
+        """The `nu_shift` (N,) that `to_tokens` spread over each sequence's counted tokens: their mean."""
+        m = mask.to(per_token.dtype)
+        return cls(nu_shift=(per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0))
 
 
 class ETRBounds(NamedTuple):
@@ -59,10 +80,10 @@ class ETRBounds(NamedTuple):
 
 def etr_group_stats(
     rewards: torch.Tensor, group_ids: torch.Tensor, reward_range: Optional[tuple[float, float]] = None
-) -> ETRGroupStats:
+) -> GroupStats:
     """nu_g, nu_g - nu_bar, pass rate and |R - mean_g R| of each sample; rewards, group_ids (N,)."""
     r = rewards.detach()
-    stats = group_stats(r, group_ids)
+    stats = group_summary(r, group_ids)
     if reward_range is None:
         r_min, r_max = r.min(), r.max()
     else:
@@ -74,12 +95,12 @@ def etr_group_stats(
     # Mean over groups (each group weighted once) among groups with nu > 0.
     live = (nu > 0).to(r.dtype) / stats["count"]
     nu_bar = (nu * live).sum() / live.sum().clamp(min=1e-12)
-    return ETRGroupStats(nu - nu_bar, nu, pass_rate, (r - stats["mean"]).abs())
+    return GroupStats(nu - nu_bar, nu, pass_rate, (r - stats["mean"]).abs())
 
 
 def etr_bounds(
     advantages: torch.Tensor,
-    stats: Optional[ETRGroupStats],
+    stats: Optional[GroupStats],
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     alpha: float = 0.5,

@@ -45,8 +45,11 @@ def seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * m).sum(-1) / m.sum(-1).clamp(min=1.0)
 
 
-def group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-sample statistics of the sample's own group, without a host sync.
+def group_summary(values: torch.Tensor, group_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-sample summary (mean, variance, count, range) of the sample's own group, without a host sync.
+
+    Not to be confused with an objective's group statistics (`tether.core.etr.GroupStats`), which
+    are built from it.
 
     values (N,), group_ids (N,) of any integer labels. Returns a dict of (N,) tensors:
     `mean`, `var` (population variance), `count`, `min`, `max`. Uses an (N, N) equality

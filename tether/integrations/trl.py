@@ -8,23 +8,26 @@ TRL samples, scores, batches and steps the optimiser; a tether `Objective` compu
                            args=GRPOConfig(num_generations=8, num_iterations=2, ...))
     trainer.train()
 
-`TetherGRPOTrainer` overrides five methods of `GRPOTrainer`, each only to adapt:
+`TetherGRPOTrainer` implements the hooks of `trl_compat.GRPOTrainerHooks`, the one file that
+overrides `GRPOTrainer`'s private methods and reads its private attributes (with the TRL version it
+was checked against); each hook only adapts:
 
-- `_compute_loss`: the current log-probs and entropies from TRL's own helper, a `TokenBatch`
-  (old and reference log-probs, advantages, mask, rewards, group ids, the mini-batch
-  normaliser), and the tether objective. TRL's clip, KL term, `loss_type` and entropy bonus are
-  not used; the objective's metrics go to TRL's `_metrics` under their tether names.
-- `_calculate_rewards`: keeps TRL's rewards, gathered over all processes, for the next one.
-- `_generate_and_score_completions`: adds `tether_rewards` and `tether_group_ids`, both (N,), to
-  the batch, replaces TRL's advantages by the objective's estimator (`grpo`, `dr_grpo`, `rloo`,
-  `reinforce_pp`) over the same groups (`advantages="trl"` keeps TRL's), and, for objectives that read group
-  statistics (ETR), computes them once over the whole generation batch, gathered over processes
-  (`Objective.group_stats`), and adds them as (N,) columns `tether_stat_*` that TRL shuffles and
-  splits with the rows, so any micro-batch, whole groups or not, gets its rows' statistics.
-- `_prepare_inputs`: once TRL has buffered a new generation batch, computes the aggregation
-  normaliser of each of its chunks (summed over processes).
+- `objective_loss` (from `_compute_loss`): given the current log-probs and entropies from TRL's own
+  helper, a `TokenBatch` (old and reference log-probs, advantages, mask, rewards, group ids, the
+  mini-batch normaliser) and the tether objective. TRL's clip, KL term, `loss_type` and entropy
+  bonus are not used; the objective's metrics are logged under their tether names.
+- `on_rewards` (from `_calculate_rewards`): keeps TRL's rewards, gathered over all processes, for the next one.
+- `on_generation_batch` (from `_generate_and_score_completions`): adds `tether_rewards` and
+  `tether_group_ids`, both (N,), to the batch, replaces TRL's advantages by the objective's estimator
+  (`grpo`, `dr_grpo`, `rloo`, `reinforce_pp`) over the same groups (`advantages="trl"` keeps TRL's),
+  and, for objectives that read group statistics (ETR), computes them once over the whole generation
+  batch, gathered over processes (`Objective.group_stats`), and adds them as (N,) columns
+  `tether_stat_*` (`GroupStats.columns`) that TRL shuffles and splits with the rows, so any
+  micro-batch, whole groups or not, gets its rows' statistics (`GroupStats.from_columns`).
+- `on_new_buffer` (from `_prepare_inputs`): once TRL has buffered a new generation batch, computes
+  the aggregation normaliser of each of its chunks (summed over processes).
 - `log`: puts the objective's metrics, merged over the log period's micro-batches and processes
-  (departure 8), into TRL's `_metrics` as one value each, then logs as TRL does.
+  (departure 8), into TRL's logged metrics as one value each, then logs as TRL does.
 
 Where the loss path departs from TRL's, and why:
 1. Gradient accumulation (SPEC section 4): every micro-batch's loss is its share of the objective
@@ -67,10 +70,9 @@ Where the loss path departs from TRL's, and why:
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import warnings
-from typing import Any, Callable, Literal, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import torch
 
@@ -78,51 +80,15 @@ from .. import objectives
 from ..objectives import Objective, ObjectiveOutput, TokenBatch
 from ..schema import ConfigError
 
-try:
-    import trl
-    from trl import GRPOConfig, GRPOTrainer
-except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "tether.integrations.trl needs TRL: pip install 'tether[trl]' (tested with trl>=1.16,<1.17)"
-    ) from err
+from .trl_compat import OLD_LOGPS, REF_LOGPS, SAMPLER_LOGPS, GRPOConfig, GRPOTrainerHooks, check_version, loss_mask
+from .trl_compat import TESTED_TRL  # noqa: F401  (public: the TRL versions the adapter was checked against)
 
-TESTED_TRL = ">=1.16,<1.17"
-ObjectiveSpec = Union[str, dict, Objective]
 ObjectiveHook = Callable[[dict, TokenBatch, ObjectiveOutput], None]
 
-# Model inputs besides ids and attention mask that a TRL batch may carry (images), passed on as TRL does.
-_FORWARD_KEYS = (
-    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
-    "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
-)
-
-
-def _check_version() -> None:
-    from packaging.specifiers import SpecifierSet
-
-    if trl.__version__ not in SpecifierSet(TESTED_TRL):
-        warnings.warn(
-            f"tether.integrations.trl is tested with trl{TESTED_TRL}, found {trl.__version__}: it overrides "
-            "private GRPOTrainer methods, which may have changed",
-            stacklevel=3,
-        )
-
-
-_check_version()
+check_version()
 
 
 # ---------------------------------------------------------------- configuration
-
-
-def prepare_objective(spec: ObjectiveSpec, max_completion_length: Optional[int]) -> Objective:
-    """A built objective from a preset name, an objective name, a config mapping or an `Objective`.
-
-    An unset `max_len` becomes `max_completion_length` (departure 3 in the module docstring).
-    """
-    obj = spec if isinstance(spec, Objective) else objectives.build(spec)
-    if obj.config.max_len is None and max_completion_length is not None:
-        obj = Objective(obj.name, dataclasses.replace(obj.config, max_len=max_completion_length))
-    return obj
 
 
 def inactive_trust_region(args: Any, obj: Objective) -> Optional[str]:
@@ -148,9 +114,7 @@ def reference_beta(obj: Objective) -> float:
     """The TRL `beta` that loads the reference exactly when the objective uses it (departure 2)."""
     if not obj.uses_reference():
         return 0.0
-    cfg = obj.config
-    coef = cfg.kl_penalty.coef if cfg.kl_penalty is not None else 0.0
-    return coef or getattr(cfg, "beta", 0.0) or 1.0
+    return obj.config.reference_kl_coef() or 1.0
 
 
 def unsupported_options(args: Any, obj: Objective) -> list[str]:
@@ -180,12 +144,6 @@ def unsupported_options(args: Any, obj: Objective) -> list[str]:
 # ---------------------------------------------------------------- batches
 
 
-def loss_mask(inputs: dict) -> torch.Tensor:
-    """(N, T) tokens that count: completion tokens, minus tool outputs in multi-turn batches."""
-    mask = inputs["completion_mask"]
-    return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
-
-
 def group_advantages(obj: Objective, rewards: torch.Tensor, groups: torch.Tensor,
                      lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The objective's advantage estimator on rewards, groups and lengths (N,), the lengths being each
@@ -209,23 +167,23 @@ def group_stat_columns(obj: Objective, rewards: torch.Tensor, groups: torch.Tens
     stats = obj.group_stats(rewards, groups)
     if stats is None:
         return {}
-    return {STAT_PREFIX + name: t[rows] for name, t in stats._asdict().items() if t is not None}
+    return {STAT_PREFIX + name: t[rows] for name, t in stats.columns().items()}
 
 
-def group_stats_of(obj: Objective, inputs: dict) -> Any:
+def group_stats_of(obj: Objective, inputs: dict) -> Optional[objectives.GroupStats]:
     """The group statistics of the rows of `inputs` (a micro-batch), rebuilt from their columns."""
     if not obj.needs_group_stats():
         return None
     columns = {k[len(STAT_PREFIX):]: v for k, v in inputs.items() if k.startswith(STAT_PREFIX)}
     if not columns:
         raise RuntimeError(f"objective {obj.name!r} reads group statistics, but the batch has no {STAT_PREFIX}* columns")
-    return obj.config.GROUP_STATS(**columns)
+    return objectives.GroupStats.from_columns(columns)
 
 
 # ---------------------------------------------------------------- the trainer
 
 
-class TetherGRPOTrainer(GRPOTrainer):
+class TetherGRPOTrainer(GRPOTrainerHooks):
     """`GRPOTrainer` whose loss is a tether objective.
 
     Args:
@@ -244,7 +202,7 @@ class TetherGRPOTrainer(GRPOTrainer):
         reward_funcs: Any = None,
         args: Optional[GRPOConfig] = None,
         *,
-        objective: ObjectiveSpec,
+        objective: objectives.Spec,
         advantages: Literal["tether", "trl"] = "tether",
         on_objective: Optional[ObjectiveHook] = None,
         **kwargs: Any,
@@ -252,7 +210,8 @@ class TetherGRPOTrainer(GRPOTrainer):
         if advantages not in ("tether", "trl"):
             raise ConfigError(f"advantages: got {advantages!r}, expected 'tether' or 'trl'")
         args = GRPOConfig() if args is None else args
-        obj = prepare_objective(objective, args.max_completion_length)
+        # An unset max_len becomes max_completion_length (departure 3), before the config validates.
+        obj = objectives.build(objective, max_len=args.max_completion_length)
         problems = unsupported_options(args, obj)
         if problems:
             raise ConfigError("GRPOConfig settings tether cannot honour:\n- " + "\n- ".join(problems))
@@ -272,13 +231,10 @@ class TetherGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------ scoring and batching
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._tether_rewards_per_func = rewards  # (N_all, n_funcs), gathered over processes
-        return rewards
+    def on_rewards(self, rewards_per_func: torch.Tensor) -> None:
+        self._tether_rewards_per_func = rewards_per_func  # (N_all, n_funcs), gathered over processes
 
-    def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
+    def on_generation_batch(self, out: dict) -> dict:
         per_func = self._tether_rewards_per_func
         total = (per_func * self.reward_weights.to(per_func.device)).nansum(1)
         total = torch.where(torch.isnan(per_func).all(1), torch.full_like(total, float("nan")), total)  # (N_all,)
@@ -295,17 +251,9 @@ class TetherGRPOTrainer(GRPOTrainer):
         out.update(group_stat_columns(self.tether_objective, torch.nan_to_num(total, nan=0.0), groups, local))
         return out
 
-    def _prepare_inputs(self, generation_batch):
-        spg = self.args.steps_per_generation
-        fresh = self.model.training and (
-            self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None
-        )
-        inputs = super()._prepare_inputs(generation_batch)
-        if not fresh:
-            return inputs
-        local = torch.stack([self.tether_objective.normalizer(loss_mask(c)) for c in self._buffered_inputs])
+    def on_new_buffer(self, chunks: list[dict]) -> None:
+        local = torch.stack([self.tether_objective.normalizer(loss_mask(c)) for c in chunks])
         self._tether_chunk_norms = self.accelerator.reduce(local.float(), reduction="sum")  # (spg,)
-        return inputs
 
     def _step_normalizer(self) -> torch.Tensor:
         """This optimiser step's mini-batch normaliser over the number of processes (departure 1)."""
@@ -313,7 +261,7 @@ class TetherGRPOTrainer(GRPOTrainer):
         ga = self.current_gradient_accumulation_steps
         spg, full_ga = self.args.steps_per_generation, self.args.gradient_accumulation_steps
         if (spg * self.num_iterations) % full_ga == 0:
-            start = self._step - self._step % full_ga
+            start = self.micro_step - self.micro_step % full_ga
             total = norms[torch.arange(start, start + ga, device=norms.device) % spg].sum()
         else:
             total = norms.mean() * ga
@@ -321,34 +269,24 @@ class TetherGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------ the loss
 
-    def _compute_loss(self, model, inputs):
+    def objective_loss(self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor) -> torch.Tensor:
         train = self.model.training
-        completion_ids = inputs["completion_ids"]
-        ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
-        attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        lp, ent, aux = self._get_per_token_logps_and_entropies(
-            model, ids, attention, completion_ids.size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _FORWARD_KEYS},
-        )
-        batch = self._token_batch(inputs, lp, ent, train)
+        batch = self._token_batch(inputs, logps, entropies, train)
         out = self.tether_objective(batch)
-        loss = out.loss
-        if self.aux_loss_enabled:  # a mixture-of-experts router loss, scaled as TRL scales it
-            loss = loss + self.router_aux_loss_coef * aux / (self.current_gradient_accumulation_steps if train else 1)
         self._log_objective(out, "train" if train else "eval")
         if self.on_objective is not None:
             self.on_objective(inputs, batch, out)
-        return loss
+        return out.loss
 
     def _token_batch(self, inputs: dict, lp: torch.Tensor, ent: torch.Tensor, train: bool) -> TokenBatch:
         obj = self.tether_objective
-        ref = inputs.get("ref_per_token_logps")
+        ref = inputs.get(REF_LOGPS)
         if obj.uses_reference() and ref is None:
             raise RuntimeError(
                 f"objective {obj.name!r} needs reference log-probs but TRL computed none (beta={self.beta}); "
                 "was the trainer's config changed after construction?"
             )
-        old = inputs.get("old_per_token_logps")
+        old = inputs.get(OLD_LOGPS)
         return TokenBatch(
             logprobs=lp,
             # TRL leaves old log-probs out when a batch is used within one optimiser step: pi_old = pi_theta.
@@ -358,9 +296,9 @@ class TetherGRPOTrainer(GRPOTrainer):
             ref_logprobs=ref,
             group_ids=inputs.get("tether_group_ids"),
             rewards=inputs.get("tether_rewards"),
-            sampler_logprobs=inputs.get("sampling_per_token_logps"),  # vLLM's, for rollout_correction
+            sampler_logprobs=inputs.get(SAMPLER_LOGPS),  # vLLM's, for rollout_correction
             group_stats=group_stats_of(obj, inputs),
-            entropy=ent if obj.config.entropy_coef else ent.detach(),
+            entropy=ent if "entropy" in obj.config.needs() else ent.detach(),
             loss_norm=self._step_normalizer() if train else None,
         )
 
@@ -400,7 +338,7 @@ class TetherGRPOTrainer(GRPOTrainer):
         merger = self._tether_metrics[mode]
         merger.end_mini_batch()
         for name, value in merger.result().items():
-            self._metrics[mode][name] = [value.item()]
+            self.set_logged_metric(mode, name, value.item())
         self._tether_metrics[mode] = objectives.MetricMerger()
         self._tether_metrics_step[mode] = None
         super().log(logs, start_time)
@@ -410,7 +348,7 @@ def make_trainer(
     model: Any,
     reward_funcs: Any,
     train_dataset: Any,
-    objective: ObjectiveSpec = "rpg_fkl",
+    objective: objectives.Spec = "rpg_fkl",
     args: Optional[GRPOConfig] = None,
     **kwargs: Any,
 ) -> TetherGRPOTrainer:

@@ -12,6 +12,8 @@ Importing this module registers with verl
 verl >= 0.9.1 imports it in every process that imports verl (the driver and every Ray worker)
 through the `verl.plugins` entry point in tether's pyproject.toml; older versions import it
 through VERL_USE_EXTERNAL_MODULES=tether.integrations.verl. docs/verl.md is the user's guide.
+Every touchpoint into verl's internals (its registries, the `ppo_loss` wrapper, the micro-batch
+fields, the `returns` slot, its config keys) is in `verl_compat.py`, with the verl version checked.
 
 No math of its own. Per micro-batch, with l_t the tether objective's per-token loss and kl_t its
 per-token KL penalty (`Objective.terms`: the same masking, group statistics and metrics as in
@@ -45,21 +47,14 @@ Where this departs from tether's own trainer, and why:
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib
 import json
 import os
-import sys
-from collections.abc import Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
-from verl.trainer.ppo import core_algos
-from verl.workers.config import PolicyLossConfig
 
 from tether import objectives
 from tether.core import advantages as _adv
@@ -68,6 +63,19 @@ from tether.core import etr as _etr
 from tether.core.masked import masked_fraction, masked_mean
 from tether.core.registry import unknown_name_message
 from tether.schema import ConfigError
+
+from .verl_compat import (  # every touchpoint into verl's internals (versions checked there)
+    PolicyLossConfig,
+    agg_loss,
+    batch_field,
+    config_get,
+    global_batch_info,
+    install_batch_hook,
+    micro_batch,  # noqa: F401  (public: publish a micro-batch by hand, as the tests do)
+    plain,
+    register_estimator,
+    register_loss,
+)
 
 PREFIX = "tether_"
 LOSS_MODES: dict[str, str] = {PREFIX + name: name for name in objectives.names()}
@@ -110,7 +118,7 @@ def objective_from(
     """The tether objective that `loss_mode` runs, built once per distinct (objective, overrides)."""
     if loss_mode not in LOSS_MODES:
         raise ConfigError(f"{_KEY}.loss_mode: {unknown_name_message('tether loss mode', loss_mode, list(LOSS_MODES))}")
-    overrides = _plain(overrides or {})
+    overrides = plain(overrides or {})
     key = json.dumps([loss_mode, objective, overrides], sort_keys=True, default=repr)
     if key not in _OBJECTIVES:
         _OBJECTIVES[key] = _build(loss_mode, objective, overrides)
@@ -120,9 +128,8 @@ def objective_from(
 def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objectives.Objective:
     name = LOSS_MODES[loss_mode]
     objective = objective or name
-    start = {"preset": objective} if objective in objectives.preset_names() else {"name": objective}
-    try:
-        obj = objectives.build({**start, **overrides})
+    try:  # the overrides replace the values of `objective` (a preset or objective name)
+        obj = objectives.build(overrides, default=objective)
     except (ConfigError, KeyError) as e:
         raise ConfigError(f"{_KEY}: {e}") from None
     if obj.name != name:
@@ -147,111 +154,30 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             "inside the loss (ETR macro='implicit' needs each group's rewards), which verl does not pass; use "
             "macro=explicit (its statistic comes from a tether_* advantage estimator) or macro=off"
         )
-    if cfg.needs_group_stats() and getattr(cfg, "reward_range", None) is not None:
+    options = cfg.group_stats_options() if cfg.needs_group_stats() else {}
+    if options:
         raise ConfigError(
-            f"{_KEY}: reward_range is not supported under verl: the tether_* advantage estimators compute "
-            "nu_g from the batch's observed reward range (for 0/1 rewards the same as [0, 1]); set reward_range=null"
+            f"{_KEY}: {', '.join(options)} is not supported under verl: the tether_* advantage estimators compute "
+            "the group statistics from the batch's rewards alone (nu_g from its observed reward range, for 0/1 "
+            f"rewards the same as [0, 1]); set {', '.join(f'{k}=null' for k in options)}"
         )
     return obj
 
 
-def _plain(x: Any) -> Any:
-    """OmegaConf containers (or any mapping/sequence) -> plain dicts and lists."""
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
-        return [_plain(v) for v in x]
-    return x
-
-
-def _get(obj: Any, key: str) -> Any:
-    """verl passes an ActorConfig (a Mapping), a DictConfig, or another loss's config: read either way."""
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(key)
-    return getattr(obj, key, None)
-
-
 def _objective_for(config: Any, loss_mode: str) -> objectives.Objective:
-    policy_loss = _get(config, "policy_loss")
-    if policy_loss is not None and _get(policy_loss, "loss_mode") == loss_mode:
-        return objective_from(loss_mode, _get(policy_loss, "objective"), _get(policy_loss, "overrides"))
+    policy_loss = config_get(config, "policy_loss")
+    if policy_loss is not None and config_get(policy_loss, "loss_mode") == loss_mode:
+        return objective_from(loss_mode, config_get(policy_loss, "objective"), config_get(policy_loss, "overrides"))
     return objective_from(loss_mode)
 
 
-# ---------------------------------------------------------------- the micro-batch hook
-
-_MICRO_BATCH: ContextVar[Optional[Mapping]] = ContextVar("tether_verl_micro_batch", default=None)
-
-
-@contextlib.contextmanager
-def micro_batch(data: Mapping) -> Iterator[None]:
-    """Let tether's losses read `ref_log_prob` and `returns` from `data` (verl's micro-batch
-    TensorDict, or a dict of (N, T) tensors) while the block runs."""
-    token = _MICRO_BATCH.set(data)
-    try:
-        yield
-    finally:
-        _MICRO_BATCH.reset(token)
-
-
-def _batch_field(name: str, like: torch.Tensor, required: bool = True) -> Optional[torch.Tensor]:
-    """Field `name` of the published micro-batch, padded like verl pads old_log_probs; None if absent.
-
-    A field of the wrong shape is an error when the loss needs it, and skipped when only a metric would use it.
-    """
-    data = _MICRO_BATCH.get()
-    if data is None or name not in data.keys():
-        return None
-    t = data[name]
-    if t.is_nested:
-        t = t.to_padded_tensor(0.0)
-    if t.shape != like.shape:
-        if not required:
-            return None
-        raise ValueError(f"verl's micro-batch field {name!r} has shape {tuple(t.shape)}, expected {tuple(like.shape)}")
-    return t.to(device=like.device, dtype=like.dtype)
-
-
-def _publishing(ppo_loss):
-    @functools.wraps(ppo_loss)
-    def ppo_loss_publishing_micro_batch(config, model_output, data, dp_group=None):
-        with micro_batch(data):
-            return ppo_loss(config, model_output, data, dp_group)
-
-    ppo_loss_publishing_micro_batch.tether_hook = True
-    return ppo_loss_publishing_micro_batch
-
-
-# Where verl 0.9 binds `ppo_loss`: its definition, and the two modules that import it by name.
-_PPO_LOSS_SITES = ("verl.workers.utils.losses", "verl.trainer.distillation.losses", "verl.workers.engine_workers")
-
-
-def install_batch_hook() -> list[str]:
-    """Wrap verl's `ppo_loss` so that it publishes each micro-batch (idempotent).
-
-    The wrapper changes nothing verl computes. Run at plugin load, before verl's workers bind
-    `ppo_loss`; a module that already bound it is patched too. Returns the patched modules.
-    """
-    importlib.import_module("verl.workers.utils.losses")  # the definition site must exist before it is wrapped
-
-    patched = []
-    for site in _PPO_LOSS_SITES:
-        module = sys.modules.get(site)
-        fn = getattr(module, "ppo_loss", None)
-        if fn is None:
-            continue
-        if not getattr(fn, "tether_hook", False):
-            setattr(module, "ppo_loss", _publishing(fn))
-        patched.append(site)
-    return patched
+# ---------------------------------------------------------------- fields of the micro-batch
 
 
 def _reference(obj: objectives.Objective, like: torch.Tensor) -> torch.Tensor:
-    ref = _batch_field("ref_log_prob", like)
+    ref = batch_field("ref_log_prob", like)
     if ref is None:
-        why = "rpg anchor='ref'" if getattr(obj.config, "anchor", None) == "ref" else "kl_penalty.coef > 0"
+        why = obj.config.needs()["ref_logprobs"]
         raise ValueError(
             f"tether objective {obj.name!r} needs the reference log-probs ({why}), but verl's micro-batch has no "
             "'ref_log_prob'. verl computes them only when actor_rollout_ref.actor.use_kl_loss=True, which also adds "
@@ -264,15 +190,13 @@ def _reference(obj: objectives.Objective, like: torch.Tensor) -> torch.Tensor:
     return ref
 
 
-def _group_stats_from_batch(advantages: torch.Tensor, mask: torch.Tensor) -> _etr.ETRGroupStats:
+def _group_stats_from_batch(advantages: torch.Tensor, mask: torch.Tensor) -> objectives.GroupStats:
     """ETR's per-sequence nu_g - nu_bar, read from verl's `returns` (N, T), where the estimator put it."""
-    shift = _group_shift_from_batch(advantages, mask)
-    m = mask.to(shift.dtype)
-    return _etr.ETRGroupStats(nu_shift=(shift * m).sum(-1) / m.sum(-1).clamp(min=1.0))  # (N,)
+    return objectives.GroupStats.from_tokens(_group_shift_from_batch(advantages, mask), mask)
 
 
 def _group_shift_from_batch(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    shift = _batch_field("returns", advantages)
+    shift = batch_field("returns", advantages)
     fix = f"set algorithm.adv_estimator to one of {', '.join(ESTIMATORS)}, or the override macro=off"
     if shift is None:
         raise ValueError(
@@ -307,12 +231,12 @@ def policy_loss(
     old_log_prob, log_prob, advantages, response_mask, rollout_is_weights: (N, T). `config` is
     verl's actor config; only its `global_batch_info` is read here.
     """
-    batch_info = dict(_get(config, "global_batch_info") or {})
+    batch_info = global_batch_info(config)
     _check_aggregation(obj, loss_agg_mode, batch_info)
     _check_no_hidden_kl_loss(obj, config)
     mask = response_mask.bool()
     adv = advantages.to(log_prob.dtype)
-    ref = _reference(obj, log_prob) if obj.uses_reference() else _batch_field("ref_log_prob", log_prob, required=False)
+    ref = _reference(obj, log_prob) if obj.uses_reference() else batch_field("ref_log_prob", log_prob, required=False)
     stats = _group_stats_from_batch(adv, mask) if obj.needs_group_stats() else None
     # The objective's own per-token terms (masking, group statistics, KL penalty, metrics: one
     # implementation, Objective.terms); only the aggregation is verl's.
@@ -321,7 +245,7 @@ def policy_loss(
 
     def reduce(per_token: torch.Tensor) -> torch.Tensor:
         per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
-        return core_algos.agg_loss(loss_mat=per_token, loss_mask=mask, loss_agg_mode=loss_agg_mode, **batch_info)
+        return agg_loss(per_token, mask, loss_agg_mode, batch_info)
 
     weights = 1.0 if rollout_is_weights is None else rollout_is_weights
     loss = reduce(terms.tokens.loss * weights)
@@ -337,8 +261,8 @@ def _check_no_hidden_kl_loss(obj: objectives.Objective, config: Any) -> None:
     verl computes `ref_log_prob` only with `use_kl_loss=True` (or KL in the reward), and that also
     adds its low_var_kl loss at `kl_loss_coef` (default 0.001): the user asked for tether's KL only.
     """
-    coef = _get(config, "kl_loss_coef")
-    if obj.uses_reference() and _get(config, "use_kl_loss") and coef:
+    coef = config_get(config, "kl_loss_coef")
+    if obj.uses_reference() and config_get(config, "use_kl_loss") and coef:
         raise ConfigError(
             f"actor_rollout_ref.actor.kl_loss_coef={coef}: with use_kl_loss=True verl adds its own KL loss to tether "
             f"objective {obj.name!r}, which has its own KL to the reference; set actor_rollout_ref.actor.kl_loss_coef=0 "
@@ -348,8 +272,8 @@ def _check_no_hidden_kl_loss(obj: objectives.Objective, config: Any) -> None:
 
 def _check_no_kl_in_reward(config: Any) -> None:
     """tether's estimators read outcome rewards; verl's KL-in-reward would change them unseen."""
-    coef = _get(_get(config, "kl_ctrl"), "kl_coef")
-    if _get(config, "use_kl_in_reward") and coef:
+    coef = config_get(config_get(config, "kl_ctrl"), "kl_coef")
+    if config_get(config, "use_kl_in_reward") and coef:
         raise ConfigError(
             f"algorithm.kl_ctrl.kl_coef={coef}: with algorithm.use_kl_in_reward=True verl subtracts its KL penalty from "
             "the rewards tether's advantage estimators read; set algorithm.kl_ctrl.kl_coef=0 (then it only makes verl "
@@ -447,7 +371,7 @@ def _make_estimator(adv_estimator: str):
             mask = response_mask.to(rewards.dtype)
             # Response lengths weigh batch-level statistics (reinforce_pp whitens over tokens, as verl does).
             adv = _adv.compute_advantages(name, rewards, group_ids, weights=mask.sum(-1))
-            return adv[:, None] * mask, group_shift(rewards, group_ids)[:, None] * mask
+            return adv[:, None] * mask, _etr.etr_group_stats(rewards, group_ids).to_tokens(mask)
 
     estimator.__name__ = estimator.__qualname__ = adv_estimator
     return estimator
@@ -456,23 +380,12 @@ def _make_estimator(adv_estimator: str):
 # ---------------------------------------------------------------- registration
 
 
-def _claim(registry: dict, name: str, fn, register, kind: str) -> None:
-    current = registry.get(name)
-    if current is not None:
-        if getattr(current, "__module__", None) == __name__:
-            return  # registered by an earlier import of this module
-        raise ValueError(f"verl already has a {kind} named {name!r} ({current!r}) that is not tether's")
-    register(name)(fn)
-
-
 def register() -> None:
     """Register every tether loss and estimator with verl and install the batch hook (idempotent)."""
     for loss_mode in LOSS_MODES:
-        _claim(core_algos.POLICY_LOSS_REGISTRY, loss_mode, _make_loss(loss_mode), core_algos.register_policy_loss,
-               "policy loss")
+        register_loss(loss_mode, _make_loss(loss_mode), owner=__name__)
     for adv_estimator in ESTIMATORS:
-        _claim(core_algos.ADV_ESTIMATOR_REGISTRY, adv_estimator, _make_estimator(adv_estimator),
-               core_algos.register_adv_est, "advantage estimator")
+        register_estimator(adv_estimator, _make_estimator(adv_estimator), owner=__name__)
     if os.environ.get(HOOK_ENV, "1") != "0":
         install_batch_hook()
 

@@ -1,0 +1,254 @@
+"""What every objective shares: the keys of `ObjectiveConfig` (aggregation, KL-to-reference penalty,
+entropy bonus, advantage estimator, rollout correction, off-policy mask) with the capabilities a
+trainer asks of a config, the clip range `ClipRange` that most surrogates add, the validation
+helpers, and the `OBJECTIVES` registry that pairs each config class with its loss function."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Optional
+
+import torch
+
+from ..core import advantages as _adv
+from ..core import aggregation as _agg
+from ..core import correction as _corr
+from ..core import divergences as _div
+from ..core import kl as _kl
+from ..core import surrogates as _sur
+from ..core.etr import GroupStats
+from ..core.kl import k3_of_log
+from ..core.masked import masked_fraction, masked_mean
+from ..core.registry import Registry, unknown_name_message
+from ..schema import ConfigError, from_dict
+from .batch import Extra, TokenBatch
+
+# ---------------------------------------------------------------- validation
+
+
+def check(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: got {value!r}, expected {expected}")
+
+
+def check_name(registry: Registry, name: str, key: str) -> None:
+    if name not in registry:
+        raise ConfigError(f"{key}: {unknown_name_message(registry.kind, name, registry.names())}")
+
+
+def check_at_least_zero(cfg: Any, *names: str) -> None:
+    for n in names:
+        check(getattr(cfg, n) >= 0, n, getattr(cfg, n), "a number >= 0")
+
+
+def check_positive(cfg: Any, *names: str) -> None:
+    for n in names:
+        check(getattr(cfg, n) > 0, n, getattr(cfg, n), "a number > 0")
+
+
+def check_dual(c: Optional[float]) -> None:
+    check(c is None or c > 1, "dual_clip_c", c, "a number > 1, or null to disable the dual clip")
+
+
+def check_measure(measure: Any, extra: tuple[str, ...] = ()) -> None:
+    """A divergence measure: a registered name (or one of `extra`), or a callable D(w)."""
+    if isinstance(measure, str):
+        if measure not in extra and measure not in _div.MEASURES:
+            valid = list(extra) + _div.MEASURES.names()
+            raise ConfigError(f"measure: {unknown_name_message('divergence measure', measure, valid)}")
+    elif not callable(measure):
+        valid = ", ".join(list(extra) + _div.MEASURES.names())
+        raise ConfigError(f"measure: got {measure!r}, expected one of {valid} or a callable D(w)")
+
+
+# ---------------------------------------------------------------- the axes every objective has
+
+
+@dataclass
+class KLPenaltyConfig:
+    estimator: str = "k3"
+    """Per-token estimator: k1, k2, k3 (GRPO, uncorrected), k3_iw (importance-weighted, corrected)."""
+    coef: float = 0.0
+    """Penalty coefficient beta; 0 turns the penalty off (and no reference model is needed)."""
+
+    def __post_init__(self):
+        check_name(_kl.KL_ESTIMATORS, self.estimator, "kl_penalty.estimator")
+        check(self.coef >= 0, "kl_penalty.coef", self.coef, "a number >= 0")
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Train-inference mismatch correction (tether.core.correction): weights from pi_old / pi_sampler."""
+
+    level: Literal["token", "sequence", "sequence_geometric"] = "token"
+    """token: r_t = pi_old / pi_sampler per token; sequence: the product of the sequence's token ratios
+    (verl's and TRL's sequence level); sequence_geometric: their geometric mean."""
+    mode: Literal["truncate", "mask"] = "truncate"
+    """truncate (TIS): c = clamp(r, low, high); mask (MIS, IcePop): c = r inside [low, high], 0 outside;
+    mask with `measure`: c = 1 if the divergence is <= delta, else 0 (rejection)."""
+    low: float = 0.0
+    """Lower bound of r (0: none for truncate); unused with `measure`."""
+    high: float = 2.0
+    """Upper bound of r; unused with `measure`."""
+    measure: Optional[str] = None
+    """A tether divergence measure (kl3, kl2, chi2, ...), mode mask only: reject a token whose D(r_t) > delta
+    (token level), a sequence whose mean of D(r_t) over its tokens > delta (sequence level: verl's seq_mean_k3
+    with kl3), or whose D(geometric-mean r) > delta (sequence_geometric). Kept tokens get weight 1."""
+    delta: Optional[float] = None
+    """The divergence threshold with `measure` (kl3 with delta: verl's token_k3 / seq_mean_k3 rejection)."""
+
+    def __post_init__(self):
+        if self.measure is not None:
+            check_name(_div.MEASURES, self.measure, "rollout_correction.measure")
+            check(self.delta is not None and self.delta > 0, "rollout_correction.delta", self.delta,
+                  "a number > 0 (with measure)")
+            check(self.mode == "mask", "rollout_correction.mode", self.mode,
+                  "'mask' with measure and delta (a divergence rejects tokens, it does not truncate r); "
+                  "for truncation give low and high instead of measure")
+        else:
+            check(self.delta is None, "rollout_correction.delta", self.delta, "null without measure (or give measure)")
+        check(0 <= self.low < 1 < self.high, "rollout_correction.low/high", (self.low, self.high),
+              "0 <= low < 1 < high")
+
+
+def rollout_correction(rc: RolloutCorrectionConfig, old: torch.Tensor, sampler: torch.Tensor, m: torch.Tensor):
+    """The rollout-correction weights (`tether.core.correction.Correction`) and their metrics (docs/metrics.md)."""
+    c = _corr.rollout_correction(old, sampler, m, rc.level, rc.mode, rc.low, rc.high, rc.measure, rc.delta)
+    log_r = c.log_ratio  # log pi_old - log pi_sampler
+    metrics = {
+        "rollout_correction/mismatch_k1": masked_mean(-log_r, m),  # KL(sampler || old), k1 from sampler samples
+        "rollout_correction/mismatch_k3": masked_mean(k3_of_log(log_r), m),  # the same KL, k3 (>= 0)
+        "rollout_correction/weight_mean": masked_mean(c.weights, m),
+        "rollout_correction/truncated_frac": masked_fraction(c.truncated, m),
+        "rollout_correction/masked_frac": masked_fraction(c.masked, m),
+    }
+    return c, metrics
+
+
+@dataclass
+class ObjectiveConfig:
+    """Keys common to every objective."""
+
+    aggregation: str = "token-mean"
+    """Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm."""
+    kl_penalty: Optional[KLPenaltyConfig] = None
+    """KL-to-reference penalty {estimator, coef}; None or coef 0 for none."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss gets -entropy_coef * mean entropy (needs `entropy` in the batch)."""
+    advantage: str = "grpo"
+    """Advantage estimator the trainer uses with this objective: grpo, dr_grpo, rloo, reinforce_pp."""
+    max_len: Optional[int] = None
+    """T_max of seq-mean-token-sum-norm (the generation budget); None: the batch's padded width."""
+    rollout_correction: Optional[RolloutCorrectionConfig] = None
+    """Train-inference mismatch correction {level, mode, low, high | measure, delta}: each token's loss
+    times SG(c), c from pi_old / pi_sampler truncated or masked, or a 0/1 rejection by a divergence; a masked
+    token leaves the loss (needs TokenBatch.sampler_logprobs); null: none."""
+    off_policy_mask: Optional[float] = None
+    """Off-policy sequence mask delta (DeepSeek-V3.2; TRL's off_policy_mask_threshold): a sequence with A < 0 whose
+    mean token log(pi_sampler / pi_theta) exceeds delta leaves the loss (pi_old when sampler_logprobs is None);
+    null: off. TRL suggests 0.5."""
+
+    def __post_init__(self):
+        check_name(_agg.AGGREGATIONS, self.aggregation, "aggregation")
+        check(self.off_policy_mask is None or self.off_policy_mask >= 0, "off_policy_mask", self.off_policy_mask,
+              "a number >= 0 (the mean log-ratio in nats per token), or null for no mask")
+        check_name(_adv.ADVANTAGES, self.advantage, "advantage")
+        if isinstance(self.kl_penalty, dict):
+            self.kl_penalty = from_dict(KLPenaltyConfig, self.kl_penalty, "kl_penalty")
+        if isinstance(self.rollout_correction, dict):
+            self.rollout_correction = from_dict(RolloutCorrectionConfig, self.rollout_correction, "rollout_correction")
+        check(self.max_len is None or self.max_len > 0, "max_len", self.max_len, "a positive integer or null")
+
+    # ---- capabilities: what the trainers ask of a config instead of probing its keys
+
+    def needs(self) -> dict[str, str]:
+        """The TokenBatch fields the loss reads beyond logprobs, old_logprobs, advantages and mask, each with
+        why (`ref_logprobs`: a reference model; `sampler_logprobs`: the sampler's log-probs; `entropy`)."""
+        need = {}
+        if self.kl_penalty is not None and self.kl_penalty.coef > 0:
+            need["ref_logprobs"] = "kl_penalty.coef > 0 compares against the reference policy"
+        if self.entropy_coef != 0:
+            need["entropy"] = "entropy_coef != 0 adds an entropy bonus"
+        if self.rollout_correction is not None:
+            need["sampler_logprobs"] = (
+                "rollout_correction weighs each token by pi_old / pi_sampler; pass the sampler's log-probs (tether's "
+                "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop rollout_correction")
+        return need
+
+    def required_fields(self) -> list[str]:
+        """TokenBatch fields this objective needs beyond logprobs, old_logprobs, advantages, mask."""
+        return list(self.needs())
+
+    def uses_reference(self) -> bool:
+        """Whether a reference model's log-probs are needed (the trainer loads it only then)."""
+        return "ref_logprobs" in self.needs()
+
+    def reference_kl_coef(self) -> float:
+        """The coefficient of the loss's KL to the reference policy (0: none); a trainer that switches its
+        reference model on by a KL coefficient (TRL's beta) reads it."""
+        return self.kl_penalty.coef if self.kl_penalty is not None else 0.0
+
+    def has_trust_region(self) -> bool:
+        """Whether the loss limits how far an update may move from the sampling policy (a clip, mask, truncation,
+        soft gate or |log w| penalty); every such limit acts only on off-policy updates (w != 1)."""
+        return True
+
+    def needs_group_stats(self) -> bool:
+        """Whether the loss reads statistics of each sample's group over the whole rollout batch
+        (`group_stats`); the trainers compute them once per rollout batch and slice them per micro-batch."""
+        return False
+
+    def group_stats(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> Optional[GroupStats]:
+        """Per-sequence group statistics over a whole rollout batch (rewards, group_ids (N,)); None if unused."""
+        return None
+
+    def group_stats_needed(self) -> tuple[str, ...]:
+        """The fields of `group_stats` the loss reads (an adapter that can supply only some checks this)."""
+        return ()
+
+    def group_stats_options(self) -> dict[str, Any]:
+        """Settings of `group_stats` beyond the rewards and groups (ETR's reward_range when set), which an
+        adapter computing the statistics without this config (verl's estimators) cannot honour."""
+        return {}
+
+
+@dataclass
+class ClipRange(ObjectiveConfig):
+    """The clip range [1 - eps_low, 1 + eps_high] of the ratio w = pi_theta / pi_old that most surrogates
+    take (each family says what it clips: the token ratio, a sequence ratio, the weight, log w)."""
+
+    eps_low: float = 0.2
+    """Lower clip: the ratio may fall to 1 - eps_low for negative advantages."""
+    eps_high: float = 0.2
+    """Upper clip: the ratio may rise to 1 + eps_high for positive advantages (DAPO: 0.28)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_at_least_zero(self, "eps_low", "eps_high")
+
+
+# ---------------------------------------------------------------- the registry
+
+LossFn = Callable[[Any, TokenBatch, torch.Tensor, torch.Tensor], "tuple[_sur.TokenLoss, Extra]"]
+"""(config, batch, logprobs, old_logprobs) -> (per-token loss, the objective's own metrics); the
+log-probs are the batch's with the padding zeroed, `old_logprobs` detached."""
+
+
+@dataclass(frozen=True)
+class ObjectiveEntry:
+    """A registered objective: its config class and its loss function."""
+
+    config: type
+    loss: LossFn
+
+
+OBJECTIVES: Registry[ObjectiveEntry] = Registry("objective")
+
+
+def objective(name: str, config: type):
+    """Register `fn` as the loss of objective `name`, configured by `config`."""
+    def decorator(fn: LossFn) -> LossFn:
+        OBJECTIVES.register(name)(ObjectiveEntry(config, fn))
+        return fn
+
+    return decorator

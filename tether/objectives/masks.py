@@ -1,0 +1,99 @@
+"""The token-mask family: a token whose update left a trust region leaves the loss (no clip).
+
+    DPPO [arXiv 2602.04879]: keep t iff D(pi_theta, pi_old) at the sampled token <= delta on the side A pushes;
+                             l_t = -keep_t SG(min(w_t, c)) A log pi_theta(y_t)
+    M2PO [arXiv 2510.01161]: drop the tokens with the largest (log r)^2 until the kept tokens' mean is below tau
+
+The math is `tether.core.dppo` and `tether.core.m2po`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+import torch
+
+from ..core import divergences as _div
+from ..core import dppo as _dppo
+from ..core import m2po as _m2po
+from ..core import surrogates as _sur
+from ..core.masked import masked_fraction
+from .base import ObjectiveConfig, check, check_measure, check_positive, objective
+from .batch import TokenBatch, masked_fill
+
+
+@dataclass
+class DPPOConfig(ObjectiveConfig):
+    """DPPO [arXiv 2602.04879]: mask the tokens whose update left a divergence trust region (tether.core.dppo)."""
+
+    measure: Any = "binary_tv"
+    """binary_tv or binary_kl (divergence of the sampled token's Bernoulli, the paper's), or a ratio measure
+    (ratio, log_ratio, kl2, kl3, kl3_reverse, chi2, hellinger, or a callable D(w)): then the mask keeps
+    D(w) <= delta on the side the advantage pushes, ATR-GRPO's region."""
+    delta_low: float = 0.15
+    """Threshold for tokens with A <= 0 (verl's clip_ratio_low); the paper: 0.15 for binary_tv, 0.05 for binary_kl."""
+    delta_high: float = 0.15
+    """Threshold for tokens with A > 0 (verl's clip_ratio_high)."""
+    truncation_c: Optional[float] = None
+    """Cap c of the importance weight SG(min(w, c)) (truncated IS); null (default): no cap, as in the authors'
+    runs (their verl script sets clip_ratio_c 10000). verl's dppo_tv/dppo_kl read actor.clip_ratio_c, which
+    defaults to 3.0 (its code falls back to 20 only when the key is missing): set 3.0 to match verl's default."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_measure(self.measure, tuple(_dppo.BINARY_MEASURES.names()))
+        check_positive(self, "delta_low", "delta_high")
+        check(self.truncation_c is None or self.truncation_c > 0, "truncation_c", self.truncation_c,
+              "a number > 0, or null for no truncation")
+        self.bounds: Optional[tuple[float, float]] = None
+        if not (isinstance(self.measure, str) and self.measure in _dppo.BINARY_MEASURES):
+            self.bounds = (_div.interval(self.measure, self.delta_low)[0], _div.interval(self.measure, self.delta_high)[1])
+
+
+@objective("dppo", DPPOConfig)
+def _dppo_loss(cfg: DPPOConfig, b: TokenBatch, lp, old):
+    if cfg.bounds is None:
+        valid = _dppo.binary_valid(cfg.measure, lp, old, b.advantages, cfg.delta_low, cfg.delta_high)
+    else:
+        valid = _dppo.interval_valid(lp, old, b.advantages, *cfg.bounds)
+    out, truncated = _dppo.dppo(lp, old, b.advantages, valid, cfg.truncation_c)
+    return out, {"dppo/truncfrac": masked_fraction(truncated, b.mask)}
+
+
+@dataclass
+class M2POConfig(ObjectiveConfig):
+    """M2PO [arXiv 2510.01161]: drop the tokens with the largest (log r)^2 until the batch's mean is below tau."""
+
+    tau: float = 0.04
+    """tau_M2: the kept tokens' mean of (log r)^2 must be below it (the paper's 0.04 in every run; AReaL's m2_threshold)."""
+    against: Literal["old", "sampler"] = "old"
+    """Which log-ratio the second moment measures: old, log(pi_theta / pi_old) at every update (the paper, with pi_old
+    the behaviour policy: trainer.old_logprobs=sampler); sampler, log(pi_old / pi_sampler), fixed per rollout batch
+    (AReaL: behaviour against the recomputed proximal policy; needs sampler_logprobs)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive(self, "tau")
+
+    def needs(self) -> dict[str, str]:
+        need = super().needs()
+        if self.against == "sampler" and "sampler_logprobs" not in need:
+            need["sampler_logprobs"] = "m2po against='sampler' measures log(pi_old / pi_sampler); or use against='old'"
+        return need
+
+
+@objective("m2po", M2POConfig)
+def _m2po_loss(cfg: M2POConfig, b: TokenBatch, lp, old):
+    if cfg.against == "old":
+        d = _sur.log_ratio(lp, old).detach()
+    else:  # log(pi_old / pi_sampler); the padding and a missing (NaN) sampler log-prob count as 0
+        d = torch.nan_to_num(old - masked_fill(b.sampler_logprobs, b.mask).detach(), nan=0.0)
+    keep = _m2po.m2_keep(d, b.mask, cfg.tau)
+    ones = torch.ones((), dtype=lp.dtype, device=lp.device)
+    return _m2po.m2po(lp, old, b.advantages, keep), {
+        "m2po/m2": _m2po.second_moment(d, b.mask),
+        "m2po/m2_kept": _m2po.second_moment(d, keep),
+        "m2po/masked_frac": masked_fraction(b.mask.bool() & ~keep, b.mask),
+        "m2po/tau": ones * cfg.tau,
+    }
