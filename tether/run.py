@@ -159,7 +159,8 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
                             stop_strings=tuple(r.stop_strings))
     return Run(cfg=cfg, run_dir=run_dir, obj=obj, reward_fn=reward_fn, verifier=verifier, test_examples=test_examples,
-               model=model, tokenizer=tokenizer, reference=reference, engine=_engine(cfg, model, tokenizer, device, log),
+               model=model, tokenizer=tokenizer, reference=reference,
+               engine=_engine(cfg, model, tokenizer, device, log),
                optimizer=optimizer, scheduler=scheduler, stream=PromptStream(task, t.seed, counters.position),
                params=params, device=device, logprobs=LogProbSettings.of(cfg), unfused=unfused, counters=counters,
                start=counters.step, peft=peft, stale=stale, saved_step=counters.step, best_accuracy=best_accuracy,

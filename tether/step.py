@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from . import faults, objectives
-from .causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, shared_prompt_reason, to_tokens, token_logprobs
+from .causal_lm import (LogProbSettings, Tokens, batched_logprobs, eval_mode, shared_prompt_reason, to_tokens,
+                        token_logprobs)
 from .config import Config
 from .data import PromptStream
 from .rewards import score_rollout, verifier_faults
@@ -43,7 +44,8 @@ def precision(device: torch.device, cfg: Config) -> contextlib.AbstractContextMa
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on)
 
 
-def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config, logprobs: LogProbSettings) -> Optional[torch.Tensor]:
+def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config,
+                        logprobs: LogProbSettings) -> Optional[torch.Tensor]:
     """pi_old's log-probs (N, T), before any update: recomputed in eval mode, as the sampler ran
     (a model with dropout would otherwise give a dropout sample of pi_old), or the sampler's own
     (trainer.old_logprobs=sampler: the same weights, no extra pass). None when there is a single
@@ -328,7 +330,8 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     done = update(Optimiser(model, run.optimizer, run.scheduler), run.obj, batch, cfg, gen, run.logprobs)
     metrics, run.counters.step = done.metrics, step
     run.counters.opt_steps += done.opt_steps
-    if step == run.start + 1 and t.share_prompts and t.fused_logprobs and not run.unfused and shared_prompt_reason(model):
+    first = step == run.start + 1
+    if first and t.share_prompts and t.fused_logprobs and not run.unfused and shared_prompt_reason(model):
         log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
     metrics.update(scored.metrics)
     if run.stale is not None:

@@ -23,16 +23,22 @@ from pathlib import Path
 from typing import Optional
 
 from . import faults
-from .causal_lm import LogProbSettings, Tokens, batched_logprobs, to_tokens  # noqa: F401 (re-exported)
+from .causal_lm import LogProbSettings, Tokens, batched_logprobs, to_tokens
 from .config import Config
-from .run import (Counters, Run, build_task_and_reward, config_warnings, cpu_threads,  # noqa: F401 (re-exported)
-                  start_run)
+from .run import Counters, Run, build_task_and_reward, config_warnings, cpu_threads, start_run
 from .schema import to_dict
 from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
-from .step import (KL_WINDOW, Optimiser, Scored, UpdateBatch, Updated, collect,  # noqa: F401 (re-exported)
-                   old_policy_logprobs, precision, refresh_reference, rl_step, update)
+from .step import (KL_WINDOW, Optimiser, Scored, UpdateBatch, Updated, collect, old_policy_logprobs, precision,
+                   refresh_reference, rl_step, update)
 from .stopping import Interrupted, StopSignals
 from .summary import write_samples, write_summary
+
+__all__ = [  # the loop, and the names of tether.run, tether.step and tether.causal_lm it re-exports
+    "FLAT_WARN_AFTER", "KL_WINDOW", "Counters", "LogProbSettings", "Optimiser", "Run", "Scored", "Tokens",
+    "UpdateBatch", "Updated", "batched_logprobs", "build_task_and_reward", "collect", "config_warnings",
+    "cpu_threads", "flat_streak", "old_policy_logprobs", "precision", "refresh_reference", "rl_step", "start_run",
+    "to_tokens", "train", "update",
+]
 
 
 def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
