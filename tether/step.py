@@ -288,7 +288,8 @@ def refresh_reference(reference, model, t, counters: Counters, taken: int, kl_re
     so a refresh takes effect from the next rollout step on in either case; checking here, rather
     than inside the updates, makes that rounding explicit (K is rounded up to the end of the
     rollout step that reaches it). Updates `counters.kl_window` and `counters.ref_updates`;
-    returns whether it refreshed.
+    returns whether it refreshed. The window is part of `Counters`, so it is checkpointed and a resume
+    continues it (a change from before issue 25, when a resume restarted it empty).
     """
     if reference is None:
         return False
