@@ -41,7 +41,7 @@ def child(args) -> dict:
     from tether import objectives
     from tether.config import LoRAConfig, load_config
     from tether.models import apply_lora, load_model
-    from tether.causal_lm import Tokens
+    from tether.causal_lm import LogProbSettings, Tokens
     from tether.train import Optimiser, UpdateBatch, update
 
     device = setup(args)
@@ -69,7 +69,7 @@ def child(args) -> dict:
     for i in range(args.warmup + args.steps):
         sync(device)
         tic = time.perf_counter()
-        update(opt, obj, batch, cfg, torch.Generator().manual_seed(i))
+        update(opt, obj, batch, cfg, torch.Generator().manual_seed(i), LogProbSettings.of(cfg))
         sync(device)
         times.append(time.perf_counter() - tic)
     return {"mode": args.mode, "step_s": median(times[args.warmup:]), "peak": _peak_bytes(device),

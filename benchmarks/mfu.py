@@ -62,18 +62,15 @@ def model_flops(model, batch: int, length: int) -> float:
 
 
 def train_step_fn(model, tokens, path: str, share: bool = True):
-    from tether.causal_lm import causal_lm_token_logprobs
-    from tether.causal_lm import token_logprobs
+    from tether.causal_lm import LogProbSettings, causal_lm_token_logprobs, token_logprobs
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
     def step():
         if path == "logits":
-            lp, ent = token_logprobs(model, tokens, 1.0, with_entropy=True, fused=False)
+            lp, ent = token_logprobs(model, tokens, LogProbSettings(fused=False), with_entropy=True)
         else:
-            lp, ent, _ = causal_lm_token_logprobs(model, tokens.input_ids, tokens.attention_mask, tokens.position_ids,
-                                                  tokens.prompt_len, tokens.completion_ids, temperature=1.0,
-                                                  share_prompts=share)
+            lp, ent, _ = causal_lm_token_logprobs(model, tokens, LogProbSettings(share_prompts=share))
         loss = -((lp + 0.01 * ent) * tokens.mask).sum() / tokens.mask.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

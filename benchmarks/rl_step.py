@@ -63,7 +63,7 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     from tether.models import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.tasks import get_task
-    from tether.causal_lm import batched_logprobs, to_tokens
+    from tether.causal_lm import LogProbSettings, batched_logprobs, to_tokens
     from tether.train import Optimiser, UpdateBatch, collect, old_policy_logprobs, update
 
     batch = args.prompts * args.group
@@ -87,6 +87,7 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     stream = PromptStream(get_task("arithmetic"), seed=0)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
+    logprobs = LogProbSettings.of(cfg)  # the config's temperature is 1.0, as the sampling above
     step = 0
 
     def run() -> dict:
@@ -101,14 +102,13 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         t1 = time.perf_counter()
         tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
         adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
-        micro = cfg.trainer.micro_batch_size
-        old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg)
-        ref_lp = batched_logprobs(reference, tokens, 1.0, micro) if reference is not None else None
+        old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg, logprobs)
+        ref_lp = batched_logprobs(reference, tokens, logprobs) if reference is not None else None
         sync(device)
         t2 = time.perf_counter()
         gen = torch.Generator().manual_seed(step)
         batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp)
-        update(Optimiser(model, optimizer, scheduler), obj, batch, cfg, gen)
+        update(Optimiser(model, optimizer, scheduler), obj, batch, cfg, gen, logprobs)
         t3 = time.perf_counter()  # update ends with a host sync
         return {"total": t3 - t0, "generation": t1 - t0, "logprobs": t2 - t1, "update": t3 - t2,
                 "tokens": float(scored.rollout.mask.sum()), "sync": getattr(engine, "sync_seconds", 0.0),

@@ -13,13 +13,14 @@ back to the model's logits when its head is not plain, and is what `tether.causa
 computes (0 at padding).
 """
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 import tether.ops as ops
-from tether.causal_lm import Tokens, causal_lm_token_logprobs, fused_head_reason, token_logprobs
+from tether.causal_lm import LogProbSettings, Tokens, causal_lm_token_logprobs, fused_head_reason, token_logprobs
 from tether.ops import IGNORE_INDEX, tile_shape, token_logprobs_and_entropy
 
 
@@ -357,9 +358,10 @@ def rollout_tokens(N=4, P=5, T=6, V=37, seed=0):
     return Tokens(ids, attention, position, ids[:, P:], mask, P)
 
 
-def helper(model, tok, temperature, **kw):
-    return causal_lm_token_logprobs(model, tok.input_ids, tok.attention_mask, tok.position_ids, tok.prompt_len,
-                                    tok.completion_ids, temperature=temperature, **kw)
+def helper(model, tok, temperature, mask=None, with_entropy=True, **kw):
+    """causal_lm_token_logprobs on `tok`, every column scored unless `mask` is given."""
+    tok = dataclasses.replace(tok, mask=torch.ones_like(tok.mask) if mask is None else mask)
+    return causal_lm_token_logprobs(model, tok, LogProbSettings(temperature=temperature, **kw), with_entropy)
 
 
 def param_grads(model, lp, ent, tok, seed=0):
@@ -418,7 +420,7 @@ def test_model_helper_matches_train_token_logprobs(arch, temperature, tie):
 def test_the_trainer_uses_the_helper_with_padding_masked(fused):
     model = tiny("llama")
     tok = rollout_tokens(seed=4)
-    lp, ent = token_logprobs(model, tok, 0.7, with_entropy=True, fused=fused)
+    lp, ent = token_logprobs(model, tok, LogProbSettings(temperature=0.7, fused=fused), with_entropy=True)
     ref_lp, ref_ent = model_naive(model, tok, 0.7)
     tol = 1e-12 if fused else 1e-6  # the model-logits path computes the softmax in float32
     torch.testing.assert_close(lp, (ref_lp * tok.mask).to(lp.dtype), rtol=tol, atol=tol)
@@ -509,7 +511,7 @@ def test_start_must_be_positive():
     model = tiny("llama")
     tok = rollout_tokens()
     with pytest.raises(ValueError, match="start"):
-        causal_lm_token_logprobs(model, tok.input_ids, tok.attention_mask, tok.position_ids, 0, tok.completion_ids)
+        causal_lm_token_logprobs(model, dataclasses.replace(tok, prompt_len=0))
 
 
 @pytest.mark.gpu

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tether.causal_lm import to_tokens, token_logprobs
+from tether.causal_lm import LogProbSettings, to_tokens, token_logprobs
 from tether.models import init_model, load_model
 from tether.rollout import SamplingParams, get_engine, top_p_filter
 from tether.rollout.vllm_compat import missing_reason
@@ -50,7 +50,7 @@ def teacher_forced(model, tok, batch, temperature=1.0):
     """(N, T) the trainer's log-probs of the batch's completion tokens (0 at padding)."""
     tokens = to_tokens(batch, tok.pad_token_id, torch.device("cpu"))
     with torch.no_grad():
-        lp, _ = token_logprobs(model, tokens, temperature, False)
+        lp, _ = token_logprobs(model, tokens, LogProbSettings(temperature=temperature), with_entropy=False)
     return lp * batch.mask
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tether.causal_lm import _SHARE_PROBED, Tokens, causal_lm_token_logprobs, shared_prompt_reason
+from tether.causal_lm import _SHARE_PROBED, LogProbSettings, Tokens, causal_lm_token_logprobs, shared_prompt_reason
 
 from test_ops import param_grads, tiny
 
@@ -54,9 +54,8 @@ def grouped_tokens(prompt_lens=(5, 2, 4), group_sizes=(3, 1, 4), comp_lens=(6, 1
 
 def run(model, tok, temperature=1.0, share=True):
     """causal_lm_token_logprobs on a Tokens batch: (log-probs, entropy, fused)."""
-    return causal_lm_token_logprobs(model, tok.input_ids, tok.attention_mask, tok.position_ids, tok.prompt_len,
-                                    tok.completion_ids, temperature=temperature, mask=tok.mask, chunk_size=5,
-                                    share_prompts=share)
+    return causal_lm_token_logprobs(model, tok, LogProbSettings(temperature=temperature, chunk_size=5,
+                                                                share_prompts=share))
 
 
 def decoder_calls(model, tok, **kw):

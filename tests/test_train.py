@@ -259,7 +259,7 @@ def _etr_update(tiny_dir, micro: int):
     from tether import objectives
     from tether.models import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.train import Optimiser, Tokens, UpdateBatch, old_policy_logprobs, to_tokens, update
+    from tether.train import LogProbSettings, Optimiser, Tokens, UpdateBatch, old_policy_logprobs, to_tokens, update
 
     torch.manual_seed(0)
     model, tok = load_model(str(tiny_dir), device="cpu")
@@ -275,10 +275,12 @@ def _etr_update(tiny_dir, micro: int):
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
     tokens = Tokens(tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.completion_ids,
                     tokens.mask.double(), tokens.prompt_len)
-    old = old_policy_logprobs(model, tokens, rollout, cfg)
+    settings = LogProbSettings.of(cfg)
+    old = old_policy_logprobs(model, tokens, rollout, cfg, settings)
     opt = _RecordingSGD(model.parameters(), lr=0.5)
     batch = UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old)
-    metrics = update(Optimiser(model, opt, _NoSchedule()), obj, batch, cfg, torch.Generator().manual_seed(7))
+    metrics = update(Optimiser(model, opt, _NoSchedule()), obj, batch, cfg, torch.Generator().manual_seed(7),
+                     settings).metrics
     return metrics, opt.grads
 
 
@@ -303,7 +305,7 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     # with dropout gives a dropout sample of pi_old. The model's own mode is restored after.
     from tether.models import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.train import old_policy_logprobs, to_tokens
+    from tether.train import LogProbSettings, old_policy_logprobs, to_tokens
 
     model, tok = load_model(str(tiny_dir), device="cpu")
     model.config.attention_dropout = 0.5
@@ -314,8 +316,8 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
     cfg = _cfg(tiny_dir, "unused")
     model.train()
-    a = old_policy_logprobs(model, tokens, rollout, cfg)
-    b = old_policy_logprobs(model, tokens, rollout, cfg)
+    a = old_policy_logprobs(model, tokens, rollout, cfg, LogProbSettings.of(cfg))
+    b = old_policy_logprobs(model, tokens, rollout, cfg, LogProbSettings.of(cfg))
     assert model.training
     torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout noise
     torch.testing.assert_close(a, rollout.sampler_logprobs * tokens.mask, rtol=1e-4, atol=1e-5)
@@ -332,14 +334,15 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
 def test_reference_refresh_is_checked_once_per_rollout_step(every, kl, before, after, window, want):
     from types import SimpleNamespace
 
-    from tether.train import refresh_reference
+    from tether.train import Counters, refresh_reference
 
     policy, reference = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     t = SimpleNamespace(ref_update_every=every, ref_update_kl=kl)
-    done, new_window = refresh_reference(reference, policy, t, before, after, window, 0.1)
-    assert done == want
+    counters = Counters(opt_steps=after, kl_window=list(window))  # `after - before` steps taken in this rollout step
+    done = refresh_reference(reference, policy, t, counters, after - before, 0.1)
+    assert done == want and counters.ref_updates == int(want)
     assert torch.equal(reference.weight, policy.weight) == want
-    assert new_window == ([] if want else (window + [0.1] if kl else window)[-5:])
+    assert counters.kl_window == ([] if want else (window + [0.1] if kl else window)[-5:])
 
 
 # ---------------------------------------------------------------- devices and precision (issue 14, item 3)
@@ -366,7 +369,8 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     from tether import objectives
     from tether.models import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.train import Optimiser, Tokens, UpdateBatch, batched_logprobs, old_policy_logprobs, to_tokens, update
+    from tether.train import (LogProbSettings, Optimiser, Tokens, UpdateBatch, batched_logprobs, old_policy_logprobs,
+                              to_tokens, update)
 
     model, tok = load_model(str(tiny_dir), device="cpu")
     model = model.double()
@@ -376,8 +380,9 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
     tokens = Tokens(tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.completion_ids,
                     tokens.mask.double(), tokens.prompt_len)
-    assert old_policy_logprobs(model, tokens, rollout, cfg) is None
-    recomputed = batched_logprobs(model, tokens, 1.0, 64)
+    settings = LogProbSettings.of(cfg)
+    assert old_policy_logprobs(model, tokens, rollout, cfg, settings) is None
+    recomputed = batched_logprobs(model, tokens, LogProbSettings(temperature=1.0, micro_batch_size=64))
     obj = objectives.build(cfg.objective)
     groups, rewards = torch.tensor(rollout.prompt_index), torch.tensor([1.0, 0, 1, 0, 0, 0, 1, 1], dtype=torch.float64)
     grads = []
@@ -385,7 +390,7 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
         opt = _RecordingSGD(model.parameters(), lr=0.0)
         m = update(Optimiser(model, opt, _NoSchedule()), obj,
                    UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old), cfg,
-                   torch.Generator().manual_seed(0))
+                   torch.Generator().manual_seed(0), settings).metrics
         assert m["policy/ratio_max"] == pytest.approx(1.0, abs=1e-12)
         grads.append(opt.grads[0])
     for a, b in zip(*grads):

@@ -13,7 +13,7 @@ temperature. `causal_lm_token_logprobs` computes it through `tether.ops`' fused 
 model's head is a plain bias-free linear layer (checked once per model against its own logits,
 `fused_head_reason`), and through the model's own logits otherwise.
 
-Shared prompts (`causal_lm_token_logprobs(..., share_prompts=True)`). GRPO scores G completions
+Shared prompts (`LogProbSettings.share_prompts`, the trainer's `trainer.share_prompts`). GRPO scores G completions
 of every prompt, and a causal model's states at the prompt's positions do not depend on what
 follows them. So the decoder runs once per distinct prompt (U rows instead of N), its key/value
 cache is copied out to the N rows with `index_select`, and the completion columns run on top of
@@ -93,28 +93,43 @@ def to_tokens(rollout, pad_id: int, device: torch.device) -> Tokens:
                   mask.to(device=device, dtype=torch.float32), prompt.shape[1])
 
 
-def token_logprobs(model, tokens: Tokens, temperature: float, with_entropy: bool, fused: bool = True,
-                   chunk_size: Optional[int] = None, share: bool = True):
+@dataclass(frozen=True)
+class LogProbSettings:
+    """How the trainer's log-prob passes run (old policy, reference, update), built once from the
+    config (`of`) and passed down whole. The defaults are the config's."""
+
+    temperature: float = 1.0  # rollout.temperature: logits / T, as the sampler drew them (0: 1)
+    micro_batch_size: int = 64  # trainer.micro_batch_size: rows per forward of `batched_logprobs`
+    fused: bool = True  # trainer.fused_logprobs: the chunked head of tether.ops (else the model's logits)
+    chunk_size: Optional[int] = None  # trainer.logprob_chunk_size: tokens per head tile (None: tile_shape's)
+    share_prompts: bool = True  # trainer.share_prompts: rows with the same prompt run it once
+
+    @classmethod
+    def of(cls, cfg: Any) -> "LogProbSettings":
+        """The settings a run's config (`tether.config.Config`) names."""
+        t = cfg.trainer
+        return cls(cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size,
+                   t.share_prompts)
+
+
+def token_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbSettings(), with_entropy: bool = True):
     """log pi(o_t | h) (N, T) and, optionally, the per-token entropy (N, T); 0 at padding.
 
-    With `fused`, the LM head runs chunked (tether.ops) and the (N, T, V) logits never exist;
-    otherwise (or for a head that cannot be fused) the model's own logits are used. With `share`,
-    rows with the same prompt run it once (module docstring; exact up to rounding).
+    With `settings.fused`, the LM head runs chunked (tether.ops) and the (N, T, V) logits never
+    exist; otherwise (or for a head that cannot be fused) the model's own logits are used. With
+    `settings.share_prompts`, rows with the same prompt run it once (module docstring; exact up to rounding).
     """
-    lp, ent, _ = causal_lm_token_logprobs(
-        model, tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.prompt_len,
-        tokens.completion_ids, temperature=temperature, with_entropy=with_entropy, mask=tokens.mask,
-        chunk_size=chunk_size, fused=fused, share_prompts=share)
+    lp, ent, _ = causal_lm_token_logprobs(model, tokens, settings, with_entropy)
     return lp, ent
 
 
 @torch.no_grad()
-def batched_logprobs(model, tokens: Tokens, temperature: float, micro: int, fused: bool = True,
-                     chunk_size: Optional[int] = None, share: bool = True) -> torch.Tensor:
-    parts = []
-    for start in range(0, tokens.input_ids.shape[0], micro):
-        idx = torch.arange(start, min(start + micro, tokens.input_ids.shape[0]), device=tokens.input_ids.device)
-        parts.append(token_logprobs(model, tokens.select(idx), temperature, False, fused, chunk_size, share)[0])
+def batched_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbSettings()) -> torch.Tensor:
+    """log pi(o_t | h) (N, T) without gradient, `settings.micro_batch_size` rows per forward."""
+    parts, n = [], tokens.input_ids.shape[0]
+    for start in range(0, n, settings.micro_batch_size):
+        idx = torch.arange(start, min(start + settings.micro_batch_size, n), device=tokens.input_ids.device)
+        parts.append(token_logprobs(model, tokens.select(idx), settings, with_entropy=False)[0])
     return torch.cat(parts)
 
 
@@ -270,75 +285,62 @@ def _probe(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
     return reason
 
 
-def causal_lm_token_logprobs(
-    model: Any,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    start: int,
-    targets: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = True,
-    mask: Optional[torch.Tensor] = None,
-    chunk_size: Optional[int] = None,
-    fused: bool = True,
-    share_prompts: bool = True,
-) -> tuple[torch.Tensor, Optional[torch.Tensor], bool]:
+def causal_lm_token_logprobs(model: Any, tokens: Tokens, settings: LogProbSettings = LogProbSettings(),
+                             with_entropy: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor], bool]:
     """log pi(targets) (N, T) and entropy (N, T) of a causal LM, through the fused head when possible.
 
-    The same numbers as `token_logprobs`: the token at column `start + t` of
-    `input_ids` (N, P + T) is predicted from position `start - 1 + t`, and logits are divided by
-    `temperature` unless it is 0 or 1.
-
-    Args:
-        model: a Hugging Face causal LM (`get_decoder()` body + `get_output_embeddings()` head).
-        input_ids, attention_mask, position_ids: (N, L) model inputs.
-        start: column of the first target token (the prompt width P); >= 1.
-        targets: (N, T) the tokens to score, normally `input_ids[:, start:start + T]`.
-        temperature: the sampling temperature.
-        with_entropy: also return per-token entropy.
-        mask: (N, T), optional; where 0, the head is skipped and log-prob and entropy are 0.
-        chunk_size: tokens per head chunk (None: see `token_logprobs_and_entropy`).
-        fused: False forces the model's own logits.
-        share_prompts: run each distinct prompt once when rows share it (module docstring;
-            fused path only, exact up to rounding).
+    The token at column `start + t` of `tokens.input_ids` (N, P + T) is predicted from position
+    `start - 1 + t`, with start = `tokens.prompt_len` (>= 1) and the targets `tokens.completion_ids`
+    (N, T); logits are divided by `settings.temperature` unless it is 0 or 1. Where `tokens.mask` is
+    0 the head is skipped and log-prob and entropy are 0 (an all-ones mask scores every column).
+    `settings.fused=False` forces the model's own logits; `settings.share_prompts` runs each distinct
+    prompt once when rows share it (module docstring; fused path only, exact up to rounding);
+    `settings.chunk_size`: tokens per head chunk (None: see `token_logprobs_and_entropy`).
 
     Returns:
         (logprobs (N, T) float32, entropy (N, T) float32 or None, fused): `fused` is False when
         the model's head could not be fused (see `fused_head_reason`) and its logits were used.
     """
+    start, targets = tokens.prompt_len, tokens.completion_ids
     if start < 1:
         raise ValueError(f"start must be >= 1 (the first target is predicted from position start - 1), got {start}")
-    T = targets.shape[1]
-    tau = temperature if temperature > 0 else 1.0
+    tau = settings.temperature if settings.temperature > 0 else 1.0
     # Columns after start - 2 + T predict nothing that is scored (the last is always one of them):
     # a causal model's outputs at earlier positions do not depend on them, so they are not run.
-    end = start - 1 + T
-    input_ids, attention_mask, position_ids = input_ids[:, :end], attention_mask[:, :end], position_ids[:, :end]
-    if fused and not fused_head_reason(model) and not _probe(model, input_ids, attention_mask):
-        groups = None
-        if share_prompts and not shared_prompt_reason(model):
-            groups = prompt_groups(input_ids, attention_mask, start)
-            if groups is not None and _share_probe(model, input_ids, attention_mask, position_ids, start, groups):
-                groups = None
-        hidden, _ = _hidden(model, input_ids, attention_mask, position_ids, start, groups)  # (N, T, H)
-        if mask is not None:
-            targets = targets.masked_fill(mask == 0, IGNORE_INDEX)
-        lp, ent = token_logprobs_and_entropy(hidden, model.get_output_embeddings().weight, targets,
-                                             temperature=tau, chunk_size=chunk_size, with_entropy=with_entropy)
+    end = start - 1 + targets.shape[1]
+    inputs = (tokens.input_ids[:, :end], tokens.attention_mask[:, :end], tokens.position_ids[:, :end])
+    if settings.fused and not fused_head_reason(model) and not _probe(model, *inputs[:2]):
+        groups = _shared_groups(model, inputs, start) if settings.share_prompts else None
+        hidden, _ = _hidden(model, *inputs, start, groups)  # (N, T, H)
+        lp, ent = token_logprobs_and_entropy(hidden, model.get_output_embeddings().weight,
+                                             targets.masked_fill(tokens.mask == 0, IGNORE_INDEX), temperature=tau,
+                                             chunk_size=settings.chunk_size, with_entropy=with_entropy)
         return lp, ent, True
-    args = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    lp, ent = _logits_logprobs(model, inputs, targets, tau, with_entropy)
+    keep = tokens.mask != 0
+    return lp.masked_fill(~keep, 0.0), None if ent is None else ent.masked_fill(~keep, 0.0), False
+
+
+def _shared_groups(model: Any, inputs: tuple[torch.Tensor, ...], start: int):
+    """`prompt_groups` of the rows when this model shares prompts (its one-off check passed), else None."""
+    if shared_prompt_reason(model):
+        return None
+    groups = prompt_groups(inputs[0], inputs[1], start)
+    if groups is not None and _share_probe(model, *inputs, start, groups):
+        return None
+    return groups
+
+
+def _logits_logprobs(model: Any, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor, tau: float,
+                     with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """log pi(targets) (N, T) and entropy (N, T) or None from the model's own logits (unmasked)."""
+    T = targets.shape[1]
+    args = dict(input_ids=inputs[0], attention_mask=inputs[1], position_ids=inputs[2], use_cache=False)
     try:  # the head on the completion positions only
         logits = model(**args, logits_to_keep=T).logits
     except TypeError:  # a model without logits_to_keep
-        logits = model(**args).logits[:, start - 1:]
+        logits = model(**args).logits[:, -T:]
     logits = logits.float() / tau  # (N, T, V): positions start - 1 .. start - 2 + T
     logp = torch.log_softmax(logits, -1)
     lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
-    if mask is not None:
-        keep = mask != 0
-        lp = lp.masked_fill(~keep, 0.0)
-        ent = None if ent is None else ent.masked_fill(~keep, 0.0)
-    return lp, ent, False
+    return lp, -(logp.exp() * logp).sum(-1) if with_entropy else None

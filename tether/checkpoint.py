@@ -3,8 +3,10 @@
 Layout of RUN_DIR/checkpoints/step_000040/:
     model/            `save_pretrained` (safetensors) weights and the tokenizer
     reference.safetensors   the reference/anchor weights, when a reference model is in use
-    state.pt          optimizer, scheduler, RNG states, data position, step (tensors and
-                      plain Python only, so it loads with `torch.load(weights_only=True)`)
+    state.pt          optimizer, scheduler, RNG states and the caller's state: the trainer's
+                      `run.Counters` (step, data position, optimiser steps, ...), one key per
+                      field, and the stale policies (tensors and plain Python only, so it
+                      loads with `torch.load(weights_only=True)`)
     manifest.json     every file's size and sha256, written last; the held-out accuracy the
                       trainer measured at this step, when it passed one (`save(accuracy=...)`)
 A checkpoint is written into a temporary directory and renamed into place, so a kill during

@@ -18,6 +18,7 @@ task's reward, a completion counts as solved when its score is >= 1.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -70,63 +71,58 @@ def sft_loss(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, targe
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
 
 
-def sft(
-    model: Any,
-    tokenizer: Any,
-    task: Task,
-    *,
-    steps_max: int = 1500,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    eval_every: int = 25,
-    target_accuracy: float = 0.25,
-    seed: int = 0,
-    max_new_tokens: int = 32,
-    n_eval: int = 200,
-    reward: RewardFn | None = None,
-    eval_examples: Sequence[Example] | None = None,
-    log: Callable[[str], Any] | None = None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SFTSettings:
+    """How `sft` trains and when it stops (the warm start fills it from `warm_start.*`)."""
+
+    steps_max: int = 1500  # stop after this many optimiser steps even below the target
+    batch_size: int = 64  # examples per step (a fresh seeded draw of train examples each step)
+    lr: float = 1e-3  # AdamW's learning rate (no weight decay; gradients clipped to norm 1)
+    eval_every: int = 25  # steps between greedy accuracy checks (and after the last step)
+    target_accuracy: float = 0.25  # stop at the first check reaching it
+    seed: int = 0  # the train draws' and the default held-out split's seed
+    max_new_tokens: int = 32  # greedy completion length at the checks
+    n_eval: int = 200  # held-out problems checked (unless `sft` is given `eval_examples`)
+
+    def __post_init__(self) -> None:
+        if self.steps_max < 1 or self.eval_every < 1 or self.batch_size < 1:
+            raise ValueError(f"steps_max, eval_every and batch_size must be >= 1, got {self.steps_max}, "
+                             f"{self.eval_every}, {self.batch_size}")
+
+
+def sft(model: Any, tokenizer: Any, task: Task, settings: SFTSettings = SFTSettings(), *,
+        reward: RewardFn | None = None, eval_examples: Sequence[Example] | None = None,
+        log: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Fine-tune `model` in place on the task's solutions until greedy held-out accuracy is reached.
 
     Args:
         task: supplies train examples (a fresh seeded draw per step), `solution()` and the
             default reward and held-out split.
-        steps_max: stop after this many optimiser steps even below the target.
-        eval_every: steps between greedy accuracy checks (and after the last step).
-        target_accuracy: stop at the first check reaching it.
-        n_eval: held-out problems checked (unless `eval_examples` is given).
+        settings: steps, batch, learning rate, the checks and the target (`SFTSettings`).
         reward: the verifier; default the task's own.
+        eval_examples: the problems the checks score; default `settings.n_eval` of the held-out split.
         log: called with one line per check.
 
     Returns:
         {"accuracy": last accuracy, "steps": steps taken, "reached": bool, "seconds": float,
          "history": [{"step", "loss", "accuracy", "seconds"}, ...]} (loss: mean since last check).
     """
-    if steps_max < 1 or eval_every < 1 or batch_size < 1:
-        raise ValueError(
-            f"steps_max, eval_every and batch_size must be >= 1, got {steps_max}, {eval_every}, {batch_size}"
-        )
+    s = settings
     reward = task_reward(task) if reward is None else reward
-    held_out = list(eval_examples) if eval_examples is not None else task.examples("test", n_eval, seed=seed)
+    held_out = list(eval_examples) if eval_examples is not None else task.examples("test", s.n_eval, seed=s.seed)
     device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
     history: list[dict[str, float]] = []
     losses: list[torch.Tensor] = []
     start, accuracy, step = time.perf_counter(), 0.0, 0
     model.train()
-    for step in range(1, steps_max + 1):
-        examples = task.examples("train", batch_size, seed=seed * 1_000_003 + step, unique=False)
+    for step in range(1, s.steps_max + 1):
+        examples = task.examples("train", s.batch_size, seed=s.seed * 1_000_003 + step, unique=False)
         batch = sft_batch(tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples], device)
-        loss = sft_loss(model, *batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.detach())
-        if step % eval_every and step != steps_max:
+        losses.append(_sft_step(model, optimizer, batch))
+        if step % s.eval_every and step != s.steps_max:
             continue
-        accuracy = greedy_accuracy(model, tokenizer, held_out, reward, max_new_tokens)
+        accuracy = greedy_accuracy(model, tokenizer, held_out, reward, s.max_new_tokens)
         model.train()
         row = {"step": step, "loss": torch.stack(losses).mean().item(), "accuracy": accuracy,
                "seconds": time.perf_counter() - start}
@@ -134,8 +130,18 @@ def sft(
         losses = []
         if log is not None:
             log(f"sft step {step}: loss {row['loss']:.4f}, greedy accuracy {accuracy:.3f} ({row['seconds']:.1f} s)")
-        if accuracy >= target_accuracy:
+        if accuracy >= s.target_accuracy:
             break
     model.eval()
-    return {"accuracy": accuracy, "steps": step, "reached": accuracy >= target_accuracy,
+    return {"accuracy": accuracy, "steps": step, "reached": accuracy >= s.target_accuracy,
             "seconds": time.perf_counter() - start, "history": history}
+
+
+def _sft_step(model: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """One optimiser step on the token-mean loss of `batch` (`sft_batch`); returns the loss, detached."""
+    loss = sft_loss(model, *batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.detach()

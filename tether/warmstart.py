@@ -105,14 +105,15 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
             log(below_target_warning(cfg, info))
         return str(path)
     from .models import load_model
-    from .sft import sft
+    from .sft import SFTSettings, sft
 
     log(f"warm start: supervised fine-tuning until held-out accuracy >= {ws.target_accuracy} (cached afterwards)")
     model, tokenizer = load_model(base, dtype="float32", device="cpu")
     tic = time.perf_counter()
-    result = sft(model, tokenizer, task, steps_max=ws.max_steps, batch_size=ws.batch_size, lr=ws.lr,
-                 eval_every=ws.eval_every, target_accuracy=ws.target_accuracy, seed=cfg.trainer.seed,
-                 max_new_tokens=cfg.rollout.max_new_tokens, reward=verifier, log=log,
+    settings = SFTSettings(steps_max=ws.max_steps, batch_size=ws.batch_size, lr=ws.lr, eval_every=ws.eval_every,
+                           target_accuracy=ws.target_accuracy, seed=cfg.trainer.seed,
+                           max_new_tokens=cfg.rollout.max_new_tokens)
+    result = sft(model, tokenizer, task, settings, reward=verifier, log=log,
                  # Stop on accuracy over train problems: the held-out split stays unseen until RL's eval.
                  eval_examples=task.examples("train", cfg.data.eval_size, seed=cfg.trainer.seed + 1))
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
