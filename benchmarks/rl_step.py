@@ -117,6 +117,18 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     return run, sum(t.numel() for t in model.parameters())
 
 
+def timed(fn, times: list[float], device: torch.device):
+    """`fn`, adding each call's wall time (device synchronised before and after) to times[-1]."""
+    def wrapper(*a, **k):
+        sync(device)
+        tic = time.perf_counter()
+        out = fn(*a, **k)
+        sync(device)
+        times[-1] += time.perf_counter() - tic
+        return out
+    return wrapper
+
+
 def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between, use_vllm: bool = False) -> list[dict]:
     """Run TRL's GRPOTrainer for `cycles` generation batches; per batch: total and generate time.
 
@@ -140,17 +152,8 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
     prompts = [e.prompt for e in PromptStream(get_task("arithmetic"), seed=0).take(args.prompts * cycles)]
     m = args.mini_batches
     gen_times = [0.0]  # per generation batch
-    generate = model.generate
 
-    def timed_generate(*a, **k):
-        sync(device)
-        tic = time.perf_counter()
-        out = generate(*a, **k)
-        sync(device)
-        gen_times[-1] += time.perf_counter() - tic
-        return out
-
-    model.generate = timed_generate
+    model.generate = timed(model.generate, gen_times, device)
     sync_times = [0.0]
 
     class Stamps(TrainerCallback):
@@ -195,18 +198,9 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
         if use_vllm:  # TRL samples with vLLM, not model.generate: time its generate and its weight sync
             vg = trainer.vllm_generation
 
-            def timed(fn, times):
-                def wrapper(*a, **k):
-                    sync(device)
-                    tic = time.perf_counter()
-                    out = fn(*a, **k)
-                    sync(device)
-                    times[-1] += time.perf_counter() - tic
-                    return out
-                return wrapper
 
-            vg.sync_weights = timed(vg.sync_weights, sync_times)
-            vg.generate = timed(vg.generate, gen_times)
+            vg.sync_weights = timed(vg.sync_weights, sync_times, device)
+            vg.generate = timed(vg.generate, gen_times, device)
         trainer.train()
     logged = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     args.trl_mean_length = float(logged[-1]) if logged else float("nan")
