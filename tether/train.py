@@ -40,6 +40,7 @@ from .rollout import RolloutBatch, RolloutEngine, SamplingParams, get_engine
 from .tasks import Example
 from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, read_jsonl, truncate_jsonl, wandb_problem
 from .schema import ConfigError, to_dict
+from .overlap import OverlappedSampler, rollout_seed
 from .staleness import StalePolicies, stale_metrics
 from .stopping import Interrupted, StopSignals
 from .summary import write_samples, write_summary
@@ -438,6 +439,7 @@ class Run:
     unfused: str  # why the fused head is off, or ""
     peft: Any = None  # the peft wrapper under model.lora (`model` is its base, adapters injected), else None
     stale: Optional[StalePolicies] = None  # the last trainer.staleness policies (None: on-policy sampling)
+    overlap: Optional[OverlappedSampler] = None  # trainer.overlap: samples step t+1 while step t trains
     opt_steps: int = 0
     ref_updates: int = 0
     kl_window: list[float] = dataclasses.field(default_factory=list)
@@ -588,10 +590,13 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     stale = StalePolicies(model, t.staleness, state["stale_policies"] if ckpt else None) if t.staleness else None
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens, stop_strings=tuple(cfg.rollout.stop_strings))
+    stream = PromptStream(task, t.seed, state["position"])
+    overlap = OverlappedSampler(cfg, model, tokenizer, stale, stream, params, lambda: precision(device, cfg)) \
+        if t.overlap else None
     return Run(cfg, run_dir, state["step"], obj, reward_fn, verifier, test_examples, model, tokenizer, reference,
-               _engine(cfg, model, tokenizer, device, log), optimizer, scheduler,
-               PromptStream(task, t.seed, state["position"]), params, device, unfused, peft,
-               stale=stale, opt_steps=state["opt_steps"], ref_updates=state["ref_updates"], saved_step=state["step"],
+               _engine(cfg, model, tokenizer, device, log), optimizer, scheduler, stream, params, device, unfused,
+               peft, stale=stale, overlap=overlap, opt_steps=state["opt_steps"], ref_updates=state["ref_updates"],
+               saved_step=state["step"],
                best_accuracy=-math.inf if best_accuracy is None else best_accuracy,
                warm_start=warm_start_metrics(cfg, base) if base is not None else {})
 
@@ -605,10 +610,11 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     cfg, t, model, device = run.cfg, run.cfg.trainer, run.model, run.device
     tic = time.perf_counter()
     model.eval()
-    sampler = run.stale.sampling(model, step) if run.stale else contextlib.nullcontext(step)
+    sampler = (run.overlap.sampling(step) if run.overlap else run.stale.sampling(model, step) if run.stale
+               else contextlib.nullcontext(step))
     with precision(device, cfg), sampler as sampler_step:  # the policy of step t - s (trainer.staleness)
-        scored = collect(run.engine, run.stream, run.reward_fn, cfg, run.params, t.seed * 1_000_003 + step,
-                         run.tokenizer.pad_token_id)
+        scored = collect(run.overlap or run.engine, run.stream, run.reward_fn, cfg, run.params,
+                         rollout_seed(t.seed, step), run.tokenizer.pad_token_id)
     model.train()
     tokens = to_tokens(scored.rollout, run.tokenizer.pad_token_id, device)
     adv = run.obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float()).to(device)
@@ -628,6 +634,8 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     metrics.update(scored.metrics)
     if run.stale is not None:
         metrics.update(stale_metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
+    if run.overlap is not None:
+        metrics.update(run.overlap.metrics())
     refreshed, run.kl_window = refresh_reference(run.reference, model, t, opt_steps_before, run.opt_steps,
                                                  run.kl_window, metrics.get("kl/ref"))
     run.ref_updates += refreshed
@@ -735,6 +743,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             if stop.signum is not None and run.saved_step != last_step:
                 run.save(last_step)  # the last finished step, so the resume loses nothing
     finally:
+        if run.overlap is not None:
+            run.overlap.close()  # a batch prefetched past a stop or an error: waited for, dropped
         progress.close()
         samples_file.close()
         for s in sinks:
