@@ -4,12 +4,12 @@
     python benchmarks/overlap.py --sizes 128x4 512x4 --steps 12 --out benchmarks/results/performance/overlap_cpu.md
 
 The same run (the default config: task, prompts, group size, token budget, mini-batches; no warm start;
-`trainer.staleness=S`), built by the trainer's own `start_run` and stepped by its `rl_step`, three ways:
+`trainer.staleness=S`), built by the trainer's own `start_run` and stepped by its `rl_step`, two or three ways:
 sequential with the trainer's default threads (auto: 1 on 2 cores), overlapped with the same threads (the
-background decode is a second thread, so the two use both cores), and sequential with 2 threads (the other way
-to use the second core). The ways take turns run by run (`--repeats` rounds), each a fresh run of `--steps`
-steps timed end to end, the last prefetch waited for; a row's step time is the median over its runs of wall
-time / steps. `sampling share` is the sequential run's share of the step spent in the engine's `generate`: with
+background decode is a second thread, so the two use both cores), and with `--two-threads` sequential with 2
+torch threads (the other way to use the second core). The ways take turns run by run (`--repeats` rounds),
+each a fresh run of `--steps` steps timed end to end, the last prefetch waited for; a row's step time is the
+median over its runs of wall time / steps. `sampling share` is the sequential run's share of the step spent in the engine's `generate`: with
 sampling share f the overlap can at best take a step from 1 to max(f, 1 - f) (both halves on separate cores,
 nothing shared). The overlapped runs' `time/overlap_wait_s` says how long the trainer waited for the prefetched
 batch. On a loaded 2-core machine the second core is not free, so expect much less.
@@ -29,7 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model, emit, median, table  # noqa: E402
 
-WAYS = {"sequential, 1 thread": ("false", 1), "overlap, 1 thread each": ("true", 1), "sequential, 2 threads": ("false", 2)}
+WAYS = {"sequential, 1 thread": ("false", 1), "overlap, 1 thread each": ("true", 1)}
+TWO_THREADS = {"sequential, 2 threads": ("false", 2)}
+"""--two-threads: the other way to use the second core (slow under contention: docs/performance.md)."""
 
 
 class _Timed:
@@ -75,8 +77,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="RL steps per run")
     p.add_argument("--repeats", type=int, default=3, help="runs per way (the ways take turns)")
     p.add_argument("--staleness", type=int, default=1, help="trainer.staleness (>= 1)")
+    p.add_argument("--two-threads", action="store_true", help="also time the sequential run with 2 torch threads")
     p.add_argument("--out", default=None, help="also write the Markdown to this file")
     a = p.parse_args()
+    ways = {**WAYS, **(TWO_THREADS if a.two_threads else {})}
     from safetensors.torch import load_file
 
     from tether.models import init_model
@@ -88,9 +92,9 @@ def main() -> None:
             hidden, layers = (int(x) for x in size.split("x"))
             model_dir = init_model(Path(tmp) / f"model_{size}", hidden_size=hidden, num_layers=layers, seed=0)
             n_params = sum(v.numel() for v in load_file(str(Path(model_dir) / "model.safetensors")).values())
-            results = {way: [] for way in WAYS}
+            results = {way: [] for way in ways}
             for r in range(a.repeats):
-                for way, (overlap, threads) in WAYS.items():
+                for way, (overlap, threads) in ways.items():
                     res = one_run(model_dir, Path(tmp) / f"run_{size}_{r}_{len(results[way])}_{overlap}{threads}",
                                   overlap, threads, a)
                     results[way].append(res)

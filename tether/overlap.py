@@ -19,11 +19,11 @@ How, per step t (`sampling(t)` around the trainer's `collect`):
 
 The background thread only decodes. Rewards, the prompt stream and the fault points stay on the trainer's
 thread (the math verifier's worker process serves held-out accuracy too, and is not to be shared between
-threads), and the thread never reads the policy model: it samples with its own copy (eval mode)
-holding the FIFO's stale weights (its `requires_grad` flags the policy's: they pick
-the kernels), through its own engine and its own tokenizer (a fast
-tokenizer must not be used from two threads at once). Memory: one more copy of the whole model, on the
-policy's device.
+threads), and the thread never reads the policy model: it samples with its own copy (eval mode) holding the
+FIFO's stale weights, through its own engine and its own tokenizer (a fast tokenizer must not be used from
+two threads at once). The copy keeps the policy's `requires_grad` flags: they pick the kernels even under
+inference mode (a copy without them sampled the same tokens with log-probs 5e-7 apart). Memory: one more
+copy of the whole model, on the policy's device.
 
 Why it is bitwise the sequential lag: the batch of step t+1 is a pure function of step t+1's sampler
 weights (the same tensors, copied into a model with the same frozen weights), its prompts (the same stream
