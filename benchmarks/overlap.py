@@ -9,8 +9,8 @@ sequential with the trainer's default threads (auto: 1 on 2 cores), overlapped w
 background decode is a second thread, so the two use both cores), and with `--two-threads` sequential with 2
 torch threads (the other way to use the second core). The ways take turns run by run (`--repeats` rounds),
 each a fresh run of `--steps` steps timed end to end, the last prefetch waited for; a row's step time is the
-median over its runs of wall time / steps. `sampling share` is the sequential run's share of the step spent in the engine's `generate`: with
-sampling share f the overlap can at best take a step from 1 to max(f, 1 - f) (both halves on separate cores,
+median over its runs of wall time / steps. `sampling share` is the sequential run's share of the step spent
+in the engine's `generate`: with sampling share f the overlap can at best take a step from 1 to max(f, 1 - f) (both halves on separate cores,
 nothing shared). The overlapped runs' `time/overlap_wait_s` says how long the trainer waited for the prefetched
 batch. On a loaded 2-core machine the second core is not free, so expect much less.
 """
@@ -73,7 +73,8 @@ def one_run(model_dir: Path, out: Path, overlap: str, threads: int, a) -> dict[s
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", nargs="+", default=["128x4"], help="tiny models as HIDDENxLAYERS (default: the default tiny)")
+    p.add_argument("--sizes", nargs="+", default=["128x4"],
+                   help="tiny models as HIDDENxLAYERS (default: the default tiny)")
     p.add_argument("--steps", type=int, default=10, help="RL steps per run")
     p.add_argument("--repeats", type=int, default=3, help="runs per way (the ways take turns)")
     p.add_argument("--staleness", type=int, default=1, help="trainer.staleness (>= 1)")

@@ -282,11 +282,12 @@ class Config:
             raise ConfigError(f"trainer.staleness: got {t.staleness}, expected an integer >= 0 (0: on-policy sampling)")
         if t.overlap and t.staleness < 1:
             raise ConfigError("trainer.overlap=true samples step t+1 while step t trains, which needs a lag: got "
-                              f"trainer.staleness={t.staleness}; set trainer.staleness=1 or more, or trainer.overlap=false")
+                              f"trainer.staleness={t.staleness}; set trainer.staleness=1 or more, "
+                              "or trainer.overlap=false")
         if t.overlap and r.engine != "hf":
-            raise ConfigError(f"trainer.overlap=true works with rollout.engine=hf only (got {r.engine!r}: the vllm "
-                              "engine resets process-wide state around every call, unsafe from a second thread); "
-                              "use rollout.engine=hf, or trainer.overlap=false")
+            raise ConfigError(f"trainer.overlap=true works with rollout.engine=hf only (got {r.engine!r}; the vllm "
+                              "engine resets process-wide random state around every call, unsafe from a second "
+                              "thread); use rollout.engine=hf, or trainer.overlap=false")
         if t.mini_batches > r.prompts_per_step:
             raise ConfigError(
                 f"trainer.mini_batches: {t.mini_batches} mini-batches cannot split "
