@@ -10,9 +10,9 @@ background decode is a second thread, so the two use both cores), and with `--tw
 torch threads (the other way to use the second core). The ways take turns run by run (`--repeats` rounds),
 each a fresh run of `--steps` steps timed end to end, the last prefetch waited for; a row's step time is the
 median over its runs of wall time / steps. `sampling share` is the sequential run's share of the step spent
-in the engine's `generate`: with sampling share f the overlap can at best take a step from 1 to max(f, 1 - f) (both halves on separate cores,
-nothing shared). The overlapped runs' `time/overlap_wait_s` says how long the trainer waited for the prefetched
-batch. On a loaded 2-core machine the second core is not free, so expect much less.
+in the engine's `generate`: with sampling share f the overlap can at best take a step from 1 to max(f, 1 - f)
+(both halves on separate cores, nothing shared). The overlapped runs' `time/overlap_wait_s` says how long the
+trainer waited for the prefetched batch. On a loaded 2-core machine the second core is not free, so expect much less.
 """
 
 from __future__ import annotations
