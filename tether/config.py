@@ -166,6 +166,11 @@ class TrainerConfig:
     initial policy), as an asynchronous trainer with a fixed lag would produce it; deterministic, and part of
     the checkpoint. 0: on-policy sampling. The anchor pi_old is old_logprobs: recompute (decoupled) or sampler
     (bypass); docs/training.md, "Stale rollouts"."""
+    overlap: bool = False
+    """With staleness s >= 1, sample the batch of step t+1 in a background thread while step t trains (its
+    sampler, the policy of step t+1-s, is known when step t starts): the same tokens, metrics and weights as
+    without overlap, bitwise, for one more copy of the model in memory. rollout.engine=hf only.
+    docs/training.md, "Stale rollouts"."""
     fused_logprobs: bool = True
     """Log-probs and entropy through tether.ops' chunked LM head, never holding the (N, T, V) logits
     (exact gradients); models whose head is not a plain linear layer fall back to their logits."""
@@ -281,6 +286,14 @@ class Config:
         check_model_and_device(self)
         if t.staleness < 0:
             raise ConfigError(f"trainer.staleness: got {t.staleness}, expected an integer >= 0 (0: on-policy sampling)")
+        if t.overlap and t.staleness < 1:
+            raise ConfigError("trainer.overlap=true samples step t+1 while step t trains, which needs a lag: got "
+                              f"trainer.staleness={t.staleness}; set trainer.staleness=1 or more, "
+                              "or trainer.overlap=false")
+        if t.overlap and r.engine != "hf":
+            raise ConfigError(f"trainer.overlap=true works with rollout.engine=hf only (got {r.engine!r}; the vllm "
+                              "engine resets process-wide random state around every call, unsafe from a second "
+                              "thread); use rollout.engine=hf, or trainer.overlap=false")
         if t.mini_batches > r.prompts_per_step:
             raise ConfigError(
                 f"trainer.mini_batches: {t.mini_batches} mini-batches cannot split "
@@ -383,7 +396,7 @@ VERSION_KEY = "tether_version"
 RESUMABLE_KEYS = (
     "trainer.total_steps", "trainer.eval_every", "trainer.save_every", "trainer.keep_last", "trainer.log_every",
     "trainer.progress", "trainer.plots", "trainer.tensorboard", "trainer.wandb", "trainer.wandb_project",
-    "trainer.threads", "trainer.log_samples", "trainer.max_nonfinite_steps",
+    "trainer.threads", "trainer.log_samples", "trainer.max_nonfinite_steps", "trainer.overlap",
 )
 """What `tether train --resume RUN key=value` may change: the budget, logging and checkpointing.
 Anything else would make the resumed run a different run than the one its directory records."""

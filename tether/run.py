@@ -26,6 +26,7 @@ from .rewards import RewardFn, greedy_accuracy
 from .rollout import RolloutEngine, SamplingParams, get_engine
 from .schema import ConfigError
 from .sinks import wandb_problem
+from .overlap import OverlappedSampler
 from .staleness import StalePolicies
 from .step import precision
 from .tasks import Example
@@ -78,6 +79,7 @@ class Run:
     start: int  # the step the run resumes after (0 for a new run)
     peft: Any = None  # the peft wrapper under model.lora (`model` is its base, adapters injected), else None
     stale: Optional[StalePolicies] = None  # the last trainer.staleness policies (None: on-policy sampling)
+    overlap: Optional[OverlappedSampler] = None  # trainer.overlap: samples step t+1 while step t trains
     saved_step: int = -1
     best_accuracy: float = -math.inf  # the best held-out accuracy a checkpoint holds
     warm_start: dict[str, float] = dataclasses.field(default_factory=dict)  # warm_start/* metrics, logged at step 0
@@ -157,12 +159,15 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     r = cfg.rollout
     params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
                             stop_strings=tuple(r.stop_strings))
+    stream = PromptStream(task, t.seed, counters.position)
+    overlap = OverlappedSampler(cfg, model, tokenizer, stale, stream, params, lambda: precision(device, cfg)) \
+        if t.overlap else None
     return Run(cfg=cfg, run_dir=run_dir, obj=obj, reward_fn=reward_fn, verifier=verifier, test_examples=test_examples,
                model=model, tokenizer=tokenizer, reference=reference,
                engine=_engine(cfg, model, tokenizer, device, log),
-               optimizer=optimizer, scheduler=scheduler, stream=PromptStream(task, t.seed, counters.position),
+               optimizer=optimizer, scheduler=scheduler, stream=stream,
                params=params, device=device, logprobs=LogProbSettings.of(cfg), unfused=unfused, counters=counters,
-               start=counters.step, peft=peft, stale=stale, saved_step=counters.step, best_accuracy=best_accuracy,
+               start=counters.step, peft=peft, stale=stale, overlap=overlap, saved_step=counters.step, best_accuracy=best_accuracy,
                warm_start=warm_start_metrics(cfg, base) if base is not None else {})
 
 

@@ -65,15 +65,24 @@ class StalePolicies:
     def sampling(self, model, step: int) -> Iterator[int]:
         """Within the block `model` holds the policy of step max(1, step - s); yields that step. On exit the
         current weights are back, bitwise, and the current policy joins the FIFO."""
-        current = self._copy(model)
-        self.weights.append(current)
-        self.steps.append(step)
-        stale, stale_step = self.weights.popleft(), self.steps.popleft()
+        stale, stale_step = self.advance(model, step)
+        current = self.weights[-1]  # the copy `advance` just made
         self._load(model, stale)
         try:
             yield stale_step
         finally:
             self._load(model, current)
+
+    def advance(self, model, step: int) -> tuple[dict[str, torch.Tensor], int]:
+        """The current policy (that of `step`) joins the FIFO and the oldest leaves it: returns the sampler of
+        `step`, its weights and its step. `sampling` swaps it into the model; `tether.overlap` into a copy."""
+        self.weights.append(self._copy(model))
+        self.steps.append(step)
+        return self.weights.popleft(), self.steps.popleft()
+
+    def next_sampler(self) -> tuple[dict[str, torch.Tensor], int]:
+        """The sampler of the step after the last `advance` (the FIFO's oldest), already known now."""
+        return self.weights[0], self.steps[0]
 
     def state(self) -> dict:
         """The FIFO for a checkpoint (tensors and ints only: `torch.load(weights_only=True)` reads it)."""

@@ -30,6 +30,7 @@ from .config import Config
 from .data import PromptStream
 from .rewards import Scored, score_rollout, verifier_faults
 from .rollout import RolloutBatch, SamplingParams
+from .overlap import rollout_seed
 from .staleness import stale_metrics
 from .tasks import Example
 
@@ -297,10 +298,11 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     cfg, t, model, device = run.cfg, run.cfg.trainer, run.model, run.device
     tic = time.perf_counter()
     model.eval()
-    sampler = run.stale.sampling(model, step) if run.stale else contextlib.nullcontext(step)
+    sampler = (run.overlap.sampling(step) if run.overlap else run.stale.sampling(model, step) if run.stale
+               else contextlib.nullcontext(step))
     with precision(device, cfg), sampler as sampler_step:  # the policy of step t - s (trainer.staleness)
-        scored = collect(run.engine, run.stream, run.reward_fn, cfg, run.params, t.seed * 1_000_003 + step,
-                         run.tokenizer.pad_token_id)
+        scored = collect(run.overlap or run.engine, run.stream, run.reward_fn, cfg, run.params,
+                         rollout_seed(t.seed, step), run.tokenizer.pad_token_id)
     model.train()
     tokens = to_tokens(scored.rollout, run.tokenizer.pad_token_id, device)
     adv = run.obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float()).to(device)
@@ -318,6 +320,8 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     metrics.update(scored.metrics)
     if run.stale is not None:
         metrics.update(stale_metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
+    if run.overlap is not None:
+        metrics.update(run.overlap.metrics())
     refresh_reference(run.reference, model, t, run.counters, done.opt_steps, metrics.get("kl/ref"))
     metrics.update({"optim/lr": run.scheduler.get_last_lr()[0], "ref/updates": float(run.counters.ref_updates),
                     "time/step_s": time.perf_counter() - tic})

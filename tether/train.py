@@ -85,6 +85,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             if stop.signum is not None and run.saved_step != run.counters.step:
                 run.save()  # the last finished step, so the resume loses nothing
     finally:
+        if run.overlap is not None:
+            run.overlap.close()  # a batch prefetched past a stop or an error: waited for, dropped
         progress.close()
         samples_file.close()
         for s in sinks:
