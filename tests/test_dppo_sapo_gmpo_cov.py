@@ -278,7 +278,7 @@ def test_config_errors_name_the_fix():
 
 @pytest.mark.parametrize("preset", NEW_PRESETS)
 def test_train_runs_two_steps(tiny_dir, tmp_path, preset):
-    from test_train import _cfg
+    from conftest import train_config as _cfg
 
     from tether.train import train
 

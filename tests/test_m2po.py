@@ -181,7 +181,7 @@ def test_train_runs_two_steps(tiny_dir, tmp_path, extra):
     import json
     from pathlib import Path
 
-    from test_train import _cfg
+    from conftest import train_config as _cfg
 
     from tether.train import train
 

@@ -75,7 +75,7 @@ def test_stale_metrics_hand_computed():
 
 
 def test_negative_staleness_is_refused(tiny_dir, tmp_path):
-    from test_train import _cfg
+    from conftest import train_config as _cfg
 
     with pytest.raises(ConfigError, match="trainer.staleness"):
         _cfg(tiny_dir, tmp_path / "run", "trainer.staleness=-1")
@@ -91,7 +91,7 @@ def _rows(run):
 @pytest.mark.parametrize("anchor,extra", [("recompute", []), ("sampler", []),
                                           ("recompute", ["model.lora={r: 4, alpha: 8}", "trainer.lr=3e-2"])])
 def test_stale_run_logs_the_lag_and_the_sampler_mismatch(tiny_dir, tmp_path, anchor, extra):
-    from test_train import _cfg
+    from conftest import train_config as _cfg
 
     from tether.train import train
 
@@ -108,7 +108,10 @@ def test_stale_run_logs_the_lag_and_the_sampler_mismatch(tiny_dir, tmp_path, anc
 
 @pytest.mark.slow
 def test_a_stale_run_killed_and_resumed_matches_the_uninterrupted_one(tiny_dir, tmp_path):
-    from test_kill_resume import _overrides, _tether, _weights, STEPS
+    from conftest import KILL_RESUME_STEPS as STEPS
+    from conftest import checkpoint_weights as _weights
+    from conftest import kill_resume_overrides as _overrides
+    from conftest import tether_child as _tether
 
     args = ["trainer.staleness=2"]
     full, killed = tmp_path / "full", tmp_path / "killed"

@@ -4,7 +4,6 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,21 +13,8 @@ from tether.config import ConfigError, load_config
 from tether.rewards import RewardResult
 from tether.train import train
 
-from conftest import DIGIT_REWARD
-
-
-def _cfg(tiny_dir, out, *extra):
-    return load_config(None, [
-        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=4",
-        "trainer.lr=3e-3", "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false",
-        "trainer.save_every=2", "trainer.threads=1", *extra,
-    ])
-
-
-def _rows(run):
-    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+from conftest import metrics_rows as _rows
+from conftest import train_config as _cfg
 
 
 def test_smoke_run_writes_everything_and_changes_the_parameters(tiny_dir, tmp_path):
