@@ -1,10 +1,11 @@
-"""Issue 18, item 1: dppo, sapo, gmpo, clip_cov, kl_cov and the reinforce_pp estimator, on CPU in float64.
+"""DPPO, SAPO, GMPO, Clip-Cov, KL-Cov and the REINFORCE++ estimator (issue 18, item 1) compute the
+objective and gradient they are meant to, on CPU in float64:
 
 1. hand-computed values and gradients (arithmetic in the comments);
 3. gradients: gradcheck, and each surrogate's gradient against the gradient it is meant to have
    (DPPO with a ratio measure = ATR-GRPO's divergence clip; on-policy SAPO/KL-Cov = the plain policy gradient);
 4. invariants: the random Clip-Cov choice is a uniform k-subset of the candidates, seeded draws reproduce;
-6. end to end: `tether train objective=NAME` runs two steps for each new preset.
+6. end to end: `tether train objective=NAME` runs two steps for each of these presets.
 Exactness against verl 0.9.1 is in tests/test_integration_verl.py (VERL_OWN).
 """
 

@@ -1,9 +1,9 @@
-"""Issue 26, item 3: M2PO's second-moment mask and DeepSeek-V3.2's off-policy sequence mask, on CPU in float64.
+"""M2PO's second-moment mask and DeepSeek-V3.2's off-policy sequence mask (issue 26, item 3), on CPU in float64.
 
 1. hand-computed masks, losses and gradients (arithmetic in the comments);
 2. exactness: `m2_keep` equals AReaL's `m2_threshold` rule written out as a loop, on random batches;
 4. invariants: no suffix below tau keeps one token, padding never counts, micro-batch split is the batch's;
-6. end to end: `tether train objective=m2po` runs two steps (tests/test_new_objectives.py style).
+6. end to end: `tether train objective=m2po` runs two steps (as tests/test_dppo_sapo_gmpo_cov.py does).
 """
 
 import math

@@ -1,4 +1,5 @@
-"""Issue 26, item 1: `trainer.staleness` (bounded-lag rollouts).
+"""`trainer.staleness` (bounded-lag rollouts, issue 26, item 1): the sampler lags the policy by s steps,
+its mismatch is measured, and a stale run resumes exactly.
 
 5. behaviour of rollouts: the sampler of step t is the policy of step t - s (the first s steps: the initial policy),
    and the current weights come back bitwise after sampling;
