@@ -135,3 +135,13 @@ def param_grads(model, lp, ent, tok, seed=0):
     loss = ((lp * g_lp + ent * g_ent) * tok.mask).sum()
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.autograd.grad(loss, params)
+
+
+# ---------------------------------------------------------------- markers
+
+
+def slow_after_first(values):
+    """Values for `pytest.mark.parametrize` with the first case in the fast subset and the others marked
+    slow: the same end-to-end check once quickly, and for every case in the full suite."""
+    first, *rest = values
+    return [first, *(pytest.param(v, marks=pytest.mark.slow) for v in rest)]

@@ -24,6 +24,8 @@ from tether.core import dppo as P
 from tether.core import gmpo as Gm
 from tether.core import sapo as S
 
+from conftest import slow_after_first
+
 D = torch.float64
 NEW_PRESETS = ["dppo_tv", "dppo_kl", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp"]
 
@@ -277,7 +279,7 @@ def test_config_errors_name_the_fix():
 # ---------------------------------------------------------------- 6. end to end
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS)
+@pytest.mark.parametrize("preset", slow_after_first(NEW_PRESETS))
 def test_train_runs_two_steps(tiny_dir, tmp_path, preset):
     from conftest import train_config as _cfg
 

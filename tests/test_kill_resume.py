@@ -34,6 +34,7 @@ def uninterrupted(tiny_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at, resumes_from", [
     ("update:5", None),  # mid-update of step 2, before any checkpoint: resume starts over
     ("rollout:3", 2),  # mid-rollout of step 3

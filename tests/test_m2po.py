@@ -15,6 +15,8 @@ from tether import objectives
 from tether.core import correction as C
 from tether.core import m2po as M
 
+from conftest import slow_after_first
+
 D = torch.float64
 
 
@@ -176,7 +178,8 @@ def test_bad_values_name_the_key():
 # ---------------------------------------------------------------- 6. end to end
 
 
-@pytest.mark.parametrize("extra", [["objective=m2po"], ["objective=dapo", "objective.off_policy_mask=0.5"]])
+@pytest.mark.parametrize("extra", slow_after_first([["objective=m2po"],
+                                                   ["objective=dapo", "objective.off_policy_mask=0.5"]]))
 def test_train_runs_two_steps(tiny_dir, tmp_path, extra):
     import json
     from pathlib import Path

@@ -89,6 +89,7 @@ def _rows(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anchor,extra", [("recompute", []), ("sampler", []),
                                           ("recompute", ["model.lora={r: 4, alpha: 8}", "trainer.lr=3e-2"])])
 def test_stale_run_logs_the_lag_and_the_sampler_mismatch(tiny_dir, tmp_path, anchor, extra):

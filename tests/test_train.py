@@ -17,6 +17,7 @@ from conftest import metrics_rows as _rows
 from conftest import train_config as _cfg
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_everything_and_changes_the_parameters(tiny_dir, tmp_path):
     run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=3", "objective=grpo"), log=lambda *_: None)
     rows = _rows(run)
@@ -41,6 +42,7 @@ def test_smoke_run_writes_everything_and_changes_the_parameters(tiny_dir, tmp_pa
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
 
 
+@pytest.mark.slow
 def test_resume_matches_an_uninterrupted_run(tiny_dir, tmp_path):
     full = train(_cfg(tiny_dir, tmp_path / "full", "trainer.total_steps=4", "objective=dapo"), log=lambda *_: None)
     part = train(_cfg(tiny_dir, tmp_path / "part", "trainer.total_steps=2", "objective=dapo"), log=lambda *_: None)
@@ -113,6 +115,7 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path):
     assert "total_steps" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tiny_dir, tmp_path):
     from tether import checkpoint
 
@@ -189,11 +192,13 @@ def _assert_same_metrics(on, off):
     assert any(abs(r["loss/policy"]) > 1e-4 for r in on[1:])
 
 
+@pytest.mark.slow
 def test_the_fused_head_leaves_the_losses_unchanged(tiny_dir, tmp_path):
     """trainer.fused_logprobs on vs off: the same losses and metrics to float32 rounding."""
     _assert_same_metrics(*_runs_with(tiny_dir, tmp_path, "etr", "fused_logprobs"))
 
 
+@pytest.mark.slow
 def test_shared_prompts_leave_the_losses_unchanged(tiny_dir, tmp_path):
     """trainer.share_prompts on vs off (objective with a reference, so all three passes share):
     the same losses and metrics to float32 rounding."""
@@ -203,6 +208,7 @@ def test_shared_prompts_leave_the_losses_unchanged(tiny_dir, tmp_path):
     _assert_same_metrics(on, off)
 
 
+@pytest.mark.slow
 def test_old_logprobs_from_the_sampler_match_a_recompute(tiny_dir, tmp_path):
     """The hf engine's log-probs are the policy's: training on them gives the same step to rounding."""
     runs = {mode: _rows(train(_cfg(tiny_dir, tmp_path / mode, "trainer.total_steps=2", "objective=dapo",
