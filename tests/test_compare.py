@@ -3,6 +3,8 @@
 import json
 import shutil
 
+import pytest
+
 from tether.compare import compare, discover, write_report
 from conftest import DIGIT_REWARD
 
