@@ -108,6 +108,7 @@ def test_yaml_file_then_overrides(tmp_path):
                              "eps_high": 0.3, "dual_clip_c": None}
 
 
+@pytest.mark.slow
 def test_cli_reports_config_errors_without_a_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tether.cli", "train", "trainer.totl_steps=3"],
                           capture_output=True, text=True, cwd=tmp_path)
