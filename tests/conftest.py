@@ -143,5 +143,5 @@ def param_grads(model, lp, ent, tok, seed=0):
 def slow_after_first(values):
     """Values for `pytest.mark.parametrize` with the first case in the fast subset and the others marked
     slow: the same end-to-end check once quickly, and for every case in the full suite."""
-    first, *rest = values
-    return [first, *(pytest.param(v, marks=pytest.mark.slow) for v in rest)]
+    values = list(values)
+    return [*values[:1], *(pytest.param(v, marks=pytest.mark.slow) for v in values[1:])]
