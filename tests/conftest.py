@@ -1,3 +1,15 @@
+"""What the tests share: the test reward, the tiny model fixture, the small run's config, the
+child-process runner of the kill/resume tests, a float64 causal LM, and the GPU skip.
+
+Test modules import the plain helpers from here (`from conftest import ...`), never from one
+another. Markers (pyproject.toml): `slow` trains a model for more than a few seconds, `soak` is the
+long kill/resume cycle, `gpu` needs CUDA; the fast subset is `pytest -m "not slow and not soak"`.
+"""
+
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +22,10 @@ DIGIT_REWARD = "test_starts_with_digit"
 # Real benchmark data beside the checkout (../shared/data/math); tests that read it skip without it.
 MATH_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
 needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"{MATH_DATA} not present")
+
+# `python tests/cli_runner.py ARGS...` is `tether ARGS...` in a fresh process with DIGIT_REWARD registered.
+CLI_RUNNER = Path(__file__).with_name("cli_runner.py")
+KILL_RESUME_STEPS = 5
 
 
 def _starts_with_digit(completion, example):
@@ -44,3 +60,88 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------------- small training runs
+
+
+def train_config(tiny_dir, out, *extra):
+    """The small in-process run on the tiny model: 4 prompts x 4 samples, 2 mini-batches of 2 micro-batches,
+    evaluation and a checkpoint every 2 steps, one thread; `extra` overrides come last."""
+    from tether.config import load_config
+
+    return load_config(None, [
+        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
+        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=4",
+        "trainer.lr=3e-3", "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false",
+        "trainer.save_every=2", "trainer.threads=1", *extra,
+    ])
+
+
+def metrics_rows(run):
+    """A run's metrics.jsonl, one dict per line."""
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def checkpoint_weights(run, step):
+    """The model weights of a run's checkpoint at `step`."""
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(run) / "checkpoints" / f"step_{step:06d}" / "model" / "model.safetensors"))
+
+
+# ---------------------------------------------------------------- a run in a child process
+
+
+def kill_resume_overrides(tiny_dir, out):
+    """The kill/resume run: KILL_RESUME_STEPS steps of ATR-GRPO on the tiny model, a checkpoint every 2 steps.
+    4 prompts x 4 samples, 2 mini-batches x 2 micro-batches: 4 backward passes per step."""
+    return [
+        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
+        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=4",
+        "trainer.lr=3e-3", "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false",
+        "trainer.save_every=2", "trainer.keep_last=2", "trainer.threads=1", "trainer.plots=false",
+        f"trainer.total_steps={KILL_RESUME_STEPS}", "objective=atr_grpo",
+    ]
+
+
+def tether_child(*args, kill_at=None, timeout=300):
+    """`tether ARGS` in a child process (CLI_RUNNER); `kill_at` is tether.faults' TETHER_KILL_AT point."""
+    env = {**os.environ, "TETHER_KILL_AT": kill_at or ""}
+    return subprocess.run([sys.executable, str(CLI_RUNNER), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ---------------------------------------------------------------- a float64 causal LM
+
+
+def tiny_float64_lm(arch="llama", tie=False, seed=0):
+    """A randomly initialised 2-layer Llama or Qwen2 (vocabulary 37), in float64."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    torch.manual_seed(seed)
+    cfg = cls[0](vocab_size=37, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tie, pad_token_id=0)
+    return cls[1](cfg).double()
+
+
+def param_grads(model, lp, ent, tok, seed=0):
+    """The gradient of every trainable parameter of a fixed random linear function of log-probs and entropies."""
+    g = torch.Generator().manual_seed(seed)
+    g_lp, g_ent = torch.randn(lp.shape, generator=g), torch.randn(lp.shape, generator=g)
+    loss = ((lp * g_lp + ent * g_ent) * tok.mask).sum()
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.autograd.grad(loss, params)
+
+
+# ---------------------------------------------------------------- markers
+
+
+def slow_after_first(values):
+    """Values for `pytest.mark.parametrize` with the first case in the fast subset and the others marked
+    slow: the same end-to-end check once quickly, and for every case in the full suite."""
+    values = list(values)
+    return [*values[:1], *(pytest.param(v, marks=pytest.mark.slow) for v in values[1:])]

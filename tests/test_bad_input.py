@@ -80,6 +80,7 @@ def test_bad_data_fails_before_any_model_is_loaded(tmp_path, no_model_loading):
         train(_math_cfg(tmp_path, small, "data.task_args.test_fraction=0.25"), log=lambda *_: None)
 
 
+@pytest.mark.slow
 def test_cli_reports_data_errors_without_a_traceback(tmp_path):
     bad = _jsonl(tmp_path / "bad.jsonl", [GOOD, GOOD, "{oops"])
     proc = subprocess.run([sys.executable, "-m", "tether.cli", "train", "model.name_or_path=tiny",
@@ -179,6 +180,7 @@ def test_a_knob_value_the_task_refuses_is_a_config_error(tmp_path, capsys, monke
     assert err.startswith("error: data.task=arithmetic with data.task_args {'test_fraction': 2}: test_fraction must be")
 
 
+@pytest.mark.slow
 def test_math_without_its_train_file_from_a_fresh_process(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tether.cli", "train", "data.task=math",
                            f"output_dir={tmp_path / 'runs' / 'run'}"], capture_output=True, text=True, cwd=tmp_path)

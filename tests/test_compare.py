@@ -3,6 +3,8 @@
 import json
 import shutil
 
+import pytest
+
 from tether.compare import compare, discover, write_report
 from conftest import DIGIT_REWARD
 
@@ -14,6 +16,7 @@ def _overrides(tiny):
             "trainer.tensorboard=false", "trainer.plots=false", "data.eval_size=8", "trainer.threads=1"]
 
 
+@pytest.mark.slow
 def test_compare_two_objectives_two_seeds_and_resume(tiny_dir, tmp_path):
     tiny = tiny_dir
     out = tmp_path / "cmp"
@@ -64,6 +67,7 @@ def test_compare_two_objectives_two_seeds_and_resume(tiny_dir, tmp_path):
     assert "## Claims" in (tmp_path / "again" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_rerun_with_other_settings_is_refused_and_overrides_go_anywhere(tiny_dir, tmp_path, capsys):
     from tether.cli import main
 

@@ -74,6 +74,7 @@ def test_the_objective_is_resolved_once_and_recorded_with_every_parameter(tiny_d
     assert load_config(str(run / "config.yaml")).objective == cfg.objective
 
 
+@pytest.mark.slow
 def test_a_resume_that_changes_the_objective_is_refused_and_rewrites_nothing(tiny_dir, tmp_path):
     run = tmp_path / "run"
     base = [f"model.name_or_path={tiny_dir}", f"output_dir={run}", "warm_start.enabled=false",
@@ -93,6 +94,7 @@ def test_a_resume_that_changes_the_objective_is_refused_and_rewrites_nothing(tin
     assert saved["trainer"]["total_steps"] == 3 and saved["objective"]["name"] == "etr"
 
 
+@pytest.mark.slow
 def test_resume_of_a_directory_without_a_run_exits_2(tmp_path):
     proc = _tether("train", "--resume", str(tmp_path / "nothing"), cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --resume") and "Traceback" not in proc.stderr

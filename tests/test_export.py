@@ -1,6 +1,7 @@
-"""Item 8 of issue 17: `tether export` writes a model directory that from_pretrained loads and that
+"""`tether export` writes a model directory that from_pretrained loads and that
 generates with the run's sampling settings; bad input is refused with nothing written; the Hub
-push is tested against a fake HfApi; pruning keeps the checkpoint with the best recorded accuracy."""
+push is tested against a fake HfApi; pruning keeps the checkpoint with the best recorded accuracy
+(issue 17, item 8)."""
 
 import json
 from pathlib import Path

@@ -115,7 +115,8 @@ def test_math_verifier_scores_every_hostile_completion_in_bounded_time(math_rewa
     assert math_reward("so \\boxed{81}", GOLD).score == 1.0
 
 
-def test_issue_13_reward_hacking_strings_score_zero_when_strict():
+def test_an_answer_outside_the_box_scores_zero_when_strict():
+    # The reward-hacking strings of issue 13: the gold answer anywhere but in \boxed{...}.
     reward = Math(timeout_s=3.0)
     two = Example(id="two", prompt="What is 1 + 1?", answer="2")
     try:

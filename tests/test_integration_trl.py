@@ -42,6 +42,8 @@ from tether.integrations.trl import (  # noqa: E402
 from tether.schema import ConfigError  # noqa: E402
 from tether.tasks import Example  # noqa: E402
 
+from conftest import slow_after_first  # noqa: E402
+
 PROMPTS = ["1+1=", "2+3=", "7*6=", "9-4=", "8+8=", "5*5="]
 
 
@@ -309,7 +311,8 @@ def test_the_adapter_trains_on_cuda_in_bf16(tiny_dir, tmp_path):
     assert all(torch.isfinite(r["loss"]) for r in recs)
 
 
-@pytest.mark.parametrize("objective", ["dppo_tv", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp"])
+@pytest.mark.parametrize("objective", slow_after_first(["dppo_tv", "sapo", "gmpo", "clip_cov", "kl_cov",
+                                                        "reinforce_pp"]))
 def test_the_newer_objectives_train_in_the_adapter(tiny_dir, tmp_path, objective):
     # Issue 18: every objective is usable in the TRL adapter (here off-policy: num_iterations=2).
     trainer, recs, before = _train(tiny_dir, tmp_path, objective, num_iterations=2)

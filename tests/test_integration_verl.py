@@ -92,6 +92,7 @@ _LOAD_CHECK = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ["entry point", "VERL_USE_EXTERNAL_MODULES"])
 def test_plugin_loads_in_a_fresh_process(route):
     # verl logs a plugin that fails to import at debug level and goes on: check the effects, in a clean interpreter.

@@ -14,42 +14,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from conftest import DIGIT_REWARD
-
-RUNNER = Path(__file__).with_name("cli_runner.py")
-STEPS = 5
-
-
-def _overrides(tiny_dir, out):
-    # 4 prompts x 4 samples, 2 mini-batches x 2 micro-batches: 4 backward passes per step.
-    return [
-        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=4",
-        "trainer.lr=3e-3", "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false",
-        "trainer.save_every=2", "trainer.keep_last=2", "trainer.threads=1", "trainer.plots=false",
-        f"trainer.total_steps={STEPS}", "objective=atr_grpo",
-    ]
-
-
-def _tether(*args, kill_at=None, timeout=300):
-    env = {**os.environ, "TETHER_KILL_AT": kill_at or ""}
-    return subprocess.run([sys.executable, str(RUNNER), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def _rows(run):
-    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-
-
-def _weights(run, step):
-    return load_file(str(Path(run) / "checkpoints" / f"step_{step:06d}" / "model" / "model.safetensors"))
+from conftest import CLI_RUNNER as RUNNER
+from conftest import KILL_RESUME_STEPS as STEPS
+from conftest import checkpoint_weights as _weights
+from conftest import kill_resume_overrides as _overrides
+from conftest import metrics_rows as _rows
+from conftest import tether_child as _tether
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +34,7 @@ def uninterrupted(tiny_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at, resumes_from", [
     ("update:5", None),  # mid-update of step 2, before any checkpoint: resume starts over
     ("rollout:3", 2),  # mid-rollout of step 3

@@ -55,6 +55,7 @@ def test_the_reference_is_the_base_model_with_adapters_disabled(tiny_dir):
     assert trainable and all("lora_" in n for n in trainable)
 
 
+@pytest.mark.slow
 def test_lora_training_checkpoints_the_adapter_and_resumes_exactly(tiny_dir, tmp_path):
     full = train(_cfg(tiny_dir, tmp_path / "full", "trainer.total_steps=3"), log=lambda *_: None)
     model_dir = full / "checkpoints" / "step_000003" / "model"

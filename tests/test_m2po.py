@@ -1,9 +1,9 @@
-"""Issue 26, item 3: M2PO's second-moment mask and DeepSeek-V3.2's off-policy sequence mask, on CPU in float64.
+"""M2PO's second-moment mask and DeepSeek-V3.2's off-policy sequence mask (issue 26, item 3), on CPU in float64.
 
 1. hand-computed masks, losses and gradients (arithmetic in the comments);
 2. exactness: `m2_keep` equals AReaL's `m2_threshold` rule written out as a loop, on random batches;
 4. invariants: no suffix below tau keeps one token, padding never counts, micro-batch split is the batch's;
-6. end to end: `tether train objective=m2po` runs two steps (tests/test_new_objectives.py style).
+6. end to end: `tether train objective=m2po` runs two steps (as tests/test_dppo_sapo_gmpo_cov.py does).
 """
 
 import math
@@ -14,6 +14,8 @@ import pytest
 from tether import objectives
 from tether.core import correction as C
 from tether.core import m2po as M
+
+from conftest import slow_after_first
 
 D = torch.float64
 
@@ -176,12 +178,13 @@ def test_bad_values_name_the_key():
 # ---------------------------------------------------------------- 6. end to end
 
 
-@pytest.mark.parametrize("extra", [["objective=m2po"], ["objective=dapo", "objective.off_policy_mask=0.5"]])
+@pytest.mark.parametrize("extra", slow_after_first([["objective=m2po"],
+                                                   ["objective=dapo", "objective.off_policy_mask=0.5"]]))
 def test_train_runs_two_steps(tiny_dir, tmp_path, extra):
     import json
     from pathlib import Path
 
-    from test_train import _cfg
+    from conftest import train_config as _cfg
 
     from tether.train import train
 

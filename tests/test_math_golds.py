@@ -4,7 +4,8 @@ scores 1 with the default (strict) math reward, and a wrong answer scores 0 (iss
 The data is read where it lies beside the checkout (never copied into the repository); the
 tests skip without it. The wrong answer for a gold is the nearest following gold of the same
 file that is a different answer by text: not equal to it, and neither ending with the other
-(math-verify rightly counts "x=5" and "5" as one answer). Each file takes under 20 s on 2 cores.
+(math-verify rightly counts "x=5" and "5" as one answer). Each file takes under 20 s on 2 cores; the
+first file (aime24, 30 golds) is in the fast subset, the others are marked slow.
 """
 
 import json
@@ -14,7 +15,7 @@ import pytest
 from tether.rewards import get_reward
 from tether.tasks import Example
 
-from conftest import MATH_DATA, needs_math_data
+from conftest import MATH_DATA, needs_math_data, slow_after_first
 
 FILES = sorted(p.name for p in MATH_DATA.glob("*.jsonl")) if MATH_DATA.is_dir() else []
 
@@ -37,7 +38,7 @@ def test_the_shared_data_is_there():
 
 
 @needs_math_data
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", slow_after_first(FILES))
 def test_every_gold_scores_one_and_a_wrong_answer_zero(math_reward, name):
     with (MATH_DATA / name).open() as f:
         golds = [str(json.loads(line)["answer"]) for line in f if line.strip()]

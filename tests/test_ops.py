@@ -23,6 +23,9 @@ import tether.ops as ops
 from tether.causal_lm import LogProbSettings, Tokens, causal_lm_token_logprobs, fused_head_reason, token_logprobs
 from tether.ops import IGNORE_INDEX, tile_shape, token_logprobs_and_entropy
 
+from conftest import param_grads
+from conftest import tiny_float64_lm as tiny
+
 
 def naive(hidden, weight, targets, temperature=1.0):
     logp = torch.log_softmax(hidden @ weight.t() / temperature, -1)  # (N, T, V)
@@ -334,16 +337,6 @@ def test_bad_arguments_raise():
 # ---------------------------------------------------------------- on tiny models
 
 
-def tiny(arch="llama", tie=False, seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
-    torch.manual_seed(seed)
-    cfg = cls[0](vocab_size=37, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tie, pad_token_id=0)
-    return cls[1](cfg).double()
-
-
 def rollout_tokens(N=4, P=5, T=6, V=37, seed=0):
     """Left-padded prompts of different lengths, right-padded completions, as tether.train builds them."""
     g = torch.Generator().manual_seed(seed)
@@ -362,14 +355,6 @@ def helper(model, tok, temperature, mask=None, with_entropy=True, **kw):
     """causal_lm_token_logprobs on `tok`, every column scored unless `mask` is given."""
     tok = dataclasses.replace(tok, mask=torch.ones_like(tok.mask) if mask is None else mask)
     return causal_lm_token_logprobs(model, tok, LogProbSettings(temperature=temperature, **kw), with_entropy)
-
-
-def param_grads(model, lp, ent, tok, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    g_lp, g_ent = torch.randn(lp.shape, generator=g), torch.randn(lp.shape, generator=g)
-    loss = ((lp * g_lp + ent * g_ent) * tok.mask).sum()
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.autograd.grad(loss, params)
 
 
 def model_naive(model, tok, temperature):

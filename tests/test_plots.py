@@ -1,4 +1,4 @@
-"""Item 4 of issue 17: single-run plots smooth, label and title; the smoothing is checked by hand."""
+"""Single-run plots smooth, label and title; the smoothing is checked by hand (issue 17, item 4)."""
 
 import json
 

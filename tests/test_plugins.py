@@ -35,6 +35,7 @@ def _rows(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_reward_function_in_the_users_file_trains_and_resumes(tiny_dir, tmp_path):
     # A reward that is 0.25 on every completion: reward/mean is exactly 0.25 only if it is the one used.
     (tmp_path / "quarter.py").write_text("def score(completion, example):\n    return 0.25\n")
@@ -54,6 +55,7 @@ def test_a_reward_function_in_the_users_file_trains_and_resumes(tiny_dir, tmp_pa
     assert lost.stderr.startswith("error: reward.name='quarter:score': no module named 'quarter'")
 
 
+@pytest.mark.slow
 def test_the_documented_example_task_and_reward_run(tiny_dir, tmp_path):
     """docs/rewards.md's worked example: a JSONL task with its own verifier (examples/plugins/reverse_task.py),
     then a reward function (my_rewards.py) on the arithmetic task, each module on PYTHONPATH."""

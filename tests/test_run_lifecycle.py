@@ -37,6 +37,7 @@ def _rows(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_output_to_a_file_has_the_run_directory_and_plain_progress_lines(tiny_dir, tmp_path):
     run, log = tmp_path / "run", tmp_path / "out.log"
     proc, f = _start(["train", *_overrides(tiny_dir, run, 6, "trainer.log_every=2", "trainer.plots=false")], log)
@@ -50,6 +51,7 @@ def test_output_to_a_file_has_the_run_directory_and_plain_progress_lines(tiny_di
     assert re.search(r"^step 5/6 .*held-out acc [0-9.]+ \(at step 5\) .*steps/s .*ETA", text, re.M)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_stops_cleanly_then_the_run_resumes_and_finishes(tiny_dir, tmp_path, signum, code):
     run, log = tmp_path / "run", tmp_path / "out.log"
@@ -80,6 +82,7 @@ def test_a_signal_stops_cleanly_then_the_run_resumes_and_finishes(tiny_dir, tmp_
     assert "steps: 40 of 40 (finished)" in (run / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_summary_says_what_the_run_was(tiny_dir, tmp_path):
     from tether.config import load_config
     from tether.train import train

@@ -27,6 +27,7 @@ def test_batch_masks_the_prompt(tiny):
     assert attention[1].tolist() == [1] * 6 + [0] * 2 and (ids[1, 6:] == tok.pad_token_id).all()
 
 
+@pytest.mark.slow
 def test_a_few_steps_reduce_the_loss(tiny):
     model, tok = tiny
     task = get_task("arithmetic", digits=2, ops="+")

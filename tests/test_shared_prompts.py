@@ -14,7 +14,8 @@ import torch
 
 from tether.causal_lm import _SHARE_PROBED, LogProbSettings, Tokens, causal_lm_token_logprobs, shared_prompt_reason
 
-from test_ops import param_grads, tiny
+from conftest import param_grads
+from conftest import tiny_float64_lm as tiny
 
 
 @pytest.fixture(autouse=True)

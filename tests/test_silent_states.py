@@ -51,6 +51,7 @@ def test_flat_streak_with_dynamic_sampling_reads_the_kept_fraction():
     assert streak == 3 and "dynamic sampling kept 0 of 16 groups after 3 refill rounds" in line
 
 
+@pytest.mark.slow
 def test_a_run_warns_of_a_warm_start_below_target_and_of_flat_steps(tiny_dir, tmp_path):
     """The warm start stops at its 2-step budget far below target 1.0; the reward is 0 for every
     sample, so dynamic sampling keeps no group at any step: both are said, and logged as metrics."""
@@ -125,6 +126,7 @@ def test_eval_progress_to_a_file_is_plain_lines_from_the_start():
     assert len(lines) == 6 and lines[1].startswith("eval 8/40 problems") and lines[-1].startswith("eval 40/40")
 
 
+@pytest.mark.slow
 def test_tether_eval_redirected_writes_its_first_line_while_it_runs(tiny_dir, tmp_path):
     log = tmp_path / "eval.log"
     cmd = [sys.executable, "-m", "tether.cli", "eval", str(tiny_dir), "task:arithmetic", "--n", "4",
@@ -170,6 +172,7 @@ def test_threads_below_minus_one_are_refused():
         load_config(None, ["trainer.threads=-2"])
 
 
+@pytest.mark.slow
 def test_a_resume_continues_the_flat_streak(tiny_dir, tmp_path):
     """Killed after 2 flat steps and resumed, the count goes on (3, 4), as in an uninterrupted run."""
     def cfg(steps):

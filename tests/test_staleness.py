@@ -1,4 +1,5 @@
-"""Issue 26, item 1: `trainer.staleness` (bounded-lag rollouts).
+"""`trainer.staleness` (bounded-lag rollouts, issue 26, item 1): the sampler lags the policy by s steps,
+its mismatch is measured, and a stale run resumes exactly.
 
 5. behaviour of rollouts: the sampler of step t is the policy of step t - s (the first s steps: the initial policy),
    and the current weights come back bitwise after sampling;
@@ -75,7 +76,7 @@ def test_stale_metrics_hand_computed():
 
 
 def test_negative_staleness_is_refused(tiny_dir, tmp_path):
-    from test_train import _cfg
+    from conftest import train_config as _cfg
 
     with pytest.raises(ConfigError, match="trainer.staleness"):
         _cfg(tiny_dir, tmp_path / "run", "trainer.staleness=-1")
@@ -88,10 +89,11 @@ def _rows(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anchor,extra", [("recompute", []), ("sampler", []),
                                           ("recompute", ["model.lora={r: 4, alpha: 8}", "trainer.lr=3e-2"])])
 def test_stale_run_logs_the_lag_and_the_sampler_mismatch(tiny_dir, tmp_path, anchor, extra):
-    from test_train import _cfg
+    from conftest import train_config as _cfg
 
     from tether.train import train
 
@@ -108,7 +110,10 @@ def test_stale_run_logs_the_lag_and_the_sampler_mismatch(tiny_dir, tmp_path, anc
 
 @pytest.mark.slow
 def test_a_stale_run_killed_and_resumed_matches_the_uninterrupted_one(tiny_dir, tmp_path):
-    from test_kill_resume import _overrides, _tether, _weights, STEPS
+    from conftest import KILL_RESUME_STEPS as STEPS
+    from conftest import checkpoint_weights as _weights
+    from conftest import kill_resume_overrides as _overrides
+    from conftest import tether_child as _tether
 
     args = ["trainer.staleness=2"]
     full, killed = tmp_path / "full", tmp_path / "killed"

@@ -4,7 +4,6 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,23 +13,11 @@ from tether.config import ConfigError, load_config
 from tether.rewards import RewardResult
 from tether.train import train
 
-from conftest import DIGIT_REWARD
+from conftest import metrics_rows as _rows
+from conftest import train_config as _cfg
 
 
-def _cfg(tiny_dir, out, *extra):
-    return load_config(None, [
-        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=4",
-        "trainer.lr=3e-3", "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false",
-        "trainer.save_every=2", "trainer.threads=1", *extra,
-    ])
-
-
-def _rows(run):
-    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-
-
+@pytest.mark.slow
 def test_smoke_run_writes_everything_and_changes_the_parameters(tiny_dir, tmp_path):
     run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=3", "objective=grpo"), log=lambda *_: None)
     rows = _rows(run)
@@ -55,6 +42,7 @@ def test_smoke_run_writes_everything_and_changes_the_parameters(tiny_dir, tmp_pa
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
 
 
+@pytest.mark.slow
 def test_resume_matches_an_uninterrupted_run(tiny_dir, tmp_path):
     full = train(_cfg(tiny_dir, tmp_path / "full", "trainer.total_steps=4", "objective=dapo"), log=lambda *_: None)
     part = train(_cfg(tiny_dir, tmp_path / "part", "trainer.total_steps=2", "objective=dapo"), log=lambda *_: None)
@@ -120,6 +108,7 @@ def test_yaml_file_then_overrides(tmp_path):
                              "eps_high": 0.3, "dual_clip_c": None}
 
 
+@pytest.mark.slow
 def test_cli_reports_config_errors_without_a_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tether.cli", "train", "trainer.totl_steps=3"],
                           capture_output=True, text=True, cwd=tmp_path)
@@ -127,6 +116,7 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path):
     assert "total_steps" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tiny_dir, tmp_path):
     from tether import checkpoint
 
@@ -203,11 +193,13 @@ def _assert_same_metrics(on, off):
     assert any(abs(r["loss/policy"]) > 1e-4 for r in on[1:])
 
 
+@pytest.mark.slow
 def test_the_fused_head_leaves_the_losses_unchanged(tiny_dir, tmp_path):
     """trainer.fused_logprobs on vs off: the same losses and metrics to float32 rounding."""
     _assert_same_metrics(*_runs_with(tiny_dir, tmp_path, "etr", "fused_logprobs"))
 
 
+@pytest.mark.slow
 def test_shared_prompts_leave_the_losses_unchanged(tiny_dir, tmp_path):
     """trainer.share_prompts on vs off (objective with a reference, so all three passes share):
     the same losses and metrics to float32 rounding."""
@@ -217,6 +209,7 @@ def test_shared_prompts_leave_the_losses_unchanged(tiny_dir, tmp_path):
     _assert_same_metrics(on, off)
 
 
+@pytest.mark.slow
 def test_old_logprobs_from_the_sampler_match_a_recompute(tiny_dir, tmp_path):
     """The hf engine's log-probs are the policy's: training on them gives the same step to rounding."""
     runs = {mode: _rows(train(_cfg(tiny_dir, tmp_path / mode, "trainer.total_steps=2", "objective=dapo",

@@ -1,10 +1,11 @@
-"""Issue 18, item 1: dppo, sapo, gmpo, clip_cov, kl_cov and the reinforce_pp estimator, on CPU in float64.
+"""DPPO, SAPO, GMPO, Clip-Cov, KL-Cov and the REINFORCE++ estimator (issue 18, item 1) compute the
+objective and gradient they are meant to, on CPU in float64:
 
 1. hand-computed values and gradients (arithmetic in the comments);
 3. gradients: gradcheck, and each surrogate's gradient against the gradient it is meant to have
    (DPPO with a ratio measure = ATR-GRPO's divergence clip; on-policy SAPO/KL-Cov = the plain policy gradient);
 4. invariants: the random Clip-Cov choice is a uniform k-subset of the candidates, seeded draws reproduce;
-6. end to end: `tether train objective=NAME` runs two steps for each new preset.
+6. end to end: `tether train objective=NAME` runs two steps for each of these presets.
 Exactness against verl 0.9.1 is in tests/test_integration_verl.py (VERL_OWN).
 """
 
@@ -22,6 +23,8 @@ from tether.core import divergences as Dv
 from tether.core import dppo as P
 from tether.core import gmpo as Gm
 from tether.core import sapo as S
+
+from conftest import slow_after_first
 
 D = torch.float64
 NEW_PRESETS = ["dppo_tv", "dppo_kl", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp"]
@@ -276,9 +279,9 @@ def test_config_errors_name_the_fix():
 # ---------------------------------------------------------------- 6. end to end
 
 
-@pytest.mark.parametrize("preset", NEW_PRESETS)
+@pytest.mark.parametrize("preset", slow_after_first(NEW_PRESETS))
 def test_train_runs_two_steps(tiny_dir, tmp_path, preset):
-    from test_train import _cfg
+    from conftest import train_config as _cfg
 
     from tether.train import train
 
