@@ -313,7 +313,7 @@ def test_the_adapter_trains_on_cuda_in_bf16(tiny_dir, tmp_path):
 
 @pytest.mark.parametrize("objective", slow_after_first(["dppo_tv", "sapo", "gmpo", "clip_cov", "kl_cov",
                                                         "reinforce_pp"]))
-def test_the_newer_objectives_train_in_the_adapter(tiny_dir, tmp_path, objective):
+def test_every_objective_trains_off_policy_in_the_adapter(tiny_dir, tmp_path, objective):
     # Issue 18: every objective is usable in the TRL adapter (here off-policy: num_iterations=2).
     trainer, recs, before = _train(tiny_dir, tmp_path, objective, num_iterations=2)
     assert _changed(trainer, before)

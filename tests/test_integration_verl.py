@@ -562,7 +562,7 @@ def _tether_own(spec, d, agg):
 
 
 @pytest.mark.parametrize("mode,actor_kw,pl_kw,spec,aggs", VERL_OWN, ids=VERL_OWN_IDS)
-def test_new_objectives_equal_verls_own_losses(mode, actor_kw, pl_kw, spec, aggs):
+def test_tether_objectives_equal_verls_own_losses(mode, actor_kw, pl_kw, spec, aggs):
     # tether's own objective (tether's aggregation) against verl 0.9.1's loss function, float64.
     d = _own_data()
     for agg in aggs:
@@ -617,7 +617,7 @@ def test_dppo_equals_verls_dppo_at_verls_default_config(mode, measure):
 
 
 @pytest.mark.parametrize("mode,actor_kw,pl_kw,spec,aggs", VERL_OWN, ids=VERL_OWN_IDS)
-def test_new_tether_losses_inside_verl_equal_verls_own(mode, actor_kw, pl_kw, spec, aggs):
+def test_tether_losses_through_the_plugin_equal_verls_own(mode, actor_kw, pl_kw, spec, aggs):
     # The plugin's tether_<name> against verl's own, both through verl's agg_loss, with rollout IS weights and
     # global batch info, except for geo_mean: verl reduces it by a plain mean over rows (no global batch info)
     # and takes the geometric mean of the IS weights per sequence, where the plugin weighs each token.

@@ -40,7 +40,7 @@ def test_names_and_presets():
     }
 
 
-def test_issue_example():
+def test_a_built_objective_gives_a_scalar_loss_with_a_gradient_and_detached_scalar_metrics():
     obj = objectives.build({"name": "divergence_clip", "measure": "kl3", "delta": 0.0231, "aggregation": "token-mean"})
     b = _batch()
     out = obj(objectives.TokenBatch(logprobs=b.logprobs, old_logprobs=b.old_logprobs, advantages=b.advantages,

@@ -158,7 +158,7 @@ def test_no_clamp_changes_a_gradient_the_objective_defines(kl, form, clip, ancho
     torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
 
 
-def test_fkl_clipped_differentiable_issue_example():
+def test_fkl_clipped_differentiable_gradient_is_minus_beta_q_over_n_even_at_very_low_logprobs():
     # The issue's case: A = 0, on-policy (w = 1, q = 1), beta = 1, token-mean over 5 tokens: the
     # gradient of each token is -beta q / 5 = -0.2, also for log pi = -12 and -15 (was 0 there,
     # when the clamp acted on -q lp instead of -q log rho).
