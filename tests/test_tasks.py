@@ -208,3 +208,20 @@ def test_math_task_splits():
     assert test[0].prompt.endswith("\\boxed{}.")
     assert held.examples("test", 5, seed=1) == held.examples("test", 5, seed=1)
     assert held.solution(Example("x", "p", "7")) == "The answer is \\boxed{7}."
+
+
+def test_a_task_that_needs_a_tokenizer_says_so_when_built_without_one(tmp_path, monkeypatch):
+    # A user task whose factory has no default for `tokenizer` (the trainer passes the model's): built by
+    # get_task (as `tether eval task:` does) without one, the error names the missing tokenizer and the fix,
+    # instead of the factory's own TypeError.
+    (tmp_path / "tok_task_mod.py").write_text(
+        "from tether.tasks import get_task\n"
+        "def make(tokenizer, digits: int = 2):\n"
+        "    return get_task('arithmetic', digits=digits)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from tether.schema import ConfigError
+    from tether.tasks import get_task
+
+    with pytest.raises(ConfigError, match=r"task 'tok_task_mod:make' needs a tokenizer .*tokenizer=\.\.\."):
+        get_task("tok_task_mod:make")
+    assert get_task("tok_task_mod:make", tokenizer=None, digits=2) is not None

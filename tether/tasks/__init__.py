@@ -41,10 +41,16 @@ def get_task(name: str, **knobs: Any) -> Task:
 
     An unknown knob or a missing one raises ConfigError (`check_task_knobs`).
     """
-    from ..plugins import check_task, is_import_path
+    from ..plugins import check_task, is_import_path, parameters
 
     check_task_knobs(name, knobs)
-    task = task_factory(name)(**knobs)
+    factory = task_factory(name)
+    if "tokenizer" not in knobs and "tokenizer" in parameters(factory)[1]:  # the trainer passes it; a caller must
+        from ..schema import ConfigError
+
+        raise ConfigError(f"task {name!r} needs a tokenizer (its factory has no default for it): pass "
+                          f"get_task({name!r}, tokenizer=...), or train it with `tether train`, which passes the model's")
+    task = factory(**knobs)
     if is_import_path(name):
         check_task(task, name, needs_solution=False)
     return task
