@@ -13,6 +13,7 @@ import json
 import math
 import shutil
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -175,7 +176,7 @@ def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optio
             "config": _regime_config(methods),
             "methods": {m: {"seeds": [_seed_of(r) for r in rs], **values[m]} for m, rs in methods.items()},
         }
-    axis = setting_axis({name: _regime_config(methods) for name, methods in groups.items()})
+    axis = setting_axis({name: r["config"] for name, r in summary["regimes"].items()})
     if axis is not None:
         summary["axis"] = {"setting": axis[0], "values": axis[1]}
         lines += _axis_section(axis, summary["regimes"], out_dir)
@@ -323,68 +324,75 @@ def setting_axis(configs: dict[str, dict]) -> Optional[tuple[str, dict[str, floa
     return differ[0], {name: float(v) for name, v in values.items()}
 
 
-def _axis_runs(values: dict[str, float], regimes: dict) -> tuple[list[str], list[str]]:
-    """The regimes in the order of the setting's value, and the methods any of them ran."""
+@dataclass(frozen=True)
+class AxisPoint:
+    """One method's per-seed values of one metric at one value of the setting, summarised."""
+
+    x: float
+    mean: float
+    ci: Optional[tuple[float, float]]  # the 95% bootstrap interval of the mean; None under 4 seeds
+    n: int
+
+
+def _axis_points(values: dict[str, float], regimes: dict) -> dict[str, dict[str, list[AxisPoint]]]:
+    """{metric: {method: its points in the order of the setting}} for AXIS_METRICS, each mean and
+    interval computed once for the table and the plots (regimes where a method has no value are left out)."""
+    from .claims import bootstrap_mean
+
     order = sorted(values, key=values.get)
-    return order, list(dict.fromkeys(m for name in order for m in regimes[name]["methods"]))
-
-
-def _seed_values(regimes: dict, regime: str, method: str, metric: str) -> list[float]:
-    """A method's per-seed values of `metric` in a regime, without NaN (a run that never evaluated)."""
-    return [v for v in regimes[regime]["methods"].get(method, {}).get(metric, []) if not math.isnan(v)]
+    methods = list(dict.fromkeys(m for name in order for m in regimes[name]["methods"]))
+    points: dict[str, dict[str, list[AxisPoint]]] = {}
+    for metric, _ in AXIS_METRICS:
+        per_method = points.setdefault(metric, {})
+        for m in methods:
+            per_method[m] = []
+            for n in order:
+                vals = [v for v in regimes[n]["methods"].get(m, {}).get(metric, []) if not math.isnan(v)]
+                if vals:
+                    per_method[m].append(AxisPoint(values[n], statistics.fmean(vals), bootstrap_mean(vals), len(vals)))
+    return points
 
 
 def _axis_section(axis: tuple[str, dict[str, float]], regimes: dict, out_dir: Path) -> list[str]:
     """A table and plots of each method's per-seed metrics against the one setting the regimes vary:
     mean over seeds and its 95% bootstrap interval (tether.claims.bootstrap_mean)."""
-    from .claims import bootstrap_mean
-
     key, values = axis
-    order, methods = _axis_runs(values, regimes)
+    xs = sorted(set(values.values()))
+    points = _axis_points(values, regimes)
     lines = [f"## Against `{key}`", "",
-             f"Each method's runs at {key} = {', '.join(f'{values[n]:g}' for n in order)}: mean over seeds, and "
+             f"Each method's runs at {key} = {', '.join(f'{x:g}' for x in xs)}: mean over seeds, and "
              "in brackets the 95% percentile-bootstrap interval of that mean (shown from 4 seeds up).", ""]
     for metric, label in AXIS_METRICS:
         lines += [f"{label} (`{metric}`):", "",
-                  f"| method | {' | '.join(f'{key}={values[n]:g}' for n in order)} |",
-                  "|---|" + "---|" * len(order)]
-        for m in methods:
-            cells = []
-            for n in order:
-                vals = _seed_values(regimes, n, m, metric)
-                ci = bootstrap_mean(vals)
-                cells.append("n/a" if not vals else f"{statistics.fmean(vals):.3f}"
-                             + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f" ({len(vals)} seeds)"))
+                  f"| method | {' | '.join(f'{key}={x:g}' for x in xs)} |",
+                  "|---|" + "---|" * len(xs)]
+        for m, pts in points[metric].items():
+            at = {p.x: p for p in pts}
+            cells = ["n/a" if x not in at else f"{at[x].mean:.3f}"
+                     + (f" [{at[x].ci[0]:.3f}, {at[x].ci[1]:.3f}]" if at[x].ci else f" ({at[x].n} seeds)") for x in xs]
             lines.append(f"| {m} | {' | '.join(cells)} |")
         lines.append("")
-    plots = plot_against(key, values, regimes, out_dir / "plots" / f"against_{key.split('.')[-1]}")
+    plots = plot_against(key, xs, points, out_dir / "plots" / f"against_{key.split('.')[-1]}")
     return lines + [f"![{p.stem}]({p.relative_to(out_dir)})" for p in plots] + [""]
 
 
-def plot_against(key: str, values: dict[str, float], regimes: dict, plot_dir: Path) -> list[Path]:
+def plot_against(key: str, xs: list[float], points: dict[str, dict[str, list[AxisPoint]]],
+                 plot_dir: Path) -> list[Path]:
     """One PNG per AXIS_METRICS entry: x = the setting, one line per method through its means over
     seeds, error bars = the 95% bootstrap interval of each mean (none under 4 seeds)."""
-    from .claims import bootstrap_mean
-
     plt = pyplot()
     plot_dir.mkdir(parents=True, exist_ok=True)
-    order, methods = _axis_runs(values, regimes)
     written = []
     for metric, label in AXIS_METRICS:
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
-        for i, m in enumerate(methods):
-            xs, ys, lo, hi = [], [], [], []
-            for n in order:
-                vals = _seed_values(regimes, n, m, metric)
-                if not vals:
-                    continue
-                mean, ci = statistics.fmean(vals), bootstrap_mean(vals)
-                xs.append(values[n]), ys.append(mean)
-                lo.append(mean - ci[0] if ci else 0.0), hi.append(ci[1] - mean if ci else 0.0)
-            if xs:  # a small sideways offset per method keeps the error bars apart
-                shift = (i - (len(methods) - 1) / 2) * 0.012 * (max(values.values()) - min(values.values()) or 1)
-                ax.errorbar([x + shift for x in xs], ys, yerr=[lo, hi], label=m, marker="o", ms=3, lw=1.2, capsize=2)
-        ax.set_xticks(sorted(set(values.values())))
+        methods = points[metric]
+        for i, (m, pts) in enumerate(methods.items()):
+            if pts:  # a small sideways offset per method keeps the error bars apart
+                shift = (i - (len(methods) - 1) / 2) * 0.012 * (max(xs) - min(xs) or 1)
+                yerr = [[p.mean - p.ci[0] if p.ci else 0.0 for p in pts], [p.ci[1] - p.mean if p.ci else 0.0 for p in pts]]
+                ax.errorbar([p.x + shift for p in pts], [p.mean for p in pts], yerr=yerr, label=m, marker="o", ms=3,
+                            lw=1.2, capsize=2)
+        ax.set_xticks(xs)
         written.append(save_panel(fig, ax, f"{label} against {key}", plot_dir / f"{metric}.png", legend=True,
                                   xlabel=key, ylabel=label))
     return written
