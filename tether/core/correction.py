@@ -53,6 +53,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .divergences import value as divergence
+from .masked import seq_mean
 
 LEVELS = ("token", "sequence", "sequence_geometric")
 MODES = ("truncate", "mask")
@@ -71,10 +72,9 @@ def level_log_ratio(diff: torch.Tensor, mask: torch.Tensor, level: str) -> torch
     sequence's sum (the product of the ratios), or its mean (their geometric mean), on every token."""
     if level == "token":
         return diff
-    total = diff.sum(-1, keepdim=True)  # (N, 1)
     if level == "sequence_geometric":
-        total = total / mask.sum(-1, keepdim=True).to(diff.dtype).clamp(min=1.0)
-    return total.expand_as(diff)
+        return seq_mean(diff, mask)[:, None].expand_as(diff)
+    return diff.sum(-1, keepdim=True).expand_as(diff)
 
 
 def rejection_statistic(diff: torch.Tensor, mask: torch.Tensor, level: str, measure: str) -> torch.Tensor:
@@ -82,9 +82,8 @@ def rejection_statistic(diff: torch.Tensor, mask: torch.Tensor, level: str, meas
     (at `sequence`, the mean of the token divergences over the counted tokens)."""
     if level != "sequence":
         return divergence(measure, torch.exp(level_log_ratio(diff, mask, level).clamp(-SAFETY_BOUND, SAFETY_BOUND)))
-    m = mask.to(diff.dtype)
-    d = divergence(measure, torch.exp(diff.clamp(-SAFETY_BOUND, SAFETY_BOUND))) * m
-    return (d.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)).expand_as(diff)
+    d = divergence(measure, torch.exp(diff.clamp(-SAFETY_BOUND, SAFETY_BOUND)))
+    return seq_mean(d, mask)[:, None].expand_as(diff)
 
 
 def rollout_correction(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor,
@@ -128,6 +127,6 @@ def off_policy_sequence_mask(logprobs: torch.Tensor, behaviour_logprobs: torch.T
     counted tokens (at least 1), a strict `>`, and A = 0 kept."""
     m = mask.bool()
     d = torch.where(m, behaviour_logprobs.detach() - logprobs.detach(), torch.zeros_like(logprobs))
-    seq_kl = d.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).to(d.dtype).clamp(min=1.0)  # (N, 1)
+    seq_kl = seq_mean(d, m)[:, None]  # (N, 1)
     adv = advantages if advantages.dim() == 2 else advantages[:, None]
     return (adv < 0) & (seq_kl > delta) & m

@@ -35,7 +35,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .masked import group_summary
+from .masked import group_summary, seq_mean
 
 MACRO_MODES = ("explicit", "implicit", "off")
 
@@ -69,8 +69,7 @@ class GroupStats(NamedTuple):
     @classmethod
     def from_tokens(cls, per_token: torch.Tensor, mask: torch.Tensor) -> "GroupStats":
         """The `nu_shift` (N,) that `to_tokens` spread over each sequence's counted tokens: their mean."""
-        m = mask.to(per_token.dtype)
-        return cls(nu_shift=(per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0))
+        return cls(nu_shift=seq_mean(per_token, mask))
 
 
 class ETRBounds(NamedTuple):

@@ -175,10 +175,6 @@ class ObjectiveConfig:
                 "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop rollout_correction")
         return need
 
-    def required_fields(self) -> list[str]:
-        """TokenBatch fields this objective needs beyond logprobs, old_logprobs, advantages, mask."""
-        return list(self.needs())
-
     def uses_reference(self) -> bool:
         """Whether a reference model's log-probs are needed (the trainer loads it only then)."""
         return "ref_logprobs" in self.needs()
