@@ -52,7 +52,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 import torch
 
 from .rollout import RolloutBatch, SamplingParams, get_engine
-from .staleness import StalePolicies
+from .staleness import StalePolicies, load_trainable
 
 
 def rollout_seed(seed: int, step: int) -> int:
@@ -114,7 +114,7 @@ class OverlappedSampler:
         step. On leaving, step + 1's first round starts in the background (none after the last step)."""
         weights, sampler_step = self.stale.advance(self.model, step)
         if self.pending is None:  # nothing prefetched: the first step of a run or of a resume
-            self._load(weights)
+            load_trainable(self.sampler, weights)
         elif self.pending.sampler_step != sampler_step:
             raise RuntimeError(f"step {step}: prefetched by the policy of step {self.pending.sampler_step}, "
                                f"the FIFO says {sampler_step}")
@@ -150,7 +150,7 @@ class OverlappedSampler:
 
     def _prefetch(self, step: int) -> None:
         weights, sampler_step = self.stale.next_sampler()
-        self._load(weights)
+        load_trainable(self.sampler, weights)
         prompts = tuple(e.prompt for e in copy.copy(self.stream).take(self.want))  # the stream does not move
         request = _Request(prompts, self.n, self.params, rollout_seed(self.seed, step))
         self.pending = _Pending(request, sampler_step, self.pool.submit(self._sample, request))
@@ -158,17 +158,6 @@ class OverlappedSampler:
     def _sample(self, request: _Request) -> RolloutBatch:
         with self.precision():
             return self.engine.generate(list(request.prompts), request.n, request.params, request.seed)
-
-    def _load(self, weights: dict[str, torch.Tensor]) -> None:
-        """The stale trainable weights into the copy (its frozen ones are the policy's, never changed)."""
-        loaded = 0
-        with torch.no_grad():
-            for name, p in self.sampler.named_parameters():
-                if name in weights:
-                    p.copy_(weights[name])
-                    loaded += 1
-        if loaded != len(weights):
-            raise RuntimeError(f"the sampler copy has {loaded} of the {len(weights)} stale tensors' names")
 
     def _drop(self) -> None:
         pending, self.pending = self.pending, None

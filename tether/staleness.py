@@ -35,6 +35,19 @@ def _trainable(model) -> dict[str, torch.Tensor]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
+def load_trainable(model, weights: dict[str, torch.Tensor]) -> None:
+    """Copy `weights` (a FIFO entry: name -> tensor) into the model's trainable parameters, bitwise. The
+    policy (`StalePolicies.sampling`) and the overlap's sampler copy, which keeps the policy's
+    requires_grad flags and so its trainable names, load them the same way."""
+    trainable = _trainable(model)
+    if trainable.keys() != weights.keys():
+        raise RuntimeError(f"the model has {len(trainable)} trainable tensors, the stale policy {len(weights)}, "
+                           "not the same names")
+    with torch.no_grad():
+        for n, p in trainable.items():
+            p.copy_(weights[n])
+
+
 class StalePolicies:
     """The weights of the last s policies, oldest first, each with the RL step whose policy it is."""
 
@@ -55,11 +68,6 @@ class StalePolicies:
     def _copy(model) -> dict[str, torch.Tensor]:
         return {n: p.detach().to("cpu", copy=True) for n, p in _trainable(model).items()}
 
-    @staticmethod
-    def _load(model, weights: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for n, p in _trainable(model).items():
-                p.copy_(weights[n])
 
     @contextlib.contextmanager
     def sampling(self, model, step: int) -> Iterator[int]:
@@ -67,11 +75,11 @@ class StalePolicies:
         current weights are back, bitwise, and the current policy joins the FIFO."""
         stale, stale_step = self.advance(model, step)
         current = self.weights[-1]  # the copy `advance` just made
-        self._load(model, stale)
+        load_trainable(model, stale)
         try:
             yield stale_step
         finally:
-            self._load(model, current)
+            load_trainable(model, current)
 
     def advance(self, model, step: int) -> tuple[dict[str, torch.Tensor], int]:
         """The current policy (that of `step`) joins the FIFO and the oldest leaves it: returns the sampler of

@@ -110,10 +110,10 @@ def summary_table(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def write_summary(cfg: Config, obj, run_dir: Path, start: int, steps_done: int, wall_s: float,
+def write_summary(cfg: Config, run_dir: Path, start: int, steps_done: int, wall_s: float,
                   device: torch.device, signum: Optional[int] = None) -> str:
     """Write run_dir/summary.md (the header, then the metrics table); returns the table. The objective
-    is read from `cfg.objective` (resolved, with the name the user chose); `obj` is not needed."""
+    is read from `cfg.objective` (resolved, with the name the user chose)."""
     table = summary_table(run_dir)
     header = summary_header(cfg, run_dir, start, steps_done, wall_s, device, signum)
     (run_dir / "summary.md").write_text(header + "\n" + table + "\n")

@@ -170,7 +170,7 @@ def _stop_nonfinite(run: Run, bad_steps: int, metrics: dict[str, float], sinks) 
 
 def _finish(run: Run, wall_s: float, signum: Optional[int], log) -> None:
     """summary.md (what the run was, then the metrics table) and the plots."""
-    log(write_summary(run.cfg, run.obj, run.run_dir, run.start, run.counters.step, wall_s, run.device, signum))
+    log(write_summary(run.cfg, run.run_dir, run.start, run.counters.step, wall_s, run.device, signum))
     if run.cfg.trainer.plots:
         from .plots import plot_run
 

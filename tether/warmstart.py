@@ -101,8 +101,8 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
     if (path / "warmstart.json").exists():
         info = json.loads((path / "warmstart.json").read_text())
         log(f"warm start: cached model {path} (greedy accuracy {info['accuracy']:.3f})")
-        if below_target_warning(cfg, info):
-            log(below_target_warning(cfg, info))
+        if warning := below_target_warning(cfg, info):
+            log(warning)
         return str(path)
     from .models import load_model
     from .sft import SFTSettings, sft
@@ -124,6 +124,6 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
     (tmp / "warmstart.json").write_text(json.dumps(info, indent=1, default=str))
     _publish(tmp, path)
     log(f"warm start: accuracy {result['accuracy']:.3f} after {result['steps']} steps ({info['seconds']:.0f} s)")
-    if below_target_warning(cfg, info):
-        log(below_target_warning(cfg, info))
+    if warning := below_target_warning(cfg, info):
+        log(warning)
     return str(path)
