@@ -1,5 +1,6 @@
-"""The KL-penalty estimators and the entropy bonus equal verl 0.9.1's own (float64): `core_algos.kl_penalty`
-for k1 / k2 / k3 (verl's "kl", "mse", "low_var_kl") and `agg_loss` of the entropy, called in the test.
+"""The KL-penalty estimators, the entropy bonus and plain REINFORCE equal verl 0.9.1's own (float64), called in the
+test: `core_algos.kl_penalty` for k1 / k2 / k3 (verl's "kl", "mse", "low_var_kl"), `agg_loss` of the entropy, and
+the "gpg" policy loss (-A lp, Group Policy Gradient, arXiv 2504.02546) for tether's `reinforce`.
 
 verl clamps k3's log-ratio to [-20, 20] and its value to [-10, 10]; tether does not clamp k3 (docs/algorithms/rpg.md,
 "The GRPO KL term"): the estimators agree wherever |k3| <= 10, and the test pins where they part.
@@ -11,6 +12,7 @@ import torch
 verl = pytest.importorskip("verl")
 
 from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.workers.config import FSDPActorConfig  # noqa: E402
 
 from tether import objectives  # noqa: E402
 from tether.core.kl import kl_penalty  # noqa: E402
@@ -65,3 +67,19 @@ def test_entropy_bonus_is_verls_aggregated_entropy_times_its_coefficient(agg):
     g_ours = torch.autograd.grad(bonus, entropy)[0]
     g_verl = torch.autograd.grad(-0.01 * core_algos.agg_loss(entropy, mask, agg), entropy)[0]
     torch.testing.assert_close(g_ours, g_verl, **tol)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_reinforce_equals_verls_gpg_loss(agg):
+    lp, old = _logprobs(seed=3, spread=0.5)
+    mask = torch.ones(5, 6, dtype=D)
+    mask[0, 2:] = 0
+    mask[4, 5:] = 0
+    adv = torch.tensor([1.0, -0.5, 0.25, 0.0, -1.0], dtype=D)
+    ours = objectives.build({"name": "reinforce", "aggregation": agg})(
+        objectives.TokenBatch(logprobs=lp, old_logprobs=old.detach(), advantages=adv, mask=mask)).loss
+    config = FSDPActorConfig(strategy="fsdp", rollout_n=5, ppo_micro_batch_size_per_gpu=2, loss_agg_mode=agg)
+    theirs, _ = core_algos.get_policy_loss_fn("gpg")(old, lp, adv[:, None].expand(5, 6), mask, agg, config)
+    tol = dict(rtol=1e-7, atol=1e-9) if agg == "seq-mean-token-mean" else dict(rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(ours, theirs, **tol)
+    torch.testing.assert_close(torch.autograd.grad(ours, lp)[0], torch.autograd.grad(theirs, lp)[0], **tol)
