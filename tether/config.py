@@ -312,6 +312,9 @@ class Config:
                 "model.lora with trainer.ref_update_every/ref_update_kl: under LoRA the reference is the base model "
                 "with the adapters disabled, which a refresh cannot move; set both to 0 (or train without model.lora)"
             )
+        if t.old_logprobs == "sampler":  # a constraint measured against pi_sampler would be identically inactive
+            for key, why in objectives.build(self.objective).config.vanishes_when_old_is_sampler().items():
+                raise ConfigError(f"objective.{key} with trainer.old_logprobs=sampler (pi_old = pi_sampler): {why}")
         if t.old_logprobs == "sampler" and (r.top_p < 1 or r.temperature == 0):
             raise ConfigError(
                 "trainer.old_logprobs=sampler: the sampler's log-probs are those of the full softmax only "

@@ -175,6 +175,17 @@ class ObjectiveConfig:
                 "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop rollout_correction")
         return need
 
+    def vanishes_when_old_is_sampler(self) -> dict[str, str]:
+        """The keys of this config whose constraint is identically inactive when pi_old IS pi_sampler (tether's
+        trainer.old_logprobs=sampler, verl's bypass mode), each with why and the fix; a trainer with that
+        anchoring refuses the config (docs/algorithms/rollout_correction.md, "Anchoring")."""
+        if self.rollout_correction is None:
+            return {}
+        return {"rollout_correction": (
+            "weighs each token by pi_old / pi_sampler, which is 1 when pi_old is pi_sampler: every weight is 1 and "
+            "nothing is truncated or rejected (verl's bypass mode instead measures pi_theta / pi_rollout inside the "
+            "loss, which tether does not do); set trainer.old_logprobs: recompute, or drop rollout_correction")}
+
     def uses_reference(self) -> bool:
         """Whether a reference model's log-probs are needed (the trainer loads it only then)."""
         return "ref_logprobs" in self.needs()
