@@ -129,6 +129,109 @@ def test_m2_keep_equals_areals_rule(seed, tau):
         assert keep.sum() > 0
 
 
+def _areal_m2po_loss(lp, prox, behave, adv, mask, tau, eps_clip, eps_clip_higher=None):
+    """AReaL's M2PO loss on one micro-batch, transcribed (areal 1.0.4 from PyPI, the same at areal-project/AReaL
+    cbff54d): `grpo_loss_fn` (areal/trainer/ppo/actor.py) replaces loss_mask by `_apply_m2po_masking(old_logp,
+    prox_logp, ...)`, on d = behave - prox, then `ppo_actor_loss_fn` (areal/utils/functional/functional.py, no
+    rejection_sampling) takes max(-A r, -A clamp(r, 1 - eps, 1 + eps_h)) with r = exp(lp - prox), zero outside the
+    mask, summed and divided by the mask's count_nonzero() (the KEPT tokens: the count is taken after the M2 mask)."""
+    m = _areal_rule(behave - prox, mask, tau)
+    count = m.count_nonzero() or 1
+    ratio = torch.where(m, torch.exp(lp - prox), torch.zeros_like(lp))
+    a = adv[:, None]
+    clipped = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher))
+    loss = torch.maximum(-a * ratio, -a * clipped)
+    return torch.where(m, loss, torch.zeros_like(loss)).sum() / count
+
+
+def _issue30_case():
+    # issue 30's case: d^2 = [.25, .01, .01, pad | .09, 0, .04, .01], tau .04, A = [1, -0.5]. The same d is both
+    # log(pi_theta / pi_old) and log(pi_old / pi_sampler), so against old and against sampler mask alike.
+    d = _t([0.5, -0.1, 0.1, 0.0], [-0.3, 0.0, 0.2, 0.1])
+    m = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]).bool()
+    prox = torch.full((2, 4), -1.0, dtype=D)
+    return prox + d, prox, prox - d, _t(1.0, -0.5), m
+
+
+@pytest.mark.parametrize("against", ["old", "sampler"])
+def test_issue30_normalisers_hand_computed(against):
+    # sorted d^2 .25, .09, .04, .01, .01, .01, 0: mean .41/7 = .0586 >= .04; drop .25: .16/6 = .0267 < .04.
+    # kept: -(1)(e^-.1 + e^.1) - (-.5)(e^-.3 + 1 + e^.2 + e^.1) = -2.0100083 + 2.0337956 = 0.0236873 (no clip)
+    #   all_tokens (the paper, 1 / sum |o_i| = 1/7): 0.0033839;  kept_tokens (AReaL, 1/6): 0.0039479
+    lp, prox, behave, adv, m = _issue30_case()
+    kept_sum = -(math.exp(-0.1) + math.exp(0.1)) + 0.5 * (math.exp(-0.3) + 1 + math.exp(0.2) + math.exp(0.1))
+    spec = {"preset": "m2po", "against": against}
+    for normaliser, n, value in (("all_tokens", 7, 0.0033839), ("kept_tokens", 6, 0.0039479)):
+        batch = objectives.TokenBatch(lp, prox, adv, m.to(D), sampler_logprobs=behave)
+        out = objectives.build({**spec, "normaliser": normaliser})(batch)
+        assert out.loss.item() == pytest.approx(kept_sum / n, rel=1e-12)
+        assert out.loss.item() == pytest.approx(value, abs=5e-8)
+        assert out.metrics["m2po/masked_frac"].item() == pytest.approx(1 / 7)
+
+
+@pytest.mark.parametrize("eps", [None, 0.2, 0.05])
+@pytest.mark.parametrize("seed", range(4))
+def test_m2po_equals_areals_loss_and_gradient(seed, eps):
+    # tether against=sampler (d = log(pi_old / pi_sampler) with pi_old AReaL's proximal policy) with
+    # normaliser kept_tokens and eps_low = eps is AReaL's loss exactly; the paper's all_tokens normaliser is it
+    # times kept / counted. eps None: a clip that never binds on AReaL's side (eps_clip 1e3), none on tether's.
+    g = torch.Generator().manual_seed(seed)
+    n, t = 5, 7
+    prox = -torch.rand(n, t, generator=g, dtype=D) * 3 - 0.05
+    behave = prox + 0.3 * torch.randn(n, t, generator=g, dtype=D)
+    lp0 = prox + 0.25 * torch.randn(n, t, generator=g, dtype=D)
+    adv = torch.randn(n, generator=g, dtype=D)
+    m = torch.arange(t)[None, :] < torch.randint(1, t + 1, (n,), generator=g)[:, None]
+    lp_a, lp_t = lp0.clone().requires_grad_(), lp0.clone().requires_grad_()
+    ref = _areal_m2po_loss(lp_a, prox, behave, adv, m, 0.04, 1e3 if eps is None else eps)
+    ref.backward()
+    spec = {"preset": "m2po", "against": "sampler", "normaliser": "kept_tokens", "eps_low": eps}
+    out = objectives.build(spec)(objectives.TokenBatch(lp_t, prox, adv, m.to(D), sampler_logprobs=behave))
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(lp_t.grad, lp_a.grad, rtol=1e-12, atol=1e-14)
+    kept = _areal_rule(behave - prox, m, 0.04).sum().item()
+    paper = objectives.build({**spec, "normaliser": "all_tokens"})(
+        objectives.TokenBatch(lp0, prox, adv, m.to(D), sampler_logprobs=behave))
+    assert paper.loss.item() == pytest.approx(ref.item() * kept / m.sum().item(), rel=1e-12, abs=1e-15)
+
+
+def test_kept_tokens_over_micro_batches_is_areals_weighting():
+    # AReaL weights each micro-batch's kept-token mean by its counted tokens (loss_weight_fn = loss_mask's
+    # count_nonzero, taken before the M2 mask) over the mini-batch's: tether's micro-batch losses with the
+    # mini-batch's token-mean normaliser sum to exactly that.
+    g = torch.Generator().manual_seed(3)
+    prox = -torch.rand(6, 5, generator=g, dtype=D) - 0.1
+    behave, lp = prox + 0.3 * torch.randn(6, 5, generator=g, dtype=D), prox + 0.1 * torch.randn(6, 5, generator=g,
+                                                                                                    dtype=D)
+    adv, m = torch.randn(6, generator=g, dtype=D), torch.ones(6, 5, dtype=torch.bool)
+    m[1, 3:] = m[4, 1:] = False
+    obj = objectives.build({"preset": "m2po", "against": "sampler", "normaliser": "kept_tokens", "eps_low": 0.2})
+    total, areal = 0.0, 0.0
+    for rows in (slice(0, 2), slice(2, 6)):
+        b = objectives.TokenBatch(lp[rows], prox[rows], adv[rows], m[rows].to(D), sampler_logprobs=behave[rows],
+                                  loss_norm=obj.normalizer(m.to(D)))
+        total += obj(b).loss.item()
+        areal += _areal_m2po_loss(lp[rows], prox[rows], behave[rows], adv[rows], m[rows], 0.04, 0.2).item() * \
+            m[rows].sum().item() / m.sum().item()
+    assert total == pytest.approx(areal, rel=1e-12)
+
+
+def test_m2po_clip_hand_computed():
+    # eps_low = eps_high = 0.2 on the issue's case (against old): the kept token of row 2 with log w = -.3 has
+    # w = .7408 < .8 and A = -.5 < 0: the clip binds, its loss is -(-.5)(.8) = .4 instead of .3704, no gradient.
+    lp, prox, behave, adv, m = _issue30_case()
+    lp = lp.clone().requires_grad_()
+    out = objectives.build({"preset": "m2po", "eps_low": 0.2, "eps_high": 0.2})(
+        objectives.TokenBatch(lp, prox, adv, m.to(D)))
+    out.loss.backward()
+    kept_sum = -(math.exp(-0.1) + math.exp(0.1)) + 0.5 * (0.8 + 1 + math.exp(0.2) + math.exp(0.1))
+    assert out.loss.item() == pytest.approx(kept_sum / 7, rel=1e-12)
+    assert lp.grad[1, 0].item() == 0.0 and lp.grad[0, 0].item() == 0.0  # clipped, and dropped by the M2 mask
+    assert lp.grad[1, 2].item() == pytest.approx(0.5 * math.exp(0.2) / 7, rel=1e-12)
+    assert out.metrics["policy/clipfrac_low"].item() == pytest.approx(1 / 7)  # the clipped one (A < 0)
+
+
 # ---------------------------------------------------------------- DeepSeek-V3.2 off-policy sequence mask
 
 
@@ -171,6 +274,10 @@ def test_bad_values_name_the_key():
 
     with pytest.raises(ConfigError, match="tau"):
         objectives.build({"preset": "m2po", "tau": 0})
+    with pytest.raises(ConfigError, match="normaliser.*set aggregation: token-mean"):
+        objectives.build({"preset": "m2po", "normaliser": "kept_tokens", "aggregation": "seq-mean-token-mean"})
+    with pytest.raises(ConfigError, match="eps_high.*together with eps_low"):
+        objectives.build({"preset": "m2po", "eps_high": 0.2})
     with pytest.raises(ConfigError, match="off_policy_mask"):
         objectives.build({"preset": "grpo", "off_policy_mask": -1})
 
