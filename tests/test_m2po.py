@@ -269,6 +269,46 @@ def test_off_policy_mask_removes_the_sequences_gradient_and_keeps_the_normaliser
     assert out.metrics["policy/off_policy_masked_frac"].item() == 0.0
 
 
+def test_a_nan_sampler_logprob_counts_as_no_drift_as_trl():
+    # issue 30's case: A = -1, per-token log(pi_sampler / pi_theta) = [NaN, 2, 0], delta .5. TRL zeroes the NaN:
+    # mean (0 + 2 + 0) / 3 = .667 > .5, the sequence leaves the loss. Before, NaN propagated, NaN > .5 was False
+    # and the sequence was kept. A second sequence, A = .1 over 10 tokens, on-policy (w = 1), token-mean over 13:
+    #   TRL: (0 + 10 (-.1)) / 13 = -0.0769;  the old tether: (3 (1) + 10 (-.1)) / 13 = 0.1538
+    trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
+    lp = torch.full((2, 10), -1.0, dtype=D)
+    sampler = lp.clone()
+    sampler[0, :3] = lp[0, :3] + _t(float("nan"), 2.0, 0.0)
+    m = torch.zeros(2, 10)
+    m[0, :3], m[1] = 1, 1
+    adv = _t(-1.0, 0.1)
+    masked = C.off_policy_sequence_mask(lp, sampler, adv, m, 0.5)
+    assert masked[0, :3].all() and not masked[1].any()
+    keep_trl = trl_grpo.GRPOTrainer.get_off_policy_mask(adv[:, None], lp, sampler, m.to(D), 0.5)  # (B, 1), 1 = keep
+    assert torch.equal(~masked[:, 0], keep_trl[:, 0].bool())
+    out = objectives.build({"name": "ppo_clip", "aggregation": "token-mean", "off_policy_mask": 0.5})(
+        objectives.TokenBatch(lp.clone().requires_grad_(), lp, adv, m.to(D), sampler_logprobs=sampler))
+    assert out.loss.item() == pytest.approx(-1 / 13, rel=1e-12)  # -0.0769
+
+
+def test_the_trainer_takes_a_nonfinite_sampler_logprob_out_of_the_loss_and_counts_it():
+    from types import SimpleNamespace
+
+    from tether.causal_lm import Tokens
+    from tether.step import finite_sampler_tokens, sampler_logprobs
+
+    lp = torch.tensor([[-1.0, float("nan"), -0.5], [float("-inf"), -2.0, float("nan")]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # row 1's NaN is padding: not counted, not masked twice
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    tokens = Tokens(ids, torch.ones(2, 3), ids, ids, mask, 0)
+    rollout = SimpleNamespace(sampler_logprobs=lp)
+    kept, n = finite_sampler_tokens(rollout, tokens)
+    assert n == 2.0 and kept.mask.tolist() == [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+    assert tokens.mask.tolist() == mask.tolist()  # the caller's tensor is not modified
+    clean = sampler_logprobs(rollout, kept)
+    assert torch.isfinite(clean).all() and clean.tolist() == [[-1.0, 0.0, -0.5], [0.0, -2.0, 0.0]]
+    assert finite_sampler_tokens(SimpleNamespace(sampler_logprobs=torch.zeros(2, 3)), tokens) == (tokens, 0.0)
+
+
 def test_bad_values_name_the_key():
     from tether.schema import ConfigError
 
@@ -301,3 +341,4 @@ def test_train_runs_two_steps(tiny_dir, tmp_path, extra):
     assert all(math.isfinite(r["loss/total"]) for r in rows[1:])
     key = "m2po/masked_frac" if extra == ["objective=m2po"] else "policy/off_policy_masked_frac"
     assert all(key in r for r in rows[1:])
+    assert all(r["rollout/nonfinite_sampler_logprobs"] == 0 for r in rows[1:])  # the hf engine scores every token

@@ -124,9 +124,13 @@ def off_policy_sequence_mask(logprobs: torch.Tensor, behaviour_logprobs: torch.T
     a sequence that the policy is pushed away from AND that drifted far from the policy that sampled it (the k1
     estimate of KL(pi_behaviour || pi_theta) over its tokens). `logprobs` (N, T) are pi_theta's (detached here),
     `behaviour_logprobs` (N, T) the sampler's; `advantages` (N,) or (N, T). As TRL: the mean over the sequence's
-    counted tokens (at least 1), a strict `>`, and A = 0 kept."""
+    counted tokens (at least 1), a strict `>`, A = 0 kept, and a NaN log-ratio (a token the sampler could not
+    score) counted as 0, no drift, before the mean, as TRL (`torch.nan_to_num(kl, nan=0.0)`, which also maps
+    +-inf to the dtype's largest finite values). tether's trainer never passes a non-finite sampler log-prob
+    (`tether.step.finite_sampler_tokens` takes such tokens out of the mask)."""
     m = mask.bool()
     d = torch.where(m, behaviour_logprobs.detach() - logprobs.detach(), torch.zeros_like(logprobs))
+    d = torch.nan_to_num(d, nan=0.0)
     seq_kl = seq_mean(d, m)[:, None]  # (N, 1)
     adv = advantages if advantages.dim() == 2 else advantages[:, None]
     return (adv < 0) & (seq_kl > delta) & m
