@@ -162,8 +162,8 @@ class TrainerConfig:
     pass; the same policy and weights, so they differ only by the KV-cache decode's rounding
     (about 1e-6 with the hf engine). Needs rollout.top_p=1 and temperature > 0."""
     staleness: int = 0
-    """Rollout lag s: the batch of RL step t is sampled by the policy of step t - s (the first s steps by the
-    initial policy), as an asynchronous trainer with a fixed lag would produce it; deterministic, and part of
+    """Rollout lag s: the batch of RL step t is sampled by the policy of step t - s (the first s + 1 steps by
+    the initial policy: step 1's updates start from it), as an asynchronous trainer with a fixed lag would produce it; deterministic, and part of
     the checkpoint. 0: on-policy sampling. The anchor pi_old is old_logprobs: recompute (decoupled) or sampler
     (bypass); docs/training.md, "Stale rollouts"."""
     overlap: bool = False
