@@ -494,3 +494,11 @@ def test_masked_tokens_split_over_micro_batches_give_the_whole_batch(spec, level
     merged = merger.result()
     for k, v in whole.metrics.items():
         torch.testing.assert_close(merged[k], v.double(), rtol=1e-12, atol=1e-14, msg=k)
+
+
+def test_tether_list_shows_the_binary_measures(capsys):
+    from tether.cli import main
+
+    assert main(["list"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("binary measures"))
+    assert line.endswith("binary_tv, binary_kl, binary_kl_max") and "KPop" in line
