@@ -1,7 +1,10 @@
 """M2PO's second-moment mask and DeepSeek-V3.2's off-policy sequence mask (issue 26, item 3), on CPU in float64.
 
 1. hand-computed masks, losses and gradients (arithmetic in the comments);
-2. exactness: `m2_keep` equals AReaL's `m2_threshold` rule written out as a loop, on random batches;
+2. exactness: `m2_keep` equals AReaL's `m2_threshold` rule written out as a loop, on random batches; the loss and
+   gradient with `normaliser: kept_tokens` and `eps_low` equal AReaL's M2 mask + `ppo_actor_loss_fn` (transcribed),
+   and the paper's `all_tokens` normaliser is that times kept / counted (issue 30: 0.0033839 vs 0.0039479);
+   the off-policy mask treats a NaN sampler log-prob as TRL's `get_off_policy_mask` does;
 4. invariants: no suffix below tau keeps one token, padding never counts, micro-batch split is the batch's;
 6. end to end: `tether train objective=m2po` runs two steps (as tests/test_dppo_sapo_gmpo_cov.py does).
 """
