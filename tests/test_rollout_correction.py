@@ -353,7 +353,8 @@ def test_kpop_in_an_objective_zeroes_the_rejected_tokens_gradient():
     lp = old.clone().requires_grad_()
     rc = {"mode": "mask", "measure": "binary_kl_max", "delta": 0.085}
     out = objectives.build({"preset": "dapo", "rollout_correction": rc})(
-        objectives.TokenBatch(lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 3, dtype=D), sampler_logprobs=sampler))
+        objectives.TokenBatch(lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 3, dtype=D),
+                              sampler_logprobs=sampler))
     out.loss.backward()
     # token-mean over 3 (the rejected tokens stay in the count), on-policy: -A / 3 on the kept token only
     torch.testing.assert_close(lp.grad, torch.tensor([[0.0, 0.0, -1 / 3]], dtype=D), rtol=1e-12, atol=0)

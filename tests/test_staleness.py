@@ -1,8 +1,8 @@
 """`trainer.staleness` (bounded-lag rollouts, issue 26, item 1): the sampler lags the policy by s steps,
 its mismatch is measured, and a stale run resumes exactly.
 
-5. behaviour of rollouts: the sampler of step t is the policy of step t - s (the first s steps: the initial policy),
-   and the current weights come back bitwise after sampling;
+5. behaviour of rollouts: the sampler of step t is the policy of step t - s (the first s + 1 steps: the initial
+   policy), and the current weights come back bitwise after sampling;
 1. hand-computed stale metrics (KL(pi_sampler || pi_old), k1 and k3);
 6. end to end: `stale/lag` in metrics.jsonl is min(s, t - 1); bypass anchoring gives KL 0;
 7. resume: a run killed after its step-2 checkpoint and resumed with s = 2 matches the uninterrupted run bitwise

@@ -163,9 +163,9 @@ class TrainerConfig:
     (about 1e-6 with the hf engine). Needs rollout.top_p=1 and temperature > 0."""
     staleness: int = 0
     """Rollout lag s: the batch of RL step t is sampled by the policy of step t - s (the first s + 1 steps by
-    the initial policy: step 1's updates start from it), as an asynchronous trainer with a fixed lag would produce it; deterministic, and part of
-    the checkpoint. 0: on-policy sampling. The anchor pi_old is old_logprobs: recompute (decoupled) or sampler
-    (bypass); docs/training.md, "Stale rollouts"."""
+    the initial policy: step 1's updates start from it), as an asynchronous trainer with a fixed lag would
+    produce it; deterministic, and part of the checkpoint. 0: on-policy sampling. The anchor pi_old is
+    old_logprobs: recompute (decoupled) or sampler (bypass); docs/training.md, "Stale rollouts"."""
     overlap: bool = False
     """With staleness s >= 1, sample the batch of step t+1 in a background thread while step t trains (its
     sampler, the policy of step t+1-s, is known when step t starts): the same tokens, metrics and weights as

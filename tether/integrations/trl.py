@@ -71,7 +71,8 @@ Where the loss path departs from TRL's, and why:
    count it: the loss and gradient are TRL's own (`tests/test_integration_trl.py` calls TRL's
    `_compute_loss`). tether's own trainer and the verl plugin count only the rows with tokens,
    verl's convention (tether.core.aggregation). **Behaviour change (issue 30):** with one of 4
-   rows empty the adapter's grpo loss in the audit's case was 0.13658 where TRL's is 0.10243 (a normaliser of 3 rows, not 4).
+   rows empty, the adapter's grpo loss in the audit's case was 0.13658 where TRL's is 0.10243
+   (a normaliser of 3 rows, not 4).
 """
 
 from __future__ import annotations
