@@ -30,7 +30,8 @@ class DPPOConfig(ObjectiveConfig):
     """DPPO [arXiv 2602.04879]: mask the tokens whose update left a divergence trust region (tether.core.dppo)."""
 
     measure: Any = "binary_tv"
-    """binary_tv or binary_kl (divergence of the sampled token's Bernoulli, the paper's), or a ratio measure
+    """binary_tv or binary_kl (divergence of the sampled token's Bernoulli, the paper's; binary_kl_max: both KL
+    directions, AReaL's KPop measure), or a ratio measure
     (ratio, log_ratio, kl2, kl3, kl3_reverse, chi2, hellinger, or a callable D(w)): then the mask keeps
     D(w) <= delta on the side the advantage pushes, ATR-GRPO's region."""
     delta_low: float = 0.15
