@@ -266,3 +266,25 @@ def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path, capsys, monkey
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(f"error: {where}"), err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("overrides, key, fix", [
+    # m2po against the sampler measures log(pi_old / pi_sampler): identically 0 when pi_old is pi_sampler
+    (("objective=m2po", "objective.against=sampler"), "objective.against", "set against: old"),
+    # rollout correction weighs by pi_old / pi_sampler: every weight 1 under the same anchoring
+    (("objective.rollout_correction.mode=mask",), "objective.rollout_correction",
+     "set trainer.old_logprobs: recompute, or drop rollout_correction"),
+    (("objective=m2po", "objective.rollout_correction.measure=kl3", "objective.rollout_correction.mode=mask",
+      "objective.rollout_correction.delta=0.01"), "objective.rollout_correction", "trainer.old_logprobs: recompute"),
+])
+def test_a_constraint_that_vanishes_under_bypass_anchoring_is_refused(tmp_path, capsys, monkeypatch, overrides, key,
+                                                                      fix):
+    # Was: m2po against=sampler under trainer.old_logprobs=sampler trained with masked_frac 0.0 at drifts of 2 nats,
+    # an unconstrained importance-sampled policy gradient, without a word.
+    monkeypatch.chdir(tmp_path)
+    code, out, err, written = _train_cli(tmp_path, capsys, "trainer.old_logprobs=sampler", *overrides)
+    assert code == 2 and not written and out == "", (err, out)
+    assert err.startswith(f"error: {key} with trainer.old_logprobs=sampler (pi_old = pi_sampler): ") and fix in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    # The same objective under the decoupled anchoring loads.
+    load_config(None, ["model.name_or_path=tiny", *overrides])

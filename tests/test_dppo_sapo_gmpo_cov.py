@@ -45,12 +45,14 @@ def _t(*rows):
 # ---------------------------------------------------------------- 1. hand-computed
 
 
-@pytest.mark.parametrize("measure,delta", [("binary_tv", 0.15), ("binary_kl", 0.05)])
+@pytest.mark.parametrize("measure,delta", [("binary_tv", 0.15), ("binary_kl", 0.05), ("binary_kl_max", 0.05)])
 def test_dppo_hand_computed(measure, delta):
     # One sequence, A = (+1, +1, -1), p_old = (0.5, 0.1, 0.5), p = (0.7, 0.2, 0.3), token-mean over 3.
     #   binary_tv: |p - p_old| = 0.2, 0.1, 0.2: token 1 (A > 0, moved up 0.2 > 0.15) and token 3 (A < 0, moved
     #   down 0.2) leave the region; token 2 stays.  binary_kl: KL(Ber(.5)||Ber(.7)) = .5 ln(.5/.7) + .5 ln(.5/.3)
     #   = 0.08718 > 0.05 (token 3 the same by symmetry); KL(Ber(.1)||Ber(.2)) = .1 ln .5 + .9 ln(.9/.8) = 0.03669.
+    #   binary_kl_max (KPop's, both ways): token 2's reverse KL(Ber(.2)||Ber(.1)) = .2 ln 2 + .8 ln(.8/.9) = 0.04440,
+    #   max 0.04440 <= 0.05: the same decisions (tokens 1 and 3 are out at 0.08718 either way).
     # Token 2: w = 2, l = -A w ln 0.2 = 3.21888; loss = 3.21888 / 3 = 1.07296; d loss / d lp_2 = -A w / 3 = -2/3.
     p_old, p = _t([0.5, 0.1, 0.5]), _t([0.7, 0.2, 0.3])
     adv = _t([1.0, 1.0, -1.0])

@@ -461,3 +461,94 @@ def test_the_example_defaults_make_the_trust_region_act(tmp_path):
     assert logs[0]["policy/ratio_max"] == 1.0 and logs[0]["policy/clipfrac_high"] == 0.0
     assert logs[1]["policy/ratio_max"] > 1.0
     assert logs[1]["policy/clipfrac_high"] + logs[1]["policy/clipfrac_low"] > 0
+
+
+# ---------------------------------------------------------------- rows with no counted token (issue 30, item 3)
+
+
+def _trls_compute_loss(loss_type, lp, old, adv, mask, max_len):
+    """TRL 1.16's own `GRPOTrainer._compute_loss` on these tensors (beta 0, no vLLM, one accumulation step):
+    the method is called on a stand-in trainer whose log-prob helper returns `lp`; its loss and d loss / d lp."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    leaf = lp.clone().requires_grad_()
+    same = lambda x, **_: x  # noqa: E731  (one process: gather and reduce are the identity)
+    stub = SimpleNamespace(
+        _get_per_token_logps_and_entropies=lambda *a, **k: (leaf, torch.zeros_like(leaf), None),
+        aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
+        importance_sampling_level="token", beta=0.0, loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.2,
+        args=SimpleNamespace(delta=None, use_bias_correction_kl=True), use_vllm=False,
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, max_completion_length=max_len,
+        _entropy_bonus_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)),
+        accelerator=SimpleNamespace(gather=same, reduce=same, gather_for_metrics=same, num_processes=1),
+    )
+    n, t = lp.shape
+    inputs = {"prompt_ids": torch.zeros(n, 1, dtype=torch.long), "prompt_mask": torch.ones(n, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(n, t, dtype=torch.long), "completion_mask": mask, "advantages": adv,
+              "old_per_token_logps": old}
+    loss = GRPOTrainer._compute_loss(stub, None, inputs)
+    loss.backward()
+    return loss.detach(), leaf.grad
+
+
+def _adapters_loss(objective, lp, old, adv, mask, max_len, train=True):
+    """The adapter's loss path (`TetherGRPOTrainer.on_new_buffer`, `_step_normalizer`, `_token_batch`,
+    `objective_loss`) on a stand-in trainer: one process, one accumulation step, the batch its own buffer."""
+    from types import MethodType, SimpleNamespace
+
+    leaf = lp.clone().requires_grad_()
+    stub = SimpleNamespace(
+        tether_objective=objectives.build(objective, max_len=max_len), beta=0.0, on_objective=None,
+        model=SimpleNamespace(training=train), current_gradient_accumulation_steps=1, num_iterations=1, micro_step=0,
+        args=SimpleNamespace(steps_per_generation=1, gradient_accumulation_steps=1),
+        accelerator=SimpleNamespace(reduce=lambda x, **_: x, num_processes=1), _log_objective=lambda *a: None,
+    )
+    for name in ("on_new_buffer", "_step_normalizer", "_token_batch"):
+        setattr(stub, name, MethodType(getattr(TetherGRPOTrainer, name), stub))
+    inputs = {"completion_mask": mask, "advantages": adv, "old_per_token_logps": old}
+    stub.on_new_buffer([inputs])
+    loss = TetherGRPOTrainer.objective_loss(stub, inputs, leaf, torch.zeros_like(leaf))
+    loss.backward()
+    return loss.detach(), leaf.grad
+
+
+GRPO_SAME_AS_TRL = {"name": "ppo_clip", "aggregation": "seq-mean-token-mean", "advantage": "grpo"}  # beta 0
+DR_GRPO = "dr_grpo"
+
+
+def test_an_empty_row_counts_in_the_normaliser_as_in_trl_hand_computed():
+    # 4 rows, the last with no counted token (mask_truncated_completions on a truncated completion); on-policy,
+    # so every kept token's loss is -A. Rows 0-2: A = .3, -.6, .9 over 2, 3, 1 tokens.
+    #   TRL grpo: mean over the 4 rows of the row's token mean = -(.3 - .6 + .9 + 0) / 4 = -0.15
+    #   (before: over the 3 rows with tokens, -0.2, the issue's 4/3)
+    #   TRL dr_grpo: sum over tokens / (4 rows x max_completion_length 3) = -(.6 - 1.8 + .9) / 12 = 0.025
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]])
+    lp = torch.full((4, 3), -1.0)
+    adv = torch.tensor([0.3, -0.6, 0.9, 0.0])
+    for spec, expected in ((GRPO_SAME_AS_TRL, -0.15), (DR_GRPO, 0.025)):
+        for train in (True, False):
+            loss, _ = _adapters_loss(spec, lp, lp, adv, mask, 3, train)
+            assert loss.item() == pytest.approx(expected, rel=1e-6), (spec, train)
+    # tether's own trainer keeps verl's convention: the empty row does not count
+    assert objectives.build(GRPO_SAME_AS_TRL)(objectives.TokenBatch(lp, lp, adv, mask.float())).loss.item() == \
+        pytest.approx(-0.2, rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_type, spec", [("grpo", GRPO_SAME_AS_TRL), ("dr_grpo", DR_GRPO),
+                                             ("bnpo", {"name": "ppo_clip", "aggregation": "token-mean"})])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_adapters_loss_and_gradient_are_trls_own_with_empty_rows(loss_type, spec, seed):
+    g = torch.Generator().manual_seed(seed)
+    n, t = 4, 6
+    old = -torch.rand(n, t, generator=g, dtype=torch.float64) * 2 - 0.1
+    lp = old + 0.3 * torch.randn(n, t, generator=g, dtype=torch.float64)  # off-policy: the clip acts
+    adv = torch.randn(n, generator=g, dtype=torch.float64)
+    mask = (torch.arange(t)[None, :] < torch.tensor([6, 0, 3, 5])[:, None]).long()  # row 1 empty
+    mask[3, 1] = 0  # a tool-output token inside a row
+    trl_loss, trl_grad = _trls_compute_loss(loss_type, lp, old, adv, mask, t + 2)
+    loss, grad = _adapters_loss(spec, lp, old, adv, mask, t + 2)
+    torch.testing.assert_close(loss, trl_loss, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad, trl_grad, rtol=1e-12, atol=1e-15)

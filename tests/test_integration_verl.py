@@ -440,6 +440,9 @@ def test_config_errors():
         tv.TetherPolicyLossConfig(loss_mode="tether_etr", overrides={"macro": "implicit"})
     with pytest.raises(ConfigError, match="reward_range=null"):
         tv.TetherPolicyLossConfig(loss_mode="tether_etr", overrides={"reward_range": [0.0, 1.0]})
+    # m2po against the sampler reads rollout log-probs that verl's policy loss never receives (issue 30)
+    with pytest.raises(ConfigError, match="sampler's log-probs.*algorithm.rollout_correction.*against=old"):
+        tv.TetherPolicyLossConfig(loss_mode="tether_m2po", overrides={"against": "sampler"})
 
 
 def test_runtime_errors_name_the_fix():

@@ -272,6 +272,101 @@ def test_rejection_config_is_checked():
         objectives.build({"preset": "dapo", "rollout_correction": {"level": "geometric"}})
 
 
+# ---------------------------------------------------------------- issue 30: KPop, AReaL's binary-KL rejection
+
+
+def _areal_binary_kl(log_p, log_q, eps=1e-8):
+    """AReaL's `compute_binary_kl_divergence` (areal-project/AReaL cbff54d, areal/utils/functional/functional.py,
+    added in PR 1405), transcribed: p, q clamped to [eps, 1 - eps], p log(p/q) + (1 - p) log((1 - p)/(1 - q))."""
+    p = torch.clamp(torch.exp(log_p), eps, 1.0 - eps)
+    q = torch.clamp(torch.exp(log_q), eps, 1.0 - eps)
+    return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))
+
+
+def _areal_kpop_kept(prox, behave, mask, level, upper):
+    """AReaL's `apply_rejection_sampling` with metric binary_kl, action mask, no lower bound, 2D padded input, agg
+    mean (the same file and commit), transcribed: metric = max(KL(prox || behave), KL(behave || prox)) per token;
+    at sequence level its mean over the counted tokens (count at least 1); kept iff metric <= upper, and counted."""
+    metric = torch.maximum(_areal_binary_kl(prox, behave), _areal_binary_kl(behave, prox))
+    if level == "sequence":
+        masked = torch.where(mask, metric, torch.zeros_like(metric))
+        metric = (masked.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)).expand_as(metric)
+    return mask & (metric <= upper)
+
+
+def test_binary_kl_max_hand_computed():
+    # p = .5, q = .7: KL(.5 || .7) = .5 ln(.5/.7) + .5 ln(.5/.3) = .5 (-.3364722) + .5 (.5108256) = .0871767
+    #                 KL(.7 || .5) = .7 ln(.7/.5) + .3 ln(.3/.5) = .2355306 - .1532477 = .0822829; max .0871767
+    from tether.core.divergences import binary_kl, binary_kl_max
+
+    a, b = torch.tensor([math.log(0.5)], dtype=D), torch.tensor([math.log(0.7)], dtype=D)
+    fwd = 0.5 * math.log(0.5 / 0.7) + 0.5 * math.log(0.5 / 0.3)
+    rev = 0.7 * math.log(0.7 / 0.5) + 0.3 * math.log(0.3 / 0.5)
+    assert binary_kl(a, b).item() == pytest.approx(fwd, rel=1e-7)  # the 1e-8 guard moves the 8th digit at most
+    assert binary_kl(b, a).item() == pytest.approx(rev, rel=1e-7)
+    assert binary_kl_max(a, b).item() == binary_kl_max(b, a).item() == pytest.approx(max(fwd, rev), rel=1e-7)
+    assert binary_kl_max(a, a).item() == 0.0
+
+
+def test_kpop_rejection_hand_computed():
+    # token level, delta .085: token 0 (p_old .5, p_sampler .7: .0871767 > .085) rejected; token 1 (.7 vs .5, the
+    # same pair reversed: the max is symmetric) rejected; token 2 (.5 vs .55: KL .0050 both ways) kept.
+    # sequence level, the row's mean (.0871767 + .0871767 + .0050) / 3 = .0598 <= .085: the sequence is kept.
+    old = torch.log(torch.tensor([[0.5, 0.7, 0.5]], dtype=D))
+    sampler = torch.log(torch.tensor([[0.7, 0.5, 0.55]], dtype=D))
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    c = rollout_correction(old, sampler, mask, "token", "mask", measure="binary_kl_max", delta=0.085)
+    assert c.weights.tolist() == [[0.0, 0.0, 1.0]] and c.masked.tolist() == [[True, True, False]]
+    c = rollout_correction(old, sampler, mask, "sequence", "mask", measure="binary_kl_max", delta=0.085)
+    assert c.weights.tolist() == [[1.0, 1.0, 1.0]]
+    c = rollout_correction(old, sampler, mask, "sequence", "mask", measure="binary_kl_max", delta=0.05)
+    assert c.weights.tolist() == [[0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kpop_rejection_equals_areals_rule(seed):
+    # tether's binary_kl_max adds 1e-8 inside a log where AReaL clamps p and q to [1e-8, 1 - 1e-8]: the values
+    # agree to 1e-6 (log-probs of 0 included, where the clamp moves p by 1e-8), and the decisions agree exactly
+    # at every threshold (none falls within 1e-6 of a value).
+    from tether.core.divergences import binary_kl_max
+
+    old, sampler, mask = _random_mismatch(seed, scale=0.5)
+    sampler = sampler.clamp(max=0.0)  # a log-prob; some are exactly 0 (p = 1)
+    old, sampler = torch.where(mask, old, -1.0), torch.where(mask, sampler, -1.0)  # finite padding for the values
+    assert (sampler == 0).any()
+    tether = binary_kl_max(old, sampler)
+    areal = torch.maximum(_areal_binary_kl(old, sampler), _areal_binary_kl(sampler, old))
+    torch.testing.assert_close(tether, areal, rtol=0, atol=1e-6)
+    for level in ("token", "sequence"):
+        for upper in (0.001, 0.01, 0.05, 0.2):
+            c = rollout_correction(old, sampler, mask, level, "mask", measure="binary_kl_max", delta=upper)
+            kept = _areal_kpop_kept(old, sampler, mask, level, upper)
+            assert torch.equal(mask & ~c.masked, kept), (level, upper)
+            assert torch.equal(c.weights, kept.to(D))  # a kept token has weight 1, as AReaL's mask mode (no ratio)
+    c = rollout_correction(old, sampler, mask, "token", "mask", measure="binary_kl_max", delta=0.01)
+    assert c.masked.any() and (c.weights == 1).any()  # both outcomes occur
+
+
+def test_kpop_in_an_objective_zeroes_the_rejected_tokens_gradient():
+    old = torch.log(torch.tensor([[0.5, 0.7, 0.5]], dtype=D))
+    sampler = torch.log(torch.tensor([[0.7, 0.5, 0.55]], dtype=D))
+    lp = old.clone().requires_grad_()
+    rc = {"mode": "mask", "measure": "binary_kl_max", "delta": 0.085}
+    out = objectives.build({"preset": "dapo", "rollout_correction": rc})(
+        objectives.TokenBatch(lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 3, dtype=D),
+                              sampler_logprobs=sampler))
+    out.loss.backward()
+    # token-mean over 3 (the rejected tokens stay in the count), on-policy: -A / 3 on the kept token only
+    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, 0.0, -1 / 3]], dtype=D), rtol=1e-12, atol=0)
+    assert out.metrics["rollout_correction/masked_frac"].item() == pytest.approx(2 / 3)
+    with pytest.raises(ConfigError, match=r"rollout_correction\.level.*token or sequence with the binary measure"):
+        objectives.build({"preset": "dapo", "rollout_correction": {**rc, "level": "sequence_geometric"}})
+    with pytest.raises(ConfigError, match=r"rollout_correction\.measure.*Did you mean 'binary_kl_max'"):
+        objectives.build({"preset": "dapo", "rollout_correction": {**rc, "measure": "binary_kl_mx"}})
+    with pytest.raises(ConfigError, match=r"rollout_correction\.mode.*'mask' with measure"):
+        objectives.build({"preset": "dapo", "rollout_correction": {**rc, "mode": "truncate"}})
+
+
 # ---------------------------------------------------------------- issue 22, item 3: a masked token leaves the loss
 
 
@@ -400,3 +495,11 @@ def test_masked_tokens_split_over_micro_batches_give_the_whole_batch(spec, level
     merged = merger.result()
     for k, v in whole.metrics.items():
         torch.testing.assert_close(merged[k], v.double(), rtol=1e-12, atol=1e-14, msg=k)
+
+
+def test_tether_list_shows_the_binary_measures(capsys):
+    from tether.cli import main
+
+    assert main(["list"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("binary measures"))
+    assert line.endswith("binary_tv, binary_kl, binary_kl_max") and "KPop" in line

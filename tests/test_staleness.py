@@ -1,8 +1,8 @@
 """`trainer.staleness` (bounded-lag rollouts, issue 26, item 1): the sampler lags the policy by s steps,
 its mismatch is measured, and a stale run resumes exactly.
 
-5. behaviour of rollouts: the sampler of step t is the policy of step t - s (the first s steps: the initial policy),
-   and the current weights come back bitwise after sampling;
+5. behaviour of rollouts: the sampler of step t is the policy of step t - s (the first s + 1 steps: the initial
+   policy), and the current weights come back bitwise after sampling;
 1. hand-computed stale metrics (KL(pi_sampler || pi_old), k1 and k3);
 6. end to end: `stale/lag` in metrics.jsonl is min(s, t - 1); bypass anchoring gives KL 0;
 7. resume: a run killed after its step-2 checkpoint and resumed with s = 2 matches the uninterrupted run bitwise
@@ -43,6 +43,9 @@ def test_the_sampler_of_step_t_is_the_policy_of_step_t_minus_s(s):
         with torch.no_grad():
             model.w.add_(torch.tensor([1.0, 0.1, 0.01]) * t)  # "the update of step t"
     assert len(fifo.state()["weights"]) == s and "frozen" not in fifo.state()["weights"][0]
+    # the first s + 1 steps (not s: issue 30) sample with the initial policy, zeros; step s + 2 with step 2's
+    initial = [t for t in range(1, 9) if max(1, t - s) == 1]
+    assert initial == list(range(1, s + 2)) and all(not policy_of[max(1, t - s)].any() for t in initial)
 
 
 def test_a_fifo_restored_from_its_state_continues_exactly():

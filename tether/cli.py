@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from . import objectives
-from .divergences import MEASURES, interval
+from .divergences import BINARY_MEASURES, MEASURES, interval
 
 LIST_DELTAS = (0.01, 0.02, 0.0231, 0.0331, 0.05)
 
@@ -29,6 +29,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("advantages:  " + ", ".join(ADVANTAGES.names()))
     print("aggregation: " + ", ".join(AGGREGATIONS.names()))
     print("kl penalty:  " + ", ".join(KL_ESTIMATORS.names()))
+    print("binary measures (of two log-probs; dppo's measure, rollout_correction's rejection; binary_kl_max: KPop): "
+          + ", ".join(BINARY_MEASURES.names()))
     print("\ntrust region [low, high] = {w : D(w) <= delta}")
     header = f"{'measure':<12}" + "".join(f"{'delta=' + format(d, 'g'):>20}" for d in LIST_DELTAS)
     print(header)

@@ -162,10 +162,10 @@ class TrainerConfig:
     pass; the same policy and weights, so they differ only by the KV-cache decode's rounding
     (about 1e-6 with the hf engine). Needs rollout.top_p=1 and temperature > 0."""
     staleness: int = 0
-    """Rollout lag s: the batch of RL step t is sampled by the policy of step t - s (the first s steps by the
-    initial policy), as an asynchronous trainer with a fixed lag would produce it; deterministic, and part of
-    the checkpoint. 0: on-policy sampling. The anchor pi_old is old_logprobs: recompute (decoupled) or sampler
-    (bypass); docs/training.md, "Stale rollouts"."""
+    """Rollout lag s: the batch of RL step t is sampled by the policy of step t - s (the first s + 1 steps by
+    the initial policy: step 1's updates start from it), as an asynchronous trainer with a fixed lag would
+    produce it; deterministic, and part of the checkpoint. 0: on-policy sampling. The anchor pi_old is
+    old_logprobs: recompute (decoupled) or sampler (bypass); docs/training.md, "Stale rollouts"."""
     overlap: bool = False
     """With staleness s >= 1, sample the batch of step t+1 in a background thread while step t trains (its
     sampler, the policy of step t+1-s, is known when step t starts): the same tokens, metrics and weights as
@@ -312,6 +312,9 @@ class Config:
                 "model.lora with trainer.ref_update_every/ref_update_kl: under LoRA the reference is the base model "
                 "with the adapters disabled, which a refresh cannot move; set both to 0 (or train without model.lora)"
             )
+        if t.old_logprobs == "sampler":  # a constraint measured against pi_sampler would be identically inactive
+            for key, why in objectives.build(self.objective).config.vanishes_when_old_is_sampler().items():
+                raise ConfigError(f"objective.{key} with trainer.old_logprobs=sampler (pi_old = pi_sampler): {why}")
         if t.old_logprobs == "sampler" and (r.top_p < 1 or r.temperature == 0):
             raise ConfigError(
                 "trainer.old_logprobs=sampler: the sampler's log-probs are those of the full softmax only "

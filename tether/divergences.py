@@ -1,8 +1,8 @@
 """Public access to divergence measures and trust-region intervals (see `tether.core.divergences`)."""
 
-from .core.divergences import MEASURES, interval, lambertw, numeric_interval, value
+from .core.divergences import BINARY_MEASURES, MEASURES, interval, lambertw, numeric_interval, value
 
-__all__ = ["MEASURES", "interval", "lambertw", "numeric_interval", "value", "names"]
+__all__ = ["BINARY_MEASURES", "MEASURES", "interval", "lambertw", "numeric_interval", "value", "names"]
 
 
 def names() -> list[str]:

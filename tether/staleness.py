@@ -5,8 +5,9 @@ prime-rl's `max_async_level`, AReaL's `max_head_offpolicyness`) trains on rollou
 old produced. tether reproduces that lag exactly and deterministically on one process: it keeps the trainable
 weights of the last s policies (CPU copies, a FIFO), and before sampling step t it loads the weights of step
 t - s into the model, samples, and puts the current weights back (bitwise: `copy_` of the saved tensors).
-"The policy of step t" is the one step t's updates start from; the first s steps sample with the initial policy
-(as the M2PO paper's stale-k runs do). Under LoRA the trainable weights are the adapters, so only they are copied.
+"The policy of step t" is the one step t's updates start from; step t samples with that of step max(1, t - s), so
+the first s + 1 steps sample with the initial policy (the policy of step 1), as the M2PO paper's stale-k runs
+start. Under LoRA the trainable weights are the adapters, so only they are copied.
 
 The three policies then stay apart:
     pi_sampler   the stale policy; its log-probs come from the engine (`RolloutBatch.sampler_logprobs`)

@@ -54,11 +54,32 @@ def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config,
     being differentiated, and `update` uses its log-probs, detached (the pass is skipped)."""
     t = cfg.trainer
     if t.old_logprobs == "sampler":
-        return rollout.sampler_logprobs.to(device=tokens.mask.device, dtype=torch.float32) * tokens.mask
+        return sampler_logprobs(rollout, tokens)
     if t.ppo_epochs * t.mini_batches == 1 and t.staleness == 0:  # stale: pi_old (the current policy) is logged
         return None
     with eval_mode(model), precision(tokens.mask.device, cfg):
         return batched_logprobs(model, tokens, logprobs)
+
+
+def finite_sampler_tokens(rollout, tokens: Tokens) -> tuple[Tokens, float]:
+    """`tokens` with every counted token whose sampler log-prob is not finite (NaN, +-inf) taken out of the loss
+    mask, and how many there were (`rollout/nonfinite_sampler_logprobs`). Such a token has no trustworthy
+    sampler probability: under trainer.old_logprobs=sampler it has no pi_old, and its rollout-correction
+    weight, off-policy drift or M2 statistic would be a guess (TRL counts a NaN as no drift, 0), so it leaves
+    the loss like padding, in every setting, rather than train on a made-up number (docs/metrics.md)."""
+    lp = rollout.sampler_logprobs.to(device=tokens.mask.device, dtype=torch.float32)
+    bad = ~torch.isfinite(lp) & tokens.mask.bool()
+    n_bad = float(bad.sum().item())
+    if n_bad:
+        tokens = dataclasses.replace(tokens, mask=torch.where(bad, torch.zeros_like(tokens.mask), tokens.mask))
+    return tokens, n_bad
+
+
+def sampler_logprobs(rollout, tokens: Tokens) -> torch.Tensor:
+    """The sampler's log-probs (N, T) float32, 0 wherever `tokens.mask` does not count (padding, and a
+    non-finite value `finite_sampler_tokens` took out: NaN * 0 would still be NaN)."""
+    lp = rollout.sampler_logprobs.to(device=tokens.mask.device, dtype=torch.float32)
+    return torch.where(tokens.mask.bool(), lp, torch.zeros_like(lp))
 
 
 # ---------------------------------------------------------------- rollout and rewards
@@ -304,12 +325,13 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
         scored = collect(run.overlap or run.engine, run.stream, run.reward_fn, cfg, run.params,
                          rollout_seed(t.seed, step), run.tokenizer.pad_token_id)
     model.train()
-    tokens = to_tokens(scored.rollout, run.tokenizer.pad_token_id, device)
+    tokens, nonfinite = finite_sampler_tokens(scored.rollout, to_tokens(scored.rollout, run.tokenizer.pad_token_id,
+                                                                        device))
     adv = run.obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float()).to(device)
     old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg, run.logprobs)
     ref_lp = run.reference_logprobs(tokens)
     gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
-    sampler_lp = scored.rollout.sampler_logprobs.to(device=device, dtype=torch.float32) * tokens.mask
+    sampler_lp = sampler_logprobs(scored.rollout, tokens)
     batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp, sampler_lp)
     done = update(Optimiser(model, run.optimizer, run.scheduler), run.obj, batch, cfg, gen, run.logprobs)
     metrics, run.counters.step = done.metrics, step
@@ -318,6 +340,7 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     if first and t.share_prompts and t.fused_logprobs and not run.unfused and shared_prompt_reason(model):
         log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
     metrics.update(scored.metrics)
+    metrics["rollout/nonfinite_sampler_logprobs"] = nonfinite
     if run.stale is not None:
         metrics.update(stale_metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
     if run.overlap is not None:

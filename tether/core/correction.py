@@ -19,6 +19,13 @@ where D_t is a tether divergence measure D (`tether.core.divergences`: kl3, kl2,
     token               D_t = D(exp(d_t))
     sequence            D_t = mean_{s in S} D(exp(d_s))           (verl's seq_mean_k3 with D = kl3)
     sequence_geometric  D_t = D(exp(sum_{s in S} d_s / |S|))
+or a binary measure B of the two log-probs (`divergences.BINARY_MEASURES`: binary_tv, binary_kl, binary_kl_max),
+token and sequence levels only (there is no ratio to average geometrically):
+    token               D_t = B(lp_old_t, lp_sampler_t)
+    sequence            D_t = mean_{s in S} B(lp_old_s, lp_sampler_s)
+With binary_kl_max this is KPop (AReaL's rejection_sampling `metric: binary_kl`, `action: mask`):
+    D_t = max(KL(Ber(p_old) || Ber(p_sampler)), KL(Ber(p_sampler) || Ber(p_old)))     kept iff D_t <= delta
+(AReaL's `upper` is delta; its sequence level with `agg: mean` is the sequence level here.)
 A divergence mask is a 0/1 rejection: a kept token is NOT weighted by r. The objective's per-token loss
 becomes SG(c_t) * l_t, and a masked token (c_t = 0) also leaves the objective's own sequence statistics
 (`tether.objectives`: GMPO's geometric mean, GSPO's sequence ratio), so its gradient is exactly 0.
@@ -41,6 +48,9 @@ Departures:
 4. A masked or rejected token stays in the aggregation's token count (the normaliser, computed by the
    caller from the mask alone), as in TRL and verl's IcePop; verl's rejection (`rollout_rs`) also removes
    it from `response_mask`, so under token-mean verl divides by the kept tokens only.
+6. A missing (NaN) sampler log-prob counts as pi_sampler = pi_old, no mismatch (TRL's rule for its importance
+   weights); AReaL's KPop computes its metric from the raw log-probs, so a NaN there is NaN and the token is
+   rejected. tether's trainer never passes one (`tether.step.finite_sampler_tokens`).
 5. Until issue 22, `sequence` was the geometric mean (now `sequence_geometric`) and `{measure, delta}`
    gave the ratio band {r : D(r) <= delta} with kept tokens weighted by r, and the geometric-mean ratio
    at sequence level: neither was verl's k3 rejection.
@@ -52,6 +62,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .divergences import BINARY_MEASURES
 from .divergences import value as divergence
 from .masked import seq_mean
 
@@ -77,9 +88,18 @@ def level_log_ratio(diff: torch.Tensor, mask: torch.Tensor, level: str) -> torch
     return diff.sum(-1, keepdim=True).expand_as(diff)
 
 
-def rejection_statistic(diff: torch.Tensor, mask: torch.Tensor, level: str, measure: str) -> torch.Tensor:
+def rejection_statistic(diff: torch.Tensor, mask: torch.Tensor, level: str, measure: str,
+                        old_logprobs: Optional[torch.Tensor] = None) -> torch.Tensor:
     """D_t (N, T) of the module docstring: the divergence `measure` of the ratio at `level`
-    (at `sequence`, the mean of the token divergences over the counted tokens)."""
+    (at `sequence`, the mean of the token divergences over the counted tokens). A binary measure also reads
+    `old_logprobs` (N, T): pi_sampler's log-prob is then lp_old - diff."""
+    if measure in BINARY_MEASURES:
+        if level == "sequence_geometric" or old_logprobs is None:
+            raise ValueError(f"the binary measure {measure!r} compares two log-probs: it needs old_logprobs and "
+                             f"level token or sequence; got level {level!r}")
+        old = torch.where(mask, old_logprobs.detach(), torch.zeros_like(diff))
+        d = BINARY_MEASURES.get(measure)(old, old - diff)
+        return d if level == "token" else seq_mean(d, mask)[:, None].expand_as(diff)
     if level != "sequence":
         return divergence(measure, torch.exp(level_log_ratio(diff, mask, level).clamp(-SAFETY_BOUND, SAFETY_BOUND)))
     d = divergence(measure, torch.exp(diff.clamp(-SAFETY_BOUND, SAFETY_BOUND)))
@@ -101,7 +121,7 @@ def rollout_correction(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tenso
     diff = torch.nan_to_num(diff, nan=0.0)  # a sampler log-prob that is missing (NaN) means no correction
     none = torch.zeros_like(m)
     if measure is not None:
-        rejected = rejection_statistic(diff, m, level, measure) > delta
+        rejected = rejection_statistic(diff, m, level, measure, old_logprobs) > delta
         w, truncated, masked = (~rejected).to(diff.dtype), none, rejected & m
     else:
         r = torch.exp(level_log_ratio(diff, m, level).clamp(-SAFETY_BOUND, SAFETY_BOUND))
@@ -124,9 +144,13 @@ def off_policy_sequence_mask(logprobs: torch.Tensor, behaviour_logprobs: torch.T
     a sequence that the policy is pushed away from AND that drifted far from the policy that sampled it (the k1
     estimate of KL(pi_behaviour || pi_theta) over its tokens). `logprobs` (N, T) are pi_theta's (detached here),
     `behaviour_logprobs` (N, T) the sampler's; `advantages` (N,) or (N, T). As TRL: the mean over the sequence's
-    counted tokens (at least 1), a strict `>`, and A = 0 kept."""
+    counted tokens (at least 1), a strict `>`, A = 0 kept, and a NaN log-ratio (a token the sampler could not
+    score) counted as 0, no drift, before the mean, as TRL (`torch.nan_to_num(kl, nan=0.0)`, which also maps
+    +-inf to the dtype's largest finite values). tether's trainer never passes a non-finite sampler log-prob
+    (`tether.step.finite_sampler_tokens` takes such tokens out of the mask)."""
     m = mask.bool()
     d = torch.where(m, behaviour_logprobs.detach() - logprobs.detach(), torch.zeros_like(logprobs))
+    d = torch.nan_to_num(d, nan=0.0)
     seq_kl = seq_mean(d, m)[:, None]  # (N, 1)
     adv = advantages if advantages.dim() == 2 else advantages[:, None]
     return (adv < 0) & (seq_kl > delta) & m

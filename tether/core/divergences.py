@@ -24,6 +24,26 @@ Departures from the paper:
    reported as 0: the ratio is positive, so the region is then one-sided.
 2. A user-supplied measure (any callable D of a float) is accepted; its interval is found by
    bisection and verified (D(low) = D(high) = delta) before it is used.
+
+Binary measures (`BINARY_MEASURES`) are not functions of the ratio alone: each compares the two
+Bernoulli distributions {sampled token, everything else} that two policies give the sampled token,
+from their log-probs a = log p and b = log q [DPPO, arXiv 2602.04879, its "Binary" approximation]:
+
+    binary_tv      |p - q|                                          TV(Ber(p), Ber(q))
+    binary_kl      p log(p / q) + (1 - p) log((1 - p) / (1 - q))    KL(Ber(p) || Ber(q))
+    binary_kl_max  max(KL(Ber(p) || Ber(q)), KL(Ber(q) || Ber(p)))  KPop (AReaL's rejection_sampling
+                                                                    metric `binary_kl`): both directions
+
+A ratio measure cannot express them: binary_tv = p |w - 1| with w = q / p, wide for a rare token and
+narrow for a confident one. DPPO masks by binary_tv / binary_kl (tether.core.dppo); rollout correction
+rejects a token whose binary measure between pi_old and pi_sampler exceeds delta (tether.core.correction),
+which with binary_kl_max is AReaL's KPop: keep the token iff max of the two KLs <= phi (AReaL's `upper`).
+
+Departures of the binary measures:
+3. binary_kl adds 1e-8 inside the second log, as the DPPO authors' and verl's code do, so that p -> 1 gives a
+   finite value. AReaL's `compute_binary_kl_divergence` instead clamps p and q to [1e-8, 1 - 1e-8]; for
+   finite log-probs the two differ by less than 1e-6 (tests/test_divergences.py compares them), which can
+   change a decision only for a value within that of the threshold. binary_kl_max is binary_kl both ways.
 """
 
 from __future__ import annotations
@@ -168,6 +188,31 @@ def chi2(w: torch.Tensor) -> torch.Tensor:
 @_measure("hellinger", _hellinger_interval)
 def hellinger(w: torch.Tensor) -> torch.Tensor:
     return 2.0 * (torch.sqrt(w) - 1.0) ** 2
+
+
+# ---------------------------------------------------------------- binary measures of two log-probs
+BinaryMeasure = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+BINARY_MEASURES: Registry[BinaryMeasure] = Registry("binary divergence measure")
+
+
+@BINARY_MEASURES.register("binary_tv")
+def binary_tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """TV(Ber(e^a), Ber(e^b)) = |e^a - e^b|, elementwise (N, T)."""
+    return (torch.exp(b) - torch.exp(a)).abs()
+
+
+@BINARY_MEASURES.register("binary_kl")
+def binary_kl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """KL(Ber(p) || Ber(q)) with p = e^a, q = e^b, elementwise (N, T); 1e-8 guards log(1 - q) at q = 1
+    (departure 3)."""
+    p, q = torch.exp(a), torch.exp(b)
+    return p * (a - b) + (1.0 - p) * torch.log((1.0 - p + 1e-8) / (1.0 - q + 1e-8))
+
+
+@BINARY_MEASURES.register("binary_kl_max")
+def binary_kl_max(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """KPop's symmetric binary KL, max(KL(Ber(p) || Ber(q)), KL(Ber(q) || Ber(p))), elementwise (N, T)."""
+    return torch.maximum(binary_kl(a, b), binary_kl(b, a))
 
 
 # ---------------------------------------------------------------- numeric intervals

@@ -37,28 +37,14 @@ Departures from the paper:
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from .registry import Registry
+# The Binary measures live with the other divergence measures; D(old, new) = binary_kl(old, new) is
+# KL(Ber(p_old) || Ber(p)) (departure 2 is tether.core.divergences departure 3).
+from .divergences import BINARY_MEASURES, BinaryMeasure, binary_kl, binary_tv  # noqa: F401  (re-exported)
 from .surrogates import TokenLoss, log_ratio, per_token
-
-BinaryMeasure = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-BINARY_MEASURES: Registry[BinaryMeasure] = Registry("binary divergence measure")
-
-
-@BINARY_MEASURES.register("binary_tv")
-def binary_tv(old_logprobs: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
-    """TV(Ber(p_old), Ber(p)) = |p - p_old|, (N, T)."""
-    return (torch.exp(logprobs) - torch.exp(old_logprobs)).abs()
-
-
-@BINARY_MEASURES.register("binary_kl")
-def binary_kl(old_logprobs: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
-    """KL(Ber(p_old) || Ber(p)), (N, T); 1e-8 guards log(1 - p) at p = 1 (departure 2)."""
-    p, p_old = torch.exp(logprobs), torch.exp(old_logprobs)
-    return p_old * (old_logprobs - logprobs) + (1.0 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
 
 
 def binary_valid(

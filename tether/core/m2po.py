@@ -8,7 +8,8 @@ With d_t = log r_t the token log-ratio and B the batch's counted tokens,
     M_t = 0 for the k tokens with the largest d_t^2, 1 for the others, k the smallest number for which the
           mean of d_t^2 over the kept tokens is below tau_M2 (the paper's threshold 0.04)
 
-    J = (1 / |B|) sum_{t in B} M_t r_t A_t                      no clip: the mask is the trust region
+    J = (1 / sum_i |o_i|) sum_i sum_t M_t r_t A_t               the paper's objective: no clip, and the
+                                                                 normaliser counts every token, kept or not
 
 so l_t = -A_t * w_t * M_t, whose gradient on a kept token is -A_t w_t grad lp_t. Unlike a batch KL estimate
 (sum of log r, where positive and negative terms cancel), every token adds d_t^2 >= 0, and removing the few
@@ -18,13 +19,21 @@ largest outliers brings the batch back inside the region while the rest of the s
 tokens by d^2 descending, drop the first k where k is the first index whose suffix mean is < tau, and if no
 suffix is below tau keep only the token with the smallest d^2.
 
+AReaL (areal 1.0.4, `grpo_loss_fn` and `ppo_actor_loss_fn` in areal/utils/functional/functional.py) differs from
+the paper's objective in two more ways, each offered here as an option (tether.objectives.M2POConfig):
+- it applies M to its `loss_mask`, so its token mean divides by the KEPT tokens of the micro-batch,
+  (1 / sum_t M_t) sum_t M_t l_t, then weights the micro-batch by its counted tokens: `normaliser: kept_tokens`
+  multiplies each l_t by |B| / sum_t M_t (`kept_scale`), which is exactly that under token-mean aggregation;
+- it keeps PPO's clip of r = pi_theta / pi_prox at [1 - eps_clip, 1 + eps_clip_higher]: `eps_low`/`eps_high`,
+  l_t = -M_t min(r_t A_t, clip(r_t) A_t).
+
 Departures:
 1. Strictly below tau (AReaL's `<`; the paper says "falls below"). Ties in d^2 are broken by position (a
    stable sort), so the mask is deterministic; AReaL's unstable sort may drop a different one of equal values.
 2. The statistic is over the batch the loss is given: the micro-batch when the trainer splits a mini-batch,
    as AReaL (per micro-batch in its loss function) and the authors' verl code (per micro-batch) compute it; the
    loss is then not a sum over micro-batches (like Clip-Cov and KL-Cov, tether.core.covariance departure 2).
-3. What d_t is measures is the caller's choice (`tether.objectives.M2POConfig.against`): log(pi_theta / pi_old),
+3. What d_t measures is the caller's choice (`tether.objectives.M2POConfig.against`): log(pi_theta / pi_old),
    the paper's r with pi_old the behaviour policy (tether's bypass anchoring, trainer.old_logprobs=sampler),
    recomputed at every update; or log(pi_old / pi_sampler), fixed for the rollout batch (AReaL, which measures
    its behaviour policy against the recomputed proximal one).
@@ -37,9 +46,11 @@ Departures:
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from .surrogates import TokenLoss, log_ratio, per_token
+from .surrogates import TokenLoss, clip_ratio_loss, log_ratio, per_token
 
 
 def m2_keep(d: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
@@ -72,13 +83,27 @@ def second_moment(d: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return ((d.detach() ** 2) * m).sum() / m.sum().clamp(min=1.0)
 
 
-def m2po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-         keep: torch.Tensor) -> TokenLoss:
-    """M2PO's per-token loss -A w M (N, T) with w = pi_theta / pi_old differentiable and M = `keep`.
+def kept_scale(mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """|B| / sum_t M_t, a scalar: the factor that turns a mean over all counted tokens into AReaL's mean over the
+    kept ones (1 when nothing is kept, where every loss is 0 anyway)."""
+    n = mask.detach().to(torch.float64).sum()
+    return n / keep.to(torch.float64).sum().clamp(min=1.0)
 
-    Flags: clip_high / clip_low mark dropped tokens with A > 0 / A < 0 (their gradient is removed)."""
+
+def m2po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+         keep: torch.Tensor, eps_low: Optional[float] = None, eps_high: Optional[float] = None) -> TokenLoss:
+    """M2PO's per-token loss -A w M (N, T) with w = pi_theta / pi_old differentiable and M = `keep`; with
+    `eps_low`/`eps_high`, AReaL's PPO clip -M min(w A, clip(w, 1 - eps_low, 1 + eps_high) A).
+
+    Flags: clip_high / clip_low mark dropped tokens with A > 0 / A < 0 (their gradient is removed), and kept
+    tokens whose gradient the clip removed."""
     w = torch.exp(log_ratio(logprobs, old_logprobs))
     adv = per_token(advantages, logprobs)
-    loss = -adv * w * keep.to(logprobs.dtype)
     dropped = ~keep
-    return TokenLoss(loss, dropped & (adv < 0), dropped & (adv > 0), torch.zeros_like(keep))
+    if eps_low is None:
+        loss = -adv * w * keep.to(logprobs.dtype)
+        return TokenLoss(loss, dropped & (adv < 0), dropped & (adv > 0), torch.zeros_like(keep))
+    clipped = clip_ratio_loss(w, adv, 1.0 - eps_low, 1.0 + (eps_low if eps_high is None else eps_high))
+    loss = clipped.loss * keep.to(logprobs.dtype)
+    return TokenLoss(loss, dropped & (adv < 0) | keep & clipped.clip_low, dropped & (adv > 0) | keep & clipped.clip_high,
+                     torch.zeros_like(keep))

@@ -65,6 +65,14 @@ Where the loss path departs from TRL's, and why:
    processes and then over micro-batches (TRL's mean of `_metrics`), a mean of means that depended
    on how the rows were split (a two-process run logged `policy/clipfrac_high` 0.665 where one process
    logged 0.646, with equal gradients).
+9. A row with no counted token (`mask_truncated_completions=True` on a truncated completion, or a
+   completion that is all tool output) counts in the seq-mean normalisers, as TRL's `grpo`
+   (`.mean()` over the rows) and `dr_grpo` (`per_token_loss.size(0) * max_completion_length`)
+   count it: the loss and gradient are TRL's own (`tests/test_integration_trl.py` calls TRL's
+   `_compute_loss`). tether's own trainer and the verl plugin count only the rows with tokens,
+   verl's convention (tether.core.aggregation). **Behaviour change (issue 30):** with one of 4
+   rows empty, the adapter's grpo loss in the audit's case was 0.13658 where TRL's is 0.10243
+   (a normaliser of 3 rows, not 4).
 """
 
 from __future__ import annotations
@@ -252,7 +260,7 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         return out
 
     def on_new_buffer(self, chunks: list[dict]) -> None:
-        local = torch.stack([self.tether_objective.normalizer(loss_mask(c)) for c in chunks])
+        local = torch.stack([self.tether_objective.normalizer(loss_mask(c), empty_rows="count") for c in chunks])
         self._tether_chunk_norms = self.accelerator.reduce(local.float(), reduction="sum")  # (spg,)
 
     def _step_normalizer(self) -> torch.Tensor:
@@ -299,7 +307,8 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
             sampler_logprobs=inputs.get(SAMPLER_LOGPS),  # vLLM's, for rollout_correction
             group_stats=group_stats_of(obj, inputs),
             entropy=ent if "entropy" in obj.config.needs() else ent.detach(),
-            loss_norm=self._step_normalizer() if train else None,
+            # every row counts in a seq-mean normaliser, as in TRL's grpo and dr_grpo (departure 9)
+            loss_norm=self._step_normalizer() if train else obj.normalizer(loss_mask(inputs), empty_rows="count"),
         )
 
     def _log_objective(self, out: ObjectiveOutput, mode: str) -> None:

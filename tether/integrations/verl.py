@@ -145,6 +145,12 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             f"{_KEY}: rollout_correction is verl's own under verl (algorithm.rollout_correction, e.g. its TIS or k3 "
             "rejection presets); the plugin multiplies verl's rollout_is_weights into the loss. Drop the override."
         )
+    if "sampler_logprobs" in cfg.needs():  # verl's policy-loss signature carries no rollout log-probs
+        raise ConfigError(
+            f"{_KEY}: objective {obj.name!r} with these settings reads the sampler's log-probs "
+            f"({cfg.needs()['sampler_logprobs']}), which verl does not pass to a policy loss; use verl's "
+            "algorithm.rollout_correction for the sampler mismatch (m2po: against=old)"
+        )
     # Capabilities, not names: verl's `returns` slot carries one group statistic, nu_g - nu_bar,
     # computed by the tether_* estimators from the batch's observed reward range.
     unsupported = set(cfg.group_stats_needed()) - {"nu_shift"}

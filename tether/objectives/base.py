@@ -93,13 +93,21 @@ class RolloutCorrectionConfig:
     measure: Optional[str] = None
     """A tether divergence measure (kl3, kl2, chi2, ...), mode mask only: reject a token whose D(r_t) > delta
     (token level), a sequence whose mean of D(r_t) over its tokens > delta (sequence level: verl's seq_mean_k3
-    with kl3), or whose D(geometric-mean r) > delta (sequence_geometric). Kept tokens get weight 1."""
+    with kl3), or whose D(geometric-mean r) > delta (sequence_geometric). Kept tokens get weight 1. Or a binary
+    measure of the two log-probs (binary_tv, binary_kl, binary_kl_max: AReaL's KPop, the larger of the two
+    Bernoulli KLs), token or sequence level."""
     delta: Optional[float] = None
     """The divergence threshold with `measure` (kl3 with delta: verl's token_k3 / seq_mean_k3 rejection)."""
 
     def __post_init__(self):
         if self.measure is not None:
-            check_name(_div.MEASURES, self.measure, "rollout_correction.measure")
+            if self.measure not in _div.MEASURES and self.measure not in _div.BINARY_MEASURES:
+                valid = _div.MEASURES.names() + _div.BINARY_MEASURES.names()
+                raise ConfigError(f"rollout_correction.measure: "
+                                  f"{unknown_name_message('divergence measure', self.measure, valid)}")
+            check(self.measure not in _div.BINARY_MEASURES or self.level != "sequence_geometric",
+                  "rollout_correction.level", self.level, f"token or sequence with the binary measure "
+                  f"{self.measure!r} (it compares two log-probs; there is no ratio to average geometrically)")
             check(self.delta is not None and self.delta > 0, "rollout_correction.delta", self.delta,
                   "a number > 0 (with measure)")
             check(self.mode == "mask", "rollout_correction.mode", self.mode,
@@ -174,6 +182,17 @@ class ObjectiveConfig:
                 "rollout_correction weighs each token by pi_old / pi_sampler; pass the sampler's log-probs (tether's "
                 "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop rollout_correction")
         return need
+
+    def vanishes_when_old_is_sampler(self) -> dict[str, str]:
+        """The keys of this config whose constraint is identically inactive when pi_old IS pi_sampler (tether's
+        trainer.old_logprobs=sampler, verl's bypass mode), each with why and the fix; a trainer with that
+        anchoring refuses the config (docs/algorithms/rollout_correction.md, "Anchoring")."""
+        if self.rollout_correction is None:
+            return {}
+        return {"rollout_correction": (
+            "weighs each token by pi_old / pi_sampler, which is 1 when pi_old is pi_sampler: every weight is 1 and "
+            "nothing is truncated or rejected (verl's bypass mode instead measures pi_theta / pi_rollout inside the "
+            "loss, which tether does not do); set trainer.old_logprobs: recompute, or drop rollout_correction")}
 
     def uses_reference(self) -> bool:
         """Whether a reference model's log-probs are needed (the trainer loads it only then)."""

@@ -43,9 +43,10 @@ class Objective:
         unclipped RPG; the config's capability); such a limit can act only on off-policy updates."""
         return self.config.has_trust_region()
 
-    def normalizer(self, mask: torch.Tensor) -> torch.Tensor:
-        """The aggregation normaliser of a whole mini-batch; pass it as `TokenBatch.loss_norm`."""
-        return _agg.normalizer(self.config.aggregation, mask, self.config.max_len)
+    def normalizer(self, mask: torch.Tensor, empty_rows: _agg.EmptyRows = "skip") -> torch.Tensor:
+        """The aggregation normaliser of a whole mini-batch; pass it as `TokenBatch.loss_norm`. `empty_rows`:
+        whether a seq-mean mode counts rows with no counted token (tether.core.aggregation)."""
+        return _agg.normalizer(self.config.aggregation, mask, self.config.max_len, empty_rows)
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor,
                    lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
