@@ -6,6 +6,9 @@
     reinforce_pp  REINFORCE++ with baseline      [REINFORCE++, 2501.03262]:
               a = R - mean_g, then whitened over the whole batch: (a - mean_B a) / sqrt(var_B a + 1e-8),
               mean and (Bessel-corrected) variance weighted by `weights` (default 1 per sequence)
+    maxrl     (R - mean_g) / (mean_g + 1e-6), 0 where mean_g <= 0   [MaxRL, 2602.02710]: dividing by the
+              pass rate instead of the std makes the gradient that of the maximum-likelihood objective
+              log p(success) truncated at order G (for 0/1 rewards a group with pass rate p weighs ~1/p)
 
 A group whose rewards are all equal gets advantage exactly 0 (tested by min == max, since a
 computed mean can differ from the common value in the last bit). A group of one sample has
@@ -23,6 +26,14 @@ Departures of `reinforce_pp` from verl's `reinforce_plus_plus_baseline` (equal e
 2. verl computes the Bessel factor n / (n - 1) of its variance in float32 (an integer tensor division), a
    relative error up to ~3e-8 in the advantages; tether's is float64. (verl's "+ 1e-8" in its masked means is
    added to a float32 count and vanishes.)
+
+Departures of `maxrl` from its references (equal elsewhere, tested):
+1. SkyRL (`maxrl`, skyrl_train/utils/ppo_utils.py) divides by mean_g + 1e-6 with no guard, so a group with a
+   negative mean flips its signs and one with a mean near 0 explodes; prime-rl (`max_rl`) divides by mean_g
+   exactly and gives 0 when mean_g <= 0. tether divides by mean_g + 1e-6 (SkyRL's) and gives 0 when mean_g <= 0
+   (prime-rl's guard; the paper's rewards are 0/1, where an all-zero group has no success to learn from). On a
+   group with mean_g > 0 tether equals SkyRL and is prime-rl's value times mean_g / (mean_g + 1e-6).
+2. A group of one gets 0 (every tether estimator); SkyRL gives it R (its baseline is 0).
 """
 
 from __future__ import annotations
@@ -74,6 +85,19 @@ def reinforce_pp(rewards: torch.Tensor, group_ids: torch.Tensor, weights: Option
     mean = (w * a).sum() / total
     var = (w * (a - mean) ** 2).sum() / total * total / (total - 1.0).clamp(min=1e-12)  # Bessel, as verl
     return _finish((a - mean) * torch.rsqrt(var + 1e-8), s)
+
+
+MAXRL_EPS = 1e-6
+"""MaxRL's denominator guard mean_g + eps (SkyRL's epsilon)."""
+
+
+@ADVANTAGES.register("maxrl")
+def maxrl(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    s = group_summary(rewards, group_ids)
+    mean = s["mean"]
+    live = mean > 0  # no success in the group: nothing to reweigh (departure 1)
+    adv = (rewards - mean) / torch.where(live, mean + MAXRL_EPS, torch.ones_like(mean))
+    return _finish(torch.where(live, adv, torch.zeros_like(adv)), s)
 
 
 def compute_advantages(

@@ -140,6 +140,12 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
     cfg = obj.config
     if cfg.entropy_coef != 0:
         raise ConfigError(f"{_KEY}: entropy_coef must be 0 under verl; use actor_rollout_ref.actor.entropy_coeff")
+    if cfg.reward_aggregation != "sum":
+        raise ConfigError(
+            f"{_KEY}: reward_aggregation={cfg.reward_aggregation!r} belongs to the advantage estimator under verl, "
+            "which reads the reward's parts (algorithm.adv_estimator=gdpo with algorithm.gdpo_reward_keys); "
+            "drop the override"
+        )
     if cfg.rollout_correction is not None:
         raise ConfigError(
             f"{_KEY}: rollout_correction is verl's own under verl (algorithm.rollout_correction, e.g. its TIS or k3 "
