@@ -238,3 +238,44 @@ def test_gdpo_equals_verls_gdpo_estimator():
     n = Rt.numel()
     shift = -Rt.mean() / torch.sqrt(((Rt - Rt.mean()) ** 2).sum() / (n - 1) + 1e-8)
     torch.testing.assert_close(theirs.to(D)[:Gs][tok[:Gs]], shift.expand(int(tok[:Gs].sum())), rtol=2e-6, atol=2e-6)
+
+
+# ---------------------------------------------------------------- end to end: tether's trainer
+
+
+@pytest.mark.slow
+def test_the_trainer_gives_gdpo_the_weighted_rewards_parts(tiny_dir, tmp_path, monkeypatch):
+    """Two steps of `tether train objective=gdpo` with a weighted reward: the advantages are the gdpo
+    estimator on each part's own scores and weights (not on their sum), and the run trains."""
+    import json
+    import math
+    from pathlib import Path
+
+    from conftest import DIGIT_REWARD, train_config
+
+    from tether.objectives.runtime import Objective
+    from tether.train import train
+
+    seen = []
+    original = Objective.advantages
+
+    def spy(self, rewards, group_ids, lengths=None, parts=None):
+        out = original(self, rewards, group_ids, lengths, parts)
+        seen.append((rewards, group_ids, lengths, parts, out))
+        return out
+
+    monkeypatch.setattr(Objective, "advantages", spy)
+    weights = f"reward.weights={{{DIGIT_REWARD}: 1.0, overlong: {{weight: 0.5, max_tokens: 6, cache: 4}}}}"
+    run = train(train_config(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "objective=gdpo", weights),
+                log=lambda *_: None)
+    rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(math.isfinite(r["loss/total"]) for r in rows[1:])
+    assert len(seen) == 2
+    for rewards, groups, lengths, parts, adv in seen:
+        assert parts is not None and parts.scores.shape == (16, 2) and parts.weights.tolist() == [1.0, 0.5]
+        torch.testing.assert_close(parts.scores.float() @ parts.weights.float(), rewards, rtol=1e-6, atol=1e-6)
+        summed = M.normalize_then_sum(parts, groups)
+        expected = A.compute_advantages("reinforce_pp", summed, groups, lengths.to(D))
+        torch.testing.assert_close(adv.to(D), expected, rtol=1e-6, atol=1e-6)
+    assert any(bool((adv != 0).any()) for *_, adv in seen)  # some group had a live part
