@@ -283,6 +283,25 @@ def test_gdpo_advantages_are_tethers_and_trls_normalize_then_sum(tiny_dir, tmp_p
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_grpo_batch_std_is_trls_scale_rewards_batch(tiny_dir, tmp_path):
+    """TRL's `scale_rewards="batch"` (advantages="trl") is tether's grpo_batch_std up to the eps: TRL divides by
+    std_B + 1e-4, tether by std_B + 1e-6 (tether.core.advantages, grpo_batch_std departure 1)."""
+    records = []
+    args = _args(tmp_path, gradient_accumulation_steps=2, scale_rewards="batch")
+    trainer = make_trainer(str(tiny_dir), odd_chars, Dataset.from_dict({"prompt": PROMPTS}),
+                           objective={"preset": "dapo", "advantage": "grpo_batch_std"}, args=args, advantages="trl",
+                           on_objective=lambda i, b, o: records.append(_record(trainer, i, b, o)))
+    trainer.train()
+    recs = records[:2]  # the first generation batch, 2 prompts x 4
+    rewards = torch.tensor(odd_chars([t for r in recs for t in r["texts"]]), dtype=torch.float64)
+    groups, got = _cat(recs, "groups"), _cat(recs, "advantages").double()
+    std_b = rewards.std()
+    expected = trainer.tether_objective.advantages(rewards, groups) * (std_b + 1e-6) / (std_b + 1e-4)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("setting, warns", [
     ({}, True),  # TRL's defaults: every generation batch within one optimiser step
     ({"gradient_accumulation_steps": 2}, True),

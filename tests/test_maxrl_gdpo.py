@@ -279,3 +279,91 @@ def test_the_trainer_gives_gdpo_the_weighted_rewards_parts(tiny_dir, tmp_path, m
         expected = A.compute_advantages("reinforce_pp", summed, groups, lengths.to(D))
         torch.testing.assert_close(adv.to(D), expected, rtol=1e-6, atol=1e-6)
     assert any(bool((adv != 0).any()) for *_, adv in seen)  # some group had a live part
+
+
+# ---------------------------------------------------------------- REINFORCE++ without baseline, GRPO with batch std
+
+
+def test_reinforce_pp_no_baseline_and_grpo_batch_std_hand_values():
+    # Rewards (1, 0 | 1, 1 | 0.5, 0), groups of 2, one weight per sequence.
+    # Batch: mean 3.5/6, Bessel var = sum (R - 7/12)^2 / 5 = (2 (5/12)^2 + (7/12)^2 ... ) computed below.
+    r = torch.tensor([1.0, 0, 1, 1, 0.5, 0], dtype=D)
+    g = torch.tensor([0, 0, 1, 1, 2, 2])
+    m = 3.5 / 6
+    var = ((r - m) ** 2).sum() / 5  # = (3 (5/12)^2 + 2 (7/12)^2 + (1/12)^2) / 5 = (75 + 98 + 1) / 144 / 5
+    assert var.item() == pytest.approx(174 / 720, rel=1e-15)
+    whitened = (r - m) / torch.sqrt(var + 1e-8)
+    expected = torch.where(g == 1, torch.zeros_like(r), whitened)  # the flat group (1, 1) gets exactly 0
+    torch.testing.assert_close(A.reinforce_pp_no_baseline(r, g), expected, rtol=1e-14, atol=0)
+    # grpo_batch_std: (R - group mean) / (sqrt(174/720) + 1e-6): (.5, -.5, 0, 0, .25, -.25) / 0.491596...
+    std_b = (174 / 720) ** 0.5
+    torch.testing.assert_close(A.grpo_batch_std(r, g),
+                               torch.tensor([0.5, -0.5, 0, 0, 0.25, -0.25], dtype=D) / (std_b + 1e-6),
+                               rtol=1e-14, atol=0)
+    # Token weights (lengths 1, 3, 1, 1, 2, 2): mean = (1 + 1 + 1 + 1) / 10 = 0.4, Bessel over 10 tokens.
+    w = torch.tensor([1.0, 3, 1, 1, 2, 2], dtype=D)
+    var_w = (w * (r - 0.4) ** 2).sum() / 9  # (.36 + 3 * .16 + .36 + .36 + 2 * .01 + 2 * .16) / 9 = 1.9 / 9
+    assert var_w.item() == pytest.approx(1.9 / 9, rel=1e-14)
+    got = A.compute_advantages("reinforce_pp_no_baseline", r, g, weights=w)
+    torch.testing.assert_close(got, torch.where(g == 1, 0.0, (r - 0.4) / torch.sqrt(var_w + 1e-8)), rtol=1e-14,
+                               atol=0)
+
+
+def test_reinforce_pp_no_baseline_equals_verls_reinforce_plus_plus():
+    pytest.importorskip("verl")
+    from verl.trainer.ppo import core_algos
+
+    gen = torch.Generator().manual_seed(11)
+    N, T, Gs = 16, 7, 4
+    lengths = torch.randint(1, T + 1, (N,), generator=gen)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(D)
+    r = torch.randint(0, 3, (N,), generator=gen).to(D) / 2
+    r[:Gs] = 1.0  # a flat group
+    groups = torch.arange(N) // Gs
+    token_rewards = torch.zeros(N, T, dtype=D)
+    token_rewards[torch.arange(N), lengths - 1] = r
+    theirs, returns = core_algos.get_adv_estimator_fn("reinforce_plus_plus")(
+        token_level_rewards=token_rewards, response_mask=mask, config=_AlgoGet(gamma=1.0))
+    torch.testing.assert_close(returns, r[:, None] * mask, rtol=0, atol=0)  # gamma = 1: R on every token
+    ours = A.compute_advantages("reinforce_pp_no_baseline", r, groups, weights=mask.sum(1))[:, None] * mask
+    live = (groups >= 1)[:, None] & mask.bool()
+    # verl's Bessel factor is float32 (advantages.py, departure 3): a relative 3e-8.
+    torch.testing.assert_close(ours[live], theirs[live], rtol=5e-8, atol=1e-12)
+    assert (ours[:Gs] == 0).all() and (theirs[:Gs][mask[:Gs].bool()] > 0).all()  # verl pushes the flat group up
+    # through the verl plugin: the same estimator under its tether_ name
+    plugin, _ = core_algos.get_adv_estimator_fn("tether_reinforce_pp_no_baseline")(
+        token_level_rewards=token_rewards, response_mask=mask, index=np.array(groups.tolist(), dtype=object))
+    torch.testing.assert_close(plugin, ours, rtol=0, atol=1e-15)
+
+
+class _AlgoGet(dict):
+    """verl's estimator reads `config.gamma`: a dict with attribute access."""
+
+    def __getattr__(self, key):
+        return self[key]
+
+
+def areal_group_mean_batch_std(x: torch.Tensor, group_size: int, eps: float = 1e-5) -> torch.Tensor:
+    """AReaL's `AdvNorm` with mean_level="group", std_level="batch", std_unbiased=True, no mask, one process,
+    transcribed from inclusionAI/AReaL areal/utils/data.py at 4aef98d8d (`__call__`, `_compute_mean`,
+    `_compute_std`): the group mean, then the batch std of x around those means, Bessel-corrected."""
+    mean = x.reshape(-1, group_size).mean(1, keepdim=True).expand(-1, group_size).reshape(-1)
+    centred = x - mean
+    std = torch.sqrt((centred**2).sum() / (x.numel() - 1))
+    return centred / (std + eps)
+
+
+def test_grpo_batch_std_against_areal_and_trl_rules():
+    r, g = _binary_groups(4)
+    ours = A.grpo_batch_std(r, g)
+    # TRL 1.16, scale_rewards="batch": (R - mean_g) / (nanstd(R) + 1e-4), nanstd Bessel-corrected over the batch's
+    # rewards (tests/test_integration_trl.py checks this rule against TRL's trainer).
+    std_raw = r.std()
+    trl_rule = A.dr_grpo(r, g) / (std_raw + 1e-4)
+    torch.testing.assert_close(ours * (std_raw + 1e-6) / (std_raw + 1e-4), trl_rule, rtol=1e-14, atol=1e-15)
+    # AReaL's scale is the batch std of the group-centred rewards (departure 2): a smaller scale, so larger values.
+    areal = areal_group_mean_batch_std(r, 8)
+    centred_std = torch.sqrt((A.dr_grpo(r, g) ** 2).sum() / (r.numel() - 1))
+    torch.testing.assert_close(areal, A.dr_grpo(r, g) / (centred_std + 1e-5), rtol=1e-14, atol=1e-15)
+    torch.testing.assert_close(ours, areal * (centred_std + 1e-5) / (std_raw + 1e-6), rtol=1e-12, atol=1e-15)
+    assert centred_std < std_raw

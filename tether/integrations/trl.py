@@ -19,7 +19,7 @@ was checked against); each hook only adapts:
 - `on_rewards` (from `_calculate_rewards`): keeps TRL's rewards, gathered over all processes, for the next one.
 - `on_generation_batch` (from `_generate_and_score_completions`): adds `tether_rewards` and
   `tether_group_ids`, both (N,), to the batch, replaces TRL's advantages by the objective's estimator
-  (`grpo`, `dr_grpo`, `rloo`, `reinforce_pp`, `maxrl`) over the same groups, on the weighted sum of the
+  (`grpo`, `dr_grpo`, `rloo`, `reinforce_pp`, `maxrl`, ...) over the same groups, on the weighted sum of the
   reward functions or, with the objective's `reward_aggregation: normalize_then_sum` (GDPO), on their
   scores normalised per group (`advantages="trl"` keeps TRL's),
   and, for objectives that read group statistics (ETR), computes them once over the whole generation

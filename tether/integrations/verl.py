@@ -7,7 +7,10 @@ Importing this module registers with verl
                                                 tether_cispo, tether_reinforce, tether_rpg, tether_etr,
                                                 tether_dppo, tether_sapo, tether_gmpo, tether_clip_cov,
                                                 tether_kl_cov
-    advantage estimators   tether_<estimator>   tether_grpo, tether_dr_grpo, tether_rloo, tether_reinforce_pp
+    advantage estimators   tether_<estimator>   one per tether estimator (`tether.core.advantages.ADVANTAGES`):
+                                                tether_grpo, tether_dr_grpo, tether_rloo, tether_reinforce_pp,
+                                                tether_reinforce_pp_no_baseline, tether_grpo_batch_std,
+                                                tether_maxrl
 
 verl >= 0.9.1 imports it in every process that imports verl (the driver and every Ray worker)
 through the `verl.plugins` entry point in tether's pyproject.toml; older versions import it

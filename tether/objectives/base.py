@@ -137,7 +137,8 @@ class ObjectiveConfig:
     entropy_coef: float = 0.0
     """Entropy bonus: the loss gets -entropy_coef * mean entropy (needs `entropy` in the batch)."""
     advantage: str = "grpo"
-    """Advantage estimator the trainer uses with this objective: grpo, dr_grpo, rloo, reinforce_pp, maxrl."""
+    """Advantage estimator the trainer uses with this objective: grpo, dr_grpo, rloo, reinforce_pp,
+    reinforce_pp_no_baseline, grpo_batch_std, maxrl (`tether list`; docs/algorithms/advantages_aggregation.md)."""
     reward_aggregation: str = "sum"
     """How a weighted reward's parts become the reward the estimator reads: sum (sum_k w_k r_k) or
     normalize_then_sum (GDPO: each part normalised within its group, then weighted and summed)."""
