@@ -367,3 +367,15 @@ def test_grpo_batch_std_against_areal_and_trl_rules():
     torch.testing.assert_close(areal, A.dr_grpo(r, g) / (centred_std + 1e-5), rtol=1e-14, atol=1e-15)
     torch.testing.assert_close(ours, areal * (centred_std + 1e-5) / (std_raw + 1e-6), rtol=1e-12, atol=1e-15)
     assert centred_std < std_raw
+
+
+def test_tether_list_shows_the_estimators_reward_aggregations_and_the_gdpo_preset(capsys):
+    from tether.cli import main
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines() if ":" in line}
+    assert all(name in lines["advantages"] for name in
+               ("maxrl", "reinforce_pp_no_baseline", "grpo_batch_std", "grpo", "reinforce_pp"))
+    assert lines["reward aggregation"].split(": ")[1] == "sum, normalize_then_sum"
+    assert "gdpo" in out and "reward_aggregation=normalize_then_sum" in out
