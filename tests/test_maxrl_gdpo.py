@@ -1,4 +1,6 @@
-"""MaxRL's advantage estimator and GDPO's reward aggregation (float64, CPU).
+"""The estimators and reward aggregation of issue 30 (float64, CPU): MaxRL (`maxrl`), GDPO
+(`reward_aggregation: normalize_then_sum`, the `gdpo` preset), REINFORCE++ without a group baseline
+(`reinforce_pp_no_baseline`) and GRPO with the batch's std (`grpo_batch_std`).
 
 What these prove:
 - hand-computed values of `maxrl` and of `normalize_then_sum`, with the arithmetic in comments;
@@ -8,8 +10,13 @@ What these prove:
 - GDPO = `normalize_then_sum` + `reinforce_pp` equals verl's own `compute_gdpo_outcome_advantage` (called),
   and `normalize_then_sum` with TRL's eps equals TRL's per-function normalisation (test_integration_trl.py
   calls TRL's trainer for it);
+- `reinforce_pp_no_baseline` equals verl's `reinforce_plus_plus` (called) and `grpo_batch_std` TRL's
+  `scale_rewards="batch"` rule (test_integration_trl.py runs TRL's trainer) and AReaL's (transcribed), each up to
+  the departures its module header lists;
 - invariants: flat parts and groups of one give exactly 0, NaN scores take no part, the weighted sum
-  (`sum`) is the default and changes nothing, and the trainer's reward parts are the reward's own.
+  (`sum`) is the default and changes nothing, and the trainer's reward parts are the reward's own;
+- end to end: `tether train objective=gdpo` gives the estimator the weighted reward's parts (slow), and
+  `tether list` shows what was added.
 """
 
 from collections import defaultdict
