@@ -39,6 +39,7 @@ from tether.integrations.trl import (  # noqa: E402
     inactive_trust_region,
     to_dataset,
 )
+from tether.core.multi_reward import RewardParts, normalize_then_sum  # noqa: E402
 from tether.schema import ConfigError  # noqa: E402
 from tether.tasks import Example  # noqa: E402
 
@@ -238,6 +239,67 @@ def test_unknown_objective_fails_before_loading_the_model():
 def test_settings_tether_cannot_honour_are_refused(tmp_path, setting, message):
     with pytest.raises(ConfigError, match=message):
         TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path, **setting), objective="dapo")
+
+
+def test_trls_and_the_objectives_reward_aggregation_must_agree(tmp_path):
+    gdpo_args = _args(tmp_path, multi_objective_aggregation="normalize_then_sum")
+    with pytest.raises(ConfigError, match="multi_objective_aggregation='normalize_then_sum'.*reward_aggregation"):
+        TetherGRPOTrainer("no/such-model", odd_chars, gdpo_args, objective="dapo")
+    with pytest.raises(ConfigError, match="reward_aggregation='normalize_then_sum' is not used with advantages='trl'"):
+        TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path), objective="gdpo", advantages="trl")
+
+
+def digit_share(completions, **_):
+    """Share of digit characters: a second reward function, on another scale than odd_chars."""
+    return [sum(c.isdigit() for c in t) / max(len(t), 1) for t in completions]
+
+
+@pytest.mark.parametrize("mode", slow_after_first(["tether", "trl"]))
+def test_gdpo_advantages_are_tethers_and_trls_normalize_then_sum(tiny_dir, tmp_path, mode):
+    """GDPO in the adapter: with advantages="tether" the gdpo preset's estimator on the two reward functions'
+    scores (re-scored here from the decoded completions); with advantages="trl" TRL's own
+    `multi_objective_aggregation="normalize_then_sum"`, which is tether's `normalize_then_sum` at TRL's eps 1e-4
+    followed by TRL's per-sequence batch step (R - mean_B) / (std_B + 1e-4)."""
+    records = []
+    weights = [1.0, 0.5]
+    args = _args(tmp_path, gradient_accumulation_steps=2, reward_weights=weights,
+                 multi_objective_aggregation="normalize_then_sum")
+    trainer = make_trainer(str(tiny_dir), [odd_chars, digit_share], Dataset.from_dict({"prompt": PROMPTS}),
+                           objective="gdpo", args=args, advantages=mode,
+                           on_objective=lambda i, b, o: records.append(_record(trainer, i, b, o)))
+    trainer.train()
+    recs = records[:2]  # the first generation batch: 2 prompts x 4, one optimiser step of 2 micro-batches
+    texts = [t for r in recs for t in r["texts"]]
+    scores = torch.tensor([odd_chars(texts), digit_share(texts)], dtype=torch.float64).T  # (8, 2)
+    parts = RewardParts(scores, torch.tensor(weights, dtype=torch.float64))
+    groups, got = _cat(recs, "groups"), _cat(recs, "advantages").double()
+    if mode == "tether":
+        lengths = _cat(recs, "completion_mask").sum(1).double()
+        expected = trainer.tether_objective.advantages(scores @ parts.weights, groups, lengths, parts)
+    else:
+        summed = normalize_then_sum(parts, groups, eps=1e-4)
+        expected = (summed - summed.mean()) / (summed.std() + 1e-4)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_grpo_batch_std_is_trls_scale_rewards_batch(tiny_dir, tmp_path):
+    """TRL's `scale_rewards="batch"` (advantages="trl") is tether's grpo_batch_std up to the eps: TRL divides by
+    std_B + 1e-4, tether by std_B + 1e-6 (tether.core.advantages, grpo_batch_std departure 1)."""
+    records = []
+    args = _args(tmp_path, gradient_accumulation_steps=2, scale_rewards="batch")
+    trainer = make_trainer(str(tiny_dir), odd_chars, Dataset.from_dict({"prompt": PROMPTS}),
+                           objective={"preset": "dapo", "advantage": "grpo_batch_std"}, args=args, advantages="trl",
+                           on_objective=lambda i, b, o: records.append(_record(trainer, i, b, o)))
+    trainer.train()
+    recs = records[:2]  # the first generation batch, 2 prompts x 4
+    rewards = torch.tensor(odd_chars([t for r in recs for t in r["texts"]]), dtype=torch.float64)
+    groups, got = _cat(recs, "groups"), _cat(recs, "advantages").double()
+    std_b = rewards.std()
+    expected = trainer.tether_objective.advantages(rewards, groups) * (std_b + 1e-6) / (std_b + 1e-4)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("setting, warns", [

@@ -103,7 +103,8 @@ def test_yaml_file_then_overrides(tmp_path):
     assert cfg.trainer.total_steps == 9 and cfg.trainer.lr == 1e-4
     # Resolved on load: the preset's every parameter, the overrides on top, max_len = the generation budget.
     assert cfg.objective == {"label": "dapo", "name": "ppo_clip", "aggregation": "token-mean", "kl_penalty": None,
-                             "entropy_coef": 0.0, "advantage": "grpo", "max_len": 16, "rollout_correction": None,
+                             "entropy_coef": 0.0, "advantage": "grpo", "reward_aggregation": "sum", "max_len": 16,
+                             "rollout_correction": None,
                              "off_policy_mask": None, "eps_low": 0.1,
                              "eps_high": 0.3, "dual_clip_c": None}
 

@@ -19,6 +19,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from .core.advantages import ADVANTAGES
     from .core.aggregation import AGGREGATIONS
     from .core.kl import KL_ESTIMATORS
+    from .core.multi_reward import REWARD_AGGREGATIONS
 
     print("objectives:  " + ", ".join(objectives.names()))
     print("presets:")
@@ -27,6 +28,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         params = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "name")
         print(f"  {name:<14} {spec['name']}: {params}")
     print("advantages:  " + ", ".join(ADVANTAGES.names()))
+    print("reward aggregation: " + ", ".join(REWARD_AGGREGATIONS.names()))
     print("aggregation: " + ", ".join(AGGREGATIONS.names()))
     print("kl penalty:  " + ", ".join(KL_ESTIMATORS.names()))
     print("binary measures (of two log-probs; dppo's measure, rollout_correction's rejection; binary_kl_max: KPop): "

@@ -2,7 +2,7 @@
 steps, the reference refresh (the loop around it is `tether.train`, the run it reads `tether.run`).
 
     collect          engine.generate -> rewards (dynamic sampling: refill flat groups)      -> Scored
-    advantages       objective.advantages(rewards, groups)
+    advantages       objective.advantages(rewards, groups, lengths, the reward's parts when it reads them)
     old, ref         log-probs recomputed before any update (`LogProbSettings`, built once per run)
     update           ppo_epochs x mini_batches optimiser steps; micro-batches accumulate with the
                      mini-batch normaliser (SPEC 4); returns its metrics and the steps it took
@@ -28,7 +28,7 @@ from .causal_lm import (LogProbSettings, Tokens, batched_logprobs, eval_mode, sh
                         token_logprobs)
 from .config import Config
 from .data import PromptStream
-from .rewards import Scored, score_rollout, verifier_faults
+from .rewards import Scored, reward_parts, score_rollout, verifier_faults
 from .rollout import RolloutBatch, SamplingParams
 from .overlap import rollout_seed
 from .staleness import stale_metrics
@@ -327,7 +327,8 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     model.train()
     tokens, nonfinite = finite_sampler_tokens(scored.rollout, to_tokens(scored.rollout, run.tokenizer.pad_token_id,
                                                                         device))
-    adv = run.obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float()).to(device)
+    parts = reward_parts(run.reward_fn, scored.results) if run.obj.needs_reward_parts() else None
+    adv = run.obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float(), parts).to(device)
     old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg, run.logprobs)
     ref_lp = run.reference_logprobs(tokens)
     gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)

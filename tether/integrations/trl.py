@@ -19,7 +19,9 @@ was checked against); each hook only adapts:
 - `on_rewards` (from `_calculate_rewards`): keeps TRL's rewards, gathered over all processes, for the next one.
 - `on_generation_batch` (from `_generate_and_score_completions`): adds `tether_rewards` and
   `tether_group_ids`, both (N,), to the batch, replaces TRL's advantages by the objective's estimator
-  (`grpo`, `dr_grpo`, `rloo`, `reinforce_pp`) over the same groups (`advantages="trl"` keeps TRL's),
+  (`grpo`, `dr_grpo`, `rloo`, `reinforce_pp`, `maxrl`, ...) over the same groups, on the weighted sum of the
+  reward functions or, with the objective's `reward_aggregation: normalize_then_sum` (GDPO), on their
+  scores normalised per group (`advantages="trl"` keeps TRL's),
   and, for objectives that read group statistics (ETR), computes them once over the whole generation
   batch, gathered over processes (`Objective.group_stats`), and adds them as (N,) columns
   `tether_stat_*` (`GroupStats.columns`) that TRL shuffles and splits with the rows, so any
@@ -73,6 +75,11 @@ Where the loss path departs from TRL's, and why:
    verl's convention (tether.core.aggregation). **Behaviour change (issue 30):** with one of 4
    rows empty, the adapter's grpo loss in the audit's case was 0.13658 where TRL's is 0.10243
    (a normaliser of 3 rows, not 4).
+10. GDPO (`reward_aggregation: normalize_then_sum`) normalises each reward function's scores within the
+   group with std + 1e-6 (verl's and GRPO's guard) where TRL's `multi_objective_aggregation=
+   "normalize_then_sum"` uses std + 1e-4, and the batch step is the objective's estimator (the `gdpo`
+   preset: `reinforce_pp`, over tokens) where TRL whitens per sequence with std + 1e-4. The two settings
+   must agree (`reward_aggregation_conflict`), so neither is silently ignored.
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import torch
 
 from .. import objectives
+from ..core.multi_reward import RewardParts
 from ..objectives import Objective, ObjectiveOutput, TokenBatch
 from ..schema import ConfigError
 
@@ -149,19 +157,37 @@ def unsupported_options(args: Any, obj: Objective) -> list[str]:
     return problems
 
 
+def reward_aggregation_conflict(args: Any, obj: Objective, advantages: str) -> list[str]:
+    """TRL's `multi_objective_aggregation` and the objective's `reward_aggregation` must say the same: with
+    advantages="tether" the objective's decides and TRL's would be ignored, with "trl" the other way round."""
+    trl_gdpo = args.multi_objective_aggregation == "normalize_then_sum"
+    if trl_gdpo == obj.needs_reward_parts():
+        return []
+    if advantages == "tether":
+        return [f"multi_objective_aggregation={args.multi_objective_aggregation!r}, but the objective's "
+                f"reward_aggregation is {obj.config.reward_aggregation!r}, which decides with advantages='tether'; "
+                "set the objective's reward_aggregation (normalize_then_sum for GDPO) and leave TRL's at its default"]
+    return [f"the objective's reward_aggregation={obj.config.reward_aggregation!r} is not used with "
+            f"advantages='trl' (TRL's multi_objective_aggregation={args.multi_objective_aggregation!r} decides); "
+            "set them to agree, or use advantages='tether'"]
+
+
 # ---------------------------------------------------------------- batches
 
 
 def group_advantages(obj: Objective, rewards: torch.Tensor, groups: torch.Tensor,
-                     lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     lengths: Optional[torch.Tensor] = None, parts: Optional[RewardParts] = None) -> torch.Tensor:
     """The objective's advantage estimator on rewards, groups and lengths (N,), the lengths being each
-    completion's counted tokens (departure 7); rows with a NaN reward get 0 and no part in the baseline."""
+    completion's counted tokens (departure 7), and the reward functions' scores and weights (`parts`:
+    (N, K), (K,)) when the objective's reward_aggregation reads them (GDPO); rows with a NaN reward get 0
+    and no part in the baseline."""
     ok = torch.isfinite(rewards)
     if bool(ok.all()):
-        return obj.advantages(rewards, groups, lengths)
+        return obj.advantages(rewards, groups, lengths, parts)
     adv = torch.zeros_like(rewards)
     if bool(ok.any()):
-        adv[ok] = obj.advantages(rewards[ok], groups[ok], None if lengths is None else lengths[ok])
+        kept = None if parts is None else RewardParts(parts.scores[ok], parts.weights)
+        adv[ok] = obj.advantages(rewards[ok], groups[ok], None if lengths is None else lengths[ok], kept)
     return adv
 
 
@@ -220,7 +246,7 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         args = GRPOConfig() if args is None else args
         # An unset max_len becomes max_completion_length (departure 3), before the config validates.
         obj = objectives.build(objective, max_len=args.max_completion_length)
-        problems = unsupported_options(args, obj)
+        problems = unsupported_options(args, obj) + reward_aggregation_conflict(args, obj, advantages)
         if problems:
             raise ConfigError("GRPOConfig settings tether cannot honour:\n- " + "\n- ".join(problems))
         args = copy.copy(args)  # never mutate the caller's config
@@ -253,7 +279,8 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         local = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
         if self.tether_advantages == "tether":
             lengths = self.accelerator.gather(loss_mask(out).sum(1).to(total.dtype))  # (N_all,) counted tokens
-            out["advantages"] = group_advantages(self.tether_objective, total, groups, lengths)[local]
+            parts = RewardParts(per_func, self.reward_weights.to(per_func.device))  # (N_all, n_funcs), (n_funcs,)
+            out["advantages"] = group_advantages(self.tether_objective, total, groups, lengths, parts)[local]
         out["tether_rewards"] = torch.nan_to_num(total[local], nan=0.0)
         out["tether_group_ids"] = groups[local]
         out.update(group_stat_columns(self.tether_objective, torch.nan_to_num(total, nan=0.0), groups, local))

@@ -7,7 +7,10 @@ Importing this module registers with verl
                                                 tether_cispo, tether_reinforce, tether_rpg, tether_etr,
                                                 tether_dppo, tether_sapo, tether_gmpo, tether_clip_cov,
                                                 tether_kl_cov
-    advantage estimators   tether_<estimator>   tether_grpo, tether_dr_grpo, tether_rloo, tether_reinforce_pp
+    advantage estimators   tether_<estimator>   one per tether estimator (`tether.core.advantages.ADVANTAGES`):
+                                                tether_grpo, tether_dr_grpo, tether_rloo, tether_reinforce_pp,
+                                                tether_reinforce_pp_no_baseline, tether_grpo_batch_std,
+                                                tether_maxrl
 
 verl >= 0.9.1 imports it in every process that imports verl (the driver and every Ray worker)
 through the `verl.plugins` entry point in tether's pyproject.toml; older versions import it
@@ -140,6 +143,12 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
     cfg = obj.config
     if cfg.entropy_coef != 0:
         raise ConfigError(f"{_KEY}: entropy_coef must be 0 under verl; use actor_rollout_ref.actor.entropy_coeff")
+    if cfg.reward_aggregation != "sum":
+        raise ConfigError(
+            f"{_KEY}: reward_aggregation={cfg.reward_aggregation!r} belongs to the advantage estimator under verl, "
+            "which reads the reward's parts (algorithm.adv_estimator=gdpo with algorithm.gdpo_reward_keys); "
+            "drop the override"
+        )
     if cfg.rollout_correction is not None:
         raise ConfigError(
             f"{_KEY}: rollout_correction is verl's own under verl (algorithm.rollout_correction, e.g. its TIS or k3 "

@@ -11,6 +11,7 @@ from typing import Any, Callable, Literal, Optional
 import torch
 
 from ..core import advantages as _adv
+from ..core import multi_reward as _mr
 from ..core import aggregation as _agg
 from ..core import correction as _corr
 from ..core import divergences as _div
@@ -144,7 +145,11 @@ class ObjectiveConfig:
     entropy_coef: float = 0.0
     """Entropy bonus: the loss gets -entropy_coef * mean entropy (needs `entropy` in the batch)."""
     advantage: str = "grpo"
-    """Advantage estimator the trainer uses with this objective: grpo, dr_grpo, rloo, reinforce_pp."""
+    """Advantage estimator the trainer uses with this objective: grpo, dr_grpo, rloo, reinforce_pp,
+    reinforce_pp_no_baseline, grpo_batch_std, maxrl (`tether list`; docs/algorithms/advantages_aggregation.md)."""
+    reward_aggregation: str = "sum"
+    """How a weighted reward's parts become the reward the estimator reads: sum (sum_k w_k r_k) or
+    normalize_then_sum (GDPO: each part normalised within its group, then weighted and summed)."""
     max_len: Optional[int] = None
     """T_max of seq-mean-token-sum-norm (the generation budget); None: the batch's padded width."""
     rollout_correction: Optional[RolloutCorrectionConfig] = None
@@ -161,6 +166,7 @@ class ObjectiveConfig:
         check(self.off_policy_mask is None or self.off_policy_mask >= 0, "off_policy_mask", self.off_policy_mask,
               "a number >= 0 (the mean log-ratio in nats per token), or null for no mask")
         check_name(_adv.ADVANTAGES, self.advantage, "advantage")
+        check_name(_mr.REWARD_AGGREGATIONS, self.reward_aggregation, "reward_aggregation")
         if isinstance(self.kl_penalty, dict):
             self.kl_penalty = from_dict(KLPenaltyConfig, self.kl_penalty, "kl_penalty")
         if isinstance(self.rollout_correction, dict):

@@ -13,6 +13,8 @@ import torch
 from ..core import aggregation as _agg
 from ..core import advantages as _adv
 from ..core import correction as _corr
+from ..core import multi_reward as _mr
+from ..core.multi_reward import RewardParts
 from ..core import kl as _kl
 from ..core import surrogates as _sur
 from ..core.etr import GroupStats
@@ -48,11 +50,22 @@ class Objective:
         whether a seq-mean mode counts rows with no counted token (tether.core.aggregation)."""
         return _agg.normalizer(self.config.aggregation, mask, self.config.max_len, empty_rows)
 
-    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor,
-                   lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor, lengths: Optional[torch.Tensor] = None,
+                   parts: Optional[RewardParts] = None) -> torch.Tensor:
         """Advantages (N,); `lengths` (N,), each sequence's counted tokens, weigh the batch statistics of
-        the estimators that whiten over tokens (reinforce_pp, as verl does); the others ignore them."""
+        the estimators that whiten over tokens (reinforce_pp and reinforce_pp_no_baseline, as verl does); the others ignore them.
+        `parts` (scores (N, K), weights (K,)), the reward's weighted parts, replace `rewards` by the config's
+        `reward_aggregation` of them; with `sum` (the default) `rewards`, their weighted sum, is used."""
+        if self.needs_reward_parts():
+            if parts is None:
+                raise ValueError(f"reward_aggregation {self.config.reward_aggregation!r} needs the reward's parts "
+                                 "(pass parts=RewardParts(scores (N, K), weights (K,)))")
+            rewards = _mr.aggregate_rewards(self.config.reward_aggregation, parts, group_ids).to(rewards.dtype)
         return _adv.compute_advantages(self.config.advantage, rewards, group_ids, lengths)
+
+    def needs_reward_parts(self) -> bool:
+        """Whether `advantages` reads the reward's parts rather than their weighted sum."""
+        return self.config.reward_aggregation != "sum"
 
     def needs_group_stats(self) -> bool:
         return self.config.needs_group_stats()

@@ -104,6 +104,25 @@ class PerExample:
         return self.score_batch([completion], [example])[0]
 
 
+def reward_parts(reward: RewardFn, results: Sequence[RewardResult]) -> Any:
+    """The reward's weighted parts over `results` (N,), as `tether.core.multi_reward.RewardParts`:
+    scores (N, K), each part's unweighted score (a weighted reward's `components[name]`), and weights (K,);
+    a reward that is not a weighted combination is its own single part, weight 1. GDPO's
+    `reward_aggregation: normalize_then_sum` reads them."""
+    import torch
+
+    from ..core.multi_reward import RewardParts
+
+    if not isinstance(reward, Combined):
+        scores = [[r.score] for r in results]
+        return RewardParts(torch.tensor(scores, dtype=torch.float64).reshape(len(results), 1),
+                           torch.ones(1, dtype=torch.float64))
+    names = [name for name, _, _ in reward.parts]
+    scores = [[r.components.get(n, float("nan")) for n in names] for r in results]
+    return RewardParts(torch.tensor(scores, dtype=torch.float64).reshape(len(results), len(names)),
+                       torch.tensor([w for _, w, _ in reward.parts], dtype=torch.float64))
+
+
 def reward_entry(name: str) -> Any:
     """The function or class `name` stands for: a registered reward, or a user's `module:name`
     (tether.plugins; a failed import raises ConfigError)."""
@@ -265,7 +284,7 @@ __all__ = [
     "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "PerExample", "RewardFn", "Scored",
     "UserReward",
     "RewardResult", "asks_for_boxed", "boxed_answers", "check_user_rewards", "countdown", "exact_match",
-    "get_reward", "math_verify_score", "overlong_penalty", "reward_entry", "reward_names", "reward_options", "check_reward_params",
+    "get_reward", "math_verify_score", "overlong_penalty", "reward_entry", "reward_parts", "reward_names", "reward_options", "check_reward_params",
     "score_batch", "strict_for_task", "task_reward", "user_reward", "accuracy", "check_verdicts",
     "greedy_accuracy", "rollout_examples", "score_rollout", "verifier_faults", "with_completion_tokens",
 ]
