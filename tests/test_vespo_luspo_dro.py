@@ -5,7 +5,8 @@
    importance-sampling ratio folded in) and `luspo`, called on a stand-in trainer; the VESPO authors' verl recipe
    (transcribed below); verl 0.9.1's `dro` is in tests/test_integration_verl.py (VERL_OWN);
 3. gradients: on-policy VESPO is REINFORCE, gradcheck;
-4. invariants and refusals: padding, masked rollout-correction tokens, configs that would undo the method.
+4. invariants and refusals: padding, masked rollout-correction tokens, configs that would undo the method;
+6. end to end: `tether train` runs two steps of each (and of the sampler KL on dapo).
 """
 
 import math
@@ -299,3 +300,35 @@ def test_presets_and_trust_regions():
     assert (dro.config.beta, dro.config.aggregation) == (0.05, "token-mean")
     assert all(o.has_trust_region() for o in (vespo, luspo, dro))
     assert vespo.config.folds_rollout_correction() and not luspo.config.folds_rollout_correction()
+
+
+# ---------------------------------------------------------------- 6. end to end
+
+END_TO_END = [
+    ("dapo", ["objective.sampler_kl_coef=0.01"], "loss/sampler_kl"),
+    ("vespo", ["objective.rollout_correction.high=2.0"], "vespo/phi_mean"),
+    ("luspo", [], "policy/clipfrac_high"),
+    ("dro", [], "loss/policy"),
+]
+
+
+@pytest.mark.parametrize("preset,overrides,key", [  # the first in the fast subset, the others in the full suite
+    pytest.param(*case, id=case[0], marks=() if i == 0 else pytest.mark.slow) for i, case in enumerate(END_TO_END)])
+def test_train_runs_two_steps(tiny_dir, tmp_path, preset, overrides, key):
+    # tether's trainer hands every objective the sampler's log-probs: the sampler KL and VESPO's folded rollout
+    # correction run in `tether train` as they do on a TokenBatch.
+    import json
+    from pathlib import Path
+
+    from conftest import train_config as _cfg
+
+    from tether.train import train
+
+    cfg = _cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", f"objective={preset}", *overrides)
+    run = train(cfg, log=lambda *_: None)
+    rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(math.isfinite(r["loss/total"]) and math.isfinite(r["optim/grad_norm"]) for r in rows[1:])
+    assert all(key in r for r in rows[1:]), key
+    if preset == "dapo":
+        assert all(r["loss/sampler_kl"] >= 0 for r in rows[1:])
