@@ -32,7 +32,8 @@ def _run(spec, lp, old, adv, mask, sampler):
 def test_hand_computed():
     # On-policy (lp = lp_old) REINFORCE with A = 0, so only the penalty acts. lp = (-1, -2 | -3, pad),
     # lp_sampler = (-1.5, -2 | -2.8, pad): s = (0.25, 0 | 0.04). token-mean over 3: 0.29 / 3 = 0.0966667;
-    # with tau = 0.01 the loss is 0.000966667, d loss / d lp = tau 2 (lp - lp_sampler) / 3 = (0.0033333, 0 | -0.0013333).
+    # with tau = 0.01 the loss is 0.000966667, d loss / d lp = tau 2 (lp - lp_sampler) / 3
+    # = (0.0033333, 0 | -0.0013333).
     lp = _t([-1.0, -2.0], [-3.0, 0.0])
     sampler = _t([-1.5, -2.0], [-2.8, 5.0])  # the padding's value must not matter
     mask = torch.tensor([[True, True], [True, False]])

@@ -56,7 +56,7 @@ def _data(N=6, T=5, seed=0, scale=0.3):
 
 def test_vespo_hand_computed():
     # Sequence 1: log r = (0.1, 0.2), A = +1: log w = 0.3, w = e^0.3 = 1.3498588; (k, lambda) = (2, 3):
-    #   log phi = 3 + 2 (0.3) - 3 (1.3498588) = -0.4495764, phi = 0.6378983 (below 1: w is past the peak k/lambda = 2/3).
+    #   log phi = 3 + 2 (0.3) - 3 (1.3498588) = -0.4495764, phi = 0.6378983 (below 1: w is past the peak k/lambda).
     # Sequence 2: log r = (-0.5, pad), A = -1: w = e^-0.5 = 0.6065307; (3, 2): log phi = 2 - 1.5 - 1.2130613
     #   = -0.7130613, phi = 0.4901414.
     # token-mean over 3 tokens: loss = sum -phi A lp / 3, d loss / d lp_t = -phi_i A_i / 3.

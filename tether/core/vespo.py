@@ -2,7 +2,8 @@
 
     log w_i = clamp( sum_t clamp(log r_it, -20, 20) + sum_t log rho_it,  log 1e-8,  20 )
     phi(w)  = w^k exp(lambda (1 - w)) = exp(lambda + k log w - lambda w)       (phi(1) = 1, peak at w = k / lambda)
-    l_it    = -SG(phi(w_i)) A_it log pi_theta(y_it),    (k, lambda) = (k_pos, lambda_pos) if A >= 0 else (k_neg, lambda_neg)
+    l_it    = -SG(phi(w_i)) A_it log pi_theta(y_it)
+    (k, lambda) = (k_pos, lambda_pos) if A_it >= 0, else (k_neg, lambda_neg)
 
 r_it = pi_theta / pi_old per token and w_i their product over the sequence (the true sequence ratio, not GSPO's
 geometric mean, and no length normalisation). rho_it are the rollout-correction weights pi_old / pi_sampler

@@ -55,7 +55,8 @@ from .covariance import ClipCovConfig, KLCovConfig  # noqa: E402  isort: skip
 __all__ = [
     "OBJECTIVES", "POLICY_METRIC_EXTREMES", "CISPOConfig", "GroupStats", "ClipCovConfig", "ClipRange", "DPPOConfig",
     "DROConfig", "DivergenceClipConfig", "ETRConfig", "GMPOConfig", "GSPOConfig", "KLCovConfig", "KLPenaltyConfig",
-    "LUSPOConfig", "LossFn", "M2POConfig", "VESPOConfig", "Mean", "MergeRule", "MetricMerger", "Objective", "ObjectiveConfig", "ObjectiveEntry",
+    "LUSPOConfig", "LossFn", "M2POConfig", "VESPOConfig", "Mean", "MergeRule", "MetricMerger", "Objective",
+    "ObjectiveConfig", "ObjectiveEntry",
     "ObjectiveOutput", "PPOClipConfig", "RPGConfig", "ReinforceConfig", "RolloutCorrectionConfig", "SAPOConfig",
     "TokenBatch", "TokenTerms", "build", "describe", "display", "label_of", "load_preset", "names", "objective",
     "policy_metrics", "preset_names", "resolve", "Spec", "spec_mapping",

@@ -149,7 +149,8 @@ class ObjectiveConfig:
     null: off. TRL suggests 0.5."""
     sampler_kl_coef: float = 0.0
     """tau of the squared log-ratio to the sampler (Kimi K2.5; prime-rl's kl_tau, default 1e-3 there): the loss gets
-    + tau * agg((log pi_theta - log pi_sampler)^2) over every counted token (needs TokenBatch.sampler_logprobs); 0: off."""
+    + tau * agg((log pi_theta - log pi_sampler)^2) over every counted token (needs TokenBatch.sampler_logprobs);
+    0: off."""
 
     def __post_init__(self):
         check_name(_agg.AGGREGATIONS, self.aggregation, "aggregation")
@@ -180,8 +181,9 @@ class ObjectiveConfig:
                 "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop rollout_correction")
         if self.sampler_kl_coef > 0:
             need.setdefault("sampler_logprobs", (
-                "sampler_kl_coef > 0 penalises (log pi_theta - log pi_sampler)^2; pass the sampler's log-probs (tether's "
-                "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or set sampler_kl_coef=0"))
+                "sampler_kl_coef > 0 penalises (log pi_theta - log pi_sampler)^2; pass the sampler's log-probs "
+                "(tether's engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or set "
+                "sampler_kl_coef=0"))
         return need
 
     def uses_reference(self) -> bool:
