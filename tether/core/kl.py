@@ -21,9 +21,9 @@ objective's loss as `sampler_kl_coef` x its aggregation:
 
     s_t = (log pi_theta(y_t) - log pi_sampler(y_t))^2,     d s_t / d log pi_theta = 2 log(pi_theta / pi_sampler)
 
-On samples from pi_sampler, E[s] / 2 is the k2 estimate of KL(pi_theta || pi_sampler) to second order; its
-gradient pulls every token's log-prob back towards the one the sampler (the inference engine) gave it, so it
-bounds both the staleness drift and the train-inference mismatch at once. prime-rl adds tau s_t on every
+On samples from pi_sampler, E[s] / 2 is the k2 estimate of the KL between pi_theta and pi_sampler (either
+direction: they agree to second order). Its gradient pulls every token's log-prob back towards the one the
+sampler (the inference engine) gave it, so it bounds both the staleness drift and the train-inference mismatch. prime-rl adds tau s_t on every
 token of its loss mask (the ones its DPPO mask drops included) and divides the sum by the batch's loss tokens:
 tether's `token-mean`. Departure: none (no factor 1/2, no clamp, as prime-rl).
 """
