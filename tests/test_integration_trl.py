@@ -374,7 +374,7 @@ def test_the_adapter_trains_on_cuda_in_bf16(tiny_dir, tmp_path):
 
 
 @pytest.mark.parametrize("objective", slow_after_first(["dppo_tv", "sapo", "gmpo", "clip_cov", "kl_cov",
-                                                        "reinforce_pp"]))
+                                                        "reinforce_pp", "vespo", "luspo", "dro"]))
 def test_every_objective_trains_off_policy_in_the_adapter(tiny_dir, tmp_path, objective):
     # Issue 18: every objective is usable in the TRL adapter (here off-policy: num_iterations=2).
     trainer, recs, before = _train(tiny_dir, tmp_path, objective, num_iterations=2)
@@ -413,6 +413,32 @@ def test_rollout_correction_reads_injected_sampler_logprobs(tiny_dir, tmp_path):
         plain = objectives.build("dapo")(objectives.TokenBatch(batch.logprobs.detach(), batch.old_logprobs,
                                                                 batch.advantages, batch.mask))
         assert not torch.isclose(out.loss.detach(), plain.loss)  # the correction changed the loss
+
+
+def test_vespo_and_the_sampler_kl_read_injected_sampler_logprobs(tiny_dir, tmp_path):
+    # Issue 30: VESPO folds the rollout-correction weights into its sequence ratio and sampler_kl_coef adds
+    # tau (log pi_theta - log pi_sampler)^2; both read TRL's sampling_per_token_logps (injected here as vLLM would).
+    class Injected(TetherGRPOTrainer):
+        def on_generation_batch(self, out):
+            out = super().on_generation_batch(out)
+            old = out["old_per_token_logps"]
+            g = torch.Generator().manual_seed(1)
+            out["sampling_per_token_logps"] = old + 0.2 * torch.randn(old.shape, generator=g).to(old.device)
+            return out
+
+    records = []
+    spec = {"preset": "vespo", "rollout_correction": {"mode": "truncate", "high": 1.5}, "sampler_kl_coef": 0.01}
+    trainer = Injected(str(tiny_dir), odd_chars, _args(tmp_path, num_iterations=2),
+                       train_dataset=Dataset.from_dict({"prompt": PROMPTS}), objective=spec,
+                       on_objective=lambda inputs, batch, out: records.append((batch, out)))
+    trainer.train()
+    import dataclasses
+
+    for batch, out in records:
+        again = trainer.tether_objective(dataclasses.replace(batch, logprobs=batch.logprobs.detach()))
+        torch.testing.assert_close(out.loss.detach(), again.loss, rtol=1e-6, atol=1e-8)
+        assert out.metrics["loss/sampler_kl"] > 0 and 0 < out.metrics["rollout_correction/truncated_frac"] < 1
+        assert "vespo/phi_mean" in out.metrics
 
 
 # ---------------------------------------------------------------- many processes

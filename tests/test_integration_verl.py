@@ -166,6 +166,9 @@ CASES = [
     ("tether_clip_cov", "clip_cov", {"select_frac": 1.0, "cov_lb": 0.02}),  # every candidate chosen: no draw
     ("tether_kl_cov", "kl_cov", {"select_frac": 0.1}),
     ("tether_m2po", "m2po", {"tau": 0.01}),
+    ("tether_luspo", "luspo", {"eps_low": 0.2, "eps_high": 0.2}),  # seq-mean-token-sum
+    ("tether_vespo", "vespo", {}),
+    ("tether_dro", "dro", {"beta": 0.1}),
 ]
 
 
@@ -542,6 +545,7 @@ VERL_OWN = [
      ALL_AGG),
     ("kl_cov", {}, dict(kl_cov_ratio=2e-3, ppo_kl_coef=0.1), {"name": "kl_cov", "select_frac": 2e-3, "kl_coef": 0.1},
      ("token-mean",)),
+    ("dro", {}, dict(dro_beta=0.1), {"name": "dro", "beta": 0.1}, ALL_AGG),
 ]
 VERL_OWN_IDS = [f"{c[0]}-{i}" for i, c in enumerate(VERL_OWN)]
 
@@ -736,3 +740,24 @@ def test_rollout_correction_equals_verls_rollout_corr_helper(seed):
             torch.testing.assert_close(c.weights, verl_mask, rtol=0, atol=0)
             assert (c.masked == (mask & (verl_mask == 0))).all()
         assert c.masked.any() and (c.weights == 1).any()
+
+
+def test_vespo_folds_verls_rollout_is_weights_into_its_sequence_ratio():
+    # Issue 30: the plugin hands rollout_is_weights to VESPO, which folds them into w = prod_t r_t rho_t (the authors'
+    # verl recipe, tests/test_vespo_luspo_dro.py), instead of multiplying them into the loss as for every other loss.
+    d = _own_data(seed=5)
+    config = _actor_config(tv.TetherPolicyLossConfig(loss_mode="tether_vespo"), loss_agg_mode="token-mean")
+    o_loss, o_grad, _ = _verl_loss("tether_vespo", d, config, "token-mean", weights=d["weights"])
+    _, t_grad, _ = _tether_own({"name": "vespo"}, {**d}, "token-mean")  # without the weights: must differ
+    lp = d["lp"].clone().requires_grad_()
+    out = objectives.build("vespo")(objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"],
+                                                           mask=d["mask"], rollout_weights=d["weights"]))
+    out.loss.backward()
+    torch.testing.assert_close(o_loss, out.loss.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(o_grad, lp.grad, rtol=0, atol=1e-12)
+    assert (o_grad - t_grad).abs().max() > 1e-3
+
+
+def test_sampler_kl_is_refused_under_verl():
+    with pytest.raises(ConfigError, match="sampler_kl_coef.*set sampler_kl_coef=0"):
+        tv.objective_from("tether_ppo_clip", "dapo", {"sampler_kl_coef": 1e-3})

@@ -321,6 +321,13 @@ class Config:
                 f"with rollout.top_p=1 and rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); "
                 "use trainer.old_logprobs=recompute"
             )
+        if self.objective.get("sampler_kl_coef") and (r.top_p < 1 or r.temperature == 0):
+            raise ConfigError(
+                f"objective.sampler_kl_coef={self.objective['sampler_kl_coef']}: the penalty compares log pi_theta "
+                "with the sampler's log-probs, which are those of the full softmax only with rollout.top_p=1 and "
+                f"rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); against a top-p "
+                "renormalised sampler it penalises even an on-policy update. Set rollout.top_p=1 or sampler_kl_coef=0"
+            )
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:

@@ -15,6 +15,17 @@ With r = pi_ref / pi_theta and w = pi_theta / pi_old, and samples from pi_old:
 
 Reference: [RPG] Zhang et al., arXiv 2505.17508, section 2.2 (the GRPO KL term and its correction).
 Departure: none; these are the textbook estimators (Schulman, "Approximating KL divergence").
+
+The squared log-ratio to the sampler (Kimi K2.5, arXiv 2602.02276; prime-rl's `kl_tau` term), added to any
+objective's loss as `sampler_kl_coef` x its aggregation:
+
+    s_t = (log pi_theta(y_t) - log pi_sampler(y_t))^2,     d s_t / d log pi_theta = 2 log(pi_theta / pi_sampler)
+
+On samples from pi_sampler, E[s] / 2 is the k2 estimate of the KL between pi_theta and pi_sampler (either
+direction: they agree to second order). Its gradient pulls every token's log-prob back towards the one the
+sampler (the inference engine) gave it, so it bounds both the staleness drift and the train-inference mismatch. prime-rl adds tau s_t on every
+token of its loss mask (the ones its DPPO mask drops included) and divides the sum by the batch's loss tokens:
+tether's `token-mean`. Departure: none (no factor 1/2, no clamp, as prime-rl).
 """
 
 from __future__ import annotations
@@ -51,6 +62,11 @@ def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.T
 def k3_iw(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
     w = torch.exp(log_ratio(logprobs, old_logprobs))
     return w * k3_of_log(ref_logprobs.detach() - logprobs)
+
+
+def squared_log_ratio(logprobs: torch.Tensor, sampler_logprobs: torch.Tensor) -> torch.Tensor:
+    """s_t = (lp - lp_sampler)^2 per token (N, T), with gradient through lp only."""
+    return (logprobs - sampler_logprobs.detach()) ** 2
 
 
 def kl_penalty(

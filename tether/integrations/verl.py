@@ -4,8 +4,9 @@ Importing this module registers with verl
 
     policy losses          tether_<objective>   one per tether objective (`tether.objectives.names()`):
                                                 tether_ppo_clip, tether_divergence_clip, tether_gspo,
-                                                tether_cispo, tether_reinforce, tether_rpg, tether_etr,
-                                                tether_dppo, tether_sapo, tether_gmpo, tether_clip_cov,
+                                                tether_luspo, tether_gmpo, tether_vespo, tether_reinforce,
+                                                tether_cispo, tether_dro, tether_rpg, tether_etr,
+                                                tether_dppo, tether_m2po, tether_sapo, tether_clip_cov,
                                                 tether_kl_cov
     advantage estimators   tether_<estimator>   one per tether estimator (`tether.core.advantages.ADVANTAGES`):
                                                 tether_grpo, tether_dr_grpo, tether_rloo, tether_reinforce_pp,
@@ -46,6 +47,10 @@ Where this departs from tether's own trainer, and why:
    they are missing.
 4. The entropy bonus is verl's `actor.entropy_coeff` (the objective's `entropy_coef` must be 0),
    and verl's `clip_ratio*` keys are not read: the objective's `eps_*`, `delta`, ... are.
+5. An objective that folds the rollout-correction weights into its own weight (VESPO, as the authors' verl recipe
+   does) gets verl's rollout_is_weights as `TokenBatch.rollout_weights` instead of having them multiplied in.
+6. `sampler_kl_coef` is refused: verl's loss signature has no sampler log-probs (`rollout_log_probs` reach
+   the loss only in some of verl's paths), so the squared log-ratio to the sampler cannot be computed there.
 """
 
 from __future__ import annotations
@@ -154,6 +159,11 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             f"{_KEY}: rollout_correction is verl's own under verl (algorithm.rollout_correction, e.g. its TIS or k3 "
             "rejection presets); the plugin multiplies verl's rollout_is_weights into the loss. Drop the override."
         )
+    if cfg.sampler_kl_coef > 0:
+        raise ConfigError(
+            f"{_KEY}: sampler_kl_coef needs the sampler's log-probs in the loss, which verl's policy-loss signature "
+            "does not carry; set sampler_kl_coef=0 (verl's algorithm.rollout_correction bounds the mismatch instead)"
+        )
     if "sampler_logprobs" in cfg.needs():  # verl's policy-loss signature carries no rollout log-probs
         raise ConfigError(
             f"{_KEY}: objective {obj.name!r} with these settings reads the sampler's log-probs "
@@ -255,14 +265,16 @@ def policy_loss(
     stats = _group_stats_from_batch(adv, mask) if obj.needs_group_stats() else None
     # The objective's own per-token terms (masking, group statistics, KL penalty, metrics: one
     # implementation, Objective.terms); only the aggregation is verl's.
+    folds = obj.config.folds_rollout_correction() and rollout_is_weights is not None  # departure 5
     terms = obj.terms(objectives.TokenBatch(logprobs=log_prob, old_logprobs=old_log_prob.to(log_prob.dtype),
-                                            advantages=adv, mask=mask, ref_logprobs=ref, group_stats=stats))
+                                            advantages=adv, mask=mask, ref_logprobs=ref, group_stats=stats,
+                                            rollout_weights=rollout_is_weights if folds else None))
 
     def reduce(per_token: torch.Tensor) -> torch.Tensor:
         per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
         return agg_loss(per_token, mask, loss_agg_mode, batch_info)
 
-    weights = 1.0 if rollout_is_weights is None else rollout_is_weights
+    weights = 1.0 if rollout_is_weights is None or folds else rollout_is_weights
     loss = reduce(terms.tokens.loss * weights)
     if terms.kl_penalty is not None:
         loss = loss + obj.config.kl_penalty.coef * reduce(terms.kl_penalty)

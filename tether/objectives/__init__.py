@@ -1,7 +1,7 @@
 """Policy objectives: one config class per surrogate, composed with the orthogonal axes.
 
-An objective = surrogate (ppo_clip, divergence_clip, gspo, gmpo, reinforce, cispo, rpg, etr, dppo,
-m2po, sapo, clip_cov, kl_cov) + aggregation mode + optional KL-to-reference penalty + optional entropy
+An objective = surrogate (ppo_clip, divergence_clip, gspo, luspo, gmpo, vespo, reinforce, cispo, dro, rpg,
+etr, dppo, m2po, sapo, clip_cov, kl_cov) + aggregation mode + optional KL-to-reference penalty + optional entropy
 bonus + the advantage estimator the trainer should use. "GRPO", "DAPO", "ATR-GRPO", "RPG-URKL"... are
 presets (YAML files in `tether/presets/`) choosing one value per axis.
 
@@ -22,7 +22,7 @@ The math lives in `tether.core`; this package validates configs and assembles me
     spec.py      presets and THE spec function: `build(spec, max_len=, default=)` -> Objective and
                  `resolve(...)`, the same as the plain mapping a run records
     one file per family, each config class directly above the loss function that uses it:
-    clip.py (ppo_clip, divergence_clip), sequence.py (gspo, gmpo), reinforce.py (reinforce, cispo),
+    clip.py (ppo_clip, divergence_clip), sequence.py (gspo, luspo, gmpo, vespo), reinforce.py (reinforce, cispo, dro),
     rpg.py, etr.py, masks.py (dppo, m2po), sapo.py, covariance.py (clip_cov, kl_cov)
 """
 
@@ -44,8 +44,8 @@ from .spec import Spec, build, describe, display, label_of, load_preset, names, 
 
 # The families register their objectives on import; the order is the order `names()` lists them in.
 from .clip import DivergenceClipConfig, PPOClipConfig  # noqa: E402  isort: skip
-from .sequence import GMPOConfig, GSPOConfig  # noqa: E402  isort: skip
-from .reinforce import CISPOConfig, ReinforceConfig  # noqa: E402  isort: skip
+from .sequence import GMPOConfig, GSPOConfig, LUSPOConfig, VESPOConfig  # noqa: E402  isort: skip
+from .reinforce import CISPOConfig, DROConfig, ReinforceConfig  # noqa: E402  isort: skip
 from .rpg import RPGConfig  # noqa: E402  isort: skip
 from .etr import ETRConfig  # noqa: E402  isort: skip
 from .masks import DPPOConfig, M2POConfig  # noqa: E402  isort: skip
@@ -54,8 +54,9 @@ from .covariance import ClipCovConfig, KLCovConfig  # noqa: E402  isort: skip
 
 __all__ = [
     "OBJECTIVES", "POLICY_METRIC_EXTREMES", "CISPOConfig", "GroupStats", "ClipCovConfig", "ClipRange", "DPPOConfig",
-    "DivergenceClipConfig", "ETRConfig", "GMPOConfig", "GSPOConfig", "KLCovConfig", "KLPenaltyConfig", "LossFn",
-    "M2POConfig", "Mean", "MergeRule", "MetricMerger", "Objective", "ObjectiveConfig", "ObjectiveEntry",
+    "DROConfig", "DivergenceClipConfig", "ETRConfig", "GMPOConfig", "GSPOConfig", "KLCovConfig", "KLPenaltyConfig",
+    "LUSPOConfig", "LossFn", "M2POConfig", "VESPOConfig", "Mean", "MergeRule", "MetricMerger", "Objective",
+    "ObjectiveConfig", "ObjectiveEntry",
     "ObjectiveOutput", "PPOClipConfig", "RPGConfig", "ReinforceConfig", "RolloutCorrectionConfig", "SAPOConfig",
     "TokenBatch", "TokenTerms", "build", "describe", "display", "label_of", "load_preset", "names", "objective",
     "policy_metrics", "preset_names", "resolve", "Spec", "spec_mapping",

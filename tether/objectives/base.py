@@ -160,6 +160,10 @@ class ObjectiveConfig:
     """Off-policy sequence mask delta (DeepSeek-V3.2; TRL's off_policy_mask_threshold): a sequence with A < 0 whose
     mean token log(pi_sampler / pi_theta) exceeds delta leaves the loss (pi_old when sampler_logprobs is None);
     null: off. TRL suggests 0.5."""
+    sampler_kl_coef: float = 0.0
+    """tau of the squared log-ratio to the sampler (Kimi K2.5; prime-rl's kl_tau, default 1e-3 there): the loss gets
+    + tau * agg((log pi_theta - log pi_sampler)^2) over every counted token (needs TokenBatch.sampler_logprobs);
+    0: off."""
 
     def __post_init__(self):
         check_name(_agg.AGGREGATIONS, self.aggregation, "aggregation")
@@ -172,6 +176,8 @@ class ObjectiveConfig:
         if isinstance(self.rollout_correction, dict):
             self.rollout_correction = from_dict(RolloutCorrectionConfig, self.rollout_correction, "rollout_correction")
         check(self.max_len is None or self.max_len > 0, "max_len", self.max_len, "a positive integer or null")
+        check(self.sampler_kl_coef >= 0, "sampler_kl_coef", self.sampler_kl_coef,
+              "a number >= 0 (prime-rl's kl_tau: 1e-3), or 0 for none")
 
     # ---- capabilities: what the trainers ask of a config instead of probing its keys
 
@@ -187,6 +193,11 @@ class ObjectiveConfig:
             need["sampler_logprobs"] = (
                 "rollout_correction weighs each token by pi_old / pi_sampler; pass the sampler's log-probs (tether's "
                 "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop rollout_correction")
+        if self.sampler_kl_coef > 0:
+            need.setdefault("sampler_logprobs", (
+                "sampler_kl_coef > 0 penalises (log pi_theta - log pi_sampler)^2; pass the sampler's log-probs "
+                "(tether's engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or set "
+                "sampler_kl_coef=0"))
         return need
 
     def vanishes_when_old_is_sampler(self) -> dict[str, str]:
@@ -208,6 +219,12 @@ class ObjectiveConfig:
         """The coefficient of the loss's KL to the reference policy (0: none); a trainer that switches its
         reference model on by a KL coefficient (TRL's beta) reads it."""
         return self.kl_penalty.coef if self.kl_penalty is not None else 0.0
+
+    def folds_rollout_correction(self) -> bool:
+        """Whether the loss takes the rollout-correction weights into its own weight (VESPO folds them into its
+        sequence ratio) instead of having each token's loss multiplied by them and the masked tokens removed; the
+        runtime then passes them as `TokenBatch.rollout_weights`."""
+        return False
 
     def has_trust_region(self) -> bool:
         """Whether the loss limits how far an update may move from the sampling policy (a clip, mask, truncation,

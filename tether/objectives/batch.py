@@ -42,6 +42,11 @@ class TokenBatch:
     (`Objective.group_stats(rewards, group_ids)`, rows selected like this batch's; ETR's nu_g - nu_bar).
     None: an objective that needs them computes them from `rewards` and `group_ids`, taking this batch
     as the whole rollout batch; refused when `loss_norm` is set (a micro-batch of several)."""
+    rollout_weights: Optional[torch.Tensor] = None
+    """(N, T) rollout-correction weights pi_old / pi_sampler computed outside the objective (verl's
+    rollout_is_weights), for an objective that folds them into its own weight (`folds_rollout_correction`:
+    VESPO); `Objective.terms` sets it from the config's `rollout_correction`. Other objectives refuse it: their
+    callers multiply such weights into the per-token loss."""
 
 
 class Mean(NamedTuple):
@@ -71,7 +76,8 @@ class ObjectiveOutput:
 @dataclass
 class TokenTerms:
     """An objective's per-token terms on one batch (`Objective.terms`), 0 at padding, before any
-    aggregation: loss = agg(tokens.loss) + kl_penalty.coef * agg(kl_penalty) - entropy_coef * agg(entropy)."""
+    aggregation: loss = agg(tokens.loss) + kl_penalty.coef * agg(kl_penalty) - entropy_coef * agg(entropy)
+    + sampler_kl_coef * agg(sampler_kl)."""
 
     tokens: Any
     """`tether.core.surrogates.TokenLoss`: the per-token policy loss (N, T) and its clip flags."""
@@ -83,6 +89,8 @@ class TokenTerms:
     """Detached scalar metrics (policy/*, kl/ref, the objective's own), without the loss/* values."""
     merge: dict[str, MergeRule]
     """How each metric merges over micro-batches (see `ObjectiveOutput.merge`)."""
+    sampler_kl: Optional[torch.Tensor] = None
+    """(N, T) the squared log-ratio to the sampler per token (with gradient) when sampler_kl_coef > 0, else None."""
 
 
 def masked_fill(x: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torch.Tensor]:

@@ -90,8 +90,12 @@ class Objective:
         metrics: dict[str, torch.Tensor] = {}
         kept, correction, off_policy = _loss_mask(cfg, batch, lp, old, metrics)
         n_kept = n_tokens if kept is m else kept.detach().sum().to(torch.float64)  # the tokens left in the loss
-        tokens, extra = self._loss(cfg, batch if kept is m else dataclasses.replace(batch, mask=kept), lp, old)
-        if correction is not None:
+        loss_batch = batch if kept is m else dataclasses.replace(batch, mask=kept)
+        folded = correction is not None and cfg.folds_rollout_correction()
+        if folded:  # the objective takes the weights into its own weight (VESPO), nothing multiplies its loss
+            loss_batch = dataclasses.replace(loss_batch, rollout_weights=correction.weights.detach())
+        tokens, extra = self._loss(cfg, loss_batch, lp, old)
+        if correction is not None and not folded:
             tokens = tokens._replace(loss=tokens.loss * correction.weights.to(tokens.loss.dtype))
         if off_policy is not None:
             tokens = tokens._replace(loss=torch.where(off_policy, torch.zeros_like(tokens.loss), tokens.loss))
@@ -100,6 +104,7 @@ class Objective:
         if batch.entropy is not None:
             entropy = masked_fill(batch.entropy, m)
             metrics["policy/entropy"] = masked_mean(entropy.detach(), m)
+        sampler_kl = _sampler_terms(cfg, batch, lp) if cfg.sampler_kl_coef > 0 else None
         merge: dict[str, MergeRule] = {k: n_tokens for k in metrics}
         # The policy metrics describe the tokens in the loss (all counted ones unless a correction masks some).
         policy = policy_metrics(tokens, log_w=_sur.log_ratio(lp, old).detach(), mask=kept)
@@ -108,7 +113,7 @@ class Objective:
         merge.update(POLICY_METRIC_EXTREMES)
         for k, v in extra.items():
             metrics[k], merge[k] = (v.value.detach(), v.count.detach()) if isinstance(v, Mean) else (v.detach(), n_kept)
-        return TokenTerms(tokens, penalty, entropy if cfg.entropy_coef != 0 else None, metrics, merge)
+        return TokenTerms(tokens, penalty, entropy if cfg.entropy_coef != 0 else None, metrics, merge, sampler_kl)
 
     def __call__(self, batch: TokenBatch) -> ObjectiveOutput:
         """The loss on `batch`: its terms aggregated by `config.aggregation` (with `loss_norm`, as one
@@ -126,6 +131,9 @@ class Objective:
         if t.entropy is not None:
             losses["loss/entropy"] = ent = reduce(t.entropy)
             total = total - cfg.entropy_coef * ent
+        if t.sampler_kl is not None:
+            losses["loss/sampler_kl"] = skl = reduce(t.sampler_kl)
+            total = total + cfg.sampler_kl_coef * skl
         losses["loss/total"] = total
         metrics = {**{k: v.detach() for k, v in losses.items()}, **t.metrics}
         return ObjectiveOutput(total, metrics, {**{k: "share" for k in losses}, **t.merge})
@@ -140,14 +148,24 @@ def _loss_mask(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor, old: t
         correction, correction_metrics = rollout_correction(cfg.rollout_correction, old, batch.sampler_logprobs, m)
         metrics.update(correction_metrics)
         # A masked token leaves the loss: the objective sees it as padding, so it enters no sequence
-        # statistic (GMPO's geometric mean, GSPO's sequence ratio) and its loss is 0 (c = 0).
-        kept = torch.where(correction.masked, torch.zeros_like(m), m)
+        # statistic (GMPO's geometric mean, GSPO's sequence ratio) and its loss is 0 (c = 0). An objective
+        # that folds the weights into its own (VESPO) keeps the token: its c = 0 is part of that weight.
+        if not cfg.folds_rollout_correction():
+            kept = torch.where(correction.masked, torch.zeros_like(m), m)
     if cfg.off_policy_mask is not None:  # DeepSeek-V3.2's sequence mask: its tokens leave the loss, like masked ones
         behaviour = old if batch.sampler_logprobs is None else masked_fill(batch.sampler_logprobs, m).detach()
         off_policy = _corr.off_policy_sequence_mask(lp, behaviour, batch.advantages, m, cfg.off_policy_mask)
         metrics["policy/off_policy_masked_frac"] = masked_fraction(off_policy, m)
         kept = torch.where(off_policy, torch.zeros_like(m), kept)
     return kept, correction, off_policy
+
+
+def _sampler_terms(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor) -> torch.Tensor:
+    """The squared log-ratio to the sampler per token (N, T), 0 at padding; a token whose sampler log-prob is
+    missing (NaN, as vLLM may return) gets no penalty instead of a NaN loss."""
+    sampler = masked_fill(batch.sampler_logprobs, batch.mask).detach().to(lp.dtype)
+    sampler = torch.where(torch.isfinite(sampler), sampler, lp.detach())  # difference 0, gradient 0 (not NaN)
+    return torch.where(batch.mask.bool(), _kl.squared_log_ratio(lp, sampler), torch.zeros_like(lp))
 
 
 def _reference_terms(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor,
@@ -171,10 +189,17 @@ def _validate(name: str, cfg: ObjectiveConfig, batch: TokenBatch) -> None:
         if getattr(batch, field) is None:
             raise ValueError(f"objective {name!r} needs TokenBatch.{field}, which is None ({why}); pass it or change "
                              "the config")
+    if batch.rollout_weights is not None and not cfg.folds_rollout_correction():
+        raise ValueError(f"objective {name!r} does not fold rollout-correction weights into its own weight; multiply "
+                         "them into its per-token loss (Objective.terms(...).tokens.loss) instead of passing "
+                         "TokenBatch.rollout_weights")
+    if batch.rollout_weights is not None and cfg.rollout_correction is not None:
+        raise ValueError(f"objective {name!r} got TokenBatch.rollout_weights and computes its own from "
+                         "rollout_correction: drop one")
     shape = batch.logprobs.shape
     if batch.logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (N, T); got shape {tuple(shape)}")
-    for field in ("old_logprobs", "mask", "ref_logprobs", "entropy"):
+    for field in ("old_logprobs", "mask", "ref_logprobs", "entropy", "sampler_logprobs", "rollout_weights"):
         t = getattr(batch, field)
         if t is not None and t.shape != shape:
             raise ValueError(f"{field} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")
