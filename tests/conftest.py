@@ -145,3 +145,48 @@ def slow_after_first(values):
     slow: the same end-to-end check once quickly, and for every case in the full suite."""
     values = list(values)
     return [*values[:1], *(pytest.param(v, marks=pytest.mark.slow) for v in values[1:])]
+
+
+# ---------------------------------------------------------------- TRL's own loss, called
+
+
+def trl_compute_loss(loss_type, lp, old, adv, mask, *, ref=None, beta=0.0, eps=(0.2, 0.2), level="token",
+                     max_len=None, is_ratio=None, **args):
+    """TRL's own `GRPOTrainer._compute_loss` (the installed trl, 1.16) on these tensors: a trainer built without a
+    model (`object.__new__`) holds only what the method reads, one process, one accumulation step,
+    `steps_per_generation` 1, no entropy bonus; its log-prob forward returns a copy of `lp` (N, T). `adv` is (N,)
+    or (N, T); `ref` (with `beta`) turns TRL's k3 term on; `is_ratio` is TRL's vLLM `importance_sampling_ratio`
+    (vLLM correction on); `args` override GRPOConfig fields (`use_bias_correction_kl`, `vespo_*`, `sapo_*`,
+    `delta`). Returns (loss, d loss / d lp, TRL's logged metrics for the step)."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    leaf = lp.detach().clone().requires_grad_()
+    same = lambda x, **_: x  # noqa: E731  (one process: gather and reduce are the identity)
+    trainer = object.__new__(GRPOTrainer)
+    trainer.__dict__.update(
+        loss_type=loss_type, beta=beta, epsilon_low=eps[0], epsilon_high=eps[1], importance_sampling_level=level,
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=is_ratio is not None,
+        vllm_importance_sampling_correction=True, aux_loss_enabled=False, _entropy_bonus_enabled=False,
+        max_completion_length=max_len if max_len is not None else lp.shape[1], current_gradient_accumulation_steps=1,
+        model=SimpleNamespace(training=True), _metrics=defaultdict(lambda: defaultdict(list)),
+        accelerator=SimpleNamespace(num_processes=1, sync_gradients=True, gather=same, reduce=same,
+                                    gather_for_metrics=same),
+        args=SimpleNamespace(**{"use_bias_correction_kl": False, "delta": None, "steps_per_generation": 1,
+                                "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "vespo_k_pos": 2.0,
+                                "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0, **args}),
+        _get_per_token_logps_and_entropies=lambda *a, **k: (leaf, torch.zeros_like(leaf), None),
+    )
+    n, t = lp.shape
+    inputs = {"prompt_ids": torch.ones(n, 1, dtype=torch.long), "prompt_mask": torch.ones(n, 1, dtype=torch.long),
+              "completion_ids": torch.ones(n, t, dtype=torch.long), "completion_mask": mask.to(torch.long),
+              "advantages": adv, "old_per_token_logps": old, "num_items_in_batch": mask.sum().to(lp.dtype)}
+    if ref is not None:
+        inputs["ref_per_token_logps"] = ref
+    if is_ratio is not None:
+        inputs["importance_sampling_ratio"] = is_ratio
+    loss = trainer._compute_loss(None, inputs)
+    loss.backward()
+    return loss.detach(), leaf.grad, trainer._metrics["train"]

@@ -43,7 +43,7 @@ from tether.core.multi_reward import RewardParts, normalize_then_sum  # noqa: E4
 from tether.schema import ConfigError  # noqa: E402
 from tether.tasks import Example  # noqa: E402
 
-from conftest import slow_after_first  # noqa: E402
+from conftest import slow_after_first, trl_compute_loss  # noqa: E402
 
 PROMPTS = ["1+1=", "2+3=", "7*6=", "9-4=", "8+8=", "5*5="]
 
@@ -554,34 +554,6 @@ def test_the_example_defaults_make_the_trust_region_act(tmp_path):
 # ---------------------------------------------------------------- rows with no counted token (issue 30, item 3)
 
 
-def _trls_compute_loss(loss_type, lp, old, adv, mask, max_len):
-    """TRL 1.16's own `GRPOTrainer._compute_loss` on these tensors (beta 0, no vLLM, one accumulation step):
-    the method is called on a stand-in trainer whose log-prob helper returns `lp`; its loss and d loss / d lp."""
-    from collections import defaultdict
-    from types import SimpleNamespace
-
-    from trl import GRPOTrainer
-
-    leaf = lp.clone().requires_grad_()
-    same = lambda x, **_: x  # noqa: E731  (one process: gather and reduce are the identity)
-    stub = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (leaf, torch.zeros_like(leaf), None),
-        aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
-        importance_sampling_level="token", beta=0.0, loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.2,
-        args=SimpleNamespace(delta=None, use_bias_correction_kl=True), use_vllm=False,
-        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, max_completion_length=max_len,
-        _entropy_bonus_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)),
-        accelerator=SimpleNamespace(gather=same, reduce=same, gather_for_metrics=same, num_processes=1),
-    )
-    n, t = lp.shape
-    inputs = {"prompt_ids": torch.zeros(n, 1, dtype=torch.long), "prompt_mask": torch.ones(n, 1, dtype=torch.long),
-              "completion_ids": torch.zeros(n, t, dtype=torch.long), "completion_mask": mask, "advantages": adv,
-              "old_per_token_logps": old}
-    loss = GRPOTrainer._compute_loss(stub, None, inputs)
-    loss.backward()
-    return loss.detach(), leaf.grad
-
-
 def _adapters_loss(objective, lp, old, adv, mask, max_len, train=True):
     """The adapter's loss path (`TetherGRPOTrainer.on_new_buffer`, `_step_normalizer`, `_token_batch`,
     `objective_loss`) on a stand-in trainer: one process, one accumulation step, the batch its own buffer."""
@@ -636,7 +608,7 @@ def test_the_adapters_loss_and_gradient_are_trls_own_with_empty_rows(loss_type, 
     adv = torch.randn(n, generator=g, dtype=torch.float64)
     mask = (torch.arange(t)[None, :] < torch.tensor([6, 0, 3, 5])[:, None]).long()  # row 1 empty
     mask[3, 1] = 0  # a tool-output token inside a row
-    trl_loss, trl_grad = _trls_compute_loss(loss_type, lp, old, adv, mask, t + 2)
+    trl_loss, trl_grad, _ = trl_compute_loss(loss_type, lp, old, adv, mask, max_len=t + 2)
     loss, grad = _adapters_loss(spec, lp, old, adv, mask, t + 2)
     torch.testing.assert_close(loss, trl_loss, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(grad, trl_grad, rtol=1e-12, atol=1e-15)

@@ -1,7 +1,7 @@
 """tether's presets equal TRL 1.16's own GRPO losses (float64), by calling `GRPOTrainer._compute_loss` itself.
 
-The trainer is built without a model (`object.__new__`) and given only the attributes `_compute_loss` reads; its
-log-prob forward returns the test's tensors, so what is compared is TRL's loss code, line for line as installed:
+`conftest.trl_compute_loss` builds the trainer without a model and gives it only the attributes `_compute_loss`
+reads; its log-prob forward returns the test's tensors, so what is compared is TRL's loss code as installed:
 
 | TRL `loss_type` and settings | tether |
 |---|---|
@@ -19,57 +19,17 @@ zero-advantage row; the batch has no empty row (tether's and TRL's normalisers p
 token: docs/trl.md).
 """
 
-from collections import defaultdict
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 pytest.importorskip("trl")
 
-from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
-
 from tether import objectives  # noqa: E402
+
+from conftest import trl_compute_loss  # noqa: E402
 
 D = torch.float64
 T_MAX = 8  # TRL's max_completion_length (dr_grpo's normaliser)
-
-
-class _Accelerator:
-    """What `_compute_loss` asks of accelerate on one process."""
-
-    num_processes = 1
-    sync_gradients = True
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-    def reduce(self, x, reduction="sum"):
-        return x
-
-
-def _trl_loss(loss_type, lp, old, ref, adv, mask, beta=0.0, eps_low=0.2, eps_high=0.28, **args):
-    trainer = object.__new__(GRPOTrainer)
-    trainer.__dict__.update(
-        loss_type=loss_type, beta=beta, epsilon_low=eps_low, epsilon_high=eps_high, top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None, importance_sampling_level=args.pop("importance_sampling_level", "token"),
-        use_vllm=False, vllm_importance_sampling_correction=False, aux_loss_enabled=False,
-        _entropy_bonus_enabled=False, max_completion_length=T_MAX, current_gradient_accumulation_steps=1,
-        accelerator=_Accelerator(), model=SimpleNamespace(training=True), _metrics=defaultdict(lambda: defaultdict(list)),
-        args=SimpleNamespace(**{"use_bias_correction_kl": False, "delta": None, "steps_per_generation": 1,
-                                "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, **args}),
-    )
-    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (lp, torch.zeros_like(lp), None)
-    n, t = lp.shape
-    inputs = {
-        "prompt_ids": torch.zeros(n, 1, dtype=torch.long), "prompt_mask": torch.ones(n, 1, dtype=torch.long),
-        "completion_ids": torch.zeros(n, t, dtype=torch.long), "completion_mask": mask.to(torch.long),
-        "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref,
-        "num_items_in_batch": mask.sum(),
-    }
-    return trainer._compute_loss(None, inputs)
 
 
 def _batch():
@@ -93,28 +53,31 @@ def _tether_loss(spec, lp, old, ref, adv, mask):
 
 
 CASES = [  # (id, TRL loss_type and settings, tether spec)
-    ("grpo-k3", dict(loss_type="grpo", beta=0.04, eps_high=0.2), "grpo"),
-    ("grpo-bias-corrected-kl", dict(loss_type="grpo", beta=0.04, eps_high=0.2, use_bias_correction_kl=True),
+    ("grpo-k3", dict(loss_type="grpo", beta=0.04), "grpo"),
+    ("grpo-bias-corrected-kl", dict(loss_type="grpo", beta=0.04, use_bias_correction_kl=True),
      {"preset": "grpo", "kl_penalty": {"estimator": "k3_iw"}}),
-    ("bnpo", dict(loss_type="bnpo"), {"name": "ppo_clip", "eps_high": 0.28, "aggregation": "token-mean"}),
-    ("dr_grpo", dict(loss_type="dr_grpo", eps_high=0.2), "dr_grpo"),
-    ("dapo", dict(loss_type="dapo"), "dapo"),
-    ("cispo", dict(loss_type="cispo", eps_high=1.28), "cispo"),
+    ("bnpo", dict(loss_type="bnpo", eps=(0.2, 0.28)),
+     {"name": "ppo_clip", "eps_high": 0.28, "aggregation": "token-mean"}),
+    ("dr_grpo", dict(loss_type="dr_grpo"), "dr_grpo"),
+    ("dapo", dict(loss_type="dapo", eps=(0.2, 0.28)), "dapo"),
+    ("cispo", dict(loss_type="cispo", eps=(0.2, 1.28)), "cispo"),
     ("sapo", dict(loss_type="sapo"), "sapo"),
-    ("gspo", dict(loss_type="grpo", eps_low=3e-4, eps_high=4e-4, importance_sampling_level="sequence"), "gspo"),
+    ("gspo", dict(loss_type="grpo", eps=(3e-4, 4e-4), level="sequence"), "gspo"),
 ]
 
 
 @pytest.mark.parametrize("trl_settings,spec", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_preset_equals_trls_loss(trl_settings, spec):
     lp, old, ref, adv, mask = _batch()
-    theirs = _trl_loss(lp=lp, old=old, ref=ref, adv=adv, mask=mask, **dict(trl_settings))
+    settings = dict(trl_settings)
+    theirs, g_theirs, _ = trl_compute_loss(settings.pop("loss_type"), lp, old, adv, mask, ref=ref, max_len=T_MAX,
+                                           **settings)
     ours = _tether_loss(spec, lp, old, ref, adv, mask)
     # TRL's sapo builds its temperatures with torch.where on Python floats, a float32 tensor: 1.05 is then
     # 1.0499999523, a relative 5e-8 off, which moves the loss by ~2e-7 relative.
     tol = dict(rtol=1e-6, atol=1e-9) if trl_settings["loss_type"] == "sapo" else dict(rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(ours, theirs, **tol)
-    g_ours, g_theirs = (torch.autograd.grad(x, lp)[0] for x in (ours, theirs))
+    torch.testing.assert_close(ours.detach(), theirs, **tol)
+    g_ours = torch.autograd.grad(ours, lp)[0]
     torch.testing.assert_close(g_ours, g_theirs, **tol)
     assert g_ours.abs().sum() > 0
 
@@ -123,5 +86,6 @@ def test_the_grpo_presets_kl_is_not_trls_default_kl():
     # TRL 1.16 multiplies k3 by the ratio by default (use_bias_correction_kl=True); the grpo preset is GRPO's plain
     # k3, so at the same batch they differ once the ratio is not 1 (docs/trl.md, docs/algorithms/README.md).
     lp, old, ref, adv, mask = _batch()
-    trl_default = _trl_loss("grpo", lp, old, ref, adv, mask, beta=0.04, eps_high=0.2, use_bias_correction_kl=True)
+    trl_default, _, _ = trl_compute_loss("grpo", lp, old, adv, mask, ref=ref, beta=0.04, max_len=T_MAX,
+                                         use_bias_correction_kl=True)
     assert abs(_tether_loss("grpo", lp, old, ref, adv, mask).item() - trl_default.item()) > 1e-4

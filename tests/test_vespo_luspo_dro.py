@@ -10,8 +10,6 @@
 """
 
 import math
-from collections import defaultdict
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +18,8 @@ from tether import objectives
 from tether.core import dro as Dr
 from tether.core import vespo as V
 from tether.schema import ConfigError
+
+from conftest import trl_compute_loss
 
 D = torch.float64
 
@@ -129,34 +129,6 @@ def test_dro_hand_computed():
 # ---------------------------------------------------------------- 2. against TRL 1.16 and the authors' recipe
 
 
-def _trl_compute_loss(loss_type, lp, old, adv, mask, is_ratio=None, level="token", eps=(0.2, 0.2)):
-    """TRL 1.16's own GRPOTrainer._compute_loss on a stand-in trainer: its log-probs are `lp` (with gradient),
-    one process, one accumulation step, steps_per_generation 1. Returns (loss, d loss / d lp)."""
-    trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
-    lp = lp.clone().requires_grad_()
-    n, t = lp.shape
-    args = SimpleNamespace(vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0, delta=None,
-                           steps_per_generation=1, use_bias_correction_kl=False)
-    stub = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (lp, torch.zeros_like(lp), None),
-        get_gamma_weights=trl_grpo.GRPOTrainer.get_gamma_weights, args=args, loss_type=loss_type, beta=0.0,
-        importance_sampling_level=level, epsilon_low=eps[0], epsilon_high=eps[1], top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None, use_vllm=is_ratio is not None, vllm_importance_sampling_correction=True,
-        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, aux_loss_enabled=False,
-        _entropy_bonus_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)),
-        accelerator=SimpleNamespace(num_processes=1, reduce=lambda x, reduction: x, gather=lambda x: x,
-                                    gather_for_metrics=lambda x: x),
-    )
-    inputs = {"prompt_ids": torch.ones(n, 1, dtype=torch.long), "prompt_mask": torch.ones(n, 1, dtype=torch.long),
-              "completion_ids": torch.ones(n, t, dtype=torch.long), "completion_mask": mask.to(torch.long),
-              "advantages": adv, "old_per_token_logps": old, "num_items_in_batch": mask.sum().to(D)}
-    if is_ratio is not None:
-        inputs["importance_sampling_ratio"] = is_ratio
-    loss = trl_grpo.GRPOTrainer._compute_loss(stub, None, inputs)
-    loss.backward()
-    return loss.detach(), lp.grad, stub._metrics["train"]
-
-
 def _trl_vllm_is_ratio(old, sampler, mask, mode, clip_min, clip_max):
     """TRL 1.16's importance_sampling_ratio for token_truncate / token_mask (GRPOTrainer._generate_and_score_
     completions, trl/trainer/grpo_trainer.py at v1.16.0): exp((old - sampler) m), clamped or masked to 0."""
@@ -168,6 +140,7 @@ def _trl_vllm_is_ratio(old, sampler, mask, mode, clip_min, clip_max):
 
 @pytest.mark.parametrize("correction", [None, "truncate", "mask"])
 def test_vespo_equals_trls_compute_loss(correction):
+    pytest.importorskip("trl")
     lp, old, sampler, adv, mask = _data(seed=1)
     fields, spec, is_ratio = {}, {"preset": "vespo"}, None
     if correction is not None:
@@ -176,7 +149,7 @@ def test_vespo_equals_trls_compute_loss(correction):
         spec["rollout_correction"] = {"mode": correction, "low": low, "high": high}
         fields["sampler_logprobs"] = sampler
         assert ((is_ratio == 0) & mask).any() == (correction == "mask")  # the case masks a token
-    v_loss, v_grad, v_metrics = _trl_compute_loss("vespo", lp, old, adv[:, None], mask, is_ratio)
+    v_loss, v_grad, v_metrics = trl_compute_loss("vespo", lp, old, adv[:, None], mask, is_ratio=is_ratio)
     out, t_grad = _run(spec, lp, old, adv, mask, **fields)
     assert v_grad.abs().sum() > 1e-3  # a case that tests nothing is a defect
     torch.testing.assert_close(out.loss.detach(), v_loss, rtol=1e-12, atol=1e-14)
@@ -222,10 +195,11 @@ def test_vespo_equals_the_authors_verl_recipe_with_rollout_weights():
 
 
 def test_luspo_equals_trls_compute_loss_at_the_sequence_level():
+    pytest.importorskip("trl")
     lp, old, _, adv, mask = _data(seed=3, scale=0.01)  # ratios near 1, so GSPO's small clip acts on some
     eps = (3e-4, 4e-4)  # the preset's
     spec = "luspo"
-    v_loss, v_grad, _ = _trl_compute_loss("luspo", lp, old, adv[:, None], mask, level="sequence", eps=eps)
+    v_loss, v_grad, _ = trl_compute_loss("luspo", lp, old, adv[:, None], mask, level="sequence", eps=eps)
     out, t_grad = _run(spec, lp, old, adv, mask)
     assert v_grad.abs().sum() > 1e-3
     torch.testing.assert_close(out.loss.detach(), v_loss, rtol=1e-12, atol=1e-14)
