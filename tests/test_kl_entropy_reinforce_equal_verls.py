@@ -1,5 +1,6 @@
 """The KL-penalty estimators, the entropy bonus and plain REINFORCE equal verl 0.9.1's own (float64), called in the
-test: `core_algos.kl_penalty` for k1 / k2 / k3 (verl's "kl", "mse", "low_var_kl"), `agg_loss` of the entropy, and
+test: `core_algos.kl_penalty` for k1 / k2 / k3 / abs / k3_clamped (verl's "kl", "mse", "low_var_kl" inside its
+clamp, "abs", "low_var_kl" everywhere), `agg_loss` of the entropy, and
 the "gpg" policy loss (-A lp, Group Policy Gradient, arXiv 2504.02546) for tether's `reinforce`.
 
 verl clamps k3's log-ratio to [-20, 20] and its value to [-10, 10]; tether does not clamp k3 (docs/algorithms/rpg.md,
@@ -18,7 +19,8 @@ from tether import objectives  # noqa: E402
 from tether.core.kl import kl_penalty  # noqa: E402
 
 D = torch.float64
-VERL_NAMES = {"k1": ["kl", "k1"], "k2": ["mse", "k2"], "k3": ["low_var_kl", "k3"]}
+VERL_NAMES = {"k1": ["kl", "k1"], "k2": ["mse", "k2"], "k3": ["low_var_kl", "k3"], "abs": ["abs"],
+              "k3_clamped": ["low_var_kl", "k3"]}
 
 
 def _logprobs(seed=0, n=5, t=6, spread=2.0):
@@ -28,7 +30,7 @@ def _logprobs(seed=0, n=5, t=6, spread=2.0):
     return lp, ref
 
 
-@pytest.mark.parametrize("ours", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("ours", ["k1", "k2", "k3", "abs", "k3_clamped"])
 def test_kl_estimators_equal_verls_kl_penalty(ours):
     lp, ref = _logprobs()  # |log r| <= 2: k3 <= e^2 - 3 = 4.39, inside verl's clamp
     mine = kl_penalty(ours, lp, ref, lp.detach())
@@ -38,6 +40,19 @@ def test_kl_estimators_equal_verls_kl_penalty(ours):
         g_theirs = torch.autograd.grad(theirs.sum(), lp)[0]
         torch.testing.assert_close(mine, theirs, rtol=1e-13, atol=1e-15)
         torch.testing.assert_close(g_mine, g_theirs, rtol=1e-13, atol=1e-15)
+
+
+def test_k3_clamped_is_verls_low_var_kl_beyond_the_clamp_too():
+    # log r = 3 and -12: k3 = 16.09 and 10.99 + e^-12 - 1 = 11.0000061, both clamped to 10 with no gradient; log r = 25
+    # is first clamped to 20 (then k3 = e^20 - 21, clamped to 10).
+    lp = torch.tensor([[-4.0, 11.0, -26.0, -1.5]], dtype=D, requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0, -1.0, -1.0]], dtype=D)
+    mine, theirs = kl_penalty("k3_clamped", lp, ref, lp.detach()), core_algos.kl_penalty(lp, ref, "low_var_kl")
+    torch.testing.assert_close(mine, theirs, rtol=1e-13, atol=0)
+    assert mine[0, :3].tolist() == [10.0, 10.0, 10.0]
+    g_mine, g_theirs = (torch.autograd.grad(x.sum(), lp)[0] for x in (mine, theirs))
+    torch.testing.assert_close(g_mine, g_theirs, rtol=1e-13, atol=0)
+    assert g_mine[0, :3].tolist() == [0.0, 0.0, 0.0] and g_mine[0, 3] != 0
 
 
 def test_k3_departs_from_verl_only_where_verl_clamps_it():

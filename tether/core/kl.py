@@ -12,9 +12,15 @@ With r = pi_ref / pi_theta and w = pi_theta / pi_old, and samples from pi_old:
                                        UKL(pi_theta || pi_ref) exactly, on- or off-policy; for
                                        normalised policies that is grad KL(pi_theta || pi_ref).
                                        Identical to RPG's `urkl` term with anchor = ref.
+    abs    |lp - lp_ref|               verl's and SkyRL's `abs`: a bounded-slope penalty; its gradient
+                                       sign(lp - lp_ref) grad lp is the gradient of no KL.
+    k3_clamped  clamp(k3, -10, 10), log r clamped to [-20, 20] first: verl's `low_var_kl` (and its
+                                       `k3`), SkyRL's and slime's k3. Equal to k3 wherever k3 <= 10; a
+                                       token with k3 > 10 (log r > 2.53 or < -10.99) gets no KL gradient.
 
 Reference: [RPG] Zhang et al., arXiv 2505.17508, section 2.2 (the GRPO KL term and its correction).
-Departure: none; these are the textbook estimators (Schulman, "Approximating KL divergence").
+Departure: none; these are the textbook estimators (Schulman, "Approximating KL divergence"). `k3` is not
+clamped (the value that verl, SkyRL and slime clamp at 10 keeps its gradient here); `k3_clamped` is theirs.
 
 The squared log-ratio to the sampler (Kimi K2.5, arXiv 2602.02276; prime-rl's `kl_tau` term), added to any
 objective's loss as `sampler_kl_coef` x its aggregation:
@@ -67,6 +73,16 @@ def k3_iw(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torc
 def squared_log_ratio(logprobs: torch.Tensor, sampler_logprobs: torch.Tensor) -> torch.Tensor:
     """s_t = (lp - lp_sampler)^2 per token (N, T), with gradient through lp only."""
     return (logprobs - sampler_logprobs.detach()) ** 2
+
+
+@KL_ESTIMATORS.register("abs")
+def abs_(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
+    return (logprobs - ref_logprobs.detach()).abs()
+
+
+@KL_ESTIMATORS.register("k3_clamped")
+def k3_clamped(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
+    return k3_of_log((ref_logprobs.detach() - logprobs).clamp(-20.0, 20.0)).clamp(-10.0, 10.0)
 
 
 def kl_penalty(

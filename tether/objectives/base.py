@@ -68,7 +68,8 @@ def check_measure(measure: Any, extra: tuple[str, ...] = ()) -> None:
 @dataclass
 class KLPenaltyConfig:
     estimator: str = "k3"
-    """Per-token estimator: k1, k2, k3 (GRPO, uncorrected), k3_iw (importance-weighted, corrected)."""
+    """Per-token estimator: k1, k2, k3 (GRPO, uncorrected), k3_iw (importance-weighted, corrected), abs
+    (|lp - lp_ref|, verl's and SkyRL's), k3_clamped (k3 clamped at 10, verl's low_var_kl)."""
     coef: float = 0.0
     """Penalty coefficient beta; 0 turns the penalty off (and no reference model is needed)."""
 
