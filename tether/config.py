@@ -176,6 +176,10 @@ class TrainerConfig:
     (exact gradients); models whose head is not a plain linear layer fall back to their logits."""
     logprob_chunk_size: Optional[int] = None
     """Tokens per chunk of the fused head; null: about 256 MB of float32 logits per chunk."""
+    mask_truncated: bool = False
+    """Overlong filtering: a completion that ran out of rollout.max_new_tokens (finish reason `length`) leaves
+    the loss; its reward still counts in its group's baseline (TRL's mask_truncated_completions, NeMo-RL's
+    overlong_filtering, SkyRL's apply_overlong_filtering, AReaL's mask_no_eos_with_zero)."""
     share_prompts: bool = True
     """With the fused head, the samples of one prompt run that prompt through the model once and
     their completions on its copied KV cache: the same log-probs and gradients (up to rounding)

@@ -75,6 +75,18 @@ def finite_sampler_tokens(rollout, tokens: Tokens) -> tuple[Tokens, float]:
     return tokens, n_bad
 
 
+def truncated_out(rollout, tokens: Tokens) -> tuple[Tokens, float]:
+    """`tokens` with every token of a completion that stopped on its length budget (finish reason `length`) out
+    of the loss mask, and how many such completions there were (`trainer.mask_truncated`: overlong filtering).
+    The advantages are computed from the rewards before this, so a truncated completion still counts in its
+    group's baseline, as in TRL, NeMo-RL and SkyRL; a row left with no token leaves the seq-mean normalisers."""
+    cut = torch.tensor([r == "length" for r in rollout.finish_reasons], device=tokens.mask.device)  # (N,)
+    n_cut = float(cut.sum().item())
+    if n_cut:
+        tokens = dataclasses.replace(tokens, mask=torch.where(cut[:, None], torch.zeros_like(tokens.mask), tokens.mask))
+    return tokens, n_cut
+
+
 def sampler_logprobs(rollout, tokens: Tokens) -> torch.Tensor:
     """The sampler's log-probs (N, T) float32, 0 wherever `tokens.mask` does not count (padding, and a
     non-finite value `finite_sampler_tokens` took out: NaN * 0 would still be NaN)."""
@@ -327,6 +339,8 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     model.train()
     tokens, nonfinite = finite_sampler_tokens(scored.rollout, to_tokens(scored.rollout, run.tokenizer.pad_token_id,
                                                                         device))
+    if t.mask_truncated:
+        tokens, _ = truncated_out(scored.rollout, tokens)
     parts = reward_parts(run.reward_fn, scored.results) if run.obj.needs_reward_parts() else None
     adv = run.obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float(), parts).to(device)
     old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg, run.logprobs)
