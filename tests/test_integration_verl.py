@@ -103,7 +103,7 @@ def test_plugin_loads_in_a_fresh_process(route):
     out = subprocess.run([sys.executable, "-c", _LOAD_CHECK], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     losses, estimators, hooked = out.stdout.strip().splitlines()[-3:]
-    assert eval(losses) == sorted(f"tether_{n}" for n in objectives.names())
+    assert eval(losses) == sorted(f"tether_{n}" for n in {*objectives.names(), *objectives.preset_names()})
     assert eval(estimators) == sorted(f"tether_{n}" for n in A.ADVANTAGES.names())
     assert hooked == "True"
 
@@ -169,8 +169,8 @@ CASES = [
 ]
 
 
-def test_the_cases_cover_every_registered_loss():
-    assert {c[0] for c in CASES} == set(tv.LOSS_MODES)
+def test_the_cases_cover_every_objective():
+    assert {tv.LOSS_MODES[c[0]] for c in CASES} == set(objectives.names())
 
 
 def _both_sides(loss_mode, objective, overrides, d, batch_info=None, loss_norm=None):
@@ -430,7 +430,7 @@ def test_config_errors():
         tv.TetherPolicyLossConfig(loss_mode="tether_rgp")
     with pytest.raises(ValueError, match="Unsupported loss mode: tether_rgp"):
         core_algos.get_policy_loss_fn("tether_rgp")
-    with pytest.raises(ConfigError, match="set loss_mode=tether_divergence_clip"):
+    with pytest.raises(ConfigError, match="set loss_mode=tether_atr_grpo"):
         tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="atr_grpo")
     with pytest.raises(ConfigError, match="unknown key 'objective.betta'"):
         tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="rpg_urkl", overrides={"betta": 1.0})
@@ -730,3 +730,84 @@ def test_rollout_correction_equals_verls_rollout_corr_helper(seed):
             torch.testing.assert_close(c.weights, verl_mask, rtol=0, atol=0)
             assert (c.masked == (mask & (verl_mask == 0))).all()
         assert c.masked.any() and (c.weights == 1).any()
+
+
+# ---------------------------------------------------------------- issue 34: every preset is a loss_mode by its own name
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "verl.md"
+
+
+def test_every_preset_is_a_verl_loss_mode_by_its_own_name():
+    # tether_<name> runs what `objective: <name>` runs in tether's own config: every preset's values, its label.
+    for preset in objectives.preset_names():
+        mode = f"tether_{preset}"
+        assert core_algos.get_policy_loss_fn(mode).__module__ == "tether.integrations.verl", mode
+        assert objectives.describe(tv.objective_from(mode)) == objectives.describe(objectives.build(preset)), mode
+        assert tv.LOSS_MODES[mode] == objectives.build(preset).name
+        if preset in objectives.names():  # one loss mode for both: the preset selects that same objective
+            assert objectives.load_preset(preset)["name"] == preset
+
+
+@pytest.mark.parametrize("preset", objectives.preset_names())
+def test_a_preset_loss_mode_equals_its_objective_mode_told_the_preset(preset):
+    # verl's own PolicyLossConfig (no _target_) with loss_mode=tether_<preset> gives the loss, gradient and metrics
+    # of loss_mode=tether_<objective> with TetherPolicyLossConfig's objective=<preset>.
+    d = _data(seed=5)
+    obj = objectives.build(preset)
+    est = core_algos.get_adv_estimator_fn(f"tether_{obj.config.advantage}")
+    d["adv_tok"], d["returns"] = est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"])
+    agg = obj.config.aggregation
+    by_name = _actor_config(PolicyLossConfig(loss_mode=f"tether_{preset}"), loss_agg_mode=agg)
+    by_key = _actor_config(tv.TetherPolicyLossConfig(loss_mode=f"tether_{obj.name}", objective=preset),
+                           loss_agg_mode=agg)
+    torch.manual_seed(0)  # clip_cov's random choice draws the same on both sides
+    n_loss, n_grad, n_metrics = _verl_loss(f"tether_{preset}", d, by_name, agg)
+    torch.manual_seed(0)
+    k_loss, k_grad, k_metrics = _verl_loss(f"tether_{obj.name}", d, by_key, agg)
+    assert n_grad.abs().sum() > 1e-3
+    torch.testing.assert_close(n_loss, k_loss, rtol=0, atol=0)
+    torch.testing.assert_close(n_grad, k_grad, rtol=0, atol=0)
+    assert n_metrics == k_metrics
+
+
+@pytest.mark.filterwarnings("ignore:Disabled critic")  # verl's note that GRPO-style runs need no critic
+def test_preset_loss_modes_through_verls_hydra_config():
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    base = ["algorithm.adv_estimator=tether_grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"]
+    loss = "actor_rollout_ref.actor.policy_loss"
+    # The name alone, verl's own policy-loss config: validated and built as verl's driver and workers do.
+    cfg = _compose([*base, f"{loss}.loss_mode=tether_atr_grpo"])
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert type(actor.policy_loss) is PolicyLossConfig
+    assert tv._objective_for(actor, "tether_atr_grpo").label == "atr_grpo"
+    # With overrides, through TetherPolicyLossConfig.
+    cfg = _compose([*base, f"{loss}._target_=tether.integrations.verl.TetherPolicyLossConfig",
+                    f"{loss}.loss_mode=tether_atr_grpo", f"+{loss}.overrides={{delta:0.0331}}"])
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    obj = tv._objective_for(actor, "tether_atr_grpo")
+    assert (obj.label, obj.config.delta, obj.config.measure) == ("atr_grpo", 0.0331, "kl3")
+    # An objective key that names another objective: the error names the loss mode to set.
+    cfg = _compose([*base, f"{loss}._target_=tether.integrations.verl.TetherPolicyLossConfig",
+                    f"{loss}.loss_mode=tether_atr_grpo", f"+{loss}.objective=rpg_urkl"])
+    with pytest.raises(Exception, match="set loss_mode=tether_rpg_urkl"):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def _docs_preset_rows() -> list[list[str]]:
+    """The rows of docs/verl.md's preset table: loss_mode, preset, objective, adv_estimator, loss_agg_mode."""
+    text = DOCS.read_text()
+    table = text[text.index("| verl `policy_loss.loss_mode` | tether preset |"):].split("\n\n")[0]
+    return [[c.strip().strip("`") for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+
+
+def test_docs_preset_table_is_what_the_plugin_registers():
+    rows = _docs_preset_rows()
+    assert {r[1] for r in rows} >= {"atr_grpo", "rpg_urkl", "etr", "dapo", "grpo", "dr_grpo"}
+    for mode, preset, objective, estimator, agg in rows:
+        obj = objectives.build(preset)
+        assert (mode, objective) == (f"tether_{preset}", tv.LOSS_MODES[mode]), mode
+        assert (estimator, agg) == (f"tether_{obj.config.advantage}", obj.config.aggregation), mode
