@@ -108,6 +108,35 @@ def test_plugin_loads_in_a_fresh_process(route):
     assert hooked == "True"
 
 
+_TRAINER_IMPORTS = (
+    "import sys, torch, verl\n"
+    "import transfer_queue, verl.trainer.main_ppo, verl.trainer.main_ppo_v0\n"
+    "from verl.trainer.ppo.v1 import AgentLoopManagerTQ, get_trainer_cls\n"
+    "from verl.workers.engine_workers import ActorRolloutRefWorker\n"
+    "from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead\n"
+    "from verl.models.transformers import monkey_patch\n"
+    "from transformers import LlamaConfig, LlamaForCausalLM\n"
+    "get_trainer_cls('sync')\n"
+    "model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"
+    "                                     num_attention_heads=2, num_key_value_heads=2))\n"
+    "# what verl's FSDP engine runs on every model it builds: it imported trl's value-head class, gone in trl 1.16\n"
+    "monkey_patch.apply_monkey_patch(model=model, use_remove_padding=False, ulysses_sp_size=1)\n"
+    "import importlib.util\n"
+    "print(importlib.util.find_spec('trl') is not None, monkey_patch.is_trl_available())\n"
+)
+
+
+@pytest.mark.slow
+def test_verls_trainer_and_actor_modules_import_and_build_a_model_here():
+    # Issue 34, item 1: in the environment CI uses (tether[dev]: verl, TransferQueue and trl 1.16 together), in a
+    # fresh interpreter, everything main_ppo and its actor workers import, and the model patch the FSDP engine
+    # applies to every model it builds (which imported a class trl 1.16 removed).
+    out = subprocess.run([sys.executable, "-c", _TRAINER_IMPORTS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    trl_installed, probe = out.stdout.split()[-2:]
+    assert trl_installed == "True" and probe == str(verl_compat.trl_has_value_head())
+
+
 def test_the_entry_point_is_declared():
     from importlib.metadata import entry_points
 
