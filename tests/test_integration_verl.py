@@ -137,6 +137,19 @@ def test_verls_trainer_and_actor_modules_import_and_build_a_model_here():
     assert trl_installed == "True" and probe == str(verl_compat.trl_has_value_head())
 
 
+def test_the_trl_probe_guard_answers_whether_trl_has_the_value_head():
+    # Fast half of the test above: the plugin replaced verl's check, which with trl 1.16 (no value-head class) is False.
+    from verl.models.transformers import monkey_patch
+
+    assert verl_compat.guard_trl_probe() and verl_compat.guard_trl_probe()  # idempotent
+    assert monkey_patch.is_trl_available.tether_guard
+    import trl
+
+    has = hasattr(trl, verl_compat.VALUE_HEAD)
+    assert monkey_patch.is_trl_available() is verl_compat.trl_has_value_head() is has
+    assert trl.__version__.startswith("1.16") and not has
+
+
 def test_the_entry_point_is_declared():
     from importlib.metadata import entry_points
 
