@@ -857,11 +857,13 @@ def test_docs_preset_table_is_what_the_plugin_registers():
 
 # ---------------------------------------------------------------- issue 34: the one-GPU example (a GPU run is not made here)
 
+from conftest import slow_after_first  # noqa: E402
+
 ONE_GPU = EXAMPLE.with_name("one_gpu.sh")
 
 
 @pytest.mark.filterwarnings("ignore:Disabled critic")  # verl's note that GRPO-style runs need no critic
-@pytest.mark.parametrize("preset", ["atr_grpo", "rpg_urkl", "etr", "dr_grpo"])
+@pytest.mark.parametrize("preset", slow_after_first(["atr_grpo", "rpg_urkl", "etr", "dr_grpo"]))  # ~5 s each
 def test_one_gpu_example_overrides_fit_verls_schema(preset, tmp_path):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
