@@ -4,6 +4,7 @@
     python benchmarks/gpu_all.py OUT_DIR --device cpu --tiny      # the same pipeline on CPU, tiny sizes (a test)
     python benchmarks/gpu_all.py OUT_DIR --only rollout rl_step   # some of them
     python benchmarks/gpu_all.py OUT_DIR --dry-run                # the commands, nothing run
+    python benchmarks/gpu_all.py OUT_DIR --verl-model PATH        # also verl's trainer with a tether preset (+8 min)
 
 GPU machines are rarely lent to this project: whoever has one measures everything with this
 one command, then commits OUT_DIR's tables under benchmarks/results/performance/. Each job runs
@@ -13,7 +14,10 @@ and its table (or the end of its output when it failed). Jobs: the GPU-marked te
 head (logprobs, heads); rollout tokens/s of the hf engine (eager and compiled) and the vLLM
 engine; one RL step of tether vs TRL; MFU; shared prompts; the main job (`tether train`, the
 default task, timed end to end). With --tiny every job runs at toy sizes, for checking the
-pipeline (the numbers mean nothing).
+pipeline (the numbers mean nothing). With --verl-model (a local ~0.5B model directory: nothing is
+downloaded), the `verl` job runs verl's own trainer with a tether preset for a few steps
+(benchmarks/verl_one_gpu.py, examples/verl/one_gpu.sh); it has its own 480 s limit on top of the
+ten minutes, and no tiny form (verl's trainer does not run on a CPU).
 """
 
 from __future__ import annotations
@@ -29,8 +33,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def jobs(device: str, tiny: bool, out: Path) -> dict[str, tuple[list[str], int]]:
-    """name -> (command, time limit in seconds). Sizes: the GPU tables', or toy ones with `tiny`."""
+def jobs(device: str, tiny: bool, out: Path, verl_model: Path | None = None) -> dict[str, tuple[list[str], int]]:
+    """name -> (command, time limit in seconds). Sizes: the GPU tables', or toy ones with `tiny`; the
+    `verl` job only with a model directory on a GPU."""
+    table = _jobs(device, tiny, out)
+    if verl_model is not None and not tiny:
+        table["verl"] = ([sys.executable, str(HERE / "verl_one_gpu.py"), "--model", str(verl_model),
+                          "--run-dir", str(out / "verl_run")], 480)
+    return table
+
+
+def _jobs(device: str, tiny: bool, out: Path) -> dict[str, tuple[list[str], int]]:
     py = [sys.executable]
     bench = lambda name: [*py, str(HERE / f"{name}.py")]  # noqa: E731
     dt = ["--device", device, "--dtype", "bfloat16" if device == "cuda" else "float32"]
@@ -94,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="toy sizes: check the pipeline, not the machine")
     p.add_argument("--only", nargs="+", default=None, help="run only these jobs")
     p.add_argument("--dry-run", action="store_true", help="print the commands and stop")
+    p.add_argument("--verl-model", type=Path, default=None,
+                   help="a local ~0.5B model directory: adds the `verl` job (verl's trainer, a tether preset, 5 steps)")
     args = p.parse_args(argv)
-    todo = jobs(args.device, args.tiny, args.out.resolve())
+    if args.verl_model is not None and args.tiny:
+        p.error("--verl-model has no --tiny form: verl's trainer needs a CUDA GPU")
+    todo = jobs(args.device, args.tiny, args.out.resolve(), args.verl_model)
     unknown = sorted(set(args.only or ()) - set(todo))
     if unknown:
         p.error(f"--only: unknown job(s) {', '.join(unknown)}; valid: {', '.join(todo)}")

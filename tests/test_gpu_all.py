@@ -82,3 +82,23 @@ def torch_device():
     import torch
 
     return torch.device("cpu")
+
+
+def test_the_verl_job_runs_with_a_model_directory_only(tmp_path):
+    out = run(str(tmp_path), "--dry-run", "--verl-model", str(tmp_path / "model"))
+    assert out.returncode == 0, out.stderr
+    verl = [line for line in out.stdout.splitlines() if line.startswith("verl ")]
+    assert len(verl) == 1 and "verl_one_gpu.py --model" in verl[0] and "(480 s)" in verl[0]
+    out = run(str(tmp_path), "--device", "cpu", "--tiny", "--verl-model", str(tmp_path), "--dry-run")
+    assert out.returncode == 2 and "no --tiny form" in out.stderr
+
+
+def test_the_verl_table_reads_verls_file_logger():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verl_one_gpu", SCRIPT.with_name("verl_one_gpu.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [{"step": 1, "data": {"actor/pg_loss": 0.25, "critic/score/mean": 0.5, "timing_s/step": 12.0}}]
+    text = module.table(rows, "t")
+    assert "| 1 | 0.25 | - | - | - | - | 0.5 | - | 12 |" in text

@@ -511,7 +511,7 @@ def test_two_processes_train_exactly_as_one(one_and_two_processes, tiny_dir, nam
         assert set(names) <= set(logged_two)
         for k in names:
             assert math.isclose(logged_two[k], logged_one[k], rel_tol=1e-5, abs_tol=1e-6), (step, k)
-    w_one, w_two = torch.load(one_dir / f"{name}.pt"), torch.load(two_dir / f"{name}.pt")
+    w_one, w_two = torch.load(one_dir / f"{name}.rank0.pt"), torch.load(two_dir / f"{name}.rank0.pt")
     from transformers import AutoModelForCausalLM
 
     w_init = AutoModelForCausalLM.from_pretrained(str(tiny_dir)).state_dict()
@@ -528,6 +528,58 @@ def test_two_processes_train_exactly_as_one(one_and_two_processes, tiny_dir, nam
         assert any(k.startswith("etr/") for k in names)
     if name == "rpg_ref":
         assert two[0]["history"][1]["kl/ref"] > 0
+
+
+@pytest.fixture(scope="module")
+def two_machines(tiny_dir, tmp_path_factory):
+    """The script's ETR run as two "machines" on loopback: two `accelerate launch --num_machines 2` commands,
+    machine ranks 0 and 1, one process each, meeting at 127.0.0.1 (issue 34, item 4); their output dir."""
+    out = tmp_path_factory.mktemp("two_machines")
+    # gloo connects the ranks over the loopback interface only.
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    port = str(_free_port())
+
+    def machine(rank: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
+             "--num_processes", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
+             "--main_process_port", port, "--mixed_precision", "no", "--dynamo_backend", "no",
+             str(TWO_PROCESS_SCRIPT), str(tiny_dir), str(out), "etr"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    machines = [machine(0), machine(1)]
+    logs = []
+    try:
+        logs = [m.communicate(timeout=900)[0] for m in machines]
+    finally:
+        for m in machines:
+            if m.poll() is None:
+                m.kill()
+                m.wait()
+    for rank, (m, log) in enumerate(zip(machines, logs)):
+        assert m.returncode == 0, f"machine {rank}: {log[-4000:]}"
+    return out
+
+
+@pytest.mark.slow
+def test_two_machines_on_loopback_train_as_one_process(one_and_two_processes, two_machines):
+    """Issue 34, item 4: `--multi_gpu --num_machines 2` on two launchers (loopback, gloo, CPU) forms one group
+    of world size 2, whose ranks end with identical weights, equal to one process's on the same global batch,
+    with the same loss at each step. (`--cpu --num_machines 2` would run two unrelated one-process jobs.)"""
+    one_dir, _ = one_and_two_processes
+    (one,), two = _run(one_dir, "etr", 1), _run(two_machines, "etr", 2)
+    assert [(r["processes"], r["backend"]) for r in two] == [(2, "gloo"), (2, "gloo")]
+    assert all(r["distributed"].endswith("MULTI_CPU") for r in two)
+    for step in (0, 1):
+        loss_one = sum(r["loss"] for r in one["records"] if r["step"] == step)
+        loss_two = sum(r["loss"] for rank in two for r in rank["records"] if r["step"] == step) / 2
+        assert math.isclose(loss_two, loss_one, rel_tol=1e-5, abs_tol=1e-6), (step, loss_one, loss_two)
+        assert math.isclose(two[0]["history"][step]["loss/total"], loss_one, rel_tol=1e-5, abs_tol=1e-6)
+    w0, w1 = (torch.load(two_machines / f"etr.rank{r}.pt") for r in (0, 1))
+    w_one = torch.load(one_dir / "etr.rank0.pt")
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], rtol=0, atol=0)  # DDP: both ranks took the same step
+        torch.testing.assert_close(w0[k], w_one[k], rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow

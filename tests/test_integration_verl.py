@@ -103,9 +103,51 @@ def test_plugin_loads_in_a_fresh_process(route):
     out = subprocess.run([sys.executable, "-c", _LOAD_CHECK], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     losses, estimators, hooked = out.stdout.strip().splitlines()[-3:]
-    assert eval(losses) == sorted(f"tether_{n}" for n in objectives.names())
+    assert eval(losses) == sorted(f"tether_{n}" for n in {*objectives.names(), *objectives.preset_names()})
     assert eval(estimators) == sorted(f"tether_{n}" for n in A.ADVANTAGES.names())
     assert hooked == "True"
+
+
+_TRAINER_IMPORTS = (
+    "import sys, torch, verl\n"
+    "import transfer_queue, verl.trainer.main_ppo, verl.trainer.main_ppo_v0\n"
+    "from verl.trainer.ppo.v1 import AgentLoopManagerTQ, get_trainer_cls\n"
+    "from verl.workers.engine_workers import ActorRolloutRefWorker\n"
+    "from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead\n"
+    "from verl.models.transformers import monkey_patch\n"
+    "from transformers import LlamaConfig, LlamaForCausalLM\n"
+    "get_trainer_cls('sync')\n"
+    "model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"
+    "                                     num_attention_heads=2, num_key_value_heads=2))\n"
+    "# what verl's FSDP engine runs on every model it builds: it imported trl's value-head class, gone in trl 1.16\n"
+    "monkey_patch.apply_monkey_patch(model=model, use_remove_padding=False, ulysses_sp_size=1)\n"
+    "import importlib.util\n"
+    "print(importlib.util.find_spec('trl') is not None, monkey_patch.is_trl_available())\n"
+)
+
+
+@pytest.mark.slow
+def test_verls_trainer_and_actor_modules_import_and_build_a_model_here():
+    # Issue 34, item 1: in the environment CI uses (tether[dev]: verl, TransferQueue and trl 1.16 together), in a
+    # fresh interpreter, everything main_ppo and its actor workers import, and the model patch the FSDP engine
+    # applies to every model it builds (which imported a class trl 1.16 removed).
+    out = subprocess.run([sys.executable, "-c", _TRAINER_IMPORTS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    trl_installed, probe = out.stdout.split()[-2:]
+    assert trl_installed == "True" and probe == str(verl_compat.trl_has_value_head())
+
+
+def test_the_trl_probe_guard_answers_whether_trl_has_the_value_head():
+    # Fast half of the test above: the plugin replaced verl's check, which with trl 1.16 (no value-head class) is False.
+    from verl.models.transformers import monkey_patch
+
+    assert verl_compat.guard_trl_probe() and verl_compat.guard_trl_probe()  # idempotent
+    assert monkey_patch.is_trl_available.tether_guard
+    import trl
+
+    has = hasattr(trl, verl_compat.VALUE_HEAD)
+    assert monkey_patch.is_trl_available() is verl_compat.trl_has_value_head() is has
+    assert trl.__version__.startswith("1.16") and not has
 
 
 def test_the_entry_point_is_declared():
@@ -172,8 +214,8 @@ CASES = [
 ]
 
 
-def test_the_cases_cover_every_registered_loss():
-    assert {c[0] for c in CASES} == set(tv.LOSS_MODES)
+def test_the_cases_cover_every_objective():
+    assert {tv.LOSS_MODES[c[0]] for c in CASES} == set(objectives.names())
 
 
 def _both_sides(loss_mode, objective, overrides, d, batch_info=None, loss_norm=None):
@@ -434,7 +476,7 @@ def test_config_errors():
         tv.TetherPolicyLossConfig(loss_mode="tether_rgp")
     with pytest.raises(ValueError, match="Unsupported loss mode: tether_rgp"):
         core_algos.get_policy_loss_fn("tether_rgp")
-    with pytest.raises(ConfigError, match="set loss_mode=tether_divergence_clip"):
+    with pytest.raises(ConfigError, match="set loss_mode=tether_atr_grpo"):
         tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="atr_grpo")
     with pytest.raises(ConfigError, match="unknown key 'objective.betta'"):
         tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="rpg_urkl", overrides={"betta": 1.0})
@@ -761,3 +803,145 @@ def test_vespo_folds_verls_rollout_is_weights_into_its_sequence_ratio():
 def test_sampler_kl_is_refused_under_verl():
     with pytest.raises(ConfigError, match="sampler_kl_coef.*set sampler_kl_coef=0"):
         tv.objective_from("tether_ppo_clip", "dapo", {"sampler_kl_coef": 1e-3})
+
+
+# ---------------------------------------------------------------- issue 34: every preset is a loss_mode by its own name
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "verl.md"
+
+
+def test_every_preset_is_a_verl_loss_mode_by_its_own_name():
+    # tether_<name> runs what `objective: <name>` runs in tether's own config: every preset's values, its label.
+    for preset in objectives.preset_names():
+        mode = f"tether_{preset}"
+        assert core_algos.get_policy_loss_fn(mode).__module__ == "tether.integrations.verl", mode
+        assert objectives.describe(tv.objective_from(mode)) == objectives.describe(objectives.build(preset)), mode
+        assert tv.LOSS_MODES[mode] == objectives.build(preset).name
+        if preset in objectives.names():  # one loss mode for both: the preset selects that same objective
+            assert objectives.load_preset(preset)["name"] == preset
+
+
+@pytest.mark.parametrize("preset", objectives.preset_names())
+def test_a_preset_loss_mode_equals_its_objective_mode_told_the_preset(preset):
+    # verl's own PolicyLossConfig (no _target_) with loss_mode=tether_<preset> gives the loss, gradient and metrics
+    # of loss_mode=tether_<objective> with TetherPolicyLossConfig's objective=<preset>.
+    d = _data(seed=5)
+    obj = objectives.build(preset)
+    est = core_algos.get_adv_estimator_fn(f"tether_{obj.config.advantage}")
+    d["adv_tok"], d["returns"] = est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"])
+    agg = obj.config.aggregation
+    by_name = _actor_config(PolicyLossConfig(loss_mode=f"tether_{preset}"), loss_agg_mode=agg)
+    by_key = _actor_config(tv.TetherPolicyLossConfig(loss_mode=f"tether_{obj.name}", objective=preset),
+                           loss_agg_mode=agg)
+    torch.manual_seed(0)  # clip_cov's random choice draws the same on both sides
+    n_loss, n_grad, n_metrics = _verl_loss(f"tether_{preset}", d, by_name, agg)
+    torch.manual_seed(0)
+    k_loss, k_grad, k_metrics = _verl_loss(f"tether_{obj.name}", d, by_key, agg)
+    assert n_grad.abs().sum() > 1e-3
+    torch.testing.assert_close(n_loss, k_loss, rtol=0, atol=0)
+    torch.testing.assert_close(n_grad, k_grad, rtol=0, atol=0)
+    assert n_metrics == k_metrics
+
+
+@pytest.mark.filterwarnings("ignore:Disabled critic")  # verl's note that GRPO-style runs need no critic
+def test_preset_loss_modes_through_verls_hydra_config():
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    base = ["algorithm.adv_estimator=tether_grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"]
+    loss = "actor_rollout_ref.actor.policy_loss"
+    # The name alone, verl's own policy-loss config: validated and built as verl's driver and workers do.
+    cfg = _compose([*base, f"{loss}.loss_mode=tether_atr_grpo"])
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert type(actor.policy_loss) is PolicyLossConfig
+    assert tv._objective_for(actor, "tether_atr_grpo").label == "atr_grpo"
+    # With overrides, through TetherPolicyLossConfig.
+    cfg = _compose([*base, f"{loss}._target_=tether.integrations.verl.TetherPolicyLossConfig",
+                    f"{loss}.loss_mode=tether_atr_grpo", f"+{loss}.overrides={{delta:0.0331}}"])
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    obj = tv._objective_for(actor, "tether_atr_grpo")
+    assert (obj.label, obj.config.delta, obj.config.measure) == ("atr_grpo", 0.0331, "kl3")
+    # An objective key that names another objective: the error names the loss mode to set.
+    cfg = _compose([*base, f"{loss}._target_=tether.integrations.verl.TetherPolicyLossConfig",
+                    f"{loss}.loss_mode=tether_atr_grpo", f"+{loss}.objective=rpg_urkl"])
+    with pytest.raises(Exception, match="set loss_mode=tether_rpg_urkl"):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def _docs_preset_rows() -> list[list[str]]:
+    """The rows of docs/verl.md's preset table: loss_mode, preset, objective, adv_estimator, loss_agg_mode."""
+    text = DOCS.read_text()
+    table = text[text.index("| verl `policy_loss.loss_mode` | tether preset |"):].split("\n\n")[0]
+    return [[c.strip().strip("`") for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+
+
+def test_docs_preset_table_is_what_the_plugin_registers():
+    rows = _docs_preset_rows()
+    assert {r[1] for r in rows} >= {"atr_grpo", "rpg_urkl", "etr", "dapo", "grpo", "dr_grpo"}
+    for mode, preset, objective, estimator, agg in rows:
+        obj = objectives.build(preset)
+        assert (mode, objective) == (f"tether_{preset}", tv.LOSS_MODES[mode]), mode
+        assert (estimator, agg) == (f"tether_{obj.config.advantage}", obj.config.aggregation), mode
+
+
+# ---------------------------------------------------------------- issue 34: the one-GPU example (a GPU run is not made here)
+
+from conftest import slow_after_first  # noqa: E402
+
+ONE_GPU = EXAMPLE.with_name("one_gpu.sh")
+
+
+@pytest.mark.filterwarnings("ignore:Disabled critic")  # verl's note that GRPO-style runs need no critic
+@pytest.mark.parametrize("preset", slow_after_first(["atr_grpo", "rpg_urkl", "etr", "dr_grpo"]))  # ~5 s each
+def test_one_gpu_example_overrides_fit_verls_schema(preset, tmp_path):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    env = {**os.environ, "DRY_RUN": "1", "OBJECTIVE": preset, "PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join([str(EXAMPLE.parents[2]), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(["bash", str(ONE_GPU), str(tmp_path / "model"), str(tmp_path / "run")], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    cfg = _compose(out.stdout.splitlines())  # Hydra rejects a key that verl's schema lacks (without '+')
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    obj = tv._objective_for(actor, actor.policy_loss.loss_mode)
+    assert (actor.policy_loss.loss_mode, obj.label) == (f"tether_{preset}", preset)
+    assert cfg.algorithm.adv_estimator == f"tether_{obj.config.advantage}"
+    assert actor.loss_agg_mode == obj.config.aggregation
+    assert not need_reference_policy(cfg)
+    assert Path(cfg.reward.custom_reward_function.path).is_file()
+    assert cfg.trainer.n_gpus_per_node == 1 and cfg.trainer.total_training_steps == 5
+
+
+def test_one_gpu_example_refuses_a_missing_model_and_downloads_nothing(tmp_path):
+    out = subprocess.run(["bash", str(ONE_GPU), "Qwen/Qwen2.5-0.5B-Instruct", str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "not a local model directory" in out.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_one_gpu_example_data_and_reward(tmp_path):
+    import importlib.util
+
+    import pandas as pd
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(name, EXAMPLE.with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    load("make_data").main([str(tmp_path), "--train", "8", "--val", "4"])
+    train, val = pd.read_parquet(tmp_path / "train.parquet"), pd.read_parquet(tmp_path / "val.parquet")
+    assert (len(train), len(val)) == (8, 4)
+    row = train.iloc[0]
+    assert row["data_source"] == "tether_arithmetic" and row["prompt"][0]["role"] == "user"
+    assert "\\boxed{}" in row["prompt"][0]["content"]
+    gold = row["reward_model"]["ground_truth"]
+    assert not set(train["extra_info"].map(lambda e: e["id"])) & set(val["extra_info"].map(lambda e: e["id"]))
+    reward = load("reward")
+    assert reward.compute_score("tether_arithmetic", f"So the answer is \\boxed{{{gold}}}.", gold) == 1.0
+    assert reward.compute_score("tether_arithmetic", f"\\boxed{{{int(gold) + 1}}}", gold) == 0.0

@@ -2,9 +2,12 @@
 
     accelerate launch --multi_gpu --num_processes 2 tests/trl_two_processes.py MODEL_DIR OUT_DIR  # two processes
     python tests/trl_two_processes.py MODEL_DIR OUT_DIR                                             # one process
+    accelerate launch --multi_gpu --num_machines 2 --num_processes 2 --machine_rank R \
+        --main_process_ip 127.0.0.1 --main_process_port PORT tests/trl_two_processes.py ...        # "machine" R
 
 (`--multi_gpu` is accelerate's data-parallel launcher, torchrun; with `use_cpu=True` the processes form a
-gloo group on the CPU. `--cpu --num_processes 2` would start one process.)
+gloo group on the CPU. `--cpu --num_processes 2` would start one process, and `--cpu --num_machines 2`
+two unrelated single-process runs.) An optional third argument, comma-separated, picks OBJECTIVES.
 
 Both runs train on the same global batch: 3 prompts x 4 completions (12 rows; with two processes, each
 holds 6, so the middle group is split between them). In one process that is 2 accumulation steps of 6
@@ -14,8 +17,8 @@ gathered batch), so that both runs see the same completions. TRL's sampler, rewa
 old and reference log-probs, DDP's gradient averaging and the optimiser (plain SGD, so that weights move
 by lr x the gradient) are TRL's own; the adapter's overrides are what is under test.
 
-Writes, for each objective NAME: `NAME.rank{R}.json` (each loss evaluation's optimiser step, loss and
-metrics, and on rank 0 TRL's log history) and, from rank 0, `NAME.pt` (the weights after two steps).
+Writes, for each objective NAME and process R: `NAME.rank{R}.json` (each loss evaluation's optimiser step,
+loss and metrics, and on rank 0 TRL's log history) and `NAME.rank{R}.pt` (its weights after two steps).
 """
 
 import json
@@ -90,9 +93,8 @@ def train(model_dir: str, out_dir: Path, name: str, objective, processes: int) -
     state = trainer.accelerator.state
     run = {"processes": state.num_processes, "distributed": str(state.distributed_type), "backend": state.backend}
     (out_dir / f"{name}.rank{rank}.json").write_text(json.dumps({"records": records, "history": history, **run}))
-    if rank == 0:
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out_dir / f"{name}.pt")
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out_dir / f"{name}.rank{rank}.pt")
     trainer.accelerator.wait_for_everyone()
 
 
@@ -100,8 +102,9 @@ def main() -> None:
     model_dir, out_dir = sys.argv[1], Path(sys.argv[2])
     out_dir.mkdir(parents=True, exist_ok=True)
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # set by the launcher
-    for name, objective in OBJECTIVES.items():
-        train(model_dir, out_dir, name, objective, processes)
+    names = sys.argv[3].split(",") if len(sys.argv) > 3 else list(OBJECTIVES)
+    for name in names:
+        train(model_dir, out_dir, name, OBJECTIVES[name], processes)
 
 
 if __name__ == "__main__":

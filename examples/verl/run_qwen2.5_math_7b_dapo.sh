@@ -4,10 +4,11 @@
 # (see README.md beside this file). Written against verl 0.9.1's config schema; tests check that
 # every override below exists there (tests/test_integration_verl.py).
 #
-#   OBJECTIVE=rpg     tether_rpg, preset rpg_urkl (RPG-Style Clip, UKL to pi_old), R - group mean
-#   OBJECTIVE=rpg_ref tether_rpg, rpg_urkl with the KL taken to the reference model instead
-#   OBJECTIVE=atr     tether_divergence_clip, preset atr_grpo (kl3 trust region, delta 0.0231)
-#   OBJECTIVE=etr     tether_etr, preset etr (elastic per-sample clip ranges; a reconstruction)
+#   OBJECTIVE=rpg     tether_rpg_urkl: RPG-Style Clip, UKL to pi_old, R - group mean
+#   OBJECTIVE=rpg_ref tether_rpg_urkl with the KL taken to the reference model instead
+#   OBJECTIVE=atr     tether_atr_grpo: kl3 trust region, delta 0.0231
+#   OBJECTIVE=etr     tether_etr: elastic per-sample clip ranges (a reconstruction)
+# Every tether preset is a verl loss_mode by its own name, tether_<preset> (docs/verl.md).
 #
 # Extra Hydra overrides may follow on the command line; DRY_RUN=1 prints the overrides and exits.
 set -euo pipefail
@@ -27,17 +28,17 @@ MAX_RESPONSE=3072
 # Tokens per GPU in one dynamic micro-batch: two full-length sequences.
 TOKENS_PER_GPU=$(( (MAX_PROMPT + MAX_RESPONSE) * 2 ))
 
-# Per objective: verl loss_mode, tether preset, verl advantage estimator (the preset's `advantage`).
+# Per objective: verl loss_mode (tether_<preset>), verl advantage estimator (the preset's `advantage`).
 USE_KL_LOSS=False
 OVERRIDES="{}"
 case "$OBJECTIVE" in
-  rpg)     LOSS=tether_rpg;             PRESET=rpg_urkl; ADV=tether_dr_grpo ;;
-  rpg_ref) LOSS=tether_rpg;             PRESET=rpg_urkl; ADV=tether_dr_grpo
+  rpg)     LOSS=tether_rpg_urkl; ADV=tether_dr_grpo ;;
+  rpg_ref) LOSS=tether_rpg_urkl; ADV=tether_dr_grpo
            # anchor=ref needs ref_log_prob, which verl computes only with use_kl_loss; coef 0 keeps
            # verl's own KL term out of the loss (tether's RPG term is the regulariser).
            OVERRIDES="{anchor:ref,beta:0.001}"; USE_KL_LOSS=True ;;
-  atr)     LOSS=tether_divergence_clip; PRESET=atr_grpo; ADV=tether_grpo ;;
-  etr)     LOSS=tether_etr;             PRESET=etr;      ADV=tether_grpo ;;
+  atr)     LOSS=tether_atr_grpo;  ADV=tether_grpo ;;
+  etr)     LOSS=tether_etr;       ADV=tether_grpo ;;
   *) echo "OBJECTIVE must be rpg, rpg_ref, atr or etr (got '$OBJECTIVE')" >&2; exit 2 ;;
 esac
 
@@ -47,7 +48,6 @@ ARGS=(
   algorithm.use_kl_in_reward=False
   actor_rollout_ref.actor.policy_loss._target_=tether.integrations.verl.TetherPolicyLossConfig
   actor_rollout_ref.actor.policy_loss.loss_mode="$LOSS"
-  +actor_rollout_ref.actor.policy_loss.objective="$PRESET"
   +actor_rollout_ref.actor.policy_loss.overrides="$OVERRIDES"
   # Every tether preset above aggregates with token-mean; verl must use the same mode.
   actor_rollout_ref.actor.loss_agg_mode=token-mean
@@ -70,7 +70,8 @@ ARGS=(
   actor_rollout_ref.actor.optim.lr=1e-6
   actor_rollout_ref.actor.optim.lr_warmup_steps=10
   actor_rollout_ref.actor.optim.weight_decay=0.1
-  actor_rollout_ref.actor.grad_clip=1.0
+  # verl 0.9.1's engine clips at optim.clip_grad; actor.grad_clip is not read (tests/test_verl_actor.py)
+  actor_rollout_ref.actor.optim.clip_grad=1.0
   actor_rollout_ref.actor.ppo_mini_batch_size=32
   actor_rollout_ref.actor.ppo_epochs=1
   actor_rollout_ref.actor.use_dynamic_bsz=True

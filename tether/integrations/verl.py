@@ -8,6 +8,11 @@ Importing this module registers with verl
                                                 tether_cispo, tether_dro, tether_rpg, tether_etr,
                                                 tether_dppo, tether_m2po, tether_sapo, tether_clip_cov,
                                                 tether_kl_cov
+                           tether_<preset>      one per preset (`tether.objectives.preset_names()`):
+                                                tether_atr_grpo, tether_rpg_urkl, tether_dapo, ...
+                                                `tether_<name>` runs what `objective: <name>` runs in
+                                                tether's own config (a preset wins over an objective
+                                                of the same name, as there)
     advantage estimators   tether_<estimator>   one per tether estimator (`tether.core.advantages.ADVANTAGES`):
                                                 tether_grpo, tether_dr_grpo, tether_rloo, tether_reinforce_pp,
                                                 tether_reinforce_pp_no_baseline, tether_grpo_batch_std,
@@ -78,6 +83,7 @@ from .verl_compat import (  # every touchpoint into verl's internals (versions c
     batch_field,
     config_get,
     global_batch_info,
+    guard_trl_probe,
     install_batch_hook,
     micro_batch,  # noqa: F401  (public: publish a micro-batch by hand, as the tests do)
     plain,
@@ -86,8 +92,19 @@ from .verl_compat import (  # every touchpoint into verl's internals (versions c
 )
 
 PREFIX = "tether_"
-LOSS_MODES: dict[str, str] = {PREFIX + name: name for name in objectives.names()}
-"""verl loss_mode -> tether objective name."""
+
+
+def _objective_named(name: str) -> str:
+    """The objective a preset or objective name selects, read from the preset file (nothing is built at import)."""
+    spec = objectives.spec_mapping(name)
+    return objectives.load_preset(name)["name"] if "preset" in spec else spec["name"]
+
+
+LOSS_MODE_SPECS: dict[str, str] = {PREFIX + name: name for name in [*objectives.names(), *objectives.preset_names()]}
+"""verl loss_mode -> the preset or objective it runs when `policy_loss.objective` is null: every objective and
+every preset by its own name (tether_atr_grpo -> atr_grpo), as `objective: <name>` in tether's own config."""
+LOSS_MODES: dict[str, str] = {mode: _objective_named(name) for mode, name in LOSS_MODE_SPECS.items()}
+"""verl loss_mode -> the tether objective it runs (tether_atr_grpo -> divergence_clip)."""
 ESTIMATORS: dict[str, str] = {PREFIX + name: name for name in _adv.ADVANTAGES.names()}
 """verl adv_estimator -> tether advantage estimator name."""
 HOOK_ENV = "TETHER_VERL_BATCH_HOOK"
@@ -135,15 +152,16 @@ def objective_from(
 
 def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objectives.Objective:
     name = LOSS_MODES[loss_mode]
-    objective = objective or name
+    objective = objective or LOSS_MODE_SPECS[loss_mode]
     try:  # the overrides replace the values of `objective` (a preset or objective name)
         obj = objectives.build(overrides, default=objective)
     except (ConfigError, KeyError) as e:
         raise ConfigError(f"{_KEY}: {e}") from None
     if obj.name != name:
+        fix = f"{PREFIX}{objective}" if PREFIX + objective in LOSS_MODES else f"{PREFIX}{obj.name}"
         raise ConfigError(
             f"{_KEY}.objective {objective!r} is tether objective {obj.name!r}, but loss_mode {loss_mode!r} "
-            f"runs {name!r}; set loss_mode={PREFIX}{obj.name}"
+            f"runs {name!r}; set loss_mode={fix}"
         )
     cfg = obj.config
     if cfg.entropy_coef != 0:
@@ -360,7 +378,8 @@ def _make_loss(loss_mode: str):
         )
 
     loss.__name__ = loss.__qualname__ = loss_mode
-    loss.__doc__ = f"verl policy loss {loss_mode!r}: tether objective {LOSS_MODES[loss_mode]!r} (see policy_loss)."
+    loss.__doc__ = (f"verl policy loss {loss_mode!r}: tether {LOSS_MODE_SPECS[loss_mode]!r}, objective "
+                    f"{LOSS_MODES[loss_mode]!r} (see policy_loss).")
     return loss
 
 
@@ -415,6 +434,7 @@ def register() -> None:
         register_estimator(adv_estimator, _make_estimator(adv_estimator), owner=__name__)
     if os.environ.get(HOOK_ENV, "1") != "0":
         install_batch_hook()
+    guard_trl_probe()  # verl 0.9's actor imports a class trl 1.16 removed (verl_compat.py, item 7)
 
 
 register()

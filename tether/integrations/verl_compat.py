@@ -18,6 +18,11 @@ of this file: each touchpoint below says what it relies on.
    normalisers `agg_loss` takes, with `loss_scale_factor`), `policy_loss.{loss_mode, objective,
    overrides}`, `use_kl_loss`, `kl_loss_coef`; the algorithm config's `use_kl_in_reward`, `kl_ctrl.kl_coef`.
 6. `core_algos.agg_loss(loss_mat, loss_mask, loss_agg_mode, **global_batch_info)`.
+7. `verl.models.transformers.monkey_patch.is_trl_available`, the name `apply_monkey_patch` (run on
+   every model verl's FSDP engine builds, the actor's included) checks before it imports trl's
+   `AutoModelForCausalLMWithValueHead`. verl 0.9.0 and 0.9.1 import it whenever trl is installed;
+   trl 1.16 has no such class, so the import fails and no actor starts (issue 34). `guard_trl_probe`
+   makes that one name answer whether trl has the class; nothing else of verl changes.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ import torch
 from verl.trainer.ppo import core_algos
 from verl.workers.config import PolicyLossConfig
 
-__all__ = ["PolicyLossConfig", "agg_loss", "batch_field", "config_get", "install_batch_hook", "micro_batch", "plain",
-           "register_estimator", "register_loss"]
+__all__ = ["PolicyLossConfig", "agg_loss", "batch_field", "config_get", "guard_trl_probe", "install_batch_hook",
+           "micro_batch", "plain", "register_estimator", "register_loss"]
 
 VERIFIED_VERL = "0.9.1"
 
@@ -157,3 +162,49 @@ def global_batch_info(config: Any) -> dict:
 def agg_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str, batch_info: dict) -> torch.Tensor:
     """verl's aggregation of a (N, T) per-token loss with its global-batch normalisers."""
     return core_algos.agg_loss(loss_mat=per_token, loss_mask=mask, loss_agg_mode=mode, **batch_info)
+
+
+# ---------------------------------------------------------------- 7. verl's probe for trl's value-head model
+
+TRL_PROBE_SITE = "verl.models.transformers.monkey_patch"
+"""The module whose `is_trl_available` gates verl 0.9's import of trl's AutoModelForCausalLMWithValueHead."""
+VALUE_HEAD = "AutoModelForCausalLMWithValueHead"
+
+
+@functools.cache
+def trl_has_value_head() -> bool:
+    """Whether trl is installed and still has the value-head model (in trl.experimental.ppo or trl),
+    where verl 0.9 imports it from; checked on first use, so loading the plugin does not import trl."""
+    from verl.utils.import_utils import is_trl_available
+
+    if not is_trl_available():
+        return False
+    for module in ("trl.experimental.ppo", "trl"):
+        try:
+            if hasattr(importlib.import_module(module), VALUE_HEAD):
+                return True
+        except ImportError:
+            continue
+    return False
+
+
+def guard_trl_probe() -> bool:
+    """Let verl's FSDP engine build a model when trl without the value-head model is installed (idempotent).
+
+    verl 0.9's `apply_monkey_patch` runs `if is_trl_available(): from trl import AutoModelForCausalLMWithValueHead`
+    only to patch that class's `state_dict`; with trl 1.16 installed beside verl (tether[dev], or a user's
+    environment with both) the import raises and verl's actor cannot start. The guard answers that check with
+    `trl_has_value_head()`: True exactly where verl's import succeeds, so verl is unchanged wherever it worked.
+    Returns whether the guard is in place.
+    """
+    module = importlib.import_module(TRL_PROBE_SITE)
+    current = getattr(module, "is_trl_available", None)
+    if current is None:
+        return False
+    if not getattr(current, "tether_guard", False):
+        def is_trl_available_with_value_head() -> bool:
+            return trl_has_value_head()
+
+        is_trl_available_with_value_head.tether_guard = True
+        module.is_trl_available = is_trl_available_with_value_head
+    return True
