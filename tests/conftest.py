@@ -54,6 +54,11 @@ def _seed():
 
 
 def pytest_collection_modifyitems(config, items):
+    # A test module that sets torch's default dtype at import changes every test collected with it (a float64
+    # default moved verl's dppo loss by 1e-8 in a test two files away): pass dtype= explicitly instead.
+    if torch.get_default_dtype() != torch.float32:
+        raise pytest.UsageError(f"a test module set torch's default dtype to {torch.get_default_dtype()} at import; "
+                                "give its tensors dtype= instead")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -29,7 +29,7 @@ import torch
 
 from tether import objectives
 
-torch.set_default_dtype(torch.float64)
+D = torch.float64
 
 KLS = ["fkl", "ufkl", "rkl", "urkl"]
 EPS_LOW, EPS_HIGH, C, BETA = 0.2, 0.28, 3.0, 0.05  # beta large enough that the KL term is visible
@@ -97,10 +97,10 @@ def _batch(seed=0, n=6, t=7):
     """Log-ratios spread over [-0.9, 0.9] (w in [0.41, 2.46]: every clip branch is hit, C = 3 is not), a
     ragged mask, per-sequence advantages of both signs and one exact zero."""
     g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(n, t, generator=g) * 4 - 0.05
-    lp = (old + (torch.rand(n, t, generator=g) * 1.8 - 0.9)).requires_grad_()
-    adv = torch.tensor([1.0, -1.0, 0.5, -0.25, 0.0, 2.0])[:n]
-    mask = torch.ones(n, t)
+    old = -torch.rand(n, t, generator=g, dtype=D) * 4 - 0.05
+    lp = (old + (torch.rand(n, t, generator=g, dtype=D) * 1.8 - 0.9)).requires_grad_()
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.25, 0.0, 2.0], dtype=D)[:n]
+    mask = torch.ones(n, t, dtype=D)
     mask[1, 5:] = 0
     mask[3, 2:] = 0
     return lp, old, adv, mask
@@ -145,9 +145,9 @@ def test_clipped_differentiable_form_equals_the_released_algorithm_1(kl, mode):
 def test_the_released_clamp_of_the_kl_term_is_reproduced_at_large_ratios():
     # rkl at w = e^2: w log w = 14.78 > 10, so the released term is clamped to 10 and gives no KL gradient;
     # tether's clipped differentiable form must clamp identically (PPO part: A = 0, no gradient).
-    old = torch.tensor([[-3.0, -3.0]])
-    lp = torch.tensor([[-1.0, -2.9]], requires_grad=True)  # log w = 2 (clamped), 0.1 (not)
-    adv, mask = torch.tensor([0.0]), torch.ones(1, 2)
+    old = torch.tensor([[-3.0, -3.0]], dtype=D)
+    lp = torch.tensor([[-1.0, -2.9]], dtype=D, requires_grad=True)  # log w = 2 (clamped), 0.1 (not)
+    adv, mask = torch.tensor([0.0], dtype=D), torch.ones(1, 2, dtype=D)
     ref = _released_algorithm_1("rkl", lp, old, adv, mask, "token-mean")
     ours = _tether({"name": "rpg", "kl": "rkl", "form": "differentiable", "clip": "rpg"}, lp, old, adv, mask,
                    "token-mean")
