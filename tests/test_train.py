@@ -104,8 +104,8 @@ def test_yaml_file_then_overrides(tmp_path):
     # Resolved on load: the preset's every parameter, the overrides on top, max_len = the generation budget.
     assert cfg.objective == {"label": "dapo", "name": "ppo_clip", "aggregation": "token-mean", "kl_penalty": None,
                              "entropy_coef": 0.0, "advantage": "grpo", "reward_aggregation": "sum", "max_len": 16,
-                             "rollout_correction": None,
-                             "off_policy_mask": None, "eps_low": 0.1,
+                             "rollout_correction": None, "off_policy_mask": None, "sampler_kl_coef": 0.0,
+                             "eps_low": 0.1,
                              "eps_high": 0.3, "dual_clip_c": None}
 
 
