@@ -119,8 +119,13 @@ class RewardConfig:
     weights: dict[str, float] = field(default_factory=dict)
     """Weighted combination instead of one reward, e.g. {math: 1.0, format: 0.1}."""
     timeout_s: float = 5.0
-    """Hard time limit of the math verifier per completion (the worker is killed on expiry and
-    the completion scores 0, counted in reward/timeouts); applies to `weights` too."""
+    """Hard time limit per completion of the math verifier and of every reward from your own code
+    (each runs in a worker process, killed on expiry; the completion scores 0, counted in
+    reward/timeouts); applies to `weights` too."""
+    isolate: bool = True
+    """Run rewards from your own code (MODULE:NAME, a task's own function) in a worker process under
+    reward.timeout_s, so a slow or crashing reward cannot stall the run (docs/reliability.md). false:
+    in the trainer's process, without a time limit (a reward that does not pickle needs it)."""
     strict: bool = True
     """Math answer extraction. true: when the task's template asks for \\boxed{} (math tasks'
     default), only the completion's final boxed answer counts, so "The answer is 2." scores 0.
