@@ -153,9 +153,10 @@ def check_user_rewards(reward: RewardFn, example: Example) -> None:
             probes = ["", example.answer]
             for completion, result in zip(probes, score_all(part, probes, [example] * 2)):
                 if any(fault in result.faults for fault in PROBE_FAULTS):
-                    raise ConfigError(f"reward {reward_label(part)}: {result.reason.removeprefix(REWARD_ERROR + ': ')} (called on "
-                                      f"{completion!r:.40} before training); a reward returns a finite number or "
-                                      "a RewardResult with one: fix the reward")
+                    probe = f"the example's answer {completion!r:.40}" if completion else "an empty completion"
+                    raise ConfigError(f"reward {reward_label(part)} {result.reason.removeprefix(REWARD_ERROR + ': ')} "
+                                      f"(called on {probe} before training): a reward returns a finite number or a "
+                                      "RewardResult with one; fix the reward")
 
 
 def isolate(reward: RewardFn, timeout_s: float, name: str = "") -> RewardFn:
