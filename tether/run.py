@@ -20,6 +20,7 @@ import torch
 from . import checkpoint, objectives
 from .causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, fused_head_reason
 from .config import Config, check_resume, save_config
+from .limits import check_lengths
 from .data import PromptStream
 from .models import apply_lora, check_model_loads, pick_device, place_model
 from .rewards import RewardFn, greedy_accuracy
@@ -153,6 +154,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     for warning in config_warnings(cfg, obj):
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg)
+    check_lengths(cfg, task, _tokenizer(cfg.model.name_or_path), test_examples)  # a run that could not progress
     created_dir = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
     _open_run_dir(cfg, run_dir, resume_dir, log)
     if why:
@@ -304,9 +306,14 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
 
 
 def _tokenizer(name_or_path: str):
-    """The tokenizer of model.name_or_path (for rendering prompts), or ConfigError saying why not."""
+    """The tokenizer of model.name_or_path (for rendering prompts and checking lengths; "tiny": the
+    character tokenizer `init_model` saves), or ConfigError saying why not."""
     from transformers import AutoTokenizer
 
+    if name_or_path == "tiny":
+        from .models import char_tokenizer
+
+        return char_tokenizer()
     try:
         return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
     except (OSError, ValueError) as err:
