@@ -192,3 +192,48 @@ def test_slow_and_raising_rewards_warn_once_are_counted_and_the_run_continues(us
     assert timeouts > 0 and errors > 0, rows
     assert sum("timed out on a completion" in w and "user_rewards:sleeps_on_odd_first_digit" in w for w in warnings) == 1
     assert sum(" failed on a completion" in w and "ValueError: cannot parse" in w for w in warnings) == 1
+
+
+# ---------------------------------------------------------------- the first Ctrl-C (item 3)
+
+
+@pytest.mark.slow
+def test_the_first_ctrl_c_drops_a_step_that_has_not_updated_and_the_resume_matches(tiny_dir, tmp_path, monkeypatch):
+    # Was: the first Ctrl-C waited for the step under way, and a step that could not finish ignored it.
+    import os
+    import signal
+    import time
+
+    import torch
+
+    import tether.step
+    from conftest import checkpoint_weights, metrics_rows, train_config
+    from tether.stopping import Interrupted
+    from tether.train import train
+
+    plain = train(train_config(tiny_dir, tmp_path / "plain", "trainer.total_steps=3", "trainer.plots=false"),
+                  log=lambda *_: None)
+    real, calls = tether.step.collect, []
+
+    def stalls_at_step_two(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, while step 2 samples
+            time.sleep(600)  # a step that would not finish: only the signal ends it
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tether.step, "collect", stalls_at_step_two)
+    lines, run = [], tmp_path / "run"
+    with pytest.raises(Interrupted) as stopped:
+        train(train_config(tiny_dir, run, "trainer.total_steps=3", "trainer.plots=false"), log=lines.append)
+    assert stopped.value.step == 1 and stopped.value.exit_code == 130
+    assert "step 2 stopped before it changed the weights: dropped (a resume redoes it)" in lines
+    assert [r["step"] for r in metrics_rows(run)] == [0, 1]
+    monkeypatch.setattr(tether.step, "collect", real)
+    train(train_config(tiny_dir, run, "trainer.total_steps=3", "trainer.plots=false"), resume_dir=str(run),
+          log=lambda *_: None)
+    for a, b in zip(metrics_rows(plain), metrics_rows(run)):  # the dropped step redone as if never begun
+        a.pop("time/step_s", None), b.pop("time/step_s", None)
+        assert a == b, a["step"]
+    wa, wb = checkpoint_weights(plain, 3), checkpoint_weights(run, 3)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

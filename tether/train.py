@@ -32,7 +32,7 @@ from .schema import ConfigError, to_dict
 from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
 from .step import (KL_WINDOW, Optimiser, Scored, UpdateBatch, Updated, collect, old_policy_logprobs, precision,
                    refresh_reference, rl_step, update)
-from .stopping import Interrupted, StopSignals
+from .stopping import Interrupted, StopNow, StopSignals
 from .summary import write_samples, write_summary
 
 __all__ = [  # the loop, and the names of tether.run, tether.step and tether.causal_lm it re-exports
@@ -55,7 +55,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     run, t = start_run(cfg, resume_dir, log), cfg.trainer
     sinks, samples_file = _open_logs(run, resume_dir)
     progress = make_progress(t.total_steps, run.start, t.progress, t.log_every, log)
-    tic, bad_steps, stop = time.perf_counter(), 0, StopSignals()
+    tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
     reward_warnings = FaultWarnings(reward_label(run.reward_fn))
     try:
         with stop, _broken_reward(run):
@@ -64,7 +64,10 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             for step in range(run.start + 1, t.total_steps + 1):
                 if stop.signum is not None:
                     break
-                scored, metrics = rl_step(run, step, log)  # counts the step in run.counters
+                with _droppable(run, stop, step, log) as dropped:
+                    scored, metrics = rl_step(run, step, log)  # counts the step in run.counters
+                if dropped:
+                    break
                 for line in reward_warnings.lines(step, scored.rollout.completions, scored.results):
                     log(line)
                 skipped = _skipped_updates(metrics, step, scored)
@@ -100,6 +103,35 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     if stop.signum is not None:
         raise Interrupted(stop.signum, run.counters.step, str(run.run_dir))
     return run.run_dir
+
+
+@contextlib.contextmanager
+def _droppable(run: Run, stop: StopSignals, step: int, log):
+    """Within, a first signal drops the step (`StopNow`, tether.stopping) until its first optimiser step:
+    the prompts it took and the random state are put back, so a resume redoes it as if never begun.
+    Yields a list that holds True when the step was dropped. Not with trainer.overlap (its sampler
+    thread has already taken the next batch's prompts) nor trainer.staleness (its FIFO of policies
+    has moved on): those finish the step."""
+    from .checkpoint import rng_state, set_rng_state
+
+    dropped: list[bool] = []
+    if run.overlap is not None or run.stale is not None:
+        yield dropped
+        return
+    position, rng = run.stream.position, rng_state()
+    hook = run.optimizer.register_step_pre_hook(lambda *_: setattr(stop, "droppable", False))
+    stop.droppable = True
+    try:
+        yield dropped
+    except StopNow:
+        run.stream.position = position
+        set_rng_state(rng)
+        run.model.train()
+        log(f"step {step} stopped before it changed the weights: dropped (a resume redoes it)")
+        dropped.append(True)
+    finally:
+        stop.droppable = False
+        hook.remove()
 
 
 @contextlib.contextmanager
