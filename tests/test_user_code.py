@@ -237,3 +237,84 @@ def test_the_first_ctrl_c_drops_a_step_that_has_not_updated_and_the_resume_match
         assert a == b, a["step"]
     wa, wb = checkpoint_weights(plain, 3), checkpoint_weights(run, 3)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# ---------------------------------------------------------------- settings a run cannot progress with (items 3, 4)
+
+
+def _train_tiny(tmp_path, capsys, *overrides):
+    """`tether train` on the tiny model from tmp_path: (exit code, stdout, stderr, anything written?)."""
+    from tether.cli import main
+
+    code = main(["train", "model.name_or_path=tiny", f"output_dir={tmp_path / 'runs' / 'run'}",
+                 f"warm_start.cache_dir={tmp_path / 'cache'}", "trainer.progress=false", *overrides])
+    out = capsys.readouterr()
+    return code, out.out, out.err, (tmp_path / "runs").exists() or (tmp_path / "cache").exists()
+
+
+def test_max_new_tokens_past_the_models_context_is_an_error_before_anything_is_written(tmp_path, capsys,
+                                                                                      monkeypatch):
+    # Was (item 3): accepted; step 1 never finished (8m43s), the run directory was written.
+    monkeypatch.chdir(tmp_path)
+    code, out, err, written = _train_tiny(tmp_path, capsys, "rollout.max_new_tokens=100000", "warm_start.enabled=false")
+    assert code == 2 and out == "" and not written, err
+    # The arithmetic task's longest prompt is 6 characters: 6 + 100000 positions of the tiny model's 256.
+    assert err == ("error: rollout.max_new_tokens=100000 with prompts of up to 6 tokens needs 100006 positions, but "
+                   "the model 'tiny' has a context of 256 (max_position_embeddings): generation past it cannot work. "
+                   "Lower rollout.max_new_tokens to at most 250\n")
+
+
+def test_a_warm_start_whose_solutions_cannot_fit_its_budget_is_an_error_before_anything_is_written(tmp_path, capsys,
+                                                                                                   monkeypatch):
+    # Was (item 4): the loss fell to 0.03 while accuracy stayed 0.000 for 3000 steps (100 minutes), then a warning.
+    monkeypatch.chdir(tmp_path)
+    rows = [json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) for i in range(100, 400)]
+    (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
+    code, out, err, written = _train_tiny(tmp_path, capsys, "data.task=math", "data.task_args.train=train.jsonl",
+                                          "data.eval_size=20")
+    assert code == 2 and out == "" and not written, err
+    # "The answer is \boxed{NNN}." is 26 characters, each one token of the character model; the budget is 16.
+    assert err.startswith("error: the warm start can never reach warm_start.target_accuracy=0.25: its greedy check "
+                          "generates rollout.max_new_tokens=16 tokens, but only 0 of the 20 reference solutions it "
+                          "checks fit in that (the longest is 26 tokens: 'The answer is \\\\boxed{")
+    assert err.endswith("Raise rollout.max_new_tokens to at least 26 (all fit at 26), or set "
+                        "warm_start.enabled=false\n")
+    code, out, err, written = _train_tiny(tmp_path, capsys, "data.task=math", "data.task_args.train=train.jsonl",
+                                          "data.eval_size=20", "rollout.max_new_tokens=100000")
+    assert code == 2 and "has a context of 256" in err and not written  # the larger budget is checked too
+
+
+def test_the_warm_start_gives_up_when_the_loss_has_converged_and_accuracy_has_not_moved():
+    from tether.sft import stalled
+
+    def checks(losses, accuracies):
+        return [{"step": 25 * (i + 1), "loss": l, "accuracy": a} for i, (l, a) in enumerate(zip(losses, accuracies))]
+
+    # Loss 0.03 and accuracy 0 for 3 checks after one at 0.2: converged (below 0.05), no new best.
+    why = stalled(checks([0.2, 0.03, 0.03, 0.03], [0.0, 0.0, 0.0, 0.0]), 3)
+    assert why.startswith("over the last 3 checks (75 steps) the loss went from 0.2000 to 0.0300 (converged) while "
+                          "greedy accuracy stayed at most 0.000 (best before: 0.000)")
+    # Flat: 1.00 -> 0.95 fell by 5% < 10%.
+    assert stalled(checks([1.0, 0.99, 0.97, 0.95], [0.1, 0.1, 0.05, 0.1]), 3)
+    assert not stalled(checks([1.0, 0.9, 0.8, 0.7], [0.0, 0.0, 0.0, 0.0]), 3)  # still falling: 30%
+    assert not stalled(checks([0.2, 0.03, 0.03, 0.03], [0.0, 0.0, 0.01, 0.0]), 3)  # accuracy moved: a new best
+    assert not stalled(checks([0.2, 0.03, 0.03], [0.0, 0.0, 0.0]), 3)  # too few checks yet
+    assert not stalled(checks([0.2, 0.03, 0.03, 0.03], [0.0] * 4), 0)  # 0: never
+
+
+@pytest.mark.slow
+def test_a_warm_start_that_cannot_learn_gives_up_early_and_says_what_it_saw(tiny_dir):
+    """The verifier rejects every reference solution, whatever the model learns: the loss converges while
+    accuracy stays 0, and the warm start stops after give_up_checks checks, not at steps_max."""
+    from tether.models import load_model
+    from tether.rewards import RewardResult
+    from tether.sft import SFTSettings, sft
+    from tether.tasks import get_task
+
+    model, tokenizer = load_model(tiny_dir)
+    lines = []
+    result = sft(model, tokenizer, get_task("arithmetic", digits=1), SFTSettings(
+        steps_max=3000, batch_size=16, lr=3e-3, eval_every=10, give_up_checks=3, max_new_tokens=4, n_eval=16),
+        reward=lambda completion, example: RewardResult(0.0), log=lines.append)
+    assert result["steps"] < 3000 and result["gave_up"] and not result["reached"], lines
+    assert lines[-1] == f"sft step {result['steps']}: giving up: {result['gave_up']}"

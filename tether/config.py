@@ -21,10 +21,8 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from . import objectives
 from .config_checks import check_model_and_device, check_names
 from .config_help import describe_fields, describe_reward_params, describe_task_knobs
-from .models import SMALL_MODEL_PARAMS
 from .schema import ConfigError, coerce, from_dict, to_dict, unknown_key_error
 
 
@@ -149,6 +147,10 @@ class WarmStartConfig:
     """SFT steps between accuracy checks."""
     cache_dir: Optional[str] = None
     """Where warm-started models are cached; null: $TETHER_CACHE or ~/.cache/tether."""
+
+
+SMALL_MODEL_PARAMS = 20_000_000
+"""Below this many parameters `device=auto` keeps a model on the CPU (`trainer.small_model_params`)."""
 
 
 @dataclass
@@ -283,12 +285,20 @@ class Config:
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key}: got {value}, expected an integer >= 1")
+        self._check_values()
         # The objective spec, resolved by the one function that interprets specs: from here on it is
         # the full mapping {label, name, every parameter}; max_len defaults to the generation budget
         # (Dr. GRPO's constant T_max), a mapping without preset or name overrides the default objective.
+        # After the checks of single values, which need no torch (issue 32, item 6: an error in seconds).
+        from . import objectives
+
         self.objective = objectives.resolve(self.objective, max_len=r.max_new_tokens, default=DEFAULT_OBJECTIVE)
         check_names(self)
         check_model_and_device(self)
+
+    def _check_values(self) -> None:
+        """The checks of values and pairs of values, which import nothing."""
+        t, r = self.trainer, self.rollout
         if t.staleness < 0:
             raise ConfigError(f"trainer.staleness: got {t.staleness}, expected an integer >= 0 (0: on-policy sampling)")
         if t.overlap and t.staleness < 1:
@@ -341,6 +351,8 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
         if current is None:
             node[k] = {}
         elif k == "objective" and isinstance(current, str):
+            from . import objectives
+
             node[k] = objectives.spec_mapping(current)
         elif not isinstance(current, dict):
             raise ConfigError(f"{dotted}: {k!r} is not a section that has keys")

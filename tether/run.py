@@ -308,12 +308,12 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
 def _tokenizer(name_or_path: str):
     """The tokenizer of model.name_or_path (for rendering prompts and checking lengths; "tiny": the
     character tokenizer `init_model` saves), or ConfigError saying why not."""
-    from transformers import AutoTokenizer
-
     if name_or_path == "tiny":
         from .models import char_tokenizer
 
         return char_tokenizer()
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
     except (OSError, ValueError) as err:
