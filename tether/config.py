@@ -289,11 +289,11 @@ class Config:
         # The objective spec, resolved by the one function that interprets specs: from here on it is
         # the full mapping {label, name, every parameter}; max_len defaults to the generation budget
         # (Dr. GRPO's constant T_max), a mapping without preset or name overrides the default objective.
-        # After the checks of single values, which need no torch (issue 32, item 6: an error in seconds).
+        check_names(self)  # task, knobs and data files, reward; the engine last (it imports torch)
+        # After the checks that need no torch (issue 32, item 6: a config or data error in under a second).
         from . import objectives
 
         self.objective = objectives.resolve(self.objective, max_len=r.max_new_tokens, default=DEFAULT_OBJECTIVE)
-        check_names(self)
         check_model_and_device(self)
 
     def _check_values(self) -> None:
