@@ -195,6 +195,9 @@ def plot_run(run_dir: Path) -> list[Path]:
         title = f"{panel.title}: {objective}" if objective else panel.title
         if window > 1:
             note = f"{window_note(window)}; dots: each step"
+        zeros = [k for k in panel.keys if k not in lines and series(rows, k)[0]]
+        if zeros:  # left out by `_drawn` as 0 throughout: say so, or a reader takes them for unlogged
+            note = "\n".join(filter(None, [note, f"0 throughout, not drawn: {', '.join(zeros)}"]))
         written.append(save_panel(fig, ax, title, out_dir / f"{panel.fname}.png", legend=True,
                                   ylabel=panel.ylabel, legend_title=note))
     return written
