@@ -165,7 +165,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import evaluation
+    from .rewards import asks_for_boxed
 
+    # First, before the progress lines (docs/eval.md), by the rule the settings record (evaluation.settings).
+    try:
+        extraction = "strict" if not args.lenient and asks_for_boxed(args.template) else "lenient"
+    except (KeyError, ValueError):  # an unknown template: evaluate() says so, as an error
+        extraction = None
+    if extraction is not None:
+        print(f"math answer extraction: {extraction}"
+              + (" (only the final \\boxed{} answer counts)" if extraction == "strict"
+                 else " (any answer in the completion counts)"))
     try:
         results = evaluation.evaluate(
             args.model, args.data, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
@@ -176,9 +186,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except evaluation.EvalError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    extraction = results["settings"]["extraction"]
-    print(f"math answer extraction: {extraction}"
-          + (" (only the final \\boxed{} answer counts)" if extraction == "strict" else " (any answer in the completion counts)"))
     print(evaluation.summary_markdown(results))
     out = Path(results["out_dir"])
     print(f"\nwrote {out / 'results.json'} and {out / 'results.md'}")
