@@ -146,7 +146,7 @@ def sft(model: Any, tokenizer: Any, task: Task, settings: SFTSettings = SFTSetti
 
 CONVERGED_LOSS = 0.05
 """A token-mean loss below this (nats per solution token) is converged: the model reproduces the solutions."""
-FLAT_LOSS = 0.1
+FLAT_LOSS = 0.02
 """A loss that fell by less than this fraction over the window has converged too."""
 
 
