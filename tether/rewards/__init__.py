@@ -13,7 +13,10 @@ are each reward's unweighted score under its name (and its own sub-components as
 
 Wherever a reward is named, an import path `module:name` names a user's reward instead
 (tether.plugins): a function (completion, example) -> float | RewardResult, or a class whose
-instances are one. A number it returns becomes `RewardResult(score)` (`UserReward`).
+instances are one. A number it returns becomes `RewardResult(score)` (`UserReward`). The trainer
+runs a user's reward in a worker process under `reward.timeout_s` (`task_reward(isolated=True)`,
+`isolate`, `Isolated`), and every scoring path turns a raise, a non-number or a non-finite score
+into 0 with a reason (`base.score_all`).
 
 `PerExample(pick)` scores each example with its own reward (a benchmark of several tasks). Scoring
 a rollout is `score_rollout` (`base`); accuracy, held-out greedy accuracy included, is `verdicts`.
