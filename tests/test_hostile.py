@@ -1,14 +1,17 @@
 """Hostile model output: every verifier scores each of 30+ pathological completions within a
 bounded time, never hangs and never raises, and the trainer's fault metrics count what the
-math verifier gave up on. The math verifier's bound is the one its module header states, per
-item: the timeout plus at most one worker start, with the start measured here, so the test holds
-on any machine (a fixed 0.5 s allowance failed on a 16-core machine whose start took 2.4 s)."""
+math verifier gave up on. No test here reads the wall clock (issue 32, item 7: a bound of
+timeout + measured start + 0.5 s failed on a loaded machine, 4.19 s against 4.14 s). The math
+verifier's bound is enforced by its own code, so what is checked is that the code enforced it:
+each item ends with a result, at most one worker start per item, and every item the hard limit
+cut short reported as a timeout. The simple rewards' bound is their work: CPU seconds of this
+process, which another process on the machine does not stretch."""
 
 import time
 
 import pytest
 
-from tether.rewards import RewardResult, get_reward, score_batch, verifier_faults
+from tether.rewards import RewardBroken, RewardResult, get_reward, score_batch, verifier_faults
 from tether.rewards.math_verifier import Math
 from tether.tasks import Example
 
@@ -73,7 +76,6 @@ def test_the_suite_is_large_and_varied():
 # extraction only, whatever math-verify finds in the rest.
 HONEST = {"1 MB of digits then an answer", "nested boxes", "control characters",
           "comment and escape", "NUL bytes", "zero-width joiners"}
-MARGIN_S = 0.5  # sending, receiving and killing: milliseconds on an idle machine
 
 
 @pytest.fixture(scope="module", params=[True, pytest.param(False, marks=pytest.mark.slow)], ids=["strict", "lenient"])
@@ -87,16 +89,13 @@ def test_math_verifier_scores_every_hostile_completion_in_bounded_time(math_rewa
     verifier = math_reward.verifier
     results, faults = {}, {"reward/timeouts": 0.0, "reward/errors": 0.0}
     for name, completion in HOSTILE.items():
-        starts, start_s = verifier.starts, verifier.start_s
-        start = time.perf_counter()
+        starts, restarts = verifier.starts, verifier.restarts
         [result] = math_reward.score_batch([completion], [GOLD])
-        elapsed = time.perf_counter() - start
-        # The stated guarantee for one item: the timeout plus at most one worker start, which is
-        # measured (the first call and the call after a kill start one; the others do not).
-        started = verifier.starts - starts
-        assert started <= 1, (name, started)
-        bound = math_reward.timeout_s + (verifier.start_s - start_s) + MARGIN_S
-        assert elapsed < bound, (name, elapsed, bound, started)
+        # The stated guarantee for one item: the timeout plus at most one worker start (the first
+        # call and the call after a kill start one; the others do not), and a kill is a timeout.
+        assert verifier.starts - starts <= 1, name
+        if verifier.restarts > restarts:
+            assert result.reason in ("timeout", "verifier worker died"), (name, result.reason)
         assert isinstance(result, RewardResult) and result.score in (0.0, 1.0), name
         results[name] = result
         for key, value in verifier_faults([result]).items():
@@ -133,9 +132,9 @@ def test_simple_rewards_score_every_hostile_completion_quickly(reward_name, para
     reward = get_reward(reward_name, **params)
     examples = [Example(id="hostile", prompt="p", answer="81", meta={"numbers": [9, 9], "target": 81, "completion_tokens": 4})]
     for name, completion in HOSTILE.items():
-        start = time.perf_counter()
+        start = time.process_time()  # CPU seconds of this process: the work, not the machine's load
         [result] = score_batch(reward, [completion], examples)
-        assert time.perf_counter() - start < 2.0, (reward_name, name)
+        assert time.process_time() - start < 2.0, (reward_name, name)
         assert isinstance(result, RewardResult) and -1e9 < result.score < 1e9, (reward_name, name)
 
 
@@ -152,5 +151,5 @@ def test_a_raising_reward_is_counted_not_fatal():
     assert [r.score for r in results] == [1.0, 0.0, 1.0]
     assert results[1].reason.startswith("reward error: ValueError: cannot parse")
     assert verifier_faults(results)["reward/errors"] == 1.0
-    with pytest.raises(RuntimeError, match="every completion in the batch"):
+    with pytest.raises(RewardBroken, match="the reward fragile failed on every completion of the batch"):
         score_batch(fragile, ["boom", "boom"], [GOLD] * 2)

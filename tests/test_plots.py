@@ -55,6 +55,7 @@ def test_plot_run_writes_every_panel_labelled_and_titled(tmp_path, monkeypatch):
         seen[path.name] = {"suptitle": fig._suptitle.get_text() if fig._suptitle else "",
                            "title": ax.get_title(), "x": ax.get_xlabel(), "y": ax.get_ylabel(),
                            "lines": [(ln.get_label(), len(ln.get_xdata()), ln.get_linestyle()) for ln in ax.lines],
+                           "markers": [ln.get_marker() for ln in ax.lines],
                            "legend": ax.get_legend().get_title().get_text() if ax.get_legend() else ""}
         return real_savefig(fig, path, *a, **k)
 
@@ -78,8 +79,37 @@ def test_plot_run_writes_every_panel_labelled_and_titled(tmp_path, monkeypatch):
     # The dual clip is 0 throughout: left out beside the two clip fractions that move.
     assert [lbl for lbl, _, ls in seen["clip_fractions.png"]["lines"] if ls == "-"] == \
         ["policy/clipfrac_low", "policy/clipfrac_high"]
-    # Held-out accuracy is not smoothed: one line through its 5 evaluations.
+    # Held-out accuracy is not smoothed: one line through its 5 evaluations, each one marked.
     assert seen["accuracy.png"]["lines"] == [("eval/accuracy", 5, "-")] and seen["accuracy.png"]["legend"] == ""
+    assert seen["accuracy.png"]["markers"] == ["o"]
+
+
+def test_a_line_exactly_under_another_is_named_in_the_legend():
+    # Drawn in this order, b covers a (the same steps and values); c differs at its second step.
+    curves = {"a": ([1, 2], [0.0, 0.5]), "b": ([1, 2], [0.0, 0.5]), "c": ([1, 2], [0.0, 0.6])}
+    assert plots.coinciding(curves) == {"a": "a (hidden under b: the same values)", "b": "b", "c": "c"}
+    assert plots.coinciding({"a": ([1], [0.0]), "b": ([2], [0.0])}) == {"a": "a", "b": "b"}  # other steps
+
+
+def test_equal_clip_fractions_are_noted_in_the_run_plot(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    run = _run(tmp_path, "grpo")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row in rows[1:]:
+        row["policy/clipfrac_high"] = row["policy/clipfrac_low"]  # the same every step: one line hides the other
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    labels = {}
+    real_savefig = plt.Figure.savefig
+
+    def record(fig, path, *a, **k):
+        labels[path.name] = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        return real_savefig(fig, path, *a, **k)
+
+    monkeypatch.setattr(plt.Figure, "savefig", record)
+    plots.plot_run(run)
+    assert labels["clip_fractions.png"] == ["policy/clipfrac_low (hidden under policy/clipfrac_high: the same values)",
+                                            "policy/clipfrac_high"]
 
 
 def test_plot_run_without_a_config_or_with_an_objective_name_only(tmp_path):

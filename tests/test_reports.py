@@ -248,6 +248,29 @@ def test_report_help_names_a_claims_file_that_exists(capsys):
     assert named == ["configs/claims.yaml"] and (ROOT / named[0]).is_file() and "papers.yaml" not in text
 
 
+def test_comparison_plots_say_their_window_which_is_the_run_plots(tmp_path, monkeypatch):
+    """Issue 32, item 8: 40 steps are smoothed over 4 (a tenth), not 20, and the legend says so."""
+    import matplotlib.pyplot as plt
+
+    from tether.compare import plot_comparison
+
+    runs = {obj: [_run(tmp_path / obj / "seed0", [f"objective={obj}"], _rows({0: 0.1, 20: 0.2, 40: 0.3}, 40))]
+            for obj in ("grpo", "dapo")}
+    legends = {}
+    real_savefig = plt.Figure.savefig
+
+    def record(fig, path, *a, **k):
+        legend = fig.axes[0].get_legend()
+        legends[path.name] = (legend.get_title().get_text(), [t.get_text() for t in legend.get_texts()])
+        return real_savefig(fig, path, *a, **k)
+
+    monkeypatch.setattr(plt.Figure, "savefig", record)
+    plot_comparison(runs, tmp_path / "plots")
+    assert legends["reward.png"][0] == "line: mean of the last 4 steps, mean over seeds; band: min..max"
+    # Both methods have the same metrics: grpo's line is drawn first, under dapo's, and says so.
+    assert legends["reward.png"][1] == ["grpo (hidden under dapo: the same values)", "dapo"]
+
+
 def test_every_comparison_plot_has_a_y_label(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
@@ -255,16 +278,23 @@ def test_every_comparison_plot_has_a_y_label(tmp_path, monkeypatch):
 
     runs = {obj: [_run(tmp_path / obj / f"seed{s}", [f"objective={obj}", f"trainer.seed={s}"],
                        _rows({0: 0.1, 5: 0.2 + 0.1 * s}, 5)) for s in range(2)] for obj in ("grpo", "dapo")}
-    labels = {}
+    labels, legends, markers = {}, {}, {}
     real_savefig = plt.Figure.savefig
 
     def record(fig, path, *a, **k):
-        labels[path.name] = fig.axes[0].get_ylabel()
+        ax = fig.axes[0]
+        labels[path.name] = ax.get_ylabel()
+        legends[path.name] = ax.get_legend().get_title().get_text()
+        markers[path.name] = [ln.get_marker() for ln in ax.lines]
         return real_savefig(fig, path, *a, **k)
 
     monkeypatch.setattr(plt.Figure, "savefig", record)
     written = plot_comparison(runs, tmp_path / "plots")
     assert len(written) == len(CURVES) == 7
+    # 5 steps: a tenth of 5 points is a window of 1 (the run plots' rule, not a fixed 20): nothing smoothed.
+    assert legends["reward.png"] == "each step, mean over seeds; band: min..max"
+    assert legends["accuracy.png"] == "mean over seeds (markers: evaluations); band: min..max"
+    assert markers["accuracy.png"] == ["o", "o"] and markers["reward.png"] == ["None", "None"]
     assert labels == {"accuracy.png": "fraction of test prompts correct", "reward.png": "mean reward per completion",
                       "entropy.png": "nats per token", "clipfrac_high.png": "fraction of tokens",
                       "clipfrac_low.png": "fraction of tokens", "kl_old.png": "nats per token",

@@ -121,10 +121,10 @@ def test_boxed_answers():
     text = "a \\boxed{1} b \\boxed{\\frac{1}{2}} \\boxed{\\boxed{3}} {\\boxed{x}"
     assert boxed_answers(text) == ["1", "\\frac{1}{2}", "\\boxed{3}", "3", "x"]
     assert boxed_answers("\\boxed{1") == [] and boxed_answers("}{") == [] and boxed_answers("{") == []
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: the work done, whatever else loads the machine
     assert boxed_answers("\\boxed{" * 200_000) == []  # linear, not quadratic
     assert len(boxed_answers("\\boxed{" * 100_000 + "}" * 100_000)) == 64  # capped
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 @pytest.mark.parametrize(
@@ -344,16 +344,16 @@ def test_gold_parse_cut_short_by_a_time_limit_is_retried_not_cached(monkeypatch)
     def slow_once(pred, *args, **kwargs):
         calls.append(pred)
         if len(calls) == 1:
-            time.sleep(5)  # interrupted by math-verify's own 1 s alarm
+            time.sleep(5)  # interrupted by math-verify's own 1 s alarm: the next line never runs
+            calls.append("slept 5 s")
         return real(pred, *args, **kwargs)
 
     monkeypatch.setattr(parser, "extract_target_from_pred", slow_once)
     monkeypatch.setattr(worker, "INNER_TIMEOUT_S", 1)
     gold = "\\frac{7}{13}"  # not parsed before in this process
     worker._GOLD_CACHE.pop(gold, None)
-    start = time.perf_counter()
     assert worker.math_verify_score("\\boxed{\\frac{14}{26}}", gold) == (0.0, "timeout")
-    assert time.perf_counter() - start < 4.0 and calls[0] == f"\\boxed{{{gold}}}"
+    assert calls[0] == f"\\boxed{{{gold}}}" and "slept 5 s" not in calls  # the alarm cut the sleep short
     assert gold not in worker._GOLD_CACHE
     assert worker.math_verify_score("\\boxed{\\frac{14}{26}}", gold) == (1.0, "")
     assert gold in worker._GOLD_CACHE
@@ -475,25 +475,20 @@ def test_gsm8k_answers_strict_and_lenient(math_reward, lenient_math):
 
 
 def test_math_timeout_kills_and_recovers():
-    """The time bound, per item: the timeout plus at most one worker start (the verifier records
-    the starts' durations; `test_recorded_start_time_is_what_a_start_takes` checks that record)."""
+    """The time bound, per item: the timeout plus at most one worker start. What is checked is that
+    the code enforces it (a hanging item ends as "timeout", the worker is killed and restarted once)
+    and not the wall-clock time, which a loaded machine stretches (issue 32, item 7)."""
     verifier = MathVerifier(timeout_s=1.0, verify_fn=slow_verify)
-    margin = 0.5  # sending, receiving and killing
     try:
         assert verifier.score_batch(["a", "raise"], ["a", "a"]) == [(1.0, ""), (0.0, "verifier error: RuntimeError: verifier bug")]
         assert verifier.starts == 1
-        start = time.perf_counter()
         assert verifier.score_batch(["hang"], ["a"]) == [(0.0, "timeout")]
-        assert time.perf_counter() - start < 1.0 + margin  # the worker was alive: no start
-        assert (verifier.restarts, verifier.starts) == (1, 1)
+        assert (verifier.restarts, verifier.starts) == (1, 1)  # the worker was alive: no start
         # The rest of a batch after a hang is scored by a fresh worker.
-        start, spent = time.perf_counter(), verifier.start_s
         assert verifier.score_batch(["a", "hang", "b", "a"], ["a", "a", "a", "a"]) == [
             (1.0, ""), (0.0, "timeout"), (0.0, ""), (1.0, "")
         ]
         assert (verifier.restarts, verifier.starts) == (2, 3)  # one start for the call, one after the hang
-        starts_s = verifier.start_s - spent
-        assert time.perf_counter() - start < 1.0 + starts_s + margin, starts_s
         assert verifier.score_batch(["b"], ["b"]) == [(1.0, "")]
     finally:
         verifier.close()
@@ -516,7 +511,6 @@ def test_recorded_start_time_is_what_a_start_takes():
 
 def test_a_worker_that_does_not_start_in_time_is_an_error_not_a_hang():
     verifier = MathVerifier(start_timeout_s=0.01)
-    start = time.perf_counter()
     with pytest.raises(RuntimeError, match="failed to start"):
         verifier.score_batch(["\\boxed{1}"], ["1"])
-    assert time.perf_counter() - start < 2.0 and verifier._proc is None
+    assert verifier._proc is None  # killed, not left running

@@ -84,6 +84,14 @@ def test_a_run_warns_of_a_warm_start_below_target_and_of_flat_steps(tiny_dir, tm
 # ---------------------------------------------------------------- heartbeats (item 16)
 
 
+def _wait_for(condition, limit_s: float = 60.0) -> None:
+    """Until `condition()` holds, or `limit_s` (a loaded machine runs the heartbeat's thread late, so no
+    test asserts how soon it spoke, only that it did and what it said; issue 32, item 7)."""
+    deadline = time.monotonic() + limit_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_a_heartbeat_speaks_after_a_quiet_spell_and_not_while_lines_come():
     lines = []
     beat = Heartbeat(lines.append, lambda quiet: quiet, every_s=1.0)
@@ -92,7 +100,7 @@ def test_a_heartbeat_speaks_after_a_quiet_spell_and_not_while_lines_come():
             time.sleep(0.1)
             beat.beat()
         assert lines == []
-        time.sleep(2.6)  # quiet: at least two heartbeats, each after 1 s without a line
+        _wait_for(lambda: len(lines) >= 2)  # quiet: at least two heartbeats, each after 1 s without a line
         assert len(lines) >= 2 and all(quiet >= 1.0 for quiet in lines)
     finally:
         beat.close()
@@ -104,7 +112,7 @@ def test_plain_progress_speaks_during_a_slow_step_and_at_the_next_step_after_a_q
     try:
         progress.update(1, {"reward/mean": 0.5})  # off the step cadence (every 1000), not yet quiet: no line
         assert lines == []
-        time.sleep(0.5)  # step 2 takes "long": the heartbeat names it while it runs
+        _wait_for(lambda: lines)  # step 2 takes "long": the heartbeat names it while it runs
         assert lines and lines[0].startswith("step 2/100 under way")
         progress._heartbeat._last -= 1.0  # a quiet spell without a thread tick: the next step's line is due
         progress.update(2, {"reward/mean": 0.5})

@@ -1,25 +1,30 @@
-"""The `tether` command line. Each subcommand is a thin wrapper over a library function."""
+"""The `tether` command line. Each subcommand is a thin wrapper over a library function.
+
+Heavy packages (torch, transformers, vLLM) are imported by the commands that need them, after the
+config has been read and checked: a config error is reported before any of them is imported
+(docs/performance.md, "Time to an error"). Hence the imports inside the functions.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 from typing import Any
-
-from . import objectives
-from .divergences import BINARY_MEASURES, MEASURES, interval
 
 LIST_DELTAS = (0.01, 0.02, 0.0231, 0.0331, 0.05)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     """Print the registered objectives, presets, and the trust-region table of every measure."""
+    from . import objectives
     from .core.advantages import ADVANTAGES
     from .core.aggregation import AGGREGATIONS
     from .core.kl import KL_ESTIMATORS
     from .core.multi_reward import REWARD_AGGREGATIONS
+    from .divergences import BINARY_MEASURES, MEASURES, interval
 
     print("objectives:  " + ", ".join(objectives.names()))
     print("presets:")
@@ -58,7 +63,6 @@ def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .train import train
 
     if args.help_config:
         return _print_config_help()
@@ -73,10 +77,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         # The run's own config, with the overrides; train() refuses any that changes more than the
         # budget, logging or checkpointing (tether.config.RESUMABLE_KEYS), and config.yaml stays as it was.
         cfg = load_config(str(cfg_path), [*args.args, f"output_dir={args.resume}"])
+        from .train import train  # torch and transformers: after the config is known to be good
+
         train(cfg, resume_dir=args.resume)
         return 0
     path, overrides = _split_config_args(args.args)
     cfg = load_config(path, overrides)
+    from .train import train
+
     train(cfg)
     return 0
 
@@ -161,7 +169,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import evaluation
+    from .rewards import asks_for_boxed
 
+    # First, before the progress lines (docs/eval.md), by the rule the settings record (evaluation.settings).
+    try:
+        extraction = "strict" if not args.lenient and asks_for_boxed(args.template) else "lenient"
+    except (KeyError, ValueError):  # an unknown template: evaluate() says so, as an error
+        extraction = None
+    if extraction is not None:
+        print(f"math answer extraction: {extraction}"
+              + (" (only the final \\boxed{} answer counts)" if extraction == "strict"
+                 else " (any answer in the completion counts)"))
     try:
         results = evaluation.evaluate(
             args.model, args.data, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
@@ -172,9 +190,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except evaluation.EvalError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    extraction = results["settings"]["extraction"]
-    print(f"math answer extraction: {extraction}"
-          + (" (only the final \\boxed{} answer counts)" if extraction == "strict" else " (any answer in the completion counts)"))
     print(evaluation.summary_markdown(results))
     out = Path(results["out_dir"])
     print(f"\nwrote {out / 'results.json'} and {out / 'results.md'}")
@@ -290,13 +305,13 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "args") or any("=" not in e or e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.args = [*args.args, *extra]
-    from transformers.utils import logging as hf_logging
-
+    # tether draws its own progress bars: transformers' and the hub's are off (read when they are
+    # imported, so no import of transformers here; a user's explicit setting wins).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from .schema import ConfigError
+    from .stopping import Interrupted
     from .tasks import DataError
 
-    hf_logging.disable_progress_bar()  # tether draws its own progress bars
-    from .stopping import Interrupted
 
     # SIGTERM (a scheduler's stop) outside the training loop, which handles it itself: stop like Ctrl-C.
     main_thread = threading.current_thread() is threading.main_thread()

@@ -17,17 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .plots import pyplot, rolling_mean, save_panel, ylabel_of
+from .plots import EVAL_MARKER, coinciding, pyplot, rolling_mean, save_panel, window_for, window_note, ylabel_of
 from .runlog import ACCURACY, METRICS_FILE, accuracy, has_metrics, read_config, read_metrics, tail_mean, values
 
-CURVES = [  # (file, title, metric, smoothing window in steps); the y-axis label is the run plots' (ylabel_of)
-    ("accuracy", "held-out accuracy", ACCURACY, 1),
-    ("reward", "reward (rolling mean)", "reward/mean", 20),
-    ("entropy", "policy entropy (rolling mean)", "policy/entropy", 20),
-    ("clipfrac_high", "clip fraction, high (rolling mean)", "policy/clipfrac_high", 20),
-    ("clipfrac_low", "clip fraction, low (rolling mean)", "policy/clipfrac_low", 20),
-    ("kl_old", "k3 KL(old || new) per update (rolling mean)", "policy/kl_old", 20),
-    ("response_length", "response length (rolling mean)", "rollout/len_mean", 20),
+CURVES = [  # (file, title, metric, smoothed); the y-axis label is the run plots' (ylabel_of), the window theirs
+    ("accuracy", "held-out accuracy", ACCURACY, False),
+    ("reward", "reward", "reward/mean", True),
+    ("entropy", "policy entropy", "policy/entropy", True),
+    ("clipfrac_high", "clip fraction, high", "policy/clipfrac_high", True),
+    ("clipfrac_low", "clip fraction, low", "policy/clipfrac_low", True),
+    ("kl_old", "k3 KL(old || new) per update", "policy/kl_old", True),
+    ("response_length", "response length", "rollout/len_mean", True),
 ]
 
 
@@ -273,25 +273,33 @@ def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]
     plot_dir.mkdir(parents=True, exist_ok=True)
     data = {label: [read_metrics(r) for r in rs] for label, rs in groups.items()}
     written = []
-    for fname, title, key, window in CURVES:
-        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
-        drawn = False
+    for fname, title, key, smooth in CURVES:
+        n_points = max((sum(r.get(key) is not None for r in rows) for runs in data.values() for rows in runs),
+                       default=0)
+        window = window_for(n_points) if smooth else 1  # the run plots' rule (tether.plots)
+        means = {}
         for label, runs in data.items():
             curves = [rolling_mean(rows, key, window) for rows in runs]
             steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-            if not steps:
-                continue
-            mean = [statistics.fmean(c[s] for c in curves) for s in steps]
+            if steps:
+                means[label] = (steps, curves)
+        if not means:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+        lines = {label: (steps, [statistics.fmean(c[s] for c in curves) for s in steps])
+                 for label, (steps, curves) in means.items()}
+        labels = coinciding(lines)
+        for label, (steps, curves) in means.items():
+            marks = EVAL_MARKER if not smooth else {}
+            line, = ax.plot(*lines[label], label=labels[label], lw=1.4, **marks)
             lo = [min(c[s] for c in curves) for s in steps]
             hi = [max(c[s] for c in curves) for s in steps]
-            line, = ax.plot(steps, mean, label=label, lw=1.4)
             ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.18, lw=0)
-            drawn = True
-        if not drawn:
-            plt.close(fig)
-            continue
+        note = (f"{window_note(window)}, mean over seeds; band: min..max" if window > 1 else
+                "mean over seeds (markers: evaluations); band: min..max" if not smooth else
+                "each step, mean over seeds; band: min..max")
         written.append(save_panel(fig, ax, title, plot_dir / f"{fname}.png", legend=True,
-                                  ylabel=ylabel_of(key)))
+                                  ylabel=ylabel_of(key), legend_title=note))
     return written
 
 

@@ -21,10 +21,8 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from . import objectives
 from .config_checks import check_model_and_device, check_names
 from .config_help import describe_fields, describe_reward_params, describe_task_knobs
-from .models import SMALL_MODEL_PARAMS
 from .schema import ConfigError, coerce, from_dict, to_dict, unknown_key_error
 
 
@@ -119,8 +117,13 @@ class RewardConfig:
     weights: dict[str, float] = field(default_factory=dict)
     """Weighted combination instead of one reward, e.g. {math: 1.0, format: 0.1}."""
     timeout_s: float = 5.0
-    """Hard time limit of the math verifier per completion (the worker is killed on expiry and
-    the completion scores 0, counted in reward/timeouts); applies to `weights` too."""
+    """Hard time limit per completion of the math verifier and of every reward from your own code
+    (each runs in a worker process, killed on expiry; the completion scores 0, counted in
+    reward/timeouts); applies to `weights` too."""
+    isolate: bool = True
+    """Run rewards from your own code (MODULE:NAME, a task's own function) in a worker process under
+    reward.timeout_s, so a slow or crashing reward cannot stall the run (docs/reliability.md). false:
+    in the trainer's process, without a time limit (a reward that does not pickle needs it)."""
     strict: bool = True
     """Math answer extraction. true: when the task's template asks for \\boxed{} (math tasks'
     default), only the completion's final boxed answer counts, so "The answer is 2." scores 0.
@@ -144,6 +147,10 @@ class WarmStartConfig:
     """SFT steps between accuracy checks."""
     cache_dir: Optional[str] = None
     """Where warm-started models are cached; null: $TETHER_CACHE or ~/.cache/tether."""
+
+
+SMALL_MODEL_PARAMS = 20_000_000
+"""Below this many parameters `device=auto` keeps a model on the CPU (`trainer.small_model_params`)."""
 
 
 @dataclass
@@ -282,12 +289,20 @@ class Config:
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key}: got {value}, expected an integer >= 1")
+        self._check_values()
         # The objective spec, resolved by the one function that interprets specs: from here on it is
         # the full mapping {label, name, every parameter}; max_len defaults to the generation budget
         # (Dr. GRPO's constant T_max), a mapping without preset or name overrides the default objective.
+        check_names(self)  # task, knobs and data files, reward; the engine last (it imports torch)
+        # After the checks that need no torch (issue 32, item 6: a config or data error in under a second).
+        from . import objectives
+
         self.objective = objectives.resolve(self.objective, max_len=r.max_new_tokens, default=DEFAULT_OBJECTIVE)
-        check_names(self)
         check_model_and_device(self)
+
+    def _check_values(self) -> None:
+        """The checks of values and pairs of values, which import nothing."""
+        t, r = self.trainer, self.rollout
         if t.staleness < 0:
             raise ConfigError(f"trainer.staleness: got {t.staleness}, expected an integer >= 0 (0: on-policy sampling)")
         if t.overlap and t.staleness < 1:
@@ -350,6 +365,8 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
         if current is None:
             node[k] = {}
         elif k == "objective" and isinstance(current, str):
+            from . import objectives
+
             node[k] = objectives.spec_mapping(current)
         elif not isinstance(current, dict):
             raise ConfigError(f"{dotted}: {k!r} is not a section that has keys")

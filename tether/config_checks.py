@@ -37,7 +37,6 @@ def check_names(cfg: Config) -> None:
     and takes what it is given: checked on load, before any directory is written."""
     from .core.registry import unknown_name_message
     from .plugins import is_import_path
-    from .rollout import engine_problem
     from .rewards import REWARDS
     from .tasks import TASKS, check_task_knobs
 
@@ -54,6 +53,8 @@ def check_names(cfg: Config) -> None:
     for reward, spec in cfg.reward.weights.items():
         name(REWARDS, reward, "reward.weights")
         _check_reward(reward, spec, f"reward.weights.{reward}")
+    from .rollout import engine_problem  # torch: after the checks that need none (issue 32, item 6)
+
     problem = engine_problem(cfg.rollout.engine)  # unknown, or its package (vLLM) not installed
     if problem:
         raise ConfigError(f"rollout.engine: {problem}")

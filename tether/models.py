@@ -51,8 +51,7 @@ def resolve_dtype(dtype: DType, device: str | torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-SMALL_MODEL_PARAMS = 20_000_000
-"""Below this many parameters `device=auto` keeps a model on the CPU (`trainer.small_model_params`)."""
+from .config import SMALL_MODEL_PARAMS  # noqa: E402  (defined with its config field, where no torch is imported)
 
 
 def pick_device(name: str, n_params: int, small_model_params: int, key: str = "trainer.device",

@@ -1,14 +1,19 @@
 """PNG plots of a run's metrics.jsonl (matplotlib, headless).
 
 Every per-step metric is drawn twice in one colour: its raw value at each rollout step as faint
-dots, and a trailing rolling mean over it as a line, the smoothing `tether report`'s comparison
-plots use (`rolling_mean`). The window is a tenth of the run's logged points, at least 1 and at
-most 20 (the comparison plots' fixed window), so a short run is not flattened and a long one
-smooths as the comparison does. A trailing mean lags a trend by (window - 1) / 2 steps; it never
-uses a future step, so the line at step s is what a reader watching the run saw at step s.
-Held-out accuracy is measured every `trainer.eval_every` steps on the same examples, and is drawn
-unsmoothed. Every panel's x-axis spans the run's logged steps in whole steps; a panel with a value at
-one step only (a run stopped before its second evaluation) says so in its legend.
+dots, and a trailing rolling mean over it as a line (`rolling_mean`). THE smoothing rule, here and
+in `tether report`'s comparison plots (docs/training.md, docs/compare.md): the window is a tenth
+of the run's logged points, at least 1 and at most 20 (`window_for`), and the legend says it
+("line: mean of the last W steps"), so a short run is not flattened (issue 32: a fixed window of
+20 turned one spike at step 3 of a 40-step run into a curve decaying until step 22, and the plot
+did not say so). A trailing mean lags a trend by (window - 1) / 2 steps; it never uses a future
+step, so the line at step s is what a reader watching the run saw at step s. Held-out accuracy
+is measured every `trainer.eval_every` steps on the same examples, and is drawn unsmoothed, a
+marker on every evaluation (a line alone would hide that three points are three points). A line
+drawn exactly over another (equal values: a clip fraction that never fires on either side) hides
+it, so the hidden one's legend entry says so (`coinciding`). Every panel's x-axis spans the run's
+logged steps in whole steps; a panel with a value at one step only (a run stopped before its
+second evaluation) says so in its legend.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ def ylabel_of(key: str) -> str:
     return next(p.ylabel for p in PANELS if key in p.keys)
 
 
-MAX_WINDOW = 20  # the comparison plots' window (tether/compare.py CURVES)
+MAX_WINDOW = 20  # the longest smoothing window, of run and comparison plots alike
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -71,8 +76,30 @@ def rolling_mean(rows: list[dict], key: str, window: int) -> dict[int, float]:
 
 
 def window_for(n_points: int) -> int:
-    """The single-run smoothing window: a tenth of the logged points, clamped to [1, MAX_WINDOW]."""
+    """The smoothing window of every plot: a tenth of the logged points, clamped to [1, MAX_WINDOW]."""
     return max(1, min(MAX_WINDOW, n_points // 10))
+
+
+def window_note(window: int) -> str:
+    """What a smoothed plot's legend says of its line (the same words in run and comparison plots)."""
+    return f"line: mean of the last {window} steps"
+
+
+EVAL_MARKER = {"marker": "o", "ms": 3}
+"""How evaluation points are drawn: each one marked."""
+
+
+def coinciding(curves: dict[str, tuple[list, list]]) -> dict[str, str]:
+    """{label: label with a note} for each curve that a later-drawn one covers exactly (the same steps
+    and values): "A (hidden under B: the same values)". Curves are drawn in the dict's order."""
+    labels = {k: k for k in curves}
+    names = list(curves)
+    for i, a in enumerate(names):
+        over = [b for b in names[i + 1:] if list(curves[b][0]) == list(curves[a][0])
+                and list(curves[b][1]) == list(curves[a][1])]
+        if over:
+            labels[a] = f"{a} (hidden under {over[-1]}: the same values)"
+    return labels
 
 
 def pyplot():
@@ -150,18 +177,27 @@ def plot_run(run_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
         note = _x_axis(ax, steps, sorted({x for _, xs, _ in drawn for x in xs}))
         window = window_for(max(len(xs) for _, xs, _ in drawn)) if panel.smooth else 1
+        lines = {key: (xs, ys) for key, xs, ys in drawn}
+        if window > 1:
+            smoothed = {key: rolling_mean(rows, key, window) for key in lines}
+            lines = {key: (list(sm), list(sm.values())) for key, sm in smoothed.items()}
+        labels = coinciding(lines)
         for key, xs, ys in drawn:
             if window > 1:
                 dots = ax.plot(xs, ys, ls="none", marker="o", ms=2.5, alpha=0.3)[0]
-                smooth = rolling_mean(rows, key, window)
-                ax.plot(list(smooth), list(smooth.values()), color=dots.get_color(), lw=1.6, label=key)
-            else:
-                ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, lw=1.4, label=key)
+                ax.plot(*lines[key], color=dots.get_color(), lw=1.6, label=labels[key])
+            elif panel.smooth:  # too few points to smooth: each one marked
+                ax.plot(xs, ys, lw=1.4, label=labels[key], marker="o", ms=3 if len(xs) < 30 else 1.5)
+            else:  # evaluations: each one marked
+                ax.plot(xs, ys, lw=1.4, label=labels[key], **EVAL_MARKER)
         if panel.fraction:  # from 0, with a sliver below it so a line at 0 stays visible
             ax.set_ylim(bottom=-0.03 * ax.get_ylim()[1])
         title = f"{panel.title}: {objective}" if objective else panel.title
         if window > 1:
-            note = f"line: mean of the last {window} steps; dots: each step"
+            note = f"{window_note(window)}; dots: each step"
+        zeros = [k for k in panel.keys if k not in lines and series(rows, k)[0]]
+        if zeros:  # left out by `_drawn` as 0 throughout: say so, or a reader takes them for unlogged
+            note = "\n".join(filter(None, [note, f"0 throughout, not drawn: {', '.join(zeros)}"]))
         written.append(save_panel(fig, ax, title, out_dir / f"{panel.fname}.png", legend=True,
                                   ylabel=panel.ylabel, legend_title=note))
     return written

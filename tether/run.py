@@ -20,6 +20,7 @@ import torch
 from . import checkpoint, objectives
 from .causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, fused_head_reason
 from .config import Config, check_resume, save_config
+from .limits import check_lengths
 from .data import PromptStream
 from .models import apply_lora, check_model_loads, pick_device, place_model
 from .rewards import RewardFn, greedy_accuracy
@@ -83,6 +84,21 @@ class Run:
     saved_step: int = -1
     best_accuracy: float = -math.inf  # the best held-out accuracy a checkpoint holds
     warm_start: dict[str, float] = dataclasses.field(default_factory=dict)  # warm_start/* metrics, logged at step 0
+    created_dir: Optional[Path] = None  # the outermost directory this run made (run_dir or a parent): `discard` removes it
+
+    def discard(self) -> str:
+        """Remove what a new run wrote before its first step finished (a run that cannot start), and say
+        what: the directory when this run created it, else only the files it wrote there."""
+        import shutil
+
+        if self.created_dir is not None:
+            shutil.rmtree(self.created_dir, ignore_errors=True)
+            return f"removed the run directory {self.run_dir}" + (
+                f" and {self.created_dir}, which it had made" if self.created_dir != self.run_dir else "")
+        for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "tb", "checkpoints"):
+            path = self.run_dir / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        return f"removed the files it had written in {self.run_dir}"
 
     def save(self, accuracy: Optional[float] = None) -> None:
         """A checkpoint of the weights, the optimiser and the counters after the last finished step
@@ -138,6 +154,8 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     for warning in config_warnings(cfg, obj):
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg)
+    check_lengths(cfg, task, _tokenizer(cfg.model.name_or_path), test_examples)  # a run that could not progress
+    created_dir = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
     _open_run_dir(cfg, run_dir, resume_dir, log)
     if why:
         log(why)
@@ -168,7 +186,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
                optimizer=optimizer, scheduler=scheduler, stream=stream,
                params=params, device=device, logprobs=LogProbSettings.of(cfg), unfused=unfused, counters=counters,
                start=counters.step, peft=peft, stale=stale, overlap=overlap, saved_step=counters.step, best_accuracy=best_accuracy,
-               warm_start=warm_start_metrics(cfg, base) if base is not None else {})
+               warm_start=warm_start_metrics(cfg, base) if base is not None else {}, created_dir=created_dir)
 
 
 def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
@@ -275,11 +293,11 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
         check_task(task, cfg.data.task, needs_solution=cfg.warm_start.enabled)
     r = cfg.reward
     try:
-        verifier = task_reward(task, timeout_s=r.timeout_s, strict=r.strict)
+        verifier = task_reward(task, timeout_s=r.timeout_s, strict=r.strict, isolated=r.isolate)
     except KeyError as err:  # a user's task that names a reward no registry has
         raise ConfigError(f"data.task={cfg.data.task}: its reward {task.reward!r}: {err.args[0]}") from None
     own = r.name in ("auto", task.reward) and not r.weights
-    reward = verifier if own else task_reward(task, r.name, r.weights, r.timeout_s, r.strict)
+    reward = verifier if own else task_reward(task, r.name, r.weights, r.timeout_s, r.strict, r.isolate)
     if is_import_path(cfg.data.task) or any(map(is_import_path, [r.name, *r.weights])):
         for example in task.examples("test", 1)[:1]:  # none: _eval_examples says so
             check_user_rewards(reward, example)
@@ -288,7 +306,12 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
 
 
 def _tokenizer(name_or_path: str):
-    """The tokenizer of model.name_or_path (for rendering prompts), or ConfigError saying why not."""
+    """The tokenizer of model.name_or_path (for rendering prompts and checking lengths; "tiny": the
+    character tokenizer `init_model` saves), or ConfigError saying why not."""
+    if name_or_path == "tiny":
+        from .models import char_tokenizer
+
+        return char_tokenizer()
     from transformers import AutoTokenizer
 
     try:

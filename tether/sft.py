@@ -83,6 +83,7 @@ class SFTSettings:
     seed: int = 0  # the train draws' and the default held-out split's seed
     max_new_tokens: int = 32  # greedy completion length at the checks
     n_eval: int = 200  # held-out problems checked (unless `sft` is given `eval_examples`)
+    give_up_checks: int = 10  # stop early after this many checks with the loss converged and no new best accuracy (0: never)
 
     def __post_init__(self) -> None:
         if self.steps_max < 1 or self.eval_every < 1 or self.batch_size < 1:
@@ -105,7 +106,8 @@ def sft(model: Any, tokenizer: Any, task: Task, settings: SFTSettings = SFTSetti
 
     Returns:
         {"accuracy": last accuracy, "steps": steps taken, "reached": bool, "seconds": float,
-         "history": [{"step", "loss", "accuracy", "seconds"}, ...]} (loss: mean since last check).
+         "history": [{"step", "loss", "accuracy", "seconds"}, ...] (loss: mean since last check),
+         "gave_up": why it stopped early (`stalled`), or ""}.
     """
     s = settings
     reward = task_reward(task) if reward is None else reward
@@ -114,7 +116,7 @@ def sft(model: Any, tokenizer: Any, task: Task, settings: SFTSettings = SFTSetti
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
     history: list[dict[str, float]] = []
     losses: list[torch.Tensor] = []
-    start, accuracy, step = time.perf_counter(), 0.0, 0
+    start, accuracy, step, gave_up = time.perf_counter(), 0.0, 0, ""
     model.train()
     for step in range(1, s.steps_max + 1):
         examples = task.examples("train", s.batch_size, seed=s.seed * 1_000_003 + step, unique=False)
@@ -132,9 +134,41 @@ def sft(model: Any, tokenizer: Any, task: Task, settings: SFTSettings = SFTSetti
             log(f"sft step {step}: loss {row['loss']:.4f}, greedy accuracy {accuracy:.3f} ({row['seconds']:.1f} s)")
         if accuracy >= s.target_accuracy:
             break
+        gave_up = stalled(history, s.give_up_checks)
+        if gave_up:
+            if log is not None:
+                log(f"sft step {step}: giving up: {gave_up}")
+            break
     model.eval()
     return {"accuracy": accuracy, "steps": step, "reached": accuracy >= s.target_accuracy,
-            "seconds": time.perf_counter() - start, "history": history}
+            "seconds": time.perf_counter() - start, "history": history, "gave_up": gave_up}
+
+
+CONVERGED_LOSS = 0.05
+"""A token-mean loss below this (nats per solution token) is converged: the model reproduces the solutions."""
+FLAT_LOSS = 0.02
+"""A loss that fell by less than this fraction over the window has converged too."""
+
+
+def stalled(history: Sequence[dict[str, float]], checks: int) -> str:
+    """Why the warm start should stop short of its target, or "": over the last `checks` checks the loss
+    has converged (below CONVERGED_LOSS, or down by less than FLAT_LOSS of itself) and no check beat the
+    best accuracy before them. More steps then only memorise further: what is wrong is elsewhere (a
+    solution longer than the check's budget, a verifier that rejects the reference solutions). The
+    accuracy of small models jumps late (module docstring), but not after the loss has converged."""
+    if checks <= 0 or len(history) <= checks:
+        return ""
+    before, window = history[:-checks], history[-checks:]
+    first, last = before[-1]["loss"], window[-1]["loss"]
+    best_before, best_now = max(r["accuracy"] for r in before), max(r["accuracy"] for r in window)
+    converged = last < CONVERGED_LOSS or last > (1 - FLAT_LOSS) * first
+    if not converged or best_now > best_before:
+        return ""
+    steps = window[-1]["step"] - before[-1]["step"]
+    return (f"over the last {checks} checks ({steps} steps) the loss went from {first:.4f} to {last:.4f} (converged) "
+            f"while greedy accuracy stayed at most {best_now:.3f} (best before: {best_before:.3f}); more steps would "
+            "only memorise the solutions further. Check that the task's reference solutions pass its verifier and "
+            "fit rollout.max_new_tokens")
 
 
 def _sft_step(model: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:

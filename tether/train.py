@@ -18,6 +18,7 @@ Their public names are re-exported here (`from tether.train import update, Updat
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Optional
@@ -26,11 +27,12 @@ from . import faults
 from .causal_lm import LogProbSettings, Tokens, batched_logprobs, to_tokens
 from .config import Config
 from .run import Counters, Run, build_task_and_reward, config_warnings, cpu_threads, start_run
-from .schema import to_dict
+from .rewards import FaultWarnings, RewardBroken, reward_label
+from .schema import ConfigError, to_dict
 from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
 from .step import (KL_WINDOW, Optimiser, Scored, UpdateBatch, Updated, collect, old_policy_logprobs, precision,
                    refresh_reference, rl_step, update)
-from .stopping import Interrupted, StopSignals
+from .stopping import Interrupted, StopNow, StopSignals
 from .summary import write_samples, write_summary
 
 __all__ = [  # the loop, and the names of tether.run, tether.step and tether.causal_lm it re-exports
@@ -53,15 +55,21 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     run, t = start_run(cfg, resume_dir, log), cfg.trainer
     sinks, samples_file = _open_logs(run, resume_dir)
     progress = make_progress(t.total_steps, run.start, t.progress, t.log_every, log)
-    tic, bad_steps, stop = time.perf_counter(), 0, StopSignals()
+    tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
+    reward_warnings = FaultWarnings(reward_label(run.reward_fn))
     try:
-        with stop:
+        with stop, _broken_reward(run):
             if run.start == 0:
                 _log_step_zero(run, sinks, progress, log)
             for step in range(run.start + 1, t.total_steps + 1):
                 if stop.signum is not None:
                     break
-                scored, metrics = rl_step(run, step, log)  # counts the step in run.counters
+                with _droppable(run, stop, step, log) as dropped:
+                    scored, metrics = rl_step(run, step, log)  # counts the step in run.counters
+                if dropped:
+                    break
+                for line in reward_warnings.lines(step, scored.rollout.completions, scored.results):
+                    log(line)
                 skipped = _skipped_updates(metrics, step, scored)
                 bad_steps = bad_steps + 1 if skipped else 0
                 if skipped:
@@ -95,6 +103,50 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     if stop.signum is not None:
         raise Interrupted(stop.signum, run.counters.step, str(run.run_dir))
     return run.run_dir
+
+
+@contextlib.contextmanager
+def _droppable(run: Run, stop: StopSignals, step: int, log):
+    """Within, a first signal drops the step (`StopNow`, tether.stopping) until its first optimiser step:
+    the prompts it took and the random state are put back, so a resume redoes it as if never begun.
+    Yields a list that holds True when the step was dropped. Not with trainer.overlap (its sampler
+    thread has already taken the next batch's prompts) nor trainer.staleness (its FIFO of policies
+    has moved on): those finish the step."""
+    from .checkpoint import rng_state, set_rng_state
+
+    dropped: list[bool] = []
+    if run.overlap is not None or run.stale is not None:
+        yield dropped
+        return
+    position, rng = run.stream.position, rng_state()
+    hook = run.optimizer.register_step_pre_hook(lambda *_: setattr(stop, "droppable", False))
+    stop.droppable = True
+    try:
+        yield dropped
+    except StopNow:
+        run.stream.position = position
+        set_rng_state(rng)
+        run.model.train()
+        log(f"step {step} stopped before it changed the weights: dropped (a resume redoes it)")
+        dropped.append(True)
+    finally:
+        stop.droppable = False
+        hook.remove()
+
+
+@contextlib.contextmanager
+def _broken_reward(run: Run):
+    """A reward that fails on every completion before a new run's first step has finished
+    (`RewardBroken`) is a ConfigError (the CLI's `error:`, exit 2), and the run directory it leaves
+    is removed (`Run.discard`): nothing was learned, and a directory holding a config and a step-0
+    line would pass for a run. Later, or on resume, it propagates as it is."""
+    try:
+        yield
+    except RewardBroken as err:
+        if run.start != 0 or run.counters.step != 0:
+            raise
+        removed = run.discard()
+        raise ConfigError(f"{err} ({removed})") from None
 
 
 def _open_logs(run: Run, resume_dir: Optional[str]):

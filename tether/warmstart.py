@@ -67,11 +67,15 @@ def warm_start_key(cfg: Config, base: str) -> dict:
 
 def below_target_warning(cfg: Config, info: dict) -> str:
     """A warning line when the warm start ended below `warm_start.target_accuracy` (its step budget,
-    `warm_start.max_steps`, ran out first), else "". RL from such a policy sees reward 0 in most
+    `warm_start.max_steps`, ran out first, or it gave up early: `tether.sft.stalled`), else "". RL from such a policy sees reward 0 in most
     groups, whose advantages are then 0: the run trains on little or nothing."""
     ws = cfg.warm_start
     if info["accuracy"] >= ws.target_accuracy:
         return ""
+    if info.get("gave_up"):
+        return (f"warning: the warm start gave up after {info['steps']} steps with greedy accuracy {info['accuracy']:.3f}, "
+                f"below warm_start.target_accuracy={ws.target_accuracy}: {info['gave_up']}. RL starts from a policy "
+                f"that rarely solves a problem, so most groups score 0 everywhere and learn nothing")
     return (f"warning: the warm start stopped at warm_start.max_steps={ws.max_steps} with greedy accuracy "
             f"{info['accuracy']:.3f} after {info['steps']} steps, below warm_start.target_accuracy="
             f"{ws.target_accuracy}: RL starts from a policy that rarely solves a problem, so most groups score 0 "
@@ -120,7 +124,8 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    info = {"accuracy": result["accuracy"], "steps": result["steps"], "seconds": time.perf_counter() - tic, **payload}
+    info = {"accuracy": result["accuracy"], "steps": result["steps"], "seconds": time.perf_counter() - tic,
+            "gave_up": result["gave_up"], **payload}
     (tmp / "warmstart.json").write_text(json.dumps(info, indent=1, default=str))
     _publish(tmp, path)
     log(f"warm start: accuracy {result['accuracy']:.3f} after {result['steps']} steps ({info['seconds']:.0f} s)")

@@ -13,7 +13,10 @@ are each reward's unweighted score under its name (and its own sub-components as
 
 Wherever a reward is named, an import path `module:name` names a user's reward instead
 (tether.plugins): a function (completion, example) -> float | RewardResult, or a class whose
-instances are one. A number it returns becomes `RewardResult(score)` (`UserReward`).
+instances are one. A number it returns becomes `RewardResult(score)` (`UserReward`). The trainer
+runs a user's reward in a worker process under `reward.timeout_s` (`task_reward(isolated=True)`,
+`isolate`, `Isolated`), and every scoring path turns a raise, a non-number or a non-finite score
+into 0 with a reason (`base.score_all`).
 
 `PerExample(pick)` scores each example with its own reward (a benchmark of several tasks). Scoring
 a rollout is `score_rollout` (`base`); accuracy, held-out greedy accuracy included, is `verdicts`.
@@ -21,14 +24,18 @@ a rollout is `score_rollout` (`base`); accuracy, held-out greedy accuracy includ
 
 from __future__ import annotations
 
+import math
 import numbers
+import pickle
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..core.registry import Registry, did_you_mean
 from ..plugins import is_import_path
 from ..tasks import Example
-from .base import RewardFn, RewardResult, Scored, rollout_examples, score_batch, score_rollout, verifier_faults
+from .base import (REWARD_ERROR, FaultWarnings, RewardBroken, RewardFn, RewardResult, Scored, reward_label, rollout_examples, score_all,
+                   score_batch, score_rollout, verifier_faults)
+from .isolated import Isolated
 from .math_verifier import Math, MathVerifier, asks_for_boxed, math_verify_score, strict_for_task
 from .simple import (
     Format,
@@ -134,8 +141,8 @@ def reward_entry(name: str) -> Any:
 @dataclass(frozen=True)
 class UserReward:
     """A reward from a user's code (an import path, or a task's own function): a number it returns
-    is the score (reported under `name`), a RewardResult passes as it is, anything else raises,
-    which the scoring path counts in `reward/errors`."""
+    is the score (reported under `name`), a RewardResult passes as it is; anything else scores 0
+    with fault "wrongtype" (and "error": counted in `reward/errors`), as an exception does."""
 
     fn: Callable[[str, Example], Any]
     name: str
@@ -146,31 +153,55 @@ class UserReward:
             return out
         if isinstance(out, numbers.Real):
             return RewardResult(float(out), {self.name: float(out)})
-        raise TypeError(self._wrong_type(out))
+        return RewardResult(0.0, {}, f"{REWARD_ERROR}: returned {type(out).__name__} {out!r:.40}; "
+                            "expected a float or a RewardResult", ("error", "wrongtype"))
 
-    def _wrong_type(self, out: Any) -> str:
-        return f"reward {self.name} returned {type(out).__name__} {out!r:.40}; expected a float or a RewardResult"
 
-    def check(self, example: Example) -> None:
-        """Score an empty completion once, before a run starts: a return of the wrong type is a
-        ConfigError then, not a reward error on every completion of the first step (a reward
-        that raises here is left to the scoring path, which scores that completion 0)."""
-        from ..schema import ConfigError
-
-        try:
-            out = self.fn("", example)
-        except Exception:  # the user's code on an empty completion: the trainer's guard handles it
-            return
-        if not isinstance(out, (RewardResult, numbers.Real)):
-            raise ConfigError(self._wrong_type(out) + " (called on an empty completion before training)")
+PROBE_FAULTS = ("wrongtype", "nonfinite")
+"""What `check_user_rewards` refuses before a run: a result that is no number, or is not finite."""
 
 
 def check_user_rewards(reward: RewardFn, example: Example) -> None:
-    """`UserReward.check` on every user reward in `reward` (a weighted one's parts included)."""
+    """Score an empty completion and the example's own answer with every user reward in `reward`
+    (a weighted one's parts, isolated ones, included) before a run starts: a return of the wrong
+    type, or a score that is not a finite number (NaN, which would reach the loss), is a ConfigError
+    then, not a reward error on every completion of the first step. A reward that raises or times
+    out on a probe is left to the scoring path, which scores that completion 0."""
+    from ..schema import ConfigError
+
     parts = [part for _, _, part in reward.parts] if isinstance(reward, Combined) else [reward]
     for part in parts:
-        if isinstance(part, UserReward):
-            part.check(example)
+        if isinstance(part.reward if isinstance(part, Isolated) else part, UserReward):
+            probes = ["", example.answer]
+            for completion, result in zip(probes, score_all(part, probes, [example] * 2)):
+                if any(fault in result.faults for fault in PROBE_FAULTS):
+                    probe = f"the example's answer {completion!r:.40}" if completion else "an empty completion"
+                    raise ConfigError(f"reward {reward_label(part)} {result.reason.removeprefix(REWARD_ERROR + ': ')} "
+                                      f"(called on {probe} before training): a reward returns a finite number or a "
+                                      "RewardResult with one; fix the reward")
+
+
+def isolate(reward: RewardFn, timeout_s: float, name: str = "") -> RewardFn:
+    """`reward` with every part from the user's code (an import path `module:name`, or the task's own
+    function: `name` is then given, or the part's name in a weighted reward is the import path) run in
+    a worker process under `timeout_s` per completion (`Isolated`); a part that cannot be sent to a
+    worker (it does not pickle: a lambda, a function defined inside another) is a ConfigError naming
+    the fix. tether's own rewards bound their own time (linear scanners, the math verifier's worker)."""
+    if isinstance(reward, Combined):
+        return Combined(tuple((part, weight, isolate(fn, timeout_s, part if is_import_path(part) else ""))
+                              for part, weight, fn in reward.parts))
+    if not name:
+        return reward
+    from ..schema import ConfigError
+
+    try:
+        pickle.dumps(reward)
+    except Exception as err:  # pickling a closure raises AttributeError, PicklingError or TypeError
+        raise ConfigError(f"reward {name} cannot run in a worker process with a time limit: it does not pickle "
+                          f"({type(err).__name__}: {err}). Define it at the top level of a module (an import "
+                          "path MODULE:NAME always is), or set reward.isolate=false to run it in the trainer's "
+                          "process without reward.timeout_s") from None
+    return Isolated(reward, name, timeout_s)
 
 
 def user_reward(fn: Any, name: str) -> RewardFn:
@@ -262,17 +293,24 @@ def check_reward_params(name: str, params: Iterable[str], key: str = "", also: S
 
 
 def task_reward(task: Any, name: str = "auto", weights: Mapping[str, Any] | None = None, timeout_s: float = 5.0,
-                strict: bool = True) -> RewardFn:
+                strict: bool = True, isolated: bool = False) -> RewardFn:
     """The verifier a task is trained and evaluated with: its own reward (`name="auto"`), a named
     one, or a weighted combination, each part given `timeout_s` and `strict` when it takes them
-    (strict extraction only when the task's template asks for a final \\boxed{} answer)."""
+    (strict extraction only when the task's template asks for a final \\boxed{} answer); with
+    `isolated`, the parts from the user's code run in a worker under `timeout_s` (`isolate`)."""
     options = {"timeout_s": timeout_s, "strict": strict_for_task(task, strict)}
+    user = ""  # the name of a reward from the user's code
     if weights:
-        return get_reward(dict(weights), **options)
-    name = task.reward if name == "auto" else name
-    if not isinstance(name, str):  # a user's task with its own verifier function
-        return user_reward(name, f"{type(task).__name__}.reward")
-    return get_reward(name, **{k: v for k, v in options.items() if k in reward_options(name)})
+        reward = get_reward(dict(weights), **options)
+    else:
+        name = task.reward if name == "auto" else name
+        if not isinstance(name, str):  # a user's task with its own verifier function
+            user = f"{type(task).__name__}.reward"
+            reward = user_reward(name, user)
+        else:
+            user = name if is_import_path(name) else ""
+            reward = get_reward(name, **{k: v for k, v in options.items() if k in reward_options(name)})
+    return isolate(reward, timeout_s, user) if isolated else reward
 
 
 def reward_names() -> list[str]:
@@ -281,7 +319,7 @@ def reward_names() -> list[str]:
 
 
 __all__ = [
-    "REWARDS", "Combined", "Format", "Math", "MathVerifier", "Overlong", "PerExample", "RewardFn", "Scored",
+    "REWARDS", "Combined", "Format", "FaultWarnings", "Isolated", "RewardBroken", "isolate", "reward_label", "Math", "MathVerifier", "Overlong", "PerExample", "RewardFn", "Scored",
     "UserReward",
     "RewardResult", "asks_for_boxed", "boxed_answers", "check_user_rewards", "countdown", "exact_match",
     "get_reward", "math_verify_score", "overlong_penalty", "reward_entry", "reward_parts", "reward_names", "reward_options", "check_reward_params",

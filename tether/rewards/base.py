@@ -12,6 +12,8 @@ it wrong ("81 82" is not "81").
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol, Sequence
@@ -50,32 +52,82 @@ def score_batch(
     """Score many completions, through the reward's own batched path when it has one.
 
     `examples[i]` is the example `completions[i]` answers (repeat it for samples of one prompt).
+    A completion the reward raises on, or scores with something that is not a finite number, scores
+    0 (`score_all`); a reward that does so on every completion of the batch raises `RewardBroken`.
     """
+    results = score_all(reward, completions, examples)
+    failed = [r for r in results if r.reason.startswith(REWARD_ERROR)]
+    if results and len(failed) == len(results):
+        raise RewardBroken(reward_label(reward), failed[0].reason, completions[0])
+    return results
+
+
+def score_all(reward: RewardFn, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
+    """`score_batch` without its every-completion check: what an isolated reward's worker runs."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
     batched = getattr(reward, "score_batch", None)
-    if batched is not None:
-        return batched(completions, examples)
-    results = [_guarded(reward, c, e) for c, e in zip(completions, examples)]
-    failed = [r for r in results if r.reason.startswith(REWARD_ERROR)]
-    if results and len(failed) == len(results):
-        raise RuntimeError(
-            f"the reward {getattr(reward, '__name__', type(reward).__name__)} raised on every completion in "
-            f"the batch ({failed[0].reason}): that is a bug in the reward, not hostile output; fix the reward"
-        )
-    return results
+    if batched is None:
+        return [_guarded(reward, c, e) for c, e in zip(completions, examples)]
+    try:
+        results = batched(completions, examples)
+    except RewardBroken:
+        raise
+    except Exception as err:  # a user's batched reward that raises: every completion of it scores 0
+        return [_error(f"{type(err).__name__}: {str(err)[:80]}")] * len(completions)
+    if len(results) != len(completions):
+        return [_error(f"returned {len(results)} results for {len(completions)} completions")] * len(completions)
+    return [_checked(r) for r in results]
 
 
 REWARD_ERROR = "reward error"
 
 
+class RewardBroken(RuntimeError):
+    """A reward failed (raised, or gave no finite number) on every completion of a batch: a bug in the
+    reward, not hostile output. The trainer turns it into a one-line `error:` (exit 2) at a run's first
+    step, when nothing has been learned yet (docs/reliability.md)."""
+
+    def __init__(self, reward: str, reason: str, completion: str):
+        self.reward, self.reason, self.completion = reward, reason, completion
+        super().__init__(f"the reward {reward} failed on every completion of the batch ({reason}; one "
+                         f"completion: {brief(completion, 60)}): that is a bug in the reward, not hostile output; "
+                         f"fix the reward")
+
+
+def _error(detail: str, *extra: str) -> RewardResult:
+    return RewardResult(0.0, {}, f"{REWARD_ERROR}: {detail}", ("error", *extra))
+
+
+def _checked(result: Any) -> RewardResult:
+    """`result` when it is a RewardResult with a finite score, else a score of 0 with the reason."""
+    if not isinstance(result, RewardResult):
+        return _error(f"returned {type(result).__name__} {result!r:.40}, not a RewardResult")
+    if not isinstance(result.score, numbers.Real):
+        return _error(f"returned a score of type {type(result.score).__name__} {result.score!r:.40}")
+    if not math.isfinite(result.score):
+        return _error(f"returned a non-finite score ({result.score})", "nonfinite")
+    return result
+
+
 def _guarded(reward: RewardFn, completion: str, example: Example) -> RewardResult:
-    """One completion's reward; a reward that raises (a user's, on odd output) scores 0, and the
-    trainer counts it in `reward/errors`, instead of ending the run."""
+    """One completion's reward; a reward that raises (a user's, on odd output) or returns no finite
+    number scores 0, and the trainer counts it in `reward/errors`, instead of ending the run."""
     try:
-        return reward(completion, example)
+        return _checked(reward(completion, example))
     except Exception as err:
-        return RewardResult(0.0, {}, f"{REWARD_ERROR}: {type(err).__name__}: {str(err)[:80]}", ("error",))
+        return _error(f"{type(err).__name__}: {str(err)[:80]}")
+
+
+def reward_label(reward: Any) -> str:
+    """The name a message calls a reward by: its `name`, a combination's parts, else its function's or class's."""
+    parts = getattr(reward, "parts", None)
+    if parts is not None:
+        return " + ".join(name for name, _, _ in parts)
+    name = getattr(reward, "name", None)
+    if isinstance(name, str):
+        return name
+    return getattr(reward, "__name__", type(reward).__name__)
 
 
 @dataclass(frozen=True)
@@ -134,3 +186,33 @@ def verifier_faults(results: Sequence[RewardResult]) -> dict[str, float]:
 def brief(text: str, limit: int = 40) -> str:
     """`text` shortened for a reason string."""
     return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+FAULT_WORDS = {"timeout": ("timed out", "reward/timeouts"), "nonfinite": ("returned a non-finite score", "reward/errors"),
+               "error": ("failed", "reward/errors")}
+
+
+@dataclass
+class FaultWarnings:
+    """`warning:` lines for a reward's faults, rate-limited: one the first time each kind (an error,
+    a time-out, a non-finite score) occurs in a run, naming the reward, the reason and one offending
+    completion; later ones are only counted (`verifier_faults`, in metrics.jsonl)."""
+
+    reward: str
+    """The reward's name (`reward_label`)."""
+    seen: set[str] = field(default_factory=set)
+
+    def lines(self, step: int, completions: Sequence[str], results: Sequence[RewardResult]) -> list[str]:
+        out = []
+        for completion, result in zip(completions, results):
+            for kind in result.faults:
+                if kind in self.seen or kind not in FAULT_WORDS:
+                    continue
+                if kind == "error" and "nonfinite" in result.faults:
+                    continue  # said once, as a non-finite score
+                self.seen.add(kind)
+                what, metric = FAULT_WORDS[kind]
+                out.append(f"warning: step {step}: reward {self.reward} {what} on a completion, scored 0 "
+                           f"({result.reason}); the completion: {brief(completion, 80)}. Further ones are counted "
+                           f"in {metric} (metrics.jsonl) without a warning")
+        return out
