@@ -298,6 +298,7 @@ class Config:
         from . import objectives
 
         self.objective = objectives.resolve(self.objective, max_len=r.max_new_tokens, default=DEFAULT_OBJECTIVE)
+        self._check_objective_with_trainer()
         check_model_and_device(self)
 
     def _check_values(self) -> None:
@@ -331,15 +332,21 @@ class Config:
                 "model.lora with trainer.ref_update_every/ref_update_kl: under LoRA the reference is the base model "
                 "with the adapters disabled, which a refresh cannot move; set both to 0 (or train without model.lora)"
             )
-        if t.old_logprobs == "sampler":  # a constraint measured against pi_sampler would be identically inactive
-            for key, why in objectives.build(self.objective).config.vanishes_when_old_is_sampler().items():
-                raise ConfigError(f"objective.{key} with trainer.old_logprobs=sampler (pi_old = pi_sampler): {why}")
         if t.old_logprobs == "sampler" and (r.top_p < 1 or r.temperature == 0):
             raise ConfigError(
                 "trainer.old_logprobs=sampler: the sampler's log-probs are those of the full softmax only "
                 f"with rollout.top_p=1 and rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); "
                 "use trainer.old_logprobs=recompute"
             )
+
+    def _check_objective_with_trainer(self) -> None:
+        """The checks of the resolved objective against the trainer's and the rollout's settings."""
+        from . import objectives
+
+        t, r = self.trainer, self.rollout
+        if t.old_logprobs == "sampler":  # a constraint measured against pi_sampler would be identically inactive
+            for key, why in objectives.build(self.objective).config.vanishes_when_old_is_sampler().items():
+                raise ConfigError(f"objective.{key} with trainer.old_logprobs=sampler (pi_old = pi_sampler): {why}")
         if self.objective.get("sampler_kl_coef") and (r.top_p < 1 or r.temperature == 0):
             raise ConfigError(
                 f"objective.sampler_kl_coef={self.objective['sampler_kl_coef']}: the penalty compares log pi_theta "
