@@ -53,9 +53,12 @@ class LoRAConfig:
 @dataclass
 class ModelConfig:
     name_or_path: str = "tiny"
-    """A hub id or local directory for `from_pretrained`, or `tiny`: a tiny model built by `tether init-model`.
-    Checked on load without the network (a directory must hold config.json; `models/x` where models/ is a
-    local directory is read as a mistyped path), and its config read before a run writes anything."""
+    """A hub id or local directory for `from_pretrained`, a `.gguf` file (dequantised through transformers
+    once, into $TETHER_CACHE/gguf/, with the tokenizer and chat template from the same file; needs the gguf
+    extra), or `tiny`: a tiny model built by `tether init-model`. Checked on load without the network (a
+    directory must hold config.json; `models/x` where models/ is a local directory is read as a mistyped
+    path), and its config read before a run writes anything. `scripts/get_model.sh smollm2-135m` writes a
+    real model's directory (docs/models.md)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype; auto is float32 (the master weights of bf16 mixed precision on GPU, see
     trainer.autocast); bfloat16 trains pure bf16 weights and optimiser state (less memory)."""

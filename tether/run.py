@@ -289,10 +289,10 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
 
 def _tokenizer(name_or_path: str):
     """The tokenizer of model.name_or_path (for rendering prompts), or ConfigError saying why not."""
-    from transformers import AutoTokenizer
+    from .models import load_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
+        return load_tokenizer(name_or_path)
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.name_or_path={name_or_path!r}: its tokenizer cannot be loaded "
                           f"({str(err).splitlines()[0]}); check the path or hub id") from None

@@ -143,19 +143,12 @@ def _sample_batch(engine: Any, batch: list[Example], settings: EvalSettings, par
 # ---------------------------------------------------------------- the model
 
 
-def _local_or_hub(model_path: str | Path) -> str:
-    local = Path(model_path).expanduser()
-    return str(local) if local.exists() else str(model_path)
-
-
 def _tokenizer_for(model_path: str | Path) -> Any:
     """The model's tokenizer alone, so that data specs fail before a (slow) model load."""
-    from transformers import AutoTokenizer
-
-    from ..models import _check_source, prepare_tokenizer
+    from ..models import _check_source, load_tokenizer
 
     _check_source(str(model_path))  # the helpful "neither a directory nor a hub id" error
-    return prepare_tokenizer(AutoTokenizer.from_pretrained(_local_or_hub(model_path)))
+    return load_tokenizer(model_path)
 
 
 def _check_engine(name: str) -> None:
