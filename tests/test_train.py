@@ -53,9 +53,9 @@ def test_resume_matches_an_uninterrupted_run(tiny_dir, tmp_path):
                     resume_dir=str(part), log=lambda *_: None)
     a, b = _rows(full), _rows(resumed)
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
-    drop = {"time/step_s"}
-    for ra, rb in zip(a, b):
-        assert {k: v for k, v in ra.items() if k not in drop} == {k: v for k, v in rb.items() if k not in drop}
+    for ra, rb in zip(a, b):  # time/*: wall clock
+        assert {k: v for k, v in ra.items() if not k.startswith("time/")} == \
+            {k: v for k, v in rb.items() if not k.startswith("time/")}
     wa = load_file(str(full / "checkpoints" / "step_000004" / "model" / "model.safetensors"))
     wb = load_file(str(resumed / "checkpoints" / "step_000004" / "model" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -188,7 +188,7 @@ def _assert_same_metrics(on, off):
     for a, b in zip(on, off):
         assert set(a) == set(b)
         for key in a:
-            if key != "time/step_s":
+            if not key.startswith("time/"):
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
     assert any(abs(r["loss/policy"]) > 1e-4 for r in on[1:])
 
@@ -426,3 +426,16 @@ def test_held_out_accuracy_is_the_task_verifiers_never_the_training_reward(tiny_
         from tether.rewards import RewardResult
 
         accuracy([RewardResult(1.5)], "a weighted reward")
+
+
+def test_a_step_logs_where_its_time_went(tiny_dir, tmp_path):
+    """time/step_s was the only timing: a user could not tell where a 100 s step went. Each phase is
+    now logged: sampling, scoring, pi_old's and the reference's log-probs, the update; they are parts
+    of the step (their sum is at most its time), the skipped passes read 0."""
+    phases = ["time/sample_s", "time/score_s", "time/old_logprobs_s", "time/ref_logprobs_s", "time/update_s"]
+    run = train(_cfg(tiny_dir, tmp_path / "r", "trainer.total_steps=1", "objective=dapo"),
+                log=lambda *_: None)
+    for row in _rows(run)[1:]:
+        assert all(row[k] >= 0 for k in phases) and sum(row[k] for k in phases) <= row["time/step_s"]
+        assert row["time/sample_s"] > 0 and row["time/update_s"] > 0 and row["time/old_logprobs_s"] > 0
+        assert row["time/ref_logprobs_s"] == 0  # DAPO has no KL term: no reference pass
