@@ -353,6 +353,27 @@ def test_settings_json_is_exactly_the_settings_object_the_run_passes(tmp_path):
         settings.n = 2
 
 
+def test_threads_follow_the_trainers_rule_and_are_not_a_setting(tmp_path, monkeypatch, capsys):
+    """`tether eval` had no threads setting: torch took every core (18x slower than 1 thread on a loaded
+    2-core CPU, docs/performance.md). --threads N sets them; 0 (the default) is trainer.threads' auto."""
+    import torch
+
+    arith = load_eval_data("task:arithmetic", limit=1)
+    engine = ScriptedEngine({arith[0].prompt: [(arith[0].answer, "stop")]})
+    kwargs = dict(n=1, ks=(1,), limit=1, out_dir=tmp_path, progress=False, engine=engine)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    calls = []
+    evaluate("m", ["task:arithmetic"], threads=1, **kwargs)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(6)))
+    evaluate("m", ["task:arithmetic"], **kwargs)  # auto: 6 cores -> 3; the same settings (resumed)
+    assert calls == [1, 3] and "torch threads: 3 of 6 cores" in capsys.readouterr().err
+    evaluate("m", ["task:arithmetic"], threads=-1, **kwargs)  # torch's default: left alone
+    assert calls == [1, 3]
+    with pytest.raises(EvalError, match="threads: got -2"):
+        evaluate("m", ["task:arithmetic"], threads=-2, **kwargs)
+    assert eval_parser().parse_args(["eval", "m", "d", "--threads", "2"]).threads == 2
+
+
 def test_non_binary_reward_is_refused(tmp_path):
     arith = load_eval_data("task:arithmetic", limit=1)
     engine = ScriptedEngine({arith[0].prompt: [(arith[0].answer, "stop")]})

@@ -114,7 +114,8 @@ class Run:
         self.model.eval()
         with precision(self.device, self.cfg):
             return greedy_accuracy(self.engine, self.test_examples, self.verifier, self.cfg.rollout.max_new_tokens,
-                                   self.cfg.rollout.stop_strings, seed=self.cfg.trainer.seed)
+                                   self.cfg.rollout.stop_strings, seed=self.cfg.trainer.seed,
+                                   batch_size=self.cfg.trainer.eval_batch_size)
 
 
 def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
