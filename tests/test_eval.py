@@ -113,6 +113,25 @@ def test_extract_answer():
     assert extract_answer("  \n", "text") is None
 
 
+def test_maj_at_k_votes_on_the_lenient_verifiers_plain_text_answer(tmp_path):
+    """With a template that asks for the number alone (lenient extraction), votes counted only boxed
+    answers: maj@k read 0.000 while avg@1 read 0.395 and 0.910 on the same runs. A completion
+    without a box now votes with its last number, the answer the lenient verifier reads."""
+    assert extract_answer("The answer is 1,234.", "math", lenient=True) == "1234"
+    assert extract_answer("3 + 4 = 7 apples", "math", lenient=True) == "7"
+    assert extract_answer("so \\boxed{8}, not 9", "math", lenient=True) == "8"  # a box still wins
+    assert extract_answer("The answer is 7.", "math") is None  # strict: only a box votes
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "a", "problem": "What is 3 + 4?", "answer": "7"}) + "\n")
+    [problem] = load_eval_data(str(path), None, "{problem}\nAnswer with the number only.")
+    engine = ScriptedEngine({problem.prompt: [("7", "stop"), ("It is 7.", "stop"), ("8", "stop")]})
+    results = evaluate("scripted", [str(path)], n=3, ks=(1, 3), out_dir=tmp_path / "out", progress=False,
+                       engine=engine, template="{problem}\nAnswer with the number only.")
+    assert results["settings"]["extraction"] == "lenient"
+    summary = results["summary"]["p"]
+    assert summary["avg@3"] == pytest.approx(2 / 3) and summary["maj@3"] == 1.0  # "7" twice against "8" once
+
+
 # ---------------------------------------------------------------- data specs
 
 

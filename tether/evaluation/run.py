@@ -133,7 +133,7 @@ def _sample_batch(engine: Any, batch: list[Example], settings: EvalSettings, par
         records.append({
             "source": ex.meta["source"], "id": ex.id, "answer": ex.answer,
             "correct": [int(correct[i]) for i in rows],
-            "answers": [extract_answer(rollout.completions[i], kind) for i in rows],
+            "answers": [extract_answer(rollout.completions[i], kind, lenient=not settings.strict) for i in rows],
             "lengths": [lengths[i] for i in rows],
             "finish": [rollout.finish_reasons[i] for i in rows],
             "completions": [rollout.completions[i] for i in rows],
