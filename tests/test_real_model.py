@@ -4,6 +4,9 @@ handful of problems by `tether eval`, trained 2 RL steps with LoRA through `teth
 trainer's log-probs of the trained policy checked against a plain transformers forward of the same
 tokens (peft's merged model, full logits, log-softmax): the fused, chunked head, shared prompts,
 the tied output layer, the chat template and left padding agree with what transformers computes.
+
+What it adds to a CI run: 998 s on the 2-core CPU under a load average of 8-11 (the model already
+in the cache: 19 s to find it; a first fetch adds about 4 minutes), most of it the 2 training steps.
 """
 
 import json
