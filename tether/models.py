@@ -2,9 +2,11 @@
 
 Two entry points:
 
-- `load_model` opens any Hugging Face causal LM (a hub id or a local directory) and fixes the
-  two tokenizer settings that batched generation depends on: a pad token (falling back to eos)
-  and left padding, so the last prompt token of every row sits in the last column.
+- `load_model` opens any Hugging Face causal LM (a hub id, a local directory, or a `.gguf` file,
+  converted once into a cached directory by `tether.model_files.gguf_model_dir`) and fixes the
+  tokenizer settings that batched generation depends on: eos and pad as the model's own config
+  names them (`fix_special_tokens`: a GGUF conversion gets them wrong), a pad token (falling back
+  to eos) and left padding, so the last prompt token of every row sits in the last column.
 - `init_model` writes a freshly initialised Llama- or Qwen2-architecture model of about a
   million parameters, with a character-level tokenizer, into a directory that `load_model`
   (i.e. `from_pretrained`) then reads like any other checkpoint. A character vocabulary keeps
@@ -133,15 +135,20 @@ def is_adapter_dir(path: str | Path) -> bool:
 def model_source_problem(name_or_path: str) -> str:
     """Why `name_or_path` cannot be a model, found without the network, or "" when it may be one.
 
-    A local directory must hold a `config.json` (or a LoRA adapter's `adapter_config.json`). Any
+    A `.gguf` file must exist, be one (its first bytes) and the gguf package be installed. A local directory must hold a `config.json` (or a LoRA adapter's `adapter_config.json`). Any
     other name must have a hub id's shape ('owner/name'), and is then refused when it looks like a
     mistyped local path (its first part is a local directory, `runs/ckpt` for `runs/ckpt1`) or when
     the hub is off (HF_HUB_OFFLINE) and the model is not in the local cache.
     """
+    from .model_files import gguf_problem, is_gguf
+
     path = Path(name_or_path).expanduser()
+    if is_gguf(name_or_path):
+        return gguf_problem(path)
     if path.exists():
         if not path.is_dir():
-            return f"model {name_or_path!r} is a file; pass the model's directory (the one holding config.json)"
+            return (f"model {name_or_path!r} is a file; pass the model's directory (the one holding config.json) "
+                    "or a .gguf file")
         if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
             return (f"model directory {name_or_path!r} holds no config.json: it is not a saved model (a directory "
                     "written by save_pretrained, `tether init-model` or `tether export`)")
@@ -164,8 +171,8 @@ def model_source_problem(name_or_path: str) -> str:
 
 
 def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> None:
-    """Read the model's config.json (its directory, the Hugging Face cache, or the hub) before a run
-    writes anything: a ConfigError naming `key` when it cannot be read or names no known architecture,
+    """Read the model's config.json (its directory, the Hugging Face cache, the hub, or a GGUF file's
+    converted directory, converting it now) before a run writes anything: a ConfigError naming `key` when it cannot be read or names no known architecture,
     rather than a transformers traceback after the run directory was made."""
     from transformers import AutoConfig
 
@@ -174,7 +181,7 @@ def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> Non
     problem = model_source_problem(name_or_path)
     if not problem:
         try:
-            AutoConfig.from_pretrained(name_or_path, trust_remote_code=False)
+            AutoConfig.from_pretrained(local_source(name_or_path), trust_remote_code=False)
             return
         except (OSError, ValueError) as err:
             problem = f"model {name_or_path!r} cannot be read: {str(err).splitlines()[0]}"
@@ -202,6 +209,58 @@ def _check_source(name_or_path: str) -> None:
         raise FileNotFoundError(problem)
 
 
+def local_source(name_or_path: str | Path, log: Callable[[str], Any] = print) -> str:
+    """What `from_pretrained` reads for `name_or_path`: a `.gguf` file's converted directory
+    (converted on first use, `tether.model_files.gguf_model_dir`), a local path expanded, else the hub id."""
+    from .model_files import gguf_model_dir, is_gguf
+
+    if is_gguf(name_or_path):
+        return str(gguf_model_dir(name_or_path, log=log))
+    local = Path(name_or_path).expanduser()
+    return str(local) if local.exists() else str(name_or_path)
+
+
+def _ids(value: Any) -> list[int]:
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
+
+
+def fix_special_tokens(tokenizer: Any, config: Any, generation_config: Any = None) -> Any:
+    """Make the tokenizer's eos and pad the model's own, in place; returns the tokenizer.
+
+    The model's generation config (else its config) names the token it ends a turn with. When the
+    tokenizer's eos is not one of those ids, the first of them becomes its eos; a tokenizer with no
+    pad token takes the config's `pad_token_id` when it names one. A GGUF conversion needs this:
+    SmolLM2-135M-Instruct's file gives the tokenizer eos `<|im_start|>` and no pad, while its config
+    says eos = pad = `<|im_end|>`; `prepare_tokenizer` would then have padded with `<|im_start|>`.
+    A tokenizer that already agrees with its model (every Hugging Face directory tried) is unchanged.
+    `config`, `generation_config`: the model's (`model.config`, `model.generation_config`; None: none).
+    """
+    eos = _ids(getattr(generation_config, "eos_token_id", None)) or _ids(getattr(config, "eos_token_id", None))
+    size = len(tokenizer)
+    eos = [i for i in eos if 0 <= i < size]
+    if eos and tokenizer.eos_token_id not in eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos[0])
+    pad = _ids(getattr(config, "pad_token_id", None))
+    if tokenizer.pad_token is None and pad and 0 <= pad[0] < size:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad[0])
+    return tokenizer
+
+
+def load_tokenizer(name_or_path: str | Path) -> Any:
+    """The tokenizer of a model alone (no weights): `local_source`, its special tokens fixed from the
+    model's config (`fix_special_tokens`), a pad token and left padding (`prepare_tokenizer`)."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    source = local_source(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    try:
+        generation = GenerationConfig.from_pretrained(source)
+    except OSError:  # no generation_config.json: the config's own ids
+        generation = None
+    return prepare_tokenizer(fix_special_tokens(tokenizer, config, generation))
+
+
 def prepare_tokenizer(tokenizer: Any) -> Any:
     """Give a tokenizer a pad token (eos when it has none) and left padding, in place.
 
@@ -225,25 +284,25 @@ def load_model(
     """Load a causal LM and its tokenizer from a hub id or a local directory.
 
     Args:
-        name_or_path: hub id ("Qwen/Qwen2.5-0.5B") or a directory written by `save_pretrained`
-            (for example by `init_model`).
+        name_or_path: hub id ("Qwen/Qwen2.5-0.5B"), a directory written by `save_pretrained`
+            (for example by `init_model`), or a `.gguf` file (`local_source`).
         dtype: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16" or "float16".
         device: where to put the model.
         gradient_checkpointing: trade compute for activation memory during training.
 
     Returns:
-        (model, tokenizer); the tokenizer has a pad token and padding_side="left".
+        (model, tokenizer); the tokenizer's eos and pad are the model's (`fix_special_tokens`), it
+        has a pad token and padding_side="left".
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = str(name_or_path)
-    _check_source(source)
-    if Path(source).expanduser().exists():
-        source = str(Path(source).expanduser())
+    _check_source(str(name_or_path))
+    source = local_source(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     # trust_remote_code stays off: a model directory (a run's checkpoint included) cannot run code.
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=False).to(device)
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(source, trust_remote_code=False))
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    tokenizer = prepare_tokenizer(fix_special_tokens(tokenizer, model.config, model.generation_config))
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if gradient_checkpointing:
@@ -298,11 +357,14 @@ def init_model(
     seed: int = 0,
     charset: str | None = None,
     vocab_size: int | None = None,
+    tied: bool = False,
 ) -> Path:
     """Write a randomly initialised tiny causal LM and its character tokenizer to `out_dir`.
 
     The MLP width is 4 x hidden_size; with the defaults (128 x 4 layers, ~100 characters) the
-    model has about 1.1M parameters. Embeddings are untied, as in the measured CPU baselines.
+    model has about 1.1M parameters. Embeddings are untied, as in the measured CPU baselines;
+    `tied=True` shares the input embedding with the output layer, as SmolLM2, Qwen2.5-0.5B,
+    Llama-3.2-1B and Gemma do (the tests' stand-in for them).
     `vocab_size` pads the character vocabulary with filler tokens to that size (see
     `char_tokenizer`): the cost profile of a real LLM's head on a tiny body, for benchmarks.
     The settings are keyword-only, as the callers pass them (a few of eight each, by name).
@@ -326,7 +388,7 @@ def init_model(
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     archs = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
     if arch not in archs:

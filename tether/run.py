@@ -130,7 +130,8 @@ class Run:
         self.model.eval()
         with precision(self.device, self.cfg):
             return greedy_accuracy(self.engine, self.test_examples, self.verifier, self.cfg.rollout.max_new_tokens,
-                                   self.cfg.rollout.stop_strings, seed=self.cfg.trainer.seed)
+                                   self.cfg.rollout.stop_strings, seed=self.cfg.trainer.seed,
+                                   batch_size=self.cfg.trainer.eval_batch_size)
 
 
 def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
@@ -312,10 +313,10 @@ def _tokenizer(name_or_path: str):
         from .models import char_tokenizer
 
         return char_tokenizer()
-    from transformers import AutoTokenizer
+    from .models import load_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
+        return load_tokenizer(name_or_path)
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.name_or_path={name_or_path!r}: its tokenizer cannot be loaded "
                           f"({str(err).splitlines()[0]}); check the path or hub id") from None
@@ -382,7 +383,9 @@ def _load_policy(cfg: Config, source: str, log):
 
 def _engine(cfg: Config, model, tokenizer, device: torch.device, log):
     """The rollout engine, with its decode path in a log line (static cache + compiled step, or eager)."""
-    engine = get_engine(cfg.rollout.engine, model=model, tokenizer=tokenizer, compile=cfg.rollout.compile)
+    r = cfg.rollout
+    sized = {"kv_cache_bytes": r.vllm_kv_cache_mb << 20} if r.engine == "vllm" else {}  # hf's cache grows as it needs
+    engine = get_engine(r.engine, model=model, tokenizer=tokenizer, compile=r.compile, **sized)
     log(f"rollout: {engine.decode_path(device)}")
     return engine
 

@@ -111,24 +111,40 @@ def rollout_metrics(rollout, rewards: torch.Tensor, groups: torch.Tensor) -> dic
     }
 
 
+def _clocked(device: torch.device) -> float:
+    """`time.perf_counter()` after the device's queued work is done (CUDA runs asynchronously: without
+    the wait, one phase's kernels would be billed to the next)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: SamplingParams, seed: int,
             pad_id: int) -> Scored:
-    """Sample and score one batch; with dynamic sampling, drop flat groups and sample more."""
+    """Sample and score one batch; with dynamic sampling, drop flat groups and sample more. Its
+    metrics hold the seconds spent sampling (`time/sample_s`) and scoring (`time/score_s`)."""
     r = cfg.rollout
     want = r.prompts_per_step
     kept_rollouts, kept_examples, kept_results = [], [], []
     first_metrics = None
     rounds = 1 + (r.dynamic_sampling_max_rounds if r.dynamic_sampling else 0)
     have = 0
+    seconds = {"time/sample_s": 0.0, "time/score_s": 0.0}  # summed over dynamic sampling's rounds
     for k in range(rounds):
         examples = stream.take(want - have if k else want)
+        tic = time.perf_counter()
         rollout = engine.generate([e.prompt for e in examples], n=r.group_size, params=params, seed=seed + 7919 * k)
         faults.point("rollout")
+        seconds["time/sample_s"] += _clocked(rollout.mask.device) - tic
+        tic = time.perf_counter()
         scored = score_rollout(reward_fn, rollout, examples)
+        seconds["time/score_s"] += time.perf_counter() - tic
         rewards, per_sample, results = scored.rewards, scored.examples, scored.results
         groups = torch.tensor(rollout.prompt_index)
         if first_metrics is None:
             first_metrics = {**rollout_metrics(rollout, rewards, groups), **verifier_faults(results)}
+            first_metrics.update(seconds)  # the same dict: the later rounds' seconds add to it
+            seconds = first_metrics
         if not r.dynamic_sampling:
             return dataclasses.replace(scored, metrics=first_metrics)
         from .core.masked import group_summary
@@ -343,13 +359,19 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
         tokens, _ = truncated_out(scored.rollout, tokens)
     parts = reward_parts(run.reward_fn, scored.results) if run.obj.needs_reward_parts() else None
     adv = run.obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float(), parts).to(device)
+    clock = {"start": _clocked(device)}
     old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg, run.logprobs)
+    clock["old"] = _clocked(device)
     ref_lp = run.reference_logprobs(tokens)
+    clock["ref"] = _clocked(device)
     gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
     sampler_lp = sampler_logprobs(scored.rollout, tokens)
     batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp, sampler_lp)
     done = update(Optimiser(model, run.optimizer, run.scheduler), run.obj, batch, cfg, gen, run.logprobs)
     metrics, run.counters.step = done.metrics, step
+    metrics.update({"time/old_logprobs_s": 0.0 if old_lp is None else clock["old"] - clock["start"],
+                    "time/ref_logprobs_s": 0.0 if ref_lp is None else clock["ref"] - clock["old"],
+                    "time/update_s": _clocked(device) - clock["ref"]})  # a skipped pass: 0
     run.counters.opt_steps += done.opt_steps
     first = step == run.start + 1
     if first and t.share_prompts and t.fused_logprobs and not run.unfused and shared_prompt_reason(model):

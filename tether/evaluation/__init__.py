@@ -21,7 +21,10 @@ Where this departs from the papers, and why:
 1. pass@k is computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i), Chen et al.'s numerically stable
    form, rather than from binomials, which overflow floats for n in the hundreds.
 2. maj@k votes on *extracted strings* (the last `\\boxed{}` content, lightly normalised, for
-   math; the stripped completion for synthetic tasks), not on math-verify equivalence classes:
+   math; under lenient extraction a completion without a box votes with its last number, the
+   plain-text answer the lenient verifier reads, so that a template asking for the number alone
+   does not read maj@k 0.000 while avg@1 reads 0.395; the stripped completion for synthetic
+   tasks), not on math-verify equivalence classes:
    "0.5" and "\\frac{1}{2}" are two different votes. Grouping by the verifier would need n^2
    verifier calls per problem. Samples without an answer do not vote; ties go to the answer
    that appeared first. The voted answer is judged by the verifier's verdict on its first

@@ -45,15 +45,24 @@ def normalize_math_answer(text: str) -> str:
     return text.rstrip(".")
 
 
-def extract_answer(completion: str, kind: str) -> str | None:
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def extract_answer(completion: str, kind: str, lenient: bool = False) -> str | None:
     """The answer a completion gives, for majority voting; None when it gives none.
 
-    kind "math": the content of the last `\\boxed{}`, normalised (`normalize_math_answer`);
-    any other kind: the stripped completion (what exact_match and countdown compare).
+    kind "math": the content of the last `\\boxed{}`, normalised (`normalize_math_answer`); with
+    `lenient` extraction (a template that asks for no box, or --lenient), a completion without a box
+    votes with its last number, thousands commas dropped, as the lenient verifier reads plain text
+    (the package header, departure 2). Any other kind: the stripped completion (what exact_match
+    and countdown compare).
     """
     if kind == "math":
         boxes = boxed_answers(completion)
         answer = normalize_math_answer(boxes[-1]) if boxes else ""
+        if not answer and lenient:
+            numbers = _NUMBER.findall(completion)
+            answer = numbers[-1].replace(",", "") if numbers else ""
     else:
         answer = completion.strip()
     return answer or None

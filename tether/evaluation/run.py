@@ -28,7 +28,7 @@ def evaluate(model_path: str | Path, data_specs: Sequence[str], **options: Any) 
         options: the fields of `EvalOptions`, by name: n=16, ks=(1, 4, 16), temperature=0.6,
             top_p=0.95, max_new_tokens=None, out_dir=None, seed=0, batch_prompts=8, progress=True,
             reward=None, strict=True, template="boxed", limit=None, stop_strings=(), engine=None,
-            device="auto", dtype="auto".
+            device="auto", dtype="auto", threads=0.
 
     Returns:
         {"settings", "ks", "data", "summary": {source: metrics}, "problems": [rows]}, also
@@ -60,6 +60,7 @@ def _run(*, out: Path, settings: EvalSettings, options: EvalOptions, ks: list[in
     examples = unique_problems([ex for spec in data_specs
                                 for ex in load_eval_data(spec, tokenizer, settings.template, options.limit)])
     todo = [ex for ex in examples if problem_key(ex) not in done]
+    _set_threads(options.threads)
     if todo and by_name:
         engine = _engine_for(model_path, options.device, options.dtype, engine or "hf")
     check_settings(out, settings)
@@ -132,7 +133,7 @@ def _sample_batch(engine: Any, batch: list[Example], settings: EvalSettings, par
         records.append({
             "source": ex.meta["source"], "id": ex.id, "answer": ex.answer,
             "correct": [int(correct[i]) for i in rows],
-            "answers": [extract_answer(rollout.completions[i], kind) for i in rows],
+            "answers": [extract_answer(rollout.completions[i], kind, lenient=not settings.strict) for i in rows],
             "lengths": [lengths[i] for i in rows],
             "finish": [rollout.finish_reasons[i] for i in rows],
             "completions": [rollout.completions[i] for i in rows],
@@ -143,19 +144,26 @@ def _sample_batch(engine: Any, batch: list[Example], settings: EvalSettings, par
 # ---------------------------------------------------------------- the model
 
 
-def _local_or_hub(model_path: str | Path) -> str:
-    local = Path(model_path).expanduser()
-    return str(local) if local.exists() else str(model_path)
-
-
 def _tokenizer_for(model_path: str | Path) -> Any:
     """The model's tokenizer alone, so that data specs fail before a (slow) model load."""
-    from transformers import AutoTokenizer
-
-    from ..models import _check_source, prepare_tokenizer
+    from ..models import _check_source, load_tokenizer
 
     _check_source(str(model_path))  # the helpful "neither a directory nor a hub id" error
-    return prepare_tokenizer(AutoTokenizer.from_pretrained(_local_or_hub(model_path)))
+    return load_tokenizer(model_path)
+
+
+def _set_threads(setting: int) -> None:
+    """torch's CPU threads by the trainer's rule (`run.cpu_threads`: 0 auto, -1 torch's default); the
+    auto choice is said on stderr, as the trainer logs it."""
+    import torch
+
+    from ..run import cpu_threads
+
+    threads, why = cpu_threads(setting)
+    if threads:
+        torch.set_num_threads(threads)
+    if why:
+        print(why, file=sys.stderr)
 
 
 def _check_engine(name: str) -> None:

@@ -64,10 +64,15 @@ class EvalOptions:
     """Where the model is loaded ("auto": CUDA when available and the model is not too small)."""
     dtype: str = "auto"
     """The model's dtype."""
+    threads: int = 0
+    """torch CPU threads, as `trainer.threads`: 0 auto (half the cores this process may use, 1 to 8),
+    -1 torch's default (every core), N. Not a setting (the samples do not depend on it)."""
 
     def kept_ks(self) -> list[int]:
         """The distinct k <= n, sorted; an EvalError unless n >= 1, batch_prompts >= 1 and one is left."""
         ks = sorted({int(k) for k in self.ks if int(k) <= self.n})
+        if self.threads < -1:
+            raise EvalError(f"threads: got {self.threads}, expected 0 (auto), -1 (torch's default) or N >= 1")
         if self.n < 1 or self.batch_prompts < 1 or not ks or min(ks) < 1:
             raise EvalError(f"need n >= 1, batch_prompts >= 1 and some 1 <= k <= n; got n={self.n}, "
                             f"batch_prompts={self.batch_prompts}, ks={ks}")
@@ -82,8 +87,8 @@ class EvalOptions:
 @dataclass(frozen=True)
 class EvalSettings:
     """What the samples depend on, field for field what `settings.json` records: an output
-    directory is resumed only with equal settings. `batch_prompts`, the device and the dtype are
-    not settings."""
+    directory is resumed only with equal settings. `batch_prompts`, the device, the dtype and the
+    threads are not settings."""
 
     model: str
     """A local model directory's resolved path (one name from any cwd), else the hub id as given."""

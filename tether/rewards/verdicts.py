@@ -29,10 +29,11 @@ def accuracy(results: Sequence[RewardResult], verifier: object = "the verifier")
 
 
 def greedy_accuracy(engine: Any, examples: Sequence[Example], verifier: RewardFn, max_new_tokens: int,
-                    stop_strings: Sequence[str] = (), seed: int = 0) -> dict[str, float]:
+                    stop_strings: Sequence[str] = (), seed: int = 0, batch_size: int | None = None) -> dict[str, float]:
     """Held-out accuracy as the trainer measures it: one greedy completion per example of `engine`
     (a `tether.rollout.RolloutEngine`), scored by the task's 0/1 `verifier` (`accuracy`, never a
-    shaped training reward), and the mean completion length in tokens: {"eval/accuracy", "eval/len_mean"}."""
+    shaped training reward), and the mean completion length in tokens: {"eval/accuracy", "eval/len_mean"}.
+    `batch_size` examples per `generate` call (None: all at once; `trainer.eval_batch_size`)."""
     import torch
 
     from ..rollout import SamplingParams
@@ -40,10 +41,15 @@ def greedy_accuracy(engine: Any, examples: Sequence[Example], verifier: RewardFn
     if not examples:
         raise ValueError("no examples to evaluate")
     params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
-    with torch.no_grad():
-        rollout = engine.generate([e.prompt for e in examples], n=1, params=params, seed=seed)
-    return {"eval/accuracy": accuracy(score_rollout(verifier, rollout, list(examples)).results, verifier),
-            "eval/len_mean": rollout.mask.sum(1).float().mean().item()}
+    size = batch_size or len(examples)
+    results, lengths = [], []
+    for start in range(0, len(examples), size):
+        chunk = list(examples[start : start + size])
+        with torch.no_grad():
+            rollout = engine.generate([e.prompt for e in chunk], n=1, params=params, seed=seed)
+        results += score_rollout(verifier, rollout, chunk).results
+        lengths += rollout.mask.sum(1).tolist()
+    return {"eval/accuracy": accuracy(results, verifier), "eval/len_mean": sum(lengths) / len(lengths)}
 
 
 __all__ = ["accuracy", "check_verdicts", "greedy_accuracy"]

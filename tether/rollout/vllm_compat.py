@@ -20,7 +20,13 @@ A new vLLM release is a review of this file:
      `vllm.model_executor.model_loader.reload.layerwise`: the rotary cos/sin cache is computed, never
      in a checkpoint, and vLLM puts the existing one back (log-probs still equal the trainer's to
      1e-6, tests/test_rollout_vllm.py). `push_weights` drops that one message (a line every step
-     otherwise); any other layer's failure is still logged.
+     otherwise); any other layer's failure is still logged, and returned: the engine refuses to
+     sample from a layer left on its old (at start: random) weights.
+  6. Tied input/output embeddings: a reload materialises the tied `ParallelLMHead` apart from the
+     embedding and, since a tied model's `load_weights` skips `lm_head.*`, leaves it on its dummy
+     random weights (warning "ParallelLMHead: Failed to load weights"; every model that ties,
+     SmolLM2, Qwen2.5-0.5B/1.5B, Llama-3.2-1B, Gemma, sampled from a random output layer). The engine
+     therefore starts vLLM on an untied copy of the config and pushes `lm_head.weight` itself.
 """
 
 from __future__ import annotations
@@ -101,13 +107,36 @@ def _not_rotary_reload(record: logging.LogRecord) -> bool:
     return not (record.getMessage().startswith("RotaryEmbedding") and "Failed to load weights" in record.getMessage())
 
 
-def push_weights(llm: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Load Hugging Face-named weights into the live engine and drop its prefix cache."""
+class _Failures(logging.Handler):
+    """Collects the reload's "LAYER: Failed to load weights" records (the layers left on their old weights)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.layers: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "Failed to load weights" in message:
+            self.layers.append(message.split(":")[0])
+
+
+def push_weights(llm: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """Load Hugging Face-named weights into the live engine and drop its prefix cache; returns the
+    layers whose weights did not load (item 5: the rotary cache is not one), [] when all did."""
     reload_log = logging.getLogger(RELOAD_LOGGER)
     if _not_rotary_reload not in reload_log.filters:
         reload_log.addFilter(_not_rotary_reload)
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
+    failures, level = _Failures(), reload_log.level
+    reload_log.addHandler(failures)
+    if not reload_log.isEnabledFor(logging.WARNING):  # VLLM_LOGGING_LEVEL=ERROR must not hide a failure
+        reload_log.setLevel(logging.WARNING)
+    try:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
+    finally:
+        reload_log.removeHandler(failures)
+        reload_log.setLevel(level)
     llm.reset_prefix_cache()
+    return failures.layers
 
 
 def sampling_params(**kwargs: Any) -> Any:

@@ -18,8 +18,9 @@ internal this touches), and fills the contract of `tether.rollout.base` the way 
      leaves vLLM's own stream (not reproducible).
 
 Weights: the engine starts with random weights (`load_format="dummy"`: only the config and the
-tokenizer are written, to a temporary directory, since vLLM loads a model by path) and, before
-every `generate`, pushes the live policy's weights if any parameter changed in place since the last
+tokenizer are written, to a temporary directory, since vLLM loads a model by path; a tied model's
+config untied, `vllm_compat` item 6), pushes the policy's at once, refusing to start when any
+layer's did not load, and, before every `generate`, pushes the live policy's weights if any parameter changed in place since the last
 push (tracked by torch's per-tensor version counters, so an optimiser step, a `load_state_dict` or
 a LoRA update is seen and an unchanged model costs nothing). Under LoRA the pushed weights are
 the merged ones, W + scale * B A, computed without touching the trained model. A resumed run
@@ -42,6 +43,8 @@ Departures from the `hf` engine, and why:
 
 from __future__ import annotations
 
+import copy
+import gc
 import tempfile
 import time
 from pathlib import Path
@@ -65,7 +68,7 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     A peft LoRA layer (`base_layer` plus `lora_A`/`lora_B`) yields `<name>.weight` =
     base weight + its delta weight (peft's `get_delta_weight`: scale * B A); the adapters' own
     parameters are not yielded, and `.base_layer.` leaves the other names. Plain models: their
-    `named_parameters`, unchanged. Detached: nothing here joins the autograd graph.
+    `named_parameters`, unchanged, a tied weight under each of its names. Detached: nothing here joins the autograd graph.
     """
     merged: set[str] = set()
     with torch.no_grad():
@@ -77,7 +80,9 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
                         weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
                 merged.add(f"{name}.base_layer.weight")
                 yield f"{name}.weight", weight.detach()
-        for name, param in model.named_parameters():
+        # remove_duplicate=False: a tied output layer is yielded under its own name too (`lm_head.weight`),
+        # which the engine's untied copy of the model loads (vllm_compat item 6)
+        for name, param in model.named_parameters(remove_duplicate=False):
             if name in merged or ".lora_" in name:
                 continue
             yield name.replace(".base_layer.", "."), param.detach()
@@ -98,14 +103,14 @@ class VLLMEngine:
         add_special_tokens: passed to the tokenizer when encoding prompts.
         max_model_len: the longest prompt + completion the engine serves; None: the model's
             `max_position_embeddings`, at most 4096.
-        kv_cache_bytes: memory for vLLM's KV cache (CPU or GPU), 256 MiB by default: enough for
-            thousands of rows of a small model; raise it for a large one.
+        kv_cache_bytes: memory for vLLM's KV cache (CPU or GPU); the default is
+            `rollout.vllm_kv_cache_mb`'s, 1 GiB (23k tokens of SmolLM2-135M in float32).
         gpu_memory_utilization: vLLM's share of the GPU it may assume (on CUDA: training shares it).
     """
 
     def __init__(self, model: Any, tokenizer: Any, compile: bool | Literal["auto"] = "auto",
                  add_special_tokens: bool = False, max_model_len: int | None = None,
-                 kv_cache_bytes: int = 256 << 20, gpu_memory_utilization: float = 0.3):
+                 kv_cache_bytes: int = 1024 << 20, gpu_memory_utilization: float = 0.3):
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; load it with tether.models.load_model or set one")
         if compile not in (True, False, "auto"):
@@ -117,6 +122,9 @@ class VLLMEngine:
         self.device = next(model.parameters()).device
         eager = not compile if compile != "auto" else self.device.type != "cuda"
         self._dir = tempfile.TemporaryDirectory(prefix="tether-vllm-")  # removed with the engine
+        if getattr(config, "tie_word_embeddings", False):  # vllm_compat item 6: vLLM's copy is untied
+            config = copy.deepcopy(config)
+            config.tie_word_embeddings = False
         config.save_pretrained(self._dir.name)
         tokenizer.save_pretrained(self._dir.name)
         tic = time.perf_counter()
@@ -127,6 +135,14 @@ class VLLMEngine:
         self.eager = eager
         self._pushed: tuple | None = None
         self.sync_seconds = 0.0  # the last weight push's time (0 when none was needed)
+        try:
+            self.sync_weights()  # now: an engine whose weights do not all load never starts
+        except RuntimeError:
+            # shut vLLM down here, not whenever the garbage collector finds it: its teardown resets
+            # process-wide parallel state that a later engine in this process relies on
+            self.llm = None
+            gc.collect()
+            raise
 
     missing_reason = staticmethod(vllm_compat.missing_reason)
 
@@ -143,7 +159,13 @@ class VLLMEngine:
             return False
         tic = time.perf_counter()
         with vllm_compat.preserved_process_state():
-            vllm_compat.push_weights(self.llm, policy_weights(self.model))
+            failed = vllm_compat.push_weights(self.llm, policy_weights(self.model))
+        if failed:
+            raise RuntimeError(
+                f"vLLM engine: the policy's weights did not load into {', '.join(sorted(set(failed)))} (vLLM's reload "
+                f"skipped them), so it would sample from their old or random values; not sampling. This model's "
+                f"architecture ({type(self.model).__name__}) needs support in tether/rollout/vllm_compat.py; "
+                "use rollout.engine=hf meanwhile")
         self._pushed, self.sync_seconds = fingerprint, time.perf_counter() - tic
         return True
 
