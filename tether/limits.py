@@ -35,7 +35,9 @@ def model_context(name_or_path: str) -> Optional[int]:
         return int(init_model.__kwdefaults__["max_positions"])
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=False)
+    from .models import local_source  # a .gguf file reads as its converted directory
+
+    config = AutoConfig.from_pretrained(local_source(name_or_path), trust_remote_code=False)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
