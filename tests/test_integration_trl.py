@@ -14,6 +14,7 @@ What these prove:
   loss, updated weights and logged metrics, with group statistics, batch whitening and a reference.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -388,24 +389,30 @@ def test_every_objective_trains_off_policy_in_the_adapter(tiny_dir, tmp_path, ob
             torch.testing.assert_close(r["loss"], expected, rtol=1e-5, atol=1e-7)
 
 
-def test_rollout_correction_reads_injected_sampler_logprobs(tiny_dir, tmp_path):
-    # Issue 18, item 2: TRL hands vLLM's log-probs over as `sampling_per_token_logps`; here they are
-    # injected (pi_old plus noise) as vLLM would, and the objective's correction weighs each token.
+def _train_on_injected_sampler_logprobs(tiny_dir, tmp_path, spec, seed):
+    """Two optimiser steps of `spec` whose sampler log-probs are injected (pi_old plus noise) as TRL hands vLLM's
+    over (`sampling_per_token_logps`); the trainer and each loss evaluation's (inputs, batch, out)."""
+
     class Injected(TetherGRPOTrainer):
         def on_generation_batch(self, out):
             out = super().on_generation_batch(out)
             old = out["old_per_token_logps"]
-            g = torch.Generator().manual_seed(0)
+            g = torch.Generator().manual_seed(seed)
             out["sampling_per_token_logps"] = old + 0.2 * torch.randn(old.shape, generator=g).to(old.device)
             return out
 
     records = []
-    spec = {"preset": "dapo", "rollout_correction": {"mode": "truncate", "high": 1.5}}
     trainer = Injected(str(tiny_dir), odd_chars, _args(tmp_path, num_iterations=2),
                        train_dataset=Dataset.from_dict({"prompt": PROMPTS}), objective=spec,
                        on_objective=lambda inputs, batch, out: records.append((inputs, batch, out)))
     trainer.train()
-    obj = trainer.tether_objective
+    return trainer, records
+
+
+def test_rollout_correction_reads_injected_sampler_logprobs(tiny_dir, tmp_path):
+    # Issue 18, item 2: the objective's correction weighs each token by the injected sampler log-probs.
+    spec = {"preset": "dapo", "rollout_correction": {"mode": "truncate", "high": 1.5}}
+    _, records = _train_on_injected_sampler_logprobs(tiny_dir, tmp_path, spec, seed=0)
     for inputs, batch, out in records:
         assert torch.equal(batch.sampler_logprobs, inputs["sampling_per_token_logps"])
         assert out.metrics["rollout_correction/mismatch_k3"] > 0
@@ -417,24 +424,10 @@ def test_rollout_correction_reads_injected_sampler_logprobs(tiny_dir, tmp_path):
 
 def test_vespo_and_the_sampler_kl_read_injected_sampler_logprobs(tiny_dir, tmp_path):
     # Issue 30: VESPO folds the rollout-correction weights into its sequence ratio and sampler_kl_coef adds
-    # tau (log pi_theta - log pi_sampler)^2; both read TRL's sampling_per_token_logps (injected here as vLLM would).
-    class Injected(TetherGRPOTrainer):
-        def on_generation_batch(self, out):
-            out = super().on_generation_batch(out)
-            old = out["old_per_token_logps"]
-            g = torch.Generator().manual_seed(1)
-            out["sampling_per_token_logps"] = old + 0.2 * torch.randn(old.shape, generator=g).to(old.device)
-            return out
-
-    records = []
+    # tau (log pi_theta - log pi_sampler)^2; both read TRL's sampling_per_token_logps.
     spec = {"preset": "vespo", "rollout_correction": {"mode": "truncate", "high": 1.5}, "sampler_kl_coef": 0.01}
-    trainer = Injected(str(tiny_dir), odd_chars, _args(tmp_path, num_iterations=2),
-                       train_dataset=Dataset.from_dict({"prompt": PROMPTS}), objective=spec,
-                       on_objective=lambda inputs, batch, out: records.append((batch, out)))
-    trainer.train()
-    import dataclasses
-
-    for batch, out in records:
+    trainer, records = _train_on_injected_sampler_logprobs(tiny_dir, tmp_path, spec, seed=1)
+    for _, batch, out in records:
         again = trainer.tether_objective(dataclasses.replace(batch, logprobs=batch.logprobs.detach()))
         torch.testing.assert_close(out.loss.detach(), again.loss, rtol=1e-6, atol=1e-8)
         assert out.metrics["loss/sampler_kl"] > 0 and 0 < out.metrics["rollout_correction/truncated_frac"] < 1
