@@ -7,8 +7,9 @@ imported when the reward is unpickled). Protocol, over one socket wrapped in a `
     parent -> worker  [args, ...]                      a batch, or None to stop
     worker -> parent  (index, callable(*args))         one message per item
 
-The callable is `isolated.call_guarded` bound to the reward: it never raises (a raising reward
-is a result with a reason), so the worker only dies when the reward kills the process.
+The callable is `isolated.score_in_worker` bound to the reward (`base.score_all`): it never
+raises (a raising reward is a result with a reason), so the worker only dies when the reward
+kills the process.
 """
 
 from __future__ import annotations

@@ -22,23 +22,22 @@ class defined at the top level of a module (an import path always is). `isolate`
 that is not (a lambda, a function defined inside another) with a ConfigError naming the fix.
 `reward.isolate=false` runs user rewards in the trainer's process instead, without a time limit.
 The per-step cost of the worker is measured in docs/performance.md ("Reward isolation").
+The process handling (start, handshake, kill, the score loop) is `worker.Worker`, shared with
+the math verifier (`math_verifier.MathVerifier`).
 """
 
 from __future__ import annotations
 
 import pickle
-import socket
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..tasks import Example
 from .base import RewardFn, RewardResult, score_all
+from .worker import Worker
 
 _WORKER = Path(__file__).with_name("_reward_worker.py")
 
@@ -49,7 +48,7 @@ def score_in_worker(reward: RewardFn, completions: Sequence[str], examples: Sequ
 
 
 @dataclass
-class Isolated:
+class Isolated(Worker):
     """`reward` scored in a worker process, each completion within `timeout_s` (module docstring).
 
     Attributes:
@@ -57,66 +56,23 @@ class Isolated:
         name: what the warnings and reasons call it (the import path, or the task's reward).
         timeout_s: the longest one completion may take before the worker is killed.
         start_timeout_s: the longest a worker start may take (importing the reward's module).
-        restarts: workers killed (timeouts, crashes); starts / start_s: workers started, seconds.
+        restarts: workers killed (timeouts, crashes); starts / start_s / last_start_s: workers
+            started, seconds spent starting them, the latest start's seconds (`Worker`).
     """
 
     reward: RewardFn
     name: str
     timeout_s: float = 5.0
     start_timeout_s: float = 120.0
-    restarts: int = field(default=0, init=False)
-    starts: int = field(default=0, init=False)
-    start_s: float = field(default=0.0, init=False)
-    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
-    _conn: Connection | None = field(default=None, init=False, repr=False)
 
-    def _start(self) -> Connection:
-        if self._conn is not None and self._proc is not None and self._proc.poll() is None:
-            return self._conn
-        self.close()
-        began = time.perf_counter()
-        ours, theirs = socket.socketpair()
-        self._proc = subprocess.Popen([sys.executable, str(_WORKER), str(theirs.fileno())],
-                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        theirs.close()
-        self._conn = Connection(ours.detach())
-        self._conn.send((list(sys.path), pickle.dumps(partial(score_in_worker, self.reward))))
-        reply: Any = None
-        if self._conn.poll(self.start_timeout_s):
-            try:
-                reply = self._conn.recv()
-            except (EOFError, OSError):
-                reply = ("error", "the worker exited during start-up")
-        if reply != "ready":
-            self.close(graceful=False)
-            detail = reply[1] if isinstance(reply, tuple) else f"no reply within {self.start_timeout_s} s"
-            raise RuntimeError(f"the worker of reward {self.name} failed to start: {detail}")
-        self.starts += 1
-        self.start_s += time.perf_counter() - began
-        return self._conn
+    def _script(self) -> Path:
+        return _WORKER
 
-    def close(self, graceful: bool = True) -> None:
-        """Stop the worker (a later call starts a new one)."""
-        if self._conn is not None:
-            if graceful:
-                try:
-                    self._conn.send(None)
-                except OSError:
-                    pass
-            self._conn.close()
-        if self._proc is not None:
-            if graceful:
-                try:
-                    self._proc.wait(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    pass
-            if self._proc.poll() is None:
-                self._proc.kill()
-                self._proc.wait()
-        self._proc, self._conn = None, None
+    def _hello(self) -> Any:
+        return (list(sys.path), pickle.dumps(partial(score_in_worker, self.reward)))
 
-    def _failed(self, why: str, fault: str) -> RewardResult:
-        return RewardResult(0.0, {}, why, (fault,))
+    def _who(self) -> str:
+        return f"the worker of reward {self.name}"
 
     def score_batch(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
         """Each completion's result, within `timeout_s` each; never hangs, never raises on a reward's failure."""
@@ -126,34 +82,21 @@ class Isolated:
         else:
             items = [([c], [e]) for c, e in zip(completions, examples)]
             limit = self.timeout_s
-        done: list[list[RewardResult] | None] = [None] * len(items)
-        start = 0
-        while start < len(items):
-            conn = self._start()
-            conn.send(items[start:])
-            index = start
-            for index in range(start, len(items)):
-                failure = None
-                if not conn.poll(limit):
-                    failure = self._failed(f"timeout: reward {self.name} took longer than reward.timeout_s="
-                                           f"{self.timeout_s:g} s", "timeout")
-                else:
-                    try:
-                        i, results = conn.recv()
-                        done[start + i] = results
-                    except (EOFError, OSError):
-                        failure = self._failed(f"reward error: the worker of reward {self.name} died", "error")
-                if failure is not None:
-                    done[index] = [failure] * len(items[index][0])
-                    self.restarts += 1
-                    self.close(graceful=False)
-                    break
-            start = index + 1
+        done: list[list[RewardResult]] = [[] for _ in items]
+
+        def scored(index: int, reply: list[Any]) -> None:
+            done[index] = reply[0]
+
+        def failed(index: int, why: str) -> None:
+            if why == "timeout":
+                failure = RewardResult(0.0, {}, f"timeout: reward {self.name} took longer than reward.timeout_s="
+                                                 f"{self.timeout_s:g} s", ("timeout",))
+            else:
+                failure = RewardResult(0.0, {}, f"reward error: the worker of reward {self.name} died", ("error",))
+            done[index] = [failure] * len(items[index][0])
+
+        self.run(items, limit, scored, failed)
         return [result for results in done for result in results]
 
     def __call__(self, completion: str, example: Example) -> RewardResult:
         return self.score_batch([completion], [example])[0]
-
-    def __del__(self) -> None:
-        if self._proc is not None:
-            self.close(graceful=False)

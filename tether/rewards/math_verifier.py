@@ -21,7 +21,8 @@ start, about 1 s", and the tests did not count the start inside a call: on a 16-
 The worker is a plain `subprocess` running `_math_worker.py`, not a `multiprocessing` spawn:
 spawn re-imports the parent's `__main__`, which breaks (or re-runs) scripts without an
 `if __name__ == "__main__":` guard and code piped through stdin. POSIX only (it passes a
-socket by file descriptor).
+socket by file descriptor). The process handling (start, handshake, kill, the score loop) is
+`worker.Worker`, shared with a user's isolated reward (`isolated.Isolated`).
 
 What is compared, and how (strict or lenient extraction, percent and comma normalisation, how
 the gold is parsed and cached), is described in `_math_worker.py`'s header. Strict extraction
@@ -32,19 +33,15 @@ any number in the completion could ("blah 2 blah" scored 1 against gold "2").
 from __future__ import annotations
 
 import pickle
-import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..tasks import Example
 from ._math_worker import math_verify_score
 from .base import RewardResult
-
+from .worker import Worker
 
 
 def _faults(reason: str) -> tuple[str, ...]:
@@ -61,7 +58,7 @@ _WORKER = Path(__file__).with_name("_math_worker.py")
 
 
 @dataclass
-class MathVerifier:
+class MathVerifier(Worker):
     """A persistent verification worker with a per-item hard time bound (module docstring).
 
     Attributes:
@@ -74,10 +71,8 @@ class MathVerifier:
         start_timeout_s: the longest a fresh worker may take to start (else RuntimeError).
         memory_limit_mb: the worker's address-space cap (0: none); an answer that would need
             more (sympy evaluating 9^9^9^9) fails with MemoryError, reason "verifier error".
-        restarts: how many times a worker was killed (timeouts and crashes).
-        starts: how many workers were started.
-        start_s: seconds spent starting them, in all.
-        last_start_s: seconds the latest worker start took (0 before the first).
+        restarts, starts, start_s, last_start_s: workers killed (timeouts and crashes), workers
+            started, seconds spent starting them in all, and the latest start's (`Worker`).
     """
 
     timeout_s: float = 5.0
@@ -85,67 +80,19 @@ class MathVerifier:
     verify_fn: VerifyFn | None = None
     start_timeout_s: float = 120.0
     memory_limit_mb: int = 4096
-    restarts: int = field(default=0, init=False)
-    starts: int = field(default=0, init=False)
-    start_s: float = field(default=0.0, init=False)
-    last_start_s: float = field(default=0.0, init=False)
-    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
-    _conn: Connection | None = field(default=None, init=False, repr=False)
 
-    def start(self) -> Connection:
-        """The live worker's connection, starting a worker first when none is alive."""
-        if self._conn is not None and self._proc is not None and self._proc.poll() is None:
-            return self._conn
-        self.close()
-        began = time.perf_counter()
-        ours, theirs = socket.socketpair()
-        self._proc = subprocess.Popen(
-            [sys.executable, str(_WORKER), str(theirs.fileno()), str(self.memory_limit_mb)],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-        )
-        theirs.close()
-        self._conn = Connection(ours.detach())
+    def _script(self) -> Path:
+        return _WORKER
+
+    def _args(self) -> list[str]:
+        return [str(self.memory_limit_mb)]
+
+    def _hello(self) -> Any:
         fn = None if self.verify_fn is None else pickle.dumps(self.verify_fn)
-        self._conn.send((list(sys.path), fn, self.strict))
-        reply: Any = None
-        if self._conn.poll(max(0.0, self.start_timeout_s - (time.perf_counter() - began))):
-            try:
-                reply = self._conn.recv()
-            except (EOFError, OSError):
-                reply = ("error", "worker exited during start-up")
-        if reply != "ready":
-            self.close(graceful=False)
-            detail = reply[1] if isinstance(reply, tuple) else f"no reply within {self.start_timeout_s} s"
-            raise RuntimeError(f"math verification worker failed to start: {detail}")
-        self.starts += 1
-        self.last_start_s = time.perf_counter() - began
-        self.start_s += self.last_start_s
-        return self._conn
+        return (list(sys.path), fn, self.strict)
 
-    def close(self, graceful: bool = True) -> None:
-        """Stop the worker (a later call starts a new one)."""
-        if self._conn is not None:
-            if graceful:
-                try:
-                    self._conn.send(None)
-                except OSError:
-                    pass
-            self._conn.close()
-        if self._proc is not None:
-            if graceful:
-                try:
-                    self._proc.wait(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    pass
-            if self._proc.poll() is None:
-                self._proc.kill()
-                self._proc.wait()
-        self._proc, self._conn = None, None
-
-    def _kill(self) -> None:
-        self.restarts += 1
-        self.close(graceful=False)
+    def _who(self) -> str:
+        return "math verification worker"
 
     def score_batch(self, completions: Sequence[str], golds: Sequence[str]) -> list[tuple[float, str]]:
         """(score, reason) for each completion against its gold; never hangs, never raises on input."""
@@ -153,30 +100,15 @@ class MathVerifier:
             raise ValueError(f"{len(completions)} completions but {len(golds)} golds")
         pairs = [(str(c), str(g)) for c, g in zip(completions, golds)]
         results: list[tuple[float, str]] = [(0.0, "not scored")] * len(pairs)
-        start = 0
-        while start < len(pairs):
-            conn = self.start()
-            conn.send(pairs[start:])
-            for index in range(start, len(pairs)):
-                failure = None
-                if not conn.poll(self.timeout_s):
-                    failure = "timeout"
-                else:
-                    try:
-                        i, score, reason = conn.recv()
-                        results[start + i] = (score, reason)
-                    except (EOFError, OSError):
-                        failure = "verifier worker died"
-                if failure is not None:
-                    results[index] = (0.0, failure)
-                    self._kill()
-                    break
-            start = index + 1
-        return results
 
-    def __del__(self) -> None:
-        if self._proc is not None:
-            self.close(graceful=False)
+        def scored(index: int, reply: list[Any]) -> None:
+            results[index] = (reply[0], reply[1])
+
+        def failed(index: int, why: str) -> None:
+            results[index] = (0.0, "timeout" if why == "timeout" else "verifier worker died")
+
+        self.run(pairs, self.timeout_s, scored, failed)
+        return results
 
 
 @dataclass
