@@ -95,6 +95,11 @@ def metrics_rows(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
 
 
+def untimed(row: dict) -> dict:
+    """A metrics row without its wall-clock `time/*` keys: what two runs that should agree must agree on."""
+    return {k: v for k, v in row.items() if not k.startswith("time/")}
+
+
 def checkpoint_weights(run, step):
     """The model weights of a run's checkpoint at `step`."""
     from safetensors.torch import load_file

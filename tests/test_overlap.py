@@ -14,7 +14,6 @@ import contextlib
 import json
 import signal
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +23,8 @@ from tether.overlap import OverlappedSampler, rollout_seed
 from tether.rollout import SamplingParams
 from tether.schema import ConfigError
 from tether.staleness import StalePolicies
+
+from conftest import metrics_rows, untimed
 
 PARAMS = SamplingParams(max_new_tokens=3)
 
@@ -137,8 +138,7 @@ def test_overlap_needs_a_lag_and_the_hf_engine(tiny_dir, tmp_path):
 
 
 def _rows(run):
-    rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [untimed(r) for r in metrics_rows(run)]
 
 
 def _same_run(tiny_dir, tmp_path, *extra):
