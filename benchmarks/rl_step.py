@@ -4,6 +4,14 @@
     python benchmarks/rl_step.py --vocab 151936      # the same body with Qwen2.5's vocabulary size (82M)
     python benchmarks/rl_step.py --device cuda --dtype bfloat16 --out benchmarks/results/performance/rl_step_gpu.md
     python benchmarks/rl_step.py --preset qwen0.5b --device cuda --dtype bfloat16 --steps 5 --out benchmarks/results/performance/rl_step_gpu_qwen0.5b.md
+    python benchmarks/rl_step.py --real-model --out benchmarks/results/real_model_cpu/rl_step.md   # SmolLM2-135M, LoRA
+
+--model DIR trains a saved model (a directory, hub id or .gguf file) instead of the tiny one;
+--real-model is --model ~/.cache/tether/models/smollm2-135m (scripts/get_model.sh) with
+configs/real_model.yaml's workload: word1 prompts in the model's chat template, LoRA r 16, 8 prompts
+x 4 samples of up to 32 tokens. --data FILE takes the prompts from a math JSONL file, rendered
+as tether's math task renders them (--template, then the tokenizer's chat template): TRL gets the
+same rendered strings, so both sample from identical token sequences.
 
 An RL step is: sample prompts_per_step x group_size completions, score them, recompute the old
 log-probs, and take `mini_batches` optimiser steps over the batch. Both trainers get the same:
@@ -31,6 +39,7 @@ load hits both alike. The first --warmup steps of each are dropped.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -38,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_common_args, add_preset_arg, apply_preset, emit, machine, median, setup, sync, table  # noqa: E402
 
@@ -74,6 +84,11 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         f"trainer.old_logprobs={old_logprobs}",
     ])
     model, tokenizer = load_model(model_dir, dtype=args.dtype, device=str(device))
+    if args.lora:
+        from tether.config import LoRAConfig
+        from tether.models import apply_lora
+
+        apply_lora(model, LoRAConfig(r=args.lora, alpha=2.0 * args.lora))
     model.train()
     reference = None
     obj = objectives.build(cfg.objective)
@@ -83,9 +98,9 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         reference, _ = load_model(model_dir, dtype=args.dtype, device=str(device))
         reference.eval().requires_grad_(False)
     engine = get_engine(engine_name, model=model, tokenizer=tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
-    stream = PromptStream(get_task("arithmetic"), seed=0)
+    stream = PromptStream(prompt_task(args, tokenizer), seed=0)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
     logprobs = LogProbSettings.of(cfg)  # the config's temperature is 1.0, as the sampling above
     step = 0
@@ -114,7 +129,18 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
                 "tokens": float(scored.rollout.mask.sum()), "sync": getattr(engine, "sync_seconds", 0.0),
                 "start": getattr(engine, "start_seconds", 0.0)}
 
+    args.n_trainable = sum(t.numel() for t in model.parameters() if t.requires_grad)
     return run, sum(t.numel() for t in model.parameters())
+
+
+def prompt_task(args, tokenizer):
+    """The prompts' task: tether's math task over --data (rendered with --template and the tokenizer's
+    chat template, exactly as `tether train` renders them), else the arithmetic task."""
+    from tether.tasks import get_task
+
+    if args.data:
+        return get_task("math", train=args.data, template=args.template, tokenizer=tokenizer)
+    return get_task("arithmetic")
 
 
 def timed(fn, times: list[float], device: torch.device):
@@ -143,13 +169,21 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
     from trl import GRPOConfig, GRPOTrainer
 
     from tether.data import PromptStream
-    from tether.models import prepare_tokenizer, resolve_dtype
-    from tether.tasks import get_task
+    from tether.models import load_tokenizer, resolve_dtype
 
     dtype = resolve_dtype(args.dtype, device)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(model_dir))
-    prompts = [e.prompt for e in PromptStream(get_task("arithmetic"), seed=0).take(args.prompts * cycles)]
+    tokenizer = load_tokenizer(model_dir)  # tether's loader: the same special-token fixes as tether's side
+    prompts = [e.prompt for e in PromptStream(prompt_task(args, tokenizer), seed=0).take(args.prompts * cycles)]
+    peft_config = None
+    if args.lora:
+        from peft import LoraConfig
+
+        from tether.config import LoRAConfig
+
+        ours = LoRAConfig(r=args.lora, alpha=2.0 * args.lora)
+        peft_config = LoraConfig(r=ours.r, lora_alpha=ours.alpha, lora_dropout=ours.dropout,
+                                 target_modules=list(ours.target_modules), task_type="CAUSAL_LM")
     m = args.mini_batches
     gen_times = [0.0]  # per generation batch
 
@@ -193,7 +227,8 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
         stamps = Stamps()
         tic = time.perf_counter()
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
-                              train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[stamps])
+                              train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[stamps],
+                              peft_config=peft_config)
         start = time.perf_counter() - tic
         if use_vllm:  # TRL samples with vLLM, not model.generate: time its generate and its weight sync
             vg = trainer.vllm_generation
@@ -269,12 +304,29 @@ def main() -> None:
                    help="also TRL with use_vllm=True, vllm_mode='colocate' (after the others, in its own process, "
                         "not interleaved); where it does not run, its column gives the error")
     p.add_argument("--trl-vllm-timeout", type=float, default=900, help="seconds before the TRL + vLLM run is given up")
+    p.add_argument("--model", default=None,
+                   help="a saved model (directory, hub id or .gguf file) instead of the tiny one built from --hidden ...")
+    p.add_argument("--data", default=None, help="prompts from this math JSONL file (default: the arithmetic task)")
+    p.add_argument("--template", default="plain", help="math prompt template, as data.task_args.template")
+    p.add_argument("--lora", type=int, default=0, help="LoRA rank on both trainers (alpha 2r, tether's seven "
+                                                       "projections; 0: full fine-tuning)")
+    p.add_argument("--real-model", action="store_true", help="SmolLM2-135M-Instruct with configs/real_model.yaml's "
+                                                             "workload (explicit flags win)")
     add_preset_arg(p)
     add_common_args(p)
     args = p.parse_args()
     apply_preset(args, p)
+    if args.real_model:
+        real = {"model": str(Path(os.environ.get("TETHER_CACHE", "~/.cache/tether")).expanduser()
+                             / "models" / "smollm2-135m"),
+                "data": str(ROOT / "benchmarks" / "real_model" / "word1_train.jsonl"),
+                "template": "{problem}\nAnswer with the number only.", "lora": 16, "prompts": 8, "group": 4,
+                "max_new_tokens": 32, "steps": 3}
+        for key, value in real.items():
+            if getattr(args, key) == p.get_default(key):
+                setattr(args, key, value)
     device = setup(args)
-    from tether.models import init_model
+    from tether.models import init_model, local_source
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -282,8 +334,11 @@ def main() -> None:
     if args.prompts % args.mini_batches:
         raise SystemExit("--prompts must be divisible by --mini-batches")
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = init_model(Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers,
-                               num_heads=args.heads, seed=0, vocab_size=args.vocab)
+        if args.model:
+            model_dir = Path(local_source(args.model))
+        else:
+            model_dir = init_model(Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers,
+                                   num_heads=args.heads, seed=0, vocab_size=args.vocab)
         run, args.n_params = tether_runner(model_dir, args, device)
         run_sampler, _ = tether_runner(model_dir, args, device, old_logprobs="sampler")
         run_vllm = tether_runner(model_dir, args, device, engine_name="vllm")[0] if args.vllm else None
@@ -310,6 +365,14 @@ def main() -> None:
     if trl_vllm:
         print(f"trl + vllm: {trl_vllm}", file=sys.stderr)
     emit(report(args, device, ours, fast, theirs, with_vllm, trl_vllm), args.out)
+
+
+def model_line(args) -> str:
+    lora = f", LoRA r {args.lora} ({args.n_trainable / 1e6:.1f}M trainable)" if args.lora else ", full fine-tuning"
+    if args.model:
+        return f"{args.model} ({args.n_params / 1e6:.1f}M parameters{lora})"
+    vocab = "character vocabulary" if args.vocab is None else f"vocabulary {args.vocab:,} (characters + filler tokens)"
+    return f"tiny Llama {args.hidden} x {args.layers} layers ({args.n_params / 1e6:.1f}M parameters, {vocab}{lora})"
 
 
 def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict], with_vllm: list[dict] = (),
@@ -365,9 +428,9 @@ def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict],
     return "\n".join([
         f"### One RL step: tether vs TRL GRPOTrainer ({args.device}, {args.dtype})",
         "",
-        f"Machine: {machine(device, args)}. Model: tiny Llama {args.hidden} x {args.layers} layers "
-        f"({args.n_params / 1e6:.1f}M parameters, "
-        f"{'character vocabulary' if args.vocab is None else f'vocabulary {args.vocab:,} (characters + filler tokens)'}). "
+        f"Machine: {machine(device, args)}. Model: {model_line(args)}. Prompts: "
+        f"{f'{Path(args.data).name} ({args.template!r}, chat template)' if args.data else 'the arithmetic task'}; "
+        "reward: even completion length. "
         f"{args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens max, "
         f"{args.mini_batches} optimiser steps per batch; median over {len(ours)} (tether) and {len(theirs)} (TRL) "
         f"steps after {args.warmup} warm-up; the three alternate step by step. Mean completion length: tether "

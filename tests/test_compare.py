@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from tether.compare import compare, discover, write_report
+from tether.sinks import read_jsonl
 from conftest import DIGIT_REWARD
 
 
@@ -99,3 +100,26 @@ def test_a_bad_claims_file_fails_before_any_run_or_report_is_written(tiny_dir, t
     (runs / "grpo" / "seed0" / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n')
     assert main(["report", str(runs), "--claims", str(bad), "--out", str(tmp_path / "rep")]) == 2
     assert not (tmp_path / "rep").exists()
+
+
+@pytest.mark.slow
+def test_jobs_run_children_side_by_side_and_a_failed_child_is_named_with_its_log(tiny_dir, tmp_path, monkeypatch):
+    from tether.compare import RunsFailed
+
+    overrides = [o for o in _overrides(tiny_dir) if not o.startswith("reward.name=")] + ["trainer.total_steps=2"]
+    out = tmp_path / "cmp"
+    logs = []
+    report = compare(None, ["grpo", "dapo"], 1, overrides, str(out), threshold=0.5, log=logs.append, jobs=2)
+    assert "| grpo | 1 |" in report.read_text() and "| dapo | 1 |" in report.read_text()
+    for objective in ("grpo", "dapo"):
+        assert [r["step"] for r in read_jsonl(out / objective / "seed0" / "metrics.jsonl")] == [0, 1, 2]
+        assert "run directory:" in (out / "logs" / f"{objective}-seed0.log").read_text()
+    assert sum(line.endswith(": done") for line in logs) == 2
+
+    # A child that fails (a reward that raises on every completion: exit 2) is named with its log; the
+    # other runs are untouched, and nothing is reported as done for it.
+    (tmp_path / "broken_reward.py").write_text("def score(completion, example):\n    raise ValueError('broken')\n")
+    monkeypatch.chdir(tmp_path)  # `module:name` is found in the current directory, by the children too
+    with pytest.raises(RunsFailed, match=r"1 run\(s\) failed: \[1/1\] grpo seed 0 \(exit 2, log: .*grpo-seed0\.log\)"):
+        compare(None, ["grpo"], 1, [*overrides, "reward.name=broken_reward:score"], str(tmp_path / "bad"), jobs=2)
+    assert "broken" in (tmp_path / "bad" / "logs" / "grpo-seed0.log").read_text()

@@ -65,6 +65,37 @@ def test_the_conversion_is_written_once_and_reused(tiny_gguf):
     assert tok.eos_token == "<|im_end|>" and tok.chat_template
 
 
+def test_the_conversion_saves_when_transformers_keeps_its_gguf_quantizer(tiny_gguf, tmp_path, monkeypatch):
+    # transformers 5.17 (the GPU machine's) leaves a GGUF "quantizer" on the dequantised model and its config,
+    # and its save_pretrained then refuses: "quantized with QuantizationMethod.GGUF and is not serializable"
+    # (5.10 saves). Reproduced here by attaching such a quantizer, as 5.17 does, to what from_pretrained returns.
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    load = AutoModelForCausalLM.from_pretrained
+
+    def as_5_17(*args, **kwargs):
+        model = load(*args, **kwargs)
+        marker = SimpleNamespace(quant_method="gguf", to_dict=lambda: {"quant_method": "gguf"})
+        model.hf_quantizer = SimpleNamespace(quantization_config=marker, is_serializable=lambda: False)
+        model.config.quantization_config = {"quant_method": "gguf"}
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", as_5_17)
+    gguf_path, hf_dir = tiny_gguf
+    with pytest.raises(ValueError, match="not serializable"):  # what 5.17 did to the conversion
+        as_5_17(str(gguf_path.parent), gguf_file=gguf_path.name).save_pretrained(tmp_path / "refused")
+    out = model_files.convert_gguf(gguf_path, tmp_path / "converted", {"gguf_sha256": "x"})
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    monkeypatch.undo()
+    model, _ = load_model(out)
+    ref, _ = load_model(hf_dir)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=0, atol=1e-6)
+
+
 @pytest.mark.slow  # about 6 s on a loaded 2-core CPU
 def test_a_training_run_starts_from_a_gguf_file_and_records_it(tiny_gguf, tmp_path):
     from tether.train import train

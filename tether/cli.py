@@ -133,7 +133,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     path, overrides = _split_config_args(args.args)
     objectives_ = [o for o in args.objectives.split(",") if o]
-    report = compare(path, objectives_, args.seeds, overrides, args.out, args.threshold, claims=args.claims)
+    report = compare(path, objectives_, args.seeds, overrides, args.out, args.threshold, claims=args.claims,
+                     jobs=args.jobs)
     print(f"report: {report}")
     return 0
 
@@ -274,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=None,
                    help="accuracy for 'steps to reach' (default: mean initial accuracy + 0.1)")
     p.add_argument("--claims", default=None, help="a claims YAML to test in the report (see tether report)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at a time, each in its own process with a log under OUT/logs/ (default 1: one "
+                        "after another, in this process). Several small runs share a GPU; on a 2-core CPU, 2")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("report", help="rebuild report.md and plots from existing runs")
     p.add_argument("run_dirs", nargs="+", help="run directories, or compare directories holding them")
@@ -311,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     # tether draws its own progress bars: transformers' and the hub's are off (read when they are
     # imported, so no import of transformers here; a user's explicit setting wins).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from .compare import RunsFailed
     from .schema import ConfigError
     from .stopping import Interrupted
     from .tasks import DataError
@@ -324,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, FileExistsError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RunsFailed as e:  # tether compare --jobs N: each failed run's log is named
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except Interrupted as e:  # a clean stop: checkpoint, summary and plots are written
         print(str(e), file=sys.stderr)
         return e.exit_code

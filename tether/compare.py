@@ -5,6 +5,12 @@ order (the data stream is seeded by `trainer.seed`), same initial model (the war
 cached by seed and does not depend on the objective). Runs live in
 `OUT/<objective>/seed<N>/`; a finished run is skipped, an interrupted one resumed from its last
 checkpoint (or restarted when it has none), so an interrupted compare picks up where it stopped.
+
+With `jobs` > 1 the runs go to that many child processes at a time (`tether train`, each writing
+`OUT/logs/<objective>-seed<N>.log`): several small runs share one GPU, or two 1-thread runs share
+a 2-core CPU, better than one run at a time. A run that fails does not stop the others; compare
+then raises, naming each failed run and its log, and a rerun resumes them. Runs of the same seed
+started together may both build that seed's warm start (the cache's atomic rename keeps one).
 """
 
 from __future__ import annotations
@@ -12,7 +18,11 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -31,6 +41,10 @@ CURVES = [  # (file, title, metric, smoothed); the y-axis label is the run plots
 ]
 
 
+class RunsFailed(Exception):
+    """Some of compare's child runs exited with an error (the message names each and its log)."""
+
+
 def run_dir(out: Path, objective: str, seed: int) -> Path:
     return Path(out) / objective / f"seed{seed}"
 
@@ -44,8 +58,10 @@ def is_finished(run: Path) -> bool:
 
 
 def compare(config: Optional[str], objectives: list[str], seeds: int, overrides: list[str], out: str,
-            threshold: Optional[float] = None, log=print, claims: Optional[str] = None) -> Path:
-    """Run every objective x seed (skipping finished runs, resuming interrupted ones), then report."""
+            threshold: Optional[float] = None, log=print, claims: Optional[str] = None, jobs: int = 1) -> Path:
+    """Run every objective x seed (skipping finished runs, resuming interrupted ones), then report.
+
+    jobs > 1: that many runs at a time, each in a child `tether train` process (module header)."""
     from . import checkpoint
     from .config import load_config
     from .train import train
@@ -63,21 +79,71 @@ def compare(config: Optional[str], objectives: list[str], seeds: int, overrides:
         from .claims import load_claims
 
         load_claims(claims)  # a bad claims file fails now, not after the runs
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs}: expected 1 or more runs at a time")
     out_dir.mkdir(parents=True, exist_ok=True)
+    pending = []
     for i, (objective, seed, run, cfg) in enumerate(plans, 1):
         tag = f"[{i}/{len(plans)}] {objective} seed {seed}"
         if is_finished(run):
             log(f"{tag}: finished, skipped")
             continue
-        if checkpoint.latest(run) is not None:
+        resume = checkpoint.latest(run) is not None
+        if not resume and run.exists():
+            shutil.rmtree(run)  # started but never checkpointed: nothing to keep
+        if jobs > 1:
+            command = [sys.executable, "-m", "tether.cli", "train", *([config] if config else []), *overrides,
+                       f"objective={objective}", f"trainer.seed={seed}", f"output_dir={run}"]
+            pending.append((tag + (": resuming" if resume else ": training"),
+                            command + (["--resume", str(run)] if resume else []), out_dir / "logs" / f"{objective}-seed{seed}.log"))
+        elif resume:
             log(f"{tag}: resuming")
             train(cfg, resume_dir=str(run), log=log)
         else:
-            if run.exists():
-                shutil.rmtree(run)  # started but never checkpointed: nothing to keep
             log(f"{tag}: training")
             train(cfg, log=log)
+    if pending:
+        _run_children(pending, jobs, log)
     return write_report({out_dir.name: [p[2] for p in plans]}, out_dir, threshold, claims)
+
+
+def _run_children(pending: list[tuple[str, list[str], Path]], jobs: int, log) -> None:
+    """Run (tag, command, log file) children, `jobs` at a time; raise naming every one that failed.
+
+    Ctrl-C (or any error here) passes SIGINT to the children still running, which drop their
+    unfinished step as `tether train` does, and waits for them before re-raising."""
+    running: list[tuple[str, subprocess.Popen, Path]] = []
+    failed: list[str] = []
+    queue = list(pending)
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                tag, command, log_file = queue.pop(0)
+                log_file.parent.mkdir(parents=True, exist_ok=True)
+                with log_file.open("w") as f:
+                    running.append((tag, subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT), log_file))
+                log(f"{tag} (log: {log_file})")
+            time.sleep(0.5)
+            for item in [r for r in running if r[1].poll() is not None]:
+                running.remove(item)
+                tag, child, log_file = item
+                if child.returncode:
+                    failed.append(f"{tag.split(':')[0]} (exit {child.returncode}, log: {log_file})")
+                    log(f"{tag.split(':')[0]}: failed, exit {child.returncode}; see {log_file}")
+                else:
+                    log(f"{tag.split(':')[0]}: done")
+    except BaseException:
+        for _, child, _ in running:
+            child.send_signal(signal.SIGINT)
+        for _, child, _ in running:
+            try:
+                child.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        raise
+    if failed:
+        raise RunsFailed(f"{len(failed)} run(s) failed: " + "; ".join(failed)
+                           + ". Fix the cause and rerun the same command: finished runs are skipped, the rest resume.")
 
 
 def _check_same_settings(run: Path, cfg, out_dir: Path) -> None:

@@ -136,6 +136,18 @@ def _recorded(out: Path, digest: str) -> bool:
     return info.get("gguf_sha256") == digest and info.get("conversion") == CONVERSION
 
 
+def plain_weights(model) -> None:
+    """Mark a GGUF-loaded model as the ordinary float model it is. transformers dequantises every
+    GGUF tensor on load, but newer versions (5.17) keep the GGUF "quantizer" on the model and its
+    config and then refuse `save_pretrained` ("quantized with QuantizationMethod.GGUF and is not
+    serializable"); 5.10 saves it. Dropping that marker (the weights are already float) makes both save
+    the same ordinary model directory, with no quantization_config in its config.json."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+
+
 def convert_gguf(gguf: Path, out: Path, record: dict) -> Path:
     """Dequantise `gguf` through transformers and write an ordinary model directory at `out`
     (atomically: a temporary sibling, renamed), with `record` and the conversion's version in
@@ -149,6 +161,7 @@ def convert_gguf(gguf: Path, out: Path, record: dict) -> Path:
                                                  trust_remote_code=False)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
     fix_special_tokens(tokenizer, model.config, model.generation_config)
+    plain_weights(model)
     # A BPE tokenizer must not "clean up" spaces before punctuation when decoding (transformers warns on
     # every load otherwise, and ignores it).
     tokenizer.clean_up_tokenization_spaces = False
