@@ -88,3 +88,59 @@ def test_smollm2_evaluates_trains_two_lora_steps_and_its_logprobs_are_transforme
     plain = logits[:, P - 1:-1].log_softmax(-1).gather(-1, tokens.completion_ids[..., None])[..., 0] * tokens.mask
     torch.testing.assert_close(ours * tokens.mask, plain, atol=2e-4, rtol=0)
     torch.testing.assert_close(batch.sampler_logprobs * tokens.mask, plain, atol=2e-4, rtol=0)
+
+
+def test_everything_a_user_touches_works_with_smollm2(smollm2, tmp_path):
+    """`tether eval` on real benchmark files; training with LoRA, `trainer.staleness=1` and the vLLM engine
+    (where vllm is installed), killed after a step and resumed; `tether export` loaded by plain
+    transformers (and by vLLM through `tether eval --engine vllm`); TRL's GRPOTrainer with tether's loss."""
+    import importlib.util
+
+    from conftest import MATH_DATA, tether_child
+    from transformers import AutoModelForCausalLM
+
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    files = [MATH_DATA / "gsm8k_test.jsonl", MATH_DATA / "math500.jsonl"]
+    if all(f.exists() for f in files):  # ../shared beside the checkout (CI has it)
+        ev = _tether("eval", str(smollm2), *map(str, files), "--n", "1", "--k", "1", "--temperature", "0",
+                     "--max-new-tokens", "24", "--limit", "2", "--threads", "2", "--out", str(tmp_path / "eval"),
+                     "--no-progress")
+        assert ev.returncode == 0, ev.stderr[-2000:]
+        summary = json.loads((tmp_path / "eval" / "results.json").read_text())["summary"]
+        assert {k: v["problems"] for k, v in summary.items()} == {"gsm8k_test": 2, "math500": 2}
+
+    run = tmp_path / "run"
+    train = [f"model.name_or_path={smollm2}", f"output_dir={run}", "warm_start.enabled=false", "model.lora={r: 8}",
+             "data.task=math", f"data.task_args={{train: {DATA / 'word1_train.jsonl'}, test: {DATA / 'word1_test.jsonl'}}}",
+             f"data.task_args.template={TEMPLATE}", "data.eval_size=2", "rollout.prompts_per_step=2",
+             "rollout.group_size=2", "rollout.max_new_tokens=12", "trainer.total_steps=3", "trainer.mini_batches=1",
+             "trainer.eval_every=3", "trainer.save_every=1", "trainer.threads=2", "trainer.lr=1e-4",
+             "trainer.progress=false", "trainer.plots=false", "trainer.tensorboard=false", "objective=dapo",
+             "trainer.staleness=1", f"rollout.engine={'vllm' if has_vllm else 'hf'}"]
+    killed = tether_child("train", *train, kill_at="logged:2", timeout=900)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    resumed = tether_child("train", "--resume", str(run), timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {run} from step" in resumed.stdout
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+
+    out = tmp_path / "exported"
+    ex = _tether("export", str(run), str(out))
+    assert ex.returncode == 0, ex.stderr[-2000:]
+    model = AutoModelForCausalLM.from_pretrained(out)  # plain transformers: a full model, adapters merged
+    assert not any("lora" in n for n, _ in model.named_parameters())
+    if has_vllm:
+        ev = _tether("eval", str(out), str(DATA / "word1_test.jsonl"), "--engine", "vllm", "--n", "1", "--k", "1",
+                     "--temperature", "0", "--max-new-tokens", "12", "--limit", "2", "--lenient", "--template",
+                     TEMPLATE, "--out", str(tmp_path / "eval_vllm"), "--no-progress")
+        assert ev.returncode == 0, ev.stderr[-2000:]
+
+    pytest.importorskip("trl")
+    task_args = json.dumps({"train": str(DATA / "word1_train.jsonl"), "template": TEMPLATE})
+    trl = subprocess.run([sys.executable, str(ROOT / "examples" / "trl" / "train_grpo.py"), "--model", str(smollm2),
+                          "--task", "math", "--task-args", task_args, "--objective", "atr_grpo", "--max-steps", "1",
+                          "--num-generations", "2", "--per-device-batch", "2", "--max-completion-length", "8",
+                          "--n-train", "8", "--output-dir", str(tmp_path / "trl")],
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert trl.returncode == 0, trl.stderr[-3000:]

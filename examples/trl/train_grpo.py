@@ -11,6 +11,10 @@
         --objective atr_grpo --num-generations 8 --per-device-batch 8 --grad-accum 2 --num-iterations 2
     # an objective mapping instead of a preset name
     python examples/trl/train_grpo.py --tiny --objective '{"preset": "rpg_urkl", "anchor": "ref"}'
+    # a real model on a math file, prompts in its chat template (scripts/get_model.sh smollm2-135m)
+    python examples/trl/train_grpo.py --model ~/.cache/tether/models/smollm2-135m --task math \
+        --task-args '{"train": "benchmarks/real_model/word1_train.jsonl", "template": "{problem}\\nAnswer with the number only."}' \
+        --num-generations 4 --per-device-batch 8 --max-completion-length 48 --max-steps 20
 
 See docs/trl.md for the config mapping and what tether changes in TRL's loss.
 """
@@ -28,6 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="create a tiny random model under --output-dir instead")
     p.add_argument("--objective", default="rpg_fkl", help="preset or objective name, or a JSON mapping")
     p.add_argument("--task", default="arithmetic", help="a tether task (arithmetic, countdown, math)")
+    p.add_argument("--task-args", default="{}",
+                   help="the task's arguments as JSON, as data.task_args (math: train, test, template)")
     p.add_argument("--n-train", type=int, default=2000, help="training prompts drawn from the task")
     p.add_argument("--output-dir", default="runs/trl")
     p.add_argument("--max-steps", type=int, default=200, help="optimiser steps")
@@ -47,19 +53,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def task_takes_tokenizer(name: str) -> bool:
+    from tether.plugins import parameters
+    from tether.tasks import task_factory
+
+    return "tokenizer" in parameters(task_factory(name))[0]
+
+
 def main(argv=None):
     a = parse_args(argv)
+    import torch
     from trl import GRPOConfig
 
     from tether.integrations.trl import make_trainer, reward_func, to_dataset
-    from tether.models import init_model
+    from tether.models import init_model, load_tokenizer, local_source
     from tether.rewards import task_reward
     from tether.tasks import get_task
 
     if a.tiny == (a.model is not None):
         raise SystemExit("pass exactly one of --model and --tiny")
-    model = str(init_model(Path(a.output_dir) / "tiny-model")) if a.tiny else a.model
-    task = get_task(a.task)
+    model = str(init_model(Path(a.output_dir) / "tiny-model")) if a.tiny else local_source(a.model)
+    knobs = json.loads(a.task_args)
+    if task_takes_tokenizer(a.task):  # math renders its prompts in the model's chat template, as tether train does
+        knobs["tokenizer"] = load_tokenizer(model)
+    task = get_task(a.task, **knobs)
     train = to_dataset(task.examples("train", a.n_train, unique=False))
     objective = json.loads(a.objective) if a.objective.lstrip().startswith("{") else a.objective
     config = GRPOConfig(
@@ -73,7 +90,7 @@ def main(argv=None):
         num_iterations=a.num_iterations,
         max_completion_length=a.max_completion_length,
         bf16=a.bf16,
-        use_cpu=a.tiny,
+        use_cpu=a.tiny or not torch.cuda.is_available(),
         use_vllm=a.use_vllm,
         vllm_mode="colocate",
         # tether's objective is the only importance weighting; see docs/trl.md
