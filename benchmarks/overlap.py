@@ -50,8 +50,8 @@ class _Timed:
 
 def one_run(model_dir: Path, out: Path, overlap: str, threads: int, a) -> dict[str, float]:
     """A fresh run of `a.steps` RL steps; its wall time per step, sampling share and mean overlap wait."""
-    from tether.config import load_config
-    from tether.train import rl_step, start_run
+    from tether.config.sections import load_config
+    from tether.trainer.loop import rl_step, start_run
 
     cfg = load_config(None, [f"model.name_or_path={model_dir}", f"output_dir={out}", "warm_start.enabled=false",
                              f"trainer.staleness={a.staleness}", f"trainer.overlap={overlap}",
@@ -84,7 +84,7 @@ def main() -> None:
     ways = {**WAYS, **(TWO_THREADS if a.two_threads else {})}
     from safetensors.torch import load_file
 
-    from tether.models import init_model
+    from tether.model.loading import init_model
 
     load_start = os.getloadavg()
     rows = []

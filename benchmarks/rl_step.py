@@ -58,13 +58,13 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     own, and the old log-prob pass is skipped. engine_name="vllm": rollouts by the vLLM engine
     (rollout.engine=vllm), whose weight push before each rollout is timed as "sync" (within generation)."""
     from tether import objectives
-    from tether.config import load_config
-    from tether.data import PromptStream
-    from tether.models import load_model
+    from tether.config.sections import load_config
+    from tether.trainer.data import PromptStream
+    from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.tasks import get_task
-    from tether.causal_lm import LogProbSettings, batched_logprobs, to_tokens
-    from tether.train import Optimiser, UpdateBatch, collect, old_policy_logprobs, update
+    from tether.model.causal_lm import LogProbSettings, batched_logprobs, to_tokens
+    from tether.trainer.loop import Optimiser, UpdateBatch, collect, old_policy_logprobs, update
 
     batch = args.prompts * args.group
     cfg = load_config(overrides=[
@@ -142,8 +142,8 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from tether.data import PromptStream
-    from tether.models import prepare_tokenizer, resolve_dtype
+    from tether.trainer.data import PromptStream
+    from tether.model.loading import prepare_tokenizer, resolve_dtype
     from tether.tasks import get_task
 
     dtype = resolve_dtype(args.dtype, device)
@@ -274,7 +274,7 @@ def main() -> None:
     args = p.parse_args()
     apply_preset(args, p)
     device = setup(args)
-    from tether.models import init_model
+    from tether.model.loading import init_model
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tether import checkpoint
-from tether.config import ConfigError, load_config
+from tether.records import checkpoint
+from tether.config.sections import ConfigError, load_config
 from tether.objectives import build
 from tether.tasks import DataError, MathTask, load_math_dataset
-from tether.train import config_warnings, train
+from tether.trainer.loop import config_warnings, train
 
 
 def _jsonl(path: Path, lines: list[str]) -> Path:
@@ -53,14 +53,14 @@ def test_non_utf8_file_and_empty_splits(tmp_path):
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Fail loudly if the trainer gets as far as loading a model."""
-    import tether.models
-    import tether.warmstart
+    import tether.model.loading
+    import tether.trainer.warmstart
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(tether.models, "load_model", refuse)
-    monkeypatch.setattr(tether.warmstart, "initial_model", refuse)
+    monkeypatch.setattr(tether.model.loading, "load_model", refuse)
+    monkeypatch.setattr(tether.trainer.warmstart, "initial_model", refuse)
 
 
 def _math_cfg(tmp_path, train_file, *extra):
@@ -239,7 +239,7 @@ def test_a_device_the_machine_lacks_fails_before_anything_is_written(tmp_path, c
 
 
 def test_a_gpu_index_past_the_last_one_is_named(monkeypatch):
-    from tether.models import device_problem
+    from tether.model.loading import device_problem
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

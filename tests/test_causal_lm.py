@@ -1,10 +1,10 @@
-"""tether.causal_lm: the one left padding, shared by the trainer's tensors and the rollout engine."""
+"""tether.model.causal_lm: the one left padding, shared by the trainer's tensors and the rollout engine."""
 
 from __future__ import annotations
 
 import torch
 
-from tether.causal_lm import left_pad, positions, to_tokens
+from tether.model.causal_lm import left_pad, positions, to_tokens
 from tether.rollout import RolloutBatch
 
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from tether.claims import (METRICS, Claim, bootstrap_difference, claims_markdown, evaluate_claims, load_claims,
+from tether.reports.claims import (METRICS, Claim, bootstrap_difference, claims_markdown, evaluate_claims, load_claims,
                            per_seed, skipped_claims)
 from tether.schema import ConfigError
 

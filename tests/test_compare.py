@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from tether.compare import compare, discover, write_report
+from tether.reports.compare import compare, discover, write_report
 from conftest import DIGIT_REWARD
 
 
@@ -29,7 +29,7 @@ def test_compare_two_objectives_two_seeds_and_resume(tiny_dir, tmp_path):
         assert (out / "plots" / f"{name}.png").stat().st_size > 1000
         assert f"plots/{name}.png" in text
     # Same data order and initial model across objectives: step-0 evaluations are identical.
-    from tether.sinks import read_jsonl
+    from tether.records.sinks import read_jsonl
     e0 = [read_jsonl(out / o / "seed0" / "metrics.jsonl")[0] for o in ("grpo", "atr_grpo")]
     assert e0[0] == e0[1]
 
@@ -61,7 +61,7 @@ def test_compare_two_objectives_two_seeds_and_resume(tiny_dir, tmp_path):
     assert {"clipfrac", "final_entropy", "auc", "max_drop", "entropy_half_step"} <= set(methods["grpo"])
     assert summary["regimes"]["cmp"]["config"]["trainer"]["total_steps"] == 3
     (c,) = summary["claims"]
-    # Two seeds, the same for both methods: paired, and too few for a verdict (tether.claims.MIN_SEEDS).
+    # Two seeds, the same for both methods: paired, and too few for a verdict (tether.reports.claims.MIN_SEEDS).
     assert c["regime"] == "cmp" and c["paired"] and c["seeds"] == [2, 2]
     assert c["verdict"] == "not enough seeds" and c["ci95"] is None and "2 paired seeds" in c["why"]
     assert "## Claims" in (tmp_path / "again" / "report.md").read_text()

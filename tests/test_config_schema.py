@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tether import __version__, objectives
-from tether.config import ConfigError, load_config
+from tether.config.sections import ConfigError, load_config
 
 from conftest import DIGIT_REWARD
 
@@ -56,7 +56,7 @@ def test_valid_names_are_listed_once():
 
 
 def test_the_objective_is_resolved_once_and_recorded_with_every_parameter(tiny_dir, tmp_path):
-    from tether.train import train
+    from tether.trainer.loop import train
 
     cfg = load_config(None, [
         f"model.name_or_path={tiny_dir}", f"output_dir={tmp_path / 'run'}", "warm_start.enabled=false",

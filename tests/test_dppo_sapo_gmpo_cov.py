@@ -285,7 +285,7 @@ def test_config_errors_name_the_fix():
 def test_train_runs_two_steps(tiny_dir, tmp_path, preset):
     from conftest import train_config as _cfg
 
-    from tether.train import train
+    from tether.trainer.loop import train
 
     run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", f"objective={preset}"), log=lambda *_: None)
     rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]

@@ -28,7 +28,7 @@ from tether.evaluation import (
     pass_at_k,
     read_problems,
 )
-from tether.models import char_tokenizer, init_model, load_model
+from tether.model.loading import char_tokenizer, init_model, load_model
 from tether.rewards import RewardResult
 from tether.rollout import RolloutBatch, get_engine
 from tether.tasks import Example, get_task

@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tether import checkpoint
+from tether.records import checkpoint
 from tether.cli import main
-from tether.config import load_config, save_config
-from tether.train import train
+from tether.config.sections import load_config, save_config
+from tether.trainer.loop import train
 
 from conftest import DIGIT_REWARD
 
@@ -169,7 +169,7 @@ def test_a_missing_step_lists_the_available_ones(real_run, tmp_path, capsys):
 def test_a_real_run_records_its_best_checkpoint_and_exports_it(real_run, tmp_path):
     from tether.cli import main
 
-    # The trainer checkpoints every new best held-out accuracy with it recorded (tether.train).
+    # The trainer checkpoints every new best held-out accuracy with it recorded (tether.trainer.loop).
     best = checkpoint.best(real_run)
     evals = {r["step"]: r["eval/accuracy"] for r in _rows(real_run) if r["step"] > 0 and "eval/accuracy" in r}
     assert best is not None and checkpoint.recorded_accuracy(best) == max(evals.values())

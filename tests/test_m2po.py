@@ -296,8 +296,8 @@ def test_a_nan_sampler_logprob_counts_as_no_drift_as_trl():
 def test_the_trainer_takes_a_nonfinite_sampler_logprob_out_of_the_loss_and_counts_it():
     from types import SimpleNamespace
 
-    from tether.causal_lm import Tokens
-    from tether.step import finite_sampler_tokens, sampler_logprobs
+    from tether.model.causal_lm import Tokens
+    from tether.trainer.step import finite_sampler_tokens, sampler_logprobs
 
     lp = torch.tensor([[-1.0, float("nan"), -0.5], [float("-inf"), -2.0, float("nan")]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # row 1's NaN is padding: not counted, not masked twice
@@ -336,7 +336,7 @@ def test_train_runs_two_steps(tiny_dir, tmp_path, extra):
 
     from conftest import train_config as _cfg
 
-    from tether.train import train
+    from tether.trainer.loop import train
 
     run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", *extra), log=lambda *_: None)
     rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]

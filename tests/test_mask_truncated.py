@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import torch
 
-from tether.causal_lm import Tokens
-from tether.config import TrainerConfig
-from tether.step import truncated_out
+from tether.model.causal_lm import Tokens
+from tether.config.sections import TrainerConfig
+from tether.trainer.step import truncated_out
 from tether import objectives
 
 

@@ -261,7 +261,7 @@ def test_the_trainer_gives_gdpo_the_weighted_rewards_parts(tiny_dir, tmp_path, m
     from conftest import DIGIT_REWARD, train_config
 
     from tether.objectives.runtime import Objective
-    from tether.train import train
+    from tether.trainer.loop import train
 
     seen = []
     original = Objective.advantages

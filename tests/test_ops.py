@@ -1,4 +1,4 @@
-"""tether.ops: the tiled head against the naive log-softmax, in float64, and in bfloat16 within a
+"""tether.model.ops: the tiled head against the naive log-softmax, in float64, and in bfloat16 within a
 bound derived from bfloat16 rounding.
 
 What is proved: (1) hand-computed values; (3) gradients of hidden and weight, through log-probs
@@ -9,7 +9,7 @@ with bf16 output, bf16 GEMMs with float32 output), stay within a first-order rou
 computed from the data, and a softmax or an accumulation in bfloat16 breaks that bound; the tile
 heuristic; and, on tiny Llama and Qwen2 models, the model-level helper equals the model-logits
 computation (float32 and float64) in values and parameter gradients, with tied embeddings, falls
-back to the model's logits when its head is not plain, and is what `tether.causal_lm.token_logprobs`
+back to the model's logits when its head is not plain, and is what `tether.model.causal_lm.token_logprobs`
 computes (0 at padding).
 """
 
@@ -19,9 +19,9 @@ import math
 import pytest
 import torch
 
-import tether.ops as ops
-from tether.causal_lm import LogProbSettings, Tokens, causal_lm_token_logprobs, fused_head_reason, token_logprobs
-from tether.ops import IGNORE_INDEX, tile_shape, token_logprobs_and_entropy
+import tether.model.ops as ops
+from tether.model.causal_lm import LogProbSettings, Tokens, causal_lm_token_logprobs, fused_head_reason, token_logprobs
+from tether.model.ops import IGNORE_INDEX, tile_shape, token_logprobs_and_entropy
 
 from conftest import param_grads
 from conftest import tiny_float64_lm as tiny
@@ -338,7 +338,7 @@ def test_bad_arguments_raise():
 
 
 def rollout_tokens(N=4, P=5, T=6, V=37, seed=0):
-    """Left-padded prompts of different lengths, right-padded completions, as tether.train builds them."""
+    """Left-padded prompts of different lengths, right-padded completions, as tether.trainer.loop builds them."""
     g = torch.Generator().manual_seed(seed)
     prompt_lens, comp_lens = [5, 3, 4, 2][:N], [6, 2, 4, 1][:N]
     ids = torch.randint(1, V, (N, P + T), generator=g)
@@ -441,7 +441,7 @@ def test_model_helper_with_mask_and_no_entropy():
 
 
 def test_model_helper_float32_tight_tolerance(tiny_dir):
-    from tether.models import load_model
+    from tether.model.loading import load_model
 
     model, _ = load_model(tiny_dir, dtype="float32")
     tok = rollout_tokens(V=len(_), seed=2)

@@ -19,10 +19,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tether.overlap import OverlappedSampler, rollout_seed
+from tether.trainer.overlap import OverlappedSampler, rollout_seed
 from tether.rollout import SamplingParams
 from tether.schema import ConfigError
-from tether.staleness import StalePolicies
+from tether.trainer.staleness import StalePolicies
 
 from conftest import metrics_rows, untimed
 
@@ -71,7 +71,7 @@ def _sampler(monkeypatch, s, total_steps, fail_seed=None):
         engines.append(_Engine(model, gate, fail_seed))
         return engines[-1]
 
-    monkeypatch.setattr("tether.overlap.get_engine", get_engine)
+    monkeypatch.setattr("tether.trainer.overlap.get_engine", get_engine)
     cfg = SimpleNamespace(rollout=SimpleNamespace(engine="stub", compile=False, prompts_per_step=2, group_size=2),
                           trainer=SimpleNamespace(seed=0, total_steps=total_steps))
     model, stream = _Policy(), _Stream()
@@ -144,7 +144,7 @@ def _rows(run):
 def _same_run(tiny_dir, tmp_path, *extra):
     from test_train import _cfg
 
-    from tether.train import train
+    from tether.trainer.loop import train
 
     runs = {}
     for overlap in ("false", "true"):

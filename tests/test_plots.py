@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from tether import plots
+from tether.records import plots
 
 
 def test_rolling_mean_by_hand():

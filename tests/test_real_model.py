@@ -46,8 +46,8 @@ def smollm2():
 def test_smollm2_evaluates_trains_two_lora_steps_and_its_logprobs_are_transformers(smollm2, tmp_path):
     from peft import PeftModel
 
-    from tether.causal_lm import LogProbSettings, to_tokens, token_logprobs
-    from tether.models import load_model
+    from tether.model.causal_lm import LogProbSettings, to_tokens, token_logprobs
+    from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
 
     ev = _tether("eval", str(smollm2), str(DATA / "sum1_test.jsonl"), "--n", "1", "--k", "1", "--temperature", "0",

@@ -14,9 +14,9 @@ import pytest
 import torch
 import yaml
 
-from tether import plots
-from tether.config import config_differences, load_config, save_config
-from tether.summary import best_text, reward_text, summary_header, summary_table
+from tether.records import plots
+from tether.config.sections import config_differences, load_config, save_config
+from tether.records.summary import best_text, reward_text, summary_header, summary_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def test_a_run_recorded_before_labels_still_matches_its_settings(tmp_path):
 
 
 def test_summary_plots_and_report_show_the_chosen_name(tmp_path):
-    from tether.compare import write_report
+    from tether.reports.compare import write_report
 
     rows = _rows({0: 0.2, 3: 0.4}, 3)
     atr = _run(tmp_path / "a", ["trainer.total_steps=3"], rows)
@@ -198,8 +198,8 @@ def test_report_claims_with_one_seed_per_method(tmp_path, capsys):
 
 
 def test_the_docs_give_the_default_tiny_models_parameter_count(tmp_path):
-    from tether.models import load_model
-    from tether.warmstart import _tiny_model
+    from tether.model.loading import load_model
+    from tether.trainer.warmstart import _tiny_model
 
     cfg = load_config(None, [f"warm_start.cache_dir={tmp_path}"])
     model, _ = load_model(str(_tiny_model(cfg)), device="cpu")  # the model a default run trains
@@ -222,7 +222,7 @@ def test_the_docs_give_the_default_tiny_models_parameter_count(tmp_path):
 
 
 def test_a_progress_line_says_which_step_its_accuracy_is_from():
-    from tether.sinks import PlainProgress
+    from tether.records.sinks import PlainProgress
 
     lines = []
     p = PlainProgress(total=10, every=2, log=lines.append)
@@ -252,7 +252,7 @@ def test_comparison_plots_say_their_window_which_is_the_run_plots(tmp_path, monk
     """Issue 32, item 8: 40 steps are smoothed over 4 (a tenth), not 20, and the legend says so."""
     import matplotlib.pyplot as plt
 
-    from tether.compare import plot_comparison
+    from tether.reports.compare import plot_comparison
 
     runs = {obj: [_run(tmp_path / obj / "seed0", [f"objective={obj}"], _rows({0: 0.1, 20: 0.2, 40: 0.3}, 40))]
             for obj in ("grpo", "dapo")}
@@ -274,7 +274,7 @@ def test_comparison_plots_say_their_window_which_is_the_run_plots(tmp_path, monk
 def test_every_comparison_plot_has_a_y_label(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from tether.compare import CURVES, plot_comparison
+    from tether.reports.compare import CURVES, plot_comparison
 
     runs = {obj: [_run(tmp_path / obj / f"seed{s}", [f"objective={obj}", f"trainer.seed={s}"],
                        _rows({0: 0.1, 5: 0.2 + 0.1 * s}, 5)) for s in range(2)] for obj in ("grpo", "dapo")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tether.models import init_model, load_model
+from tether.model.loading import init_model, load_model
 from tether.rollout import (
     HFEngine,
     RolloutBatch,

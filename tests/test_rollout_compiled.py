@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tether.models import init_model, load_model
+from tether.model.loading import init_model, load_model
 from tether.rollout import HFEngine, SamplingParams
 from tether.rollout.static import StaticDecoder, bucket_size, next_pow2, static_decode_reason
 

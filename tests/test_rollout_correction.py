@@ -448,8 +448,8 @@ def test_the_trainer_corrects_a_bf16_decode(tiny_dir, tmp_path):
     # KV-cache paths): a real, small mismatch that the correction measures and weighs.
     import json
 
-    from tether.config import load_config
-    from tether.train import train
+    from tether.config.sections import load_config
+    from tether.trainer.loop import train
 
     from conftest import DIGIT_REWARD
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tether.causal_lm import LogProbSettings, to_tokens, token_logprobs
-from tether.models import init_model, load_model
+from tether.model.causal_lm import LogProbSettings, to_tokens, token_logprobs
+from tether.model.loading import init_model, load_model
 from tether.rollout import SamplingParams, get_engine, top_p_filter
 from tether.rollout.vllm_compat import missing_reason
 
@@ -119,7 +119,7 @@ def test_a_tied_embedding_model_samples_from_its_own_output_layer(tmp_path):
 import sys, torch
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_rollout_vllm import PROMPTS, teacher_forced
-from tether.models import init_model, load_model
+from tether.model.loading import init_model, load_model
 from tether.rollout import SamplingParams, get_engine
 model, tok = load_model(init_model({str(tmp_path / "tied")!r}, hidden_size=128, num_layers=2, num_heads=4, seed=3,
                                    tied=True))
@@ -334,7 +334,7 @@ def test_cli_train_with_the_vllm_engine_trains_and_resumes_as_hf_does(tmp_path):
 
 def test_without_vllm_the_error_names_the_extra(monkeypatch, tmp_path, capsys):
     from tether.cli import main
-    from tether.config import ConfigError, load_config
+    from tether.config.sections import ConfigError, load_config
     from tether.rollout.vllm_compat import import_vllm
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails, find_spec says None

@@ -84,8 +84,8 @@ def test_a_signal_stops_cleanly_then_the_run_resumes_and_finishes(tiny_dir, tmp_
 
 @pytest.mark.slow
 def test_summary_says_what_the_run_was(tiny_dir, tmp_path):
-    from tether.config import load_config
-    from tether.train import train
+    from tether.config.sections import load_config
+    from tether.trainer.loop import train
 
     run = train(load_config(None, _overrides(tiny_dir, tmp_path / "run", 5, "objective=etr", "trainer.progress=false",
                                              "trainer.plots=false")), log=lambda *_: None)
@@ -117,7 +117,7 @@ def test_wandb_without_credentials_fails_before_anything_is_written(tiny_dir, tm
     code = main(["train", *_overrides(tiny_dir, out, 2, "trainer.wandb=true")])
     assert code == 2 and not out.exists()
     monkeypatch.setenv("WANDB_MODE", "offline")
-    from tether.sinks import wandb_problem
+    from tether.records.sinks import wandb_problem
 
     assert wandb_problem() == ""
 
@@ -126,7 +126,7 @@ def test_wandb_message_names_the_fixes(monkeypatch, tmp_path):
     import importlib.machinery
     import types
 
-    from tether.sinks import wandb_problem
+    from tether.records.sinks import wandb_problem
 
     fake = types.ModuleType("wandb")
     fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)

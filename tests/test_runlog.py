@@ -1,4 +1,4 @@
-"""tether.runlog: the one reader of a run's metrics.jsonl that every report uses."""
+"""tether.records.runlog: the one reader of a run's metrics.jsonl that every report uses."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tether.runlog import accuracy, best, read_metrics, series, tail_mean, values
+from tether.records.runlog import accuracy, best, read_metrics, series, tail_mean, values
 
 
 def test_a_metric_is_its_logged_points_without_missing_null_or_torn_rows(tmp_path):

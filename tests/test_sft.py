@@ -1,13 +1,13 @@
-"""tether.sft: the supervised warm start trains on solution tokens only and stops on accuracy."""
+"""tether.trainer.sft: the supervised warm start trains on solution tokens only and stops on accuracy."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tether.models import init_model, load_model
+from tether.model.loading import init_model, load_model
 from tether.rewards import RewardResult, get_reward
-from tether.sft import SFTSettings, greedy_accuracy, sft, sft_batch, sft_loss
+from tether.trainer.sft import SFTSettings, greedy_accuracy, sft, sft_batch, sft_loss
 from tether.tasks import Example, get_task
 
 

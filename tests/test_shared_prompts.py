@@ -1,4 +1,4 @@
-"""Shared prompts (tether.causal_lm): running each distinct prompt once changes nothing but the cost.
+"""Shared prompts (tether.model.causal_lm): running each distinct prompt once changes nothing but the cost.
 
 What this proves: with the samples of a prompt sharing its forward pass (the prompt's KV cache
 copied to every row), log-probs, entropies and the gradient of every parameter equal the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tether.causal_lm import _SHARE_PROBED, LogProbSettings, Tokens, causal_lm_token_logprobs, shared_prompt_reason
+from tether.model.causal_lm import _SHARE_PROBED, LogProbSettings, Tokens, causal_lm_token_logprobs, shared_prompt_reason
 
 from conftest import param_grads
 from conftest import tiny_float64_lm as tiny
@@ -37,7 +37,7 @@ def float64_rms_norm(monkeypatch):
 def grouped_tokens(prompt_lens=(5, 2, 4), group_sizes=(3, 1, 4), comp_lens=(6, 1, 3, 5, 2, 6, 4, 1), T=6, V=37,
                    seed=0) -> Tokens:
     """Left-padded prompts, each repeated for its group (one singleton), right-padded completions
-    of different lengths: the layout tether.train builds from a rollout."""
+    of different lengths: the layout tether.trainer.loop builds from a rollout."""
     g = torch.Generator().manual_seed(seed)
     P = max(prompt_lens)
     prompts = [torch.randint(1, V, (n,), generator=g) for n in prompt_lens]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tether.config import load_config
+from tether.config.sections import load_config
 from tether.evaluation.progress import progress as eval_progress
 from tether.rewards import REWARDS, RewardResult
-from tether.sinks import Heartbeat, PlainProgress
-from tether.train import FLAT_WARN_AFTER, flat_streak, train
+from tether.records.sinks import Heartbeat, PlainProgress
+from tether.trainer.loop import FLAT_WARN_AFTER, flat_streak, train
 
 ALWAYS_ZERO = "test_always_zero"
 if ALWAYS_ZERO not in REWARDS:
@@ -166,7 +166,7 @@ def test_tether_eval_redirected_writes_its_first_line_while_it_runs(tiny_dir, tm
     (3, 64, 3), (-1, 64, 0),  # N as given; -1 keeps torch's default (0: nothing set)
 ])
 def test_auto_threads_are_half_the_cores_between_one_and_eight(setting, cores, expected):
-    from tether.train import cpu_threads
+    from tether.trainer.loop import cpu_threads
 
     threads, why = cpu_threads(setting, cores)
     assert threads == expected

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tether.schema import ConfigError
-from tether.staleness import StalePolicies, stale_metrics
+from tether.trainer.staleness import StalePolicies, stale_metrics
 
 
 class _Policy(torch.nn.Module):
@@ -98,7 +98,7 @@ def _rows(run):
 def test_stale_run_logs_the_lag_and_the_sampler_mismatch(tiny_dir, tmp_path, anchor, extra):
     from conftest import train_config as _cfg
 
-    from tether.train import train
+    from tether.trainer.loop import train
 
     run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=4", "trainer.staleness=2",
                      f"trainer.old_logprobs={anchor}", "objective=grpo", *extra), log=lambda *_: None)

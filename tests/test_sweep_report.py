@@ -7,9 +7,9 @@ import json
 import pytest
 import yaml
 
-from tether.claims import METRICS, bootstrap_mean, evaluate_claims, load_claims, skipped_claims
-from tether.compare import setting_axis, write_report
-from tether.config import Config
+from tether.reports.claims import METRICS, bootstrap_mean, evaluate_claims, load_claims, skipped_claims
+from tether.reports.compare import setting_axis, write_report
+from tether.config.sections import Config
 from tether.schema import to_dict
 
 

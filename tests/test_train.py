@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tether.config import ConfigError, load_config
-from tether.train import train
+from tether.config.sections import ConfigError, load_config
+from tether.trainer.loop import train
 
 from conftest import metrics_rows as _rows, untimed
 from conftest import train_config as _cfg
@@ -118,7 +118,7 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tiny_dir, tmp_path):
-    from tether import checkpoint
+    from tether.records import checkpoint
 
     cfg = _cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=4", "trainer.plots=false")
     run = train(cfg, log=lambda *_: None)
@@ -136,7 +136,7 @@ def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tiny_dir, tm
 
 
 def test_pruning_never_deletes_the_newest_good_checkpoint(tiny_dir, tmp_path):
-    from tether import checkpoint
+    from tether.records import checkpoint
 
     run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "trainer.save_every=1",
                      "trainer.keep_last=2", "trainer.plots=false"), log=lambda *_: None)
@@ -150,18 +150,18 @@ def test_pruning_never_deletes_the_newest_good_checkpoint(tiny_dir, tmp_path):
 def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tiny_dir, tmp_path, monkeypatch):
     import dataclasses
 
-    import tether.step
-    from tether import checkpoint
+    import tether.trainer.step
+    from tether.records import checkpoint
 
     # NaN rewards reach the loss. A reward can no longer be their source (a NaN score is 0 and counted,
     # issue 32), so they are put into the scored batch after scoring: the trainer's guard is what is tested.
-    real = tether.step.collect
+    real = tether.trainer.step.collect
 
     def poisoned(*args, **kwargs):
         scored = real(*args, **kwargs)
         return dataclasses.replace(scored, results=[dataclasses.replace(r, score=float("nan")) for r in scored.results])
 
-    monkeypatch.setattr(tether.step, "collect", poisoned)
+    monkeypatch.setattr(tether.trainer.step, "collect", poisoned)
     cfg = _cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=5", "trainer.max_nonfinite_steps=2",
                "trainer.plots=false")
     logs = []
@@ -255,9 +255,9 @@ def _etr_update(tiny_dir, micro: int):
     """One rollout step's update of ETR on a fixed batch (float64), with micro_batch_size=micro:
     8 prompts x 8 samples, pass rates 1/8 ... 7/8 and 0, two mini-batches (the second off-policy)."""
     from tether import objectives
-    from tether.models import load_model
+    from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.train import LogProbSettings, Optimiser, Tokens, UpdateBatch, old_policy_logprobs, to_tokens, update
+    from tether.trainer.loop import LogProbSettings, Optimiser, Tokens, UpdateBatch, old_policy_logprobs, to_tokens, update
 
     torch.manual_seed(0)
     model, tok = load_model(str(tiny_dir), device="cpu")
@@ -301,9 +301,9 @@ def test_etr_loss_gradient_and_metrics_do_not_depend_on_the_micro_batch_size(tin
 def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     # Issue 13, item 5: sampling runs in eval mode, so pi_old must too; in train mode a model
     # with dropout gives a dropout sample of pi_old. The model's own mode is restored after.
-    from tether.models import load_model
+    from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.train import LogProbSettings, old_policy_logprobs, to_tokens
+    from tether.trainer.loop import LogProbSettings, old_policy_logprobs, to_tokens
 
     model, tok = load_model(str(tiny_dir), device="cpu")
     model.config.attention_dropout = 0.5
@@ -332,7 +332,7 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
 def test_reference_refresh_is_checked_once_per_rollout_step(every, kl, before, after, window, want):
     from types import SimpleNamespace
 
-    from tether.train import Counters, refresh_reference
+    from tether.trainer.loop import Counters, refresh_reference
 
     policy, reference = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     t = SimpleNamespace(ref_update_every=every, ref_update_kl=kl)
@@ -347,7 +347,7 @@ def test_reference_refresh_is_checked_once_per_rollout_step(every, kl, before, a
 
 
 def test_auto_device_keeps_a_small_model_on_the_cpu_and_says_why(monkeypatch):
-    from tether.models import pick_device
+    from tether.model.loading import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     device, why = pick_device("auto", 4_200_000, 20_000_000)
@@ -365,9 +365,9 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     # ppo_epochs x mini_batches = 1: pi_old is the policy being differentiated, so the recompute
     # pass is skipped; the gradient is the one a recomputed pi_old gives (float64, no dropout).
     from tether import objectives
-    from tether.models import load_model
+    from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.train import (LogProbSettings, Optimiser, Tokens, UpdateBatch, batched_logprobs, old_policy_logprobs,
+    from tether.trainer.loop import (LogProbSettings, Optimiser, Tokens, UpdateBatch, batched_logprobs, old_policy_logprobs,
                               to_tokens, update)
 
     model, tok = load_model(str(tiny_dir), device="cpu")
@@ -421,7 +421,7 @@ def test_held_out_accuracy_is_the_task_verifiers_never_the_training_reward(tiny_
     # Issue 15, item 4: one definition of accuracy. A shaped or weighted training reward is logged
     # as reward/*, and eval/accuracy (and the warm start) use the task's own 0/1 verifier.
     from tether.rewards import REWARDS, accuracy
-    from tether.train import build_task_and_reward
+    from tether.trainer.loop import build_task_and_reward
 
     task, reward, verifier = build_task_and_reward(_cfg(tiny_dir, "unused", "reward.weights={exact_match: 1.0, format: 0.5}"))
     assert verifier is REWARDS.get(task.reward) and reward is not verifier
@@ -450,7 +450,7 @@ def test_held_out_evaluation_runs_in_batches_of_eval_batch_size(tiny_dir):
     """Held-out evaluation generated all data.eval_size problems in one call (8 GSM8K problems at 128
     tokens took 2 minutes on a loaded CPU, memory growing with eval_size): trainer.eval_batch_size
     problems per call now, with the accuracy and lengths of one call."""
-    from tether.models import load_model
+    from tether.model.loading import load_model
     from tether.rewards import get_reward, greedy_accuracy
     from tether.rollout import get_engine
     from tether.tasks import get_task

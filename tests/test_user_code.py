@@ -206,14 +206,14 @@ def test_the_first_ctrl_c_drops_a_step_that_has_not_updated_and_the_resume_match
 
     import torch
 
-    import tether.step
+    import tether.trainer.step
     from conftest import checkpoint_weights, metrics_rows, train_config, untimed
-    from tether.stopping import Interrupted
-    from tether.train import train
+    from tether.trainer.stopping import Interrupted
+    from tether.trainer.loop import train
 
     plain = train(train_config(tiny_dir, tmp_path / "plain", "trainer.total_steps=3", "trainer.plots=false"),
                   log=lambda *_: None)
-    real, calls = tether.step.collect, []
+    real, calls = tether.trainer.step.collect, []
 
     def stalls_at_step_two(*args, **kwargs):
         calls.append(1)
@@ -222,14 +222,14 @@ def test_the_first_ctrl_c_drops_a_step_that_has_not_updated_and_the_resume_match
             time.sleep(600)  # a step that would not finish: only the signal ends it
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tether.step, "collect", stalls_at_step_two)
+    monkeypatch.setattr(tether.trainer.step, "collect", stalls_at_step_two)
     lines, run = [], tmp_path / "run"
     with pytest.raises(Interrupted) as stopped:
         train(train_config(tiny_dir, run, "trainer.total_steps=3", "trainer.plots=false"), log=lines.append)
     assert stopped.value.step == 1 and stopped.value.exit_code == 130
     assert "step 2 stopped before it changed the weights: dropped (a resume redoes it)" in lines
     assert [r["step"] for r in metrics_rows(run)] == [0, 1]
-    monkeypatch.setattr(tether.step, "collect", real)
+    monkeypatch.setattr(tether.trainer.step, "collect", real)
     train(train_config(tiny_dir, run, "trainer.total_steps=3", "trainer.plots=false"), resume_dir=str(run),
           log=lambda *_: None)
     for a, b in zip(metrics_rows(plain), metrics_rows(run)):  # the dropped step redone as if never begun
@@ -284,7 +284,7 @@ def test_a_warm_start_whose_solutions_cannot_fit_its_budget_is_an_error_before_a
 
 
 def test_the_warm_start_gives_up_when_the_loss_has_converged_and_accuracy_has_not_moved():
-    from tether.sft import stalled
+    from tether.trainer.sft import stalled
 
     def checks(losses, accuracies):
         return [{"step": 25 * (i + 1), "loss": l, "accuracy": a} for i, (l, a) in enumerate(zip(losses, accuracies))]
@@ -305,9 +305,9 @@ def test_the_warm_start_gives_up_when_the_loss_has_converged_and_accuracy_has_no
 def test_a_warm_start_that_cannot_learn_gives_up_early_and_says_what_it_saw(tiny_dir):
     """The verifier rejects every reference solution, whatever the model learns: the loss converges while
     accuracy stays 0, and the warm start stops after give_up_checks checks, not at steps_max."""
-    from tether.models import load_model
+    from tether.model.loading import load_model
     from tether.rewards import RewardResult
-    from tether.sft import SFTSettings, sft
+    from tether.trainer.sft import SFTSettings, sft
     from tether.tasks import get_task
 
     model, tokenizer = load_model(tiny_dir)

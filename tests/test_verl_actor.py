@@ -1,6 +1,6 @@
 """verl's own actor trains with tether's losses (issue 34): verl 0.9.1's `ActorRolloutRefWorker`, its
 FSDP2 engine on a gloo group of one CPU process, makes one policy update on a fixed batch, and its
-loss and parameter update equal tether's own trainer's (`tether.step.update`) on the same batch:
+loss and parameter update equal tether's own trainer's (`tether.trainer.step.update`) on the same batch:
 
 - a preset by its own name (`loss_mode=tether_atr_grpo`, verl's plain PolicyLossConfig);
 - DAPO through TetherPolicyLossConfig with Hydra overrides, which also equals verl's native `vanilla`
@@ -27,8 +27,8 @@ import torch
 pytest.importorskip("verl")
 
 from tether import objectives  # noqa: E402
-from tether.causal_lm import LogProbSettings, Tokens, positions, token_logprobs  # noqa: E402
-from tether.models import init_model, load_model  # noqa: E402
+from tether.model.causal_lm import LogProbSettings, Tokens, positions, token_logprobs  # noqa: E402
+from tether.model.loading import init_model, load_model  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 DRIVER = TESTS / "verl_actor_cpu.py"
@@ -140,9 +140,9 @@ def verl_updates(tmp_path_factory):
 
 
 def _tether_update(model_dir: Path, batch: dict, spec) -> tuple[dict, dict]:
-    """tether's own trainer's update (`tether.step.update`) on the same batch: (metrics, weights after)."""
-    from tether.config import load_config
-    from tether.step import Optimiser, UpdateBatch, update
+    """tether's own trainer's update (`tether.trainer.step.update`) on the same batch: (metrics, weights after)."""
+    from tether.config.sections import load_config
+    from tether.trainer.step import Optimiser, UpdateBatch, update
 
     model, _ = load_model(str(model_dir), dtype="float32")
     obj = objectives.build(spec)

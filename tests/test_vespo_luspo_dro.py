@@ -296,7 +296,7 @@ def test_train_runs_two_steps(tiny_dir, tmp_path, preset, overrides, key):
 
     from conftest import train_config as _cfg
 
-    from tether.train import train
+    from tether.trainer.loop import train
 
     cfg = _cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", f"objective={preset}", *overrides)
     run = train(cfg, log=lambda *_: None)

@@ -52,7 +52,7 @@ def main(argv=None):
     from trl import GRPOConfig
 
     from tether.integrations.trl import make_trainer, reward_func, to_dataset
-    from tether.models import init_model
+    from tether.model.loading import init_model
     from tether.rewards import task_reward
     from tether.tasks import get_task
 

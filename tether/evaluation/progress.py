@@ -32,7 +32,7 @@ def progress(enabled: bool, total: int, done: int, stream=None, log=None,
 
 
 def _plain_progress(total: int, done: int, log=None, every_s: float | None = None) -> Iterator[Callable[[int], None]]:
-    from ..sinks import HEARTBEAT_S, Heartbeat, _duration, flushed
+    from ..records.sinks import HEARTBEAT_S, Heartbeat, _duration, flushed
 
     log = flushed(print if log is None else log)
     start, tic, state = done, time.perf_counter(), {"done": done}

@@ -22,7 +22,7 @@ def evaluate(model_path: str | Path, data_specs: Sequence[str], **options: Any) 
     """Sample `n` completions per problem of `data_specs`, verify them, report per source.
 
     Args:
-        model_path: hub id or local directory (loaded with `tether.models.load_model`); with an
+        model_path: hub id or local directory (loaded with `tether.model.loading.load_model`); with an
             engine object given it only names the model in the settings.
         data_specs: `load_eval_data` specs (task:NAME[:k=v...], a JSONL/Parquet path, a hub name).
         options: the fields of `EvalOptions`, by name: n=16, ks=(1, 4, 16), temperature=0.6,
@@ -146,7 +146,7 @@ def _sample_batch(engine: Any, batch: list[Example], settings: EvalSettings, par
 
 def _tokenizer_for(model_path: str | Path) -> Any:
     """The model's tokenizer alone, so that data specs fail before a (slow) model load."""
-    from ..models import _check_source, load_tokenizer
+    from ..model.loading import _check_source, load_tokenizer
 
     _check_source(str(model_path))  # the helpful "neither a directory nor a hub id" error
     return load_tokenizer(model_path)
@@ -157,7 +157,7 @@ def _set_threads(setting: int) -> None:
     auto choice is said on stderr, as the trainer logs it."""
     import torch
 
-    from ..run import cpu_threads
+    from ..trainer.setup import cpu_threads
 
     threads, why = cpu_threads(setting)
     if threads:
@@ -176,7 +176,7 @@ def _check_engine(name: str) -> None:
 
 
 def _engine_for(model_path: str | Path, device: str, dtype: str, name: str = "hf") -> Any:
-    from ..models import load_model, place_model
+    from ..model.loading import load_model, place_model
     from ..rollout import get_engine
 
     model, tokenizer = load_model(model_path, dtype=dtype, device="cpu" if device == "auto" else device)

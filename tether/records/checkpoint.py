@@ -34,7 +34,7 @@ from typing import Any, Optional
 import torch
 from safetensors.torch import load_file, save_file
 
-from . import faults
+from .. import faults
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 

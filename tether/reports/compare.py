@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .plots import EVAL_MARKER, coinciding, pyplot, rolling_mean, save_panel, window_for, window_note, ylabel_of
-from .runlog import ACCURACY, METRICS_FILE, accuracy, has_metrics, read_config, read_metrics, tail_mean, values
+from ..records.plots import EVAL_MARKER, coinciding, pyplot, rolling_mean, save_panel, window_for, window_note, ylabel_of
+from ..records.runlog import ACCURACY, METRICS_FILE, accuracy, has_metrics, read_config, read_metrics, tail_mean, values
 
 CURVES = [  # (file, title, metric, smoothed); the y-axis label is the run plots' (ylabel_of), the window theirs
     ("accuracy", "held-out accuracy", ACCURACY, False),
@@ -46,9 +46,9 @@ def is_finished(run: Path) -> bool:
 def compare(config: Optional[str], objectives: list[str], seeds: int, overrides: list[str], out: str,
             threshold: Optional[float] = None, log=print, claims: Optional[str] = None) -> Path:
     """Run every objective x seed (skipping finished runs, resuming interrupted ones), then report."""
-    from . import checkpoint
-    from .config import load_config
-    from .train import train
+    from ..records import checkpoint
+    from ..config.sections import load_config
+    from ..trainer.loop import train
 
     out_dir = Path(out)
     # Validate every combination, and that runs already there used the same settings, before any work.
@@ -83,8 +83,8 @@ def compare(config: Optional[str], objectives: list[str], seeds: int, overrides:
 def _check_same_settings(run: Path, cfg, out_dir: Path) -> None:
     """A run already in `out_dir` must have the settings this compare would give it (budget included):
     a comparison never mixes runs of different settings."""
-    from .config import config_differences, load_config
-    from .schema import ConfigError
+    from ..config.sections import config_differences, load_config
+    from ..schema import ConfigError
 
     saved = run / "config.yaml"
     if not saved.exists():
@@ -106,7 +106,7 @@ def _label(run: Path) -> str:
     config's label (`atr_grpo`, not the `divergence_clip` it builds; tether.objectives.label_of)."""
     if run.name.startswith("seed"):
         return run.parent.name
-    from .objectives import label_of
+    from ..objectives import label_of
 
     return label_of(read_config(run)["objective"])
 
@@ -158,7 +158,7 @@ def _ms(values: list[float], digits: int = 3) -> str:
 def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optional[float] = None,
                  claims: Optional[str] = None) -> Path:
     """report.md (per regime: its settings, a table of mean ± std over seeds, overlay plots; then the
-    claims with their intervals and verdicts) and summary.json (per-seed values, `tether.claims`)."""
+    claims with their intervals and verdicts) and summary.json (per-seed values, `tether.reports.claims`)."""
     from .claims import MIN_SEEDS, claims_markdown, evaluate_claims, load_claims, per_seed, skipped_claims
 
     claim_list = load_claims(claims) if claims else None  # checked before anything is written
@@ -226,8 +226,8 @@ def _regime_config(methods: dict[str, list[Path]]) -> dict:
 
 def _non_default_settings(methods: dict[str, list[Path]]) -> list[str]:
     """`key: value` for every shared setting that differs from tether's defaults (the budget included)."""
-    from .config import Config, flatten
-    from .schema import to_dict
+    from ..config.sections import Config, flatten
+    from ..schema import to_dict
 
     defaults = flatten({k: v for k, v in to_dict(Config()).items() if k != "objective"})
     shared = flatten(_regime_config(methods))
@@ -276,7 +276,7 @@ def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]
     for fname, title, key, smooth in CURVES:
         n_points = max((sum(r.get(key) is not None for r in rows) for runs in data.values() for rows in runs),
                        default=0)
-        window = window_for(n_points) if smooth else 1  # the run plots' rule (tether.plots)
+        window = window_for(n_points) if smooth else 1  # the run plots' rule (tether.records.plots)
         means = {}
         for label, runs in data.items():
             curves = [rolling_mean(rows, key, window) for rows in runs]
@@ -306,7 +306,7 @@ def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]
 # ---------------------------------------------------------------- against a setting
 
 
-AXIS_METRICS = [  # (per-seed metric of tether.claims.METRICS, y-axis label)
+AXIS_METRICS = [  # (per-seed metric of tether.reports.claims.METRICS, y-axis label)
     ("final_accuracy", "final held-out accuracy"),
     ("auc", "mean held-out accuracy over the run"),
     ("constrained_frac", "fraction of tokens clipped or masked"),
@@ -317,7 +317,7 @@ def setting_axis(configs: dict[str, dict]) -> Optional[tuple[str, dict[str, floa
     """(dotted key, {regime: value}) when the regimes' shared settings differ in exactly one numeric
     setting (a sweep such as trainer.staleness = 0, 16, 64); None otherwise (a single regime, or
     regimes that differ in several settings, which no single x-axis can show)."""
-    from .config import flatten
+    from ..config.sections import flatten
 
     if len(configs) < 2:
         return None
@@ -363,7 +363,7 @@ def _axis_points(values: dict[str, float], regimes: dict) -> dict[str, dict[str,
 
 def _axis_section(axis: tuple[str, dict[str, float]], regimes: dict, out_dir: Path) -> list[str]:
     """A table and plots of each method's per-seed metrics against the one setting the regimes vary:
-    mean over seeds and its 95% bootstrap interval (tether.claims.bootstrap_mean)."""
+    mean over seeds and its 95% bootstrap interval (tether.reports.claims.bootstrap_mean)."""
     key, values = axis
     xs = sorted(set(values.values()))
     points = _axis_points(values, regimes)

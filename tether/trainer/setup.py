@@ -17,20 +17,21 @@ from typing import Any, Optional
 
 import torch
 
-from . import checkpoint, objectives
-from .causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, fused_head_reason
-from .config import Config, check_resume, save_config
+from ..records import checkpoint
+from .. import objectives
+from ..model.causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, fused_head_reason
+from ..config.sections import Config, check_resume, save_config
 from .limits import check_lengths
 from .data import PromptStream
-from .models import apply_lora, check_model_loads, pick_device, place_model
-from .rewards import RewardFn, greedy_accuracy
-from .rollout import RolloutEngine, SamplingParams, get_engine
-from .schema import ConfigError
-from .sinks import wandb_problem
+from ..model.loading import apply_lora, check_model_loads, pick_device, place_model
+from ..rewards import RewardFn, greedy_accuracy
+from ..rollout import RolloutEngine, SamplingParams, get_engine
+from ..schema import ConfigError
+from ..records.sinks import wandb_problem
 from .overlap import OverlappedSampler
 from .staleness import StalePolicies
 from .step import precision
-from .tasks import Example
+from ..tasks import Example
 
 
 @dataclass
@@ -150,7 +151,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     if cfg.model.name_or_path != "tiny":
         check_model_loads(cfg.model.name_or_path)  # a hub id that does not resolve, too: nothing written yet
     torch.manual_seed(t.seed)
-    obj = objectives.build(cfg.objective)  # resolved on load (tether.config): every parameter is recorded
+    obj = objectives.build(cfg.objective)  # resolved on load (tether.config.sections): every parameter is recorded
     task, reward_fn, verifier = build_task_and_reward(cfg)  # data errors (a missing file) end here: nothing written
     for warning in config_warnings(cfg, obj):
         log(f"warning: {warning}")
@@ -193,7 +194,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
 def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
     """(policy, tokenizer, device, peft wrapper or None, frozen reference or None): the policy from the
     checkpoint or the initial model `base`; under LoRA the adapters on `base`, new or the checkpoint's."""
-    from .models import load_model
+    from ..model.loading import load_model
 
     lora = cfg.model.lora
     model, tokenizer, device = _load_policy(cfg, base if ckpt is None or lora is not None else str(ckpt / "model"),
@@ -275,9 +276,9 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
     `reward.timeout_s` and `reward.strict` where they take them (strict extraction only when the
     task's template asks for a final \\boxed{} answer). A task that cannot be built with its
     knobs, or a model whose tokenizer cannot be read, is a ConfigError: nothing is written yet."""
-    from .plugins import check_task, is_import_path, parameters
-    from .rewards import check_user_rewards, task_reward
-    from .tasks import DataError, get_task, task_factory
+    from ..plugins import check_task, is_import_path, parameters
+    from ..rewards import check_user_rewards, task_reward
+    from ..tasks import DataError, get_task, task_factory
 
     args = dict(cfg.data.task_args)
     if "tokenizer" in parameters(task_factory(cfg.data.task))[0]:
@@ -310,10 +311,10 @@ def _tokenizer(name_or_path: str):
     """The tokenizer of model.name_or_path (for rendering prompts and checking lengths; "tiny": the
     character tokenizer `init_model` saves), or ConfigError saying why not."""
     if name_or_path == "tiny":
-        from .models import char_tokenizer
+        from ..model.loading import char_tokenizer
 
         return char_tokenizer()
-    from .models import load_tokenizer
+    from ..model.loading import load_tokenizer
 
     try:
         return load_tokenizer(name_or_path)
@@ -324,7 +325,7 @@ def _tokenizer(name_or_path: str):
 
 def _eval_examples(task, cfg: Config) -> list:
     """The held-out problems, checked before any model is loaded."""
-    from .tasks import DataError
+    from ..tasks import DataError
 
     try:
         return task.examples("test", cfg.data.eval_size)
@@ -372,7 +373,7 @@ def _open_run_dir(cfg: Config, run_dir: Path, resume_dir: Optional[str], log) ->
 def _load_policy(cfg: Config, source: str, log):
     """The policy and tokenizer, loaded on the CPU (dtype auto: float32, the master weights under bf16
     autocast), then moved to the device `trainer.device` picks for a model of its size."""
-    from .models import load_model
+    from ..model.loading import load_model
 
     t = cfg.trainer
     model, tokenizer = load_model(source, dtype=cfg.model.dtype, device="cpu",

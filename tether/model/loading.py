@@ -3,7 +3,7 @@
 Two entry points:
 
 - `load_model` opens any Hugging Face causal LM (a hub id, a local directory, or a `.gguf` file,
-  converted once into a cached directory by `tether.model_files.gguf_model_dir`) and fixes the
+  converted once into a cached directory by `tether.model.files.gguf_model_dir`) and fixes the
   tokenizer settings that batched generation depends on: eos and pad as the model's own config
   names them (`fix_special_tokens`: a GGUF conversion gets them wrong), a pad token (falling back
   to eos) and left padding, so the last prompt token of every row sits in the last column.
@@ -53,7 +53,7 @@ def resolve_dtype(dtype: DType, device: str | torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-from .config import SMALL_MODEL_PARAMS  # noqa: E402  (defined with its config field, where no torch is imported)
+from ..config.sections import SMALL_MODEL_PARAMS  # noqa: E402  (defined with its config field, where no torch is imported)
 
 
 def pick_device(name: str, n_params: int, small_model_params: int, key: str = "trainer.device",
@@ -75,7 +75,7 @@ def pick_device(name: str, n_params: int, small_model_params: int, key: str = "t
         return torch.device("cuda"), ""
     problem = device_problem(name, key)
     if problem:
-        from .schema import ConfigError
+        from ..schema import ConfigError
 
         raise ConfigError(problem)
     return torch.device(name), ""
@@ -114,7 +114,7 @@ def device_problem(name: str, key: str = "trainer.device", available: bool = Tru
 
 
 def apply_lora(model: Any, lora: Any, adapter_dir: str | Path | None = None) -> Any:
-    """A peft `PeftModel` around `model`: new adapters from `lora` (tether.config.LoRAConfig), or the
+    """A peft `PeftModel` around `model`: new adapters from `lora` (tether.config.sections.LoRAConfig), or the
     trained ones saved in `adapter_dir` (a checkpoint's `model/`). Only the adapters train."""
     try:
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -140,7 +140,7 @@ def model_source_problem(name_or_path: str) -> str:
     mistyped local path (its first part is a local directory, `runs/ckpt` for `runs/ckpt1`) or when
     the hub is off (HF_HUB_OFFLINE) and the model is not in the local cache.
     """
-    from .model_files import gguf_problem, is_gguf
+    from .files import gguf_problem, is_gguf
 
     path = Path(name_or_path).expanduser()
     if is_gguf(name_or_path):
@@ -176,7 +176,7 @@ def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> Non
     rather than a transformers traceback after the run directory was made."""
     from transformers import AutoConfig
 
-    from .schema import ConfigError
+    from ..schema import ConfigError
 
     problem = model_source_problem(name_or_path)
     if not problem:
@@ -211,8 +211,8 @@ def _check_source(name_or_path: str) -> None:
 
 def local_source(name_or_path: str | Path, log: Callable[[str], Any] = print) -> str:
     """What `from_pretrained` reads for `name_or_path`: a `.gguf` file's converted directory
-    (converted on first use, `tether.model_files.gguf_model_dir`), a local path expanded, else the hub id."""
-    from .model_files import gguf_model_dir, is_gguf
+    (converted on first use, `tether.model.files.gguf_model_dir`), a local path expanded, else the hub id."""
+    from .files import gguf_model_dir, is_gguf
 
     if is_gguf(name_or_path):
         return str(gguf_model_dir(name_or_path, log=log))

@@ -23,9 +23,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .rewards import RewardFn, task_reward, verdicts
-from .rollout import HFEngine, encode_prompts
-from .tasks import Example, Task
+from ..rewards import RewardFn, task_reward, verdicts
+from ..rollout import HFEngine, encode_prompts
+from ..tasks import Example, Task
 
 
 def greedy_accuracy(

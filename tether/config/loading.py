@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .schema import ConfigError
+from ..schema import ConfigError
 
 if TYPE_CHECKING:
-    from .config import Config
+    from .sections import Config
 
 
 def check_model_and_device(cfg: Config) -> None:
     """model.name_or_path can be a model (a directory with config.json, or a hub id; no network) and
     trainer.device names a device (whether this machine has it is checked when a run starts)."""
-    from .models import device_problem, model_source_problem
+    from ..model.loading import device_problem, model_source_problem
 
     if cfg.model.name_or_path != "tiny":
         problem = model_source_problem(cfg.model.name_or_path)
@@ -35,10 +35,10 @@ def check_model_and_device(cfg: Config) -> None:
 def check_names(cfg: Config) -> None:
     """Task, task knobs, reward and engine exist, a user's (`module:name`, tether.plugins) imports
     and takes what it is given: checked on load, before any directory is written."""
-    from .core.registry import unknown_name_message
-    from .plugins import is_import_path
-    from .rewards import REWARDS
-    from .tasks import TASKS, check_task_knobs
+    from ..core.registry import unknown_name_message
+    from ..plugins import is_import_path
+    from ..rewards import REWARDS
+    from ..tasks import TASKS, check_task_knobs
 
     def name(registry, value: str, key: str, extra: tuple[str, ...] = ()) -> None:  # tasks and rewards plug in
         if value not in registry and value not in extra and not is_import_path(value):
@@ -53,7 +53,7 @@ def check_names(cfg: Config) -> None:
     for reward, spec in cfg.reward.weights.items():
         name(REWARDS, reward, "reward.weights")
         _check_reward(reward, spec, f"reward.weights.{reward}")
-    from .rollout import engine_problem  # torch: after the checks that need none (issue 32, item 6)
+    from ..rollout import engine_problem  # torch: after the checks that need none (issue 32, item 6)
 
     problem = engine_problem(cfg.rollout.engine)  # unknown, or its package (vLLM) not installed
     if problem:
@@ -63,8 +63,8 @@ def check_names(cfg: Config) -> None:
 def _check_reward(reward: str, spec: Any, key: str) -> None:
     """A part of the reward: its parameters exist; a user's reward (an import path) also imports,
     is built with them and takes (completion, example)."""
-    from .plugins import entry, is_import_path
-    from .rewards import REWARDS, check_reward_params, get_reward
+    from ..plugins import entry, is_import_path
+    from ..rewards import REWARDS, check_reward_params, get_reward
 
     if is_import_path(reward):
         entry(REWARDS, reward, key)  # an import error names this key

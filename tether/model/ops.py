@@ -47,7 +47,7 @@ Where this departs from the naive `log_softmax` path:
 4. Targets equal to `ignore_index` skip the head altogether and give log-prob 0 and entropy 0
    (and no gradient), where the naive path computes values that a loss mask then discards.
 5. Only a plain linear head is fused: no bias, no logit scaling or soft-capping.
-   `tether.causal_lm.causal_lm_token_logprobs` checks the model and otherwise falls back to the
+   `tether.model.causal_lm.causal_lm_token_logprobs` checks the model and otherwise falls back to the
    model's own logits.
 """
 

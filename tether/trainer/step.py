@@ -1,5 +1,5 @@
 """One RL step: sample and score a batch, advantages, old and reference log-probs, the optimiser
-steps, the reference refresh (the loop around it is `tether.train`, the run it reads `tether.run`).
+steps, the reference refresh (the loop around it is `tether.trainer.loop`, the run it reads `tether.trainer.setup`).
 
     collect          engine.generate -> rewards (dynamic sampling: refill flat groups)      -> Scored
     advantages       objective.advantages(rewards, groups, lengths, the reward's parts when it reads them)
@@ -9,7 +9,7 @@ steps, the reference refresh (the loop around it is `tether.train`, the run it r
     refresh          the reference becomes the policy every K optimiser steps or on a KL threshold (SPEC 2.5)
 
 Log-probs are computed at the sampling temperature (logits / T), as the sampler drew them, by
-tether.ops' chunked LM head (trainer.fused_logprobs): the (N, T, V) logits are never held; the
+tether.model.ops' chunked LM head (trainer.fused_logprobs): the (N, T, V) logits are never held; the
 samples of one prompt run that prompt once (trainer.share_prompts).
 """
 
@@ -23,19 +23,19 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from . import faults, objectives
-from .causal_lm import (LogProbSettings, Tokens, batched_logprobs, eval_mode, shared_prompt_reason, to_tokens,
+from .. import faults, objectives
+from ..model.causal_lm import (LogProbSettings, Tokens, batched_logprobs, eval_mode, shared_prompt_reason, to_tokens,
                         token_logprobs)
-from .config import Config
+from ..config.sections import Config
 from .data import PromptStream
-from .rewards import Scored, reward_parts, score_rollout, verifier_faults
-from .rollout import RolloutBatch, SamplingParams
+from ..rewards import Scored, reward_parts, score_rollout, verifier_faults
+from ..rollout import RolloutBatch, SamplingParams
 from .overlap import rollout_seed
 from .staleness import stale_metrics
-from .tasks import Example
+from ..tasks import Example
 
 if TYPE_CHECKING:
-    from .run import Counters, Run
+    from .setup import Counters, Run
 
 
 def precision(device: torch.device, cfg: Config) -> contextlib.AbstractContextManager:
@@ -98,7 +98,7 @@ def sampler_logprobs(rollout, tokens: Tokens) -> torch.Tensor:
 
 
 def rollout_metrics(rollout, rewards: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
-    from .core.advantages import zero_variance_fraction
+    from ..core.advantages import zero_variance_fraction
 
     lengths = rollout.mask.sum(1).float()
     return {
@@ -147,7 +147,7 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
             seconds = first_metrics
         if not r.dynamic_sampling:
             return dataclasses.replace(scored, metrics=first_metrics)
-        from .core.masked import group_summary
+        from ..core.masked import group_summary
 
         s = group_summary(rewards, groups)
         live = s["max"] > s["min"]

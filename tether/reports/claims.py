@@ -69,8 +69,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
-from .runlog import accuracy, series, tail_mean
-from .schema import ConfigError
+from ..records.runlog import accuracy, series, tail_mean
+from ..schema import ConfigError
 
 N_BOOT = 10_000
 DIRECTIONS = ("higher", "lower")

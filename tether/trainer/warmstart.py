@@ -16,8 +16,8 @@ import shutil
 import time
 from pathlib import Path
 
-from .config import Config
-from .schema import to_dict
+from ..config.sections import Config
+from ..schema import to_dict
 
 
 def cache_root(cfg: Config) -> Path:
@@ -30,7 +30,7 @@ def _key(payload: dict) -> str:
 
 
 def _tiny_model(cfg: Config) -> Path:
-    from .models import init_model
+    from ..model.loading import init_model
 
     m = cfg.model
     spec = {"arch": m.tiny_arch, "hidden": m.tiny_hidden_size, "layers": m.tiny_layers, "seed": cfg.trainer.seed}
@@ -67,7 +67,7 @@ def warm_start_key(cfg: Config, base: str) -> dict:
 
 def below_target_warning(cfg: Config, info: dict) -> str:
     """A warning line when the warm start ended below `warm_start.target_accuracy` (its step budget,
-    `warm_start.max_steps`, ran out first, or it gave up early: `tether.sft.stalled`), else "". RL from such a policy sees reward 0 in most
+    `warm_start.max_steps`, ran out first, or it gave up early: `tether.trainer.sft.stalled`), else "". RL from such a policy sees reward 0 in most
     groups, whose advantages are then 0: the run trains on little or nothing."""
     ws = cfg.warm_start
     if info["accuracy"] >= ws.target_accuracy:
@@ -108,7 +108,7 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
         if warning := below_target_warning(cfg, info):
             log(warning)
         return str(path)
-    from .models import load_model
+    from ..model.loading import load_model
     from .sft import SFTSettings, sft
 
     log(f"warm start: supervised fine-tuning until held-out accuracy >= {ws.target_accuracy} (cached afterwards)")

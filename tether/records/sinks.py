@@ -62,7 +62,7 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of a metrics file (`tether.runlog` reads a run's through this)."""
+    """The rows of a metrics file (`tether.records.runlog` reads a run's through this)."""
     return [row for _, row in _lines(path)]
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .schema import field_docs
+from ..schema import field_docs
 
 
 def describe_fields(cls: Optional[type] = None, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, docstring) for every field of `cls` (default: the whole `Config`)."""
     if cls is None:
-        from .config import Config
+        from .sections import Config
 
         cls = Config
     docs = field_docs(cls)
@@ -42,7 +42,7 @@ def _default_text(f: dataclasses.Field) -> str:
 def describe_task_knobs() -> list[tuple[str, str, str, str]]:
     """(data.task_args.KNOB, "task NAME", default, docstring) for every knob of every registered
     task, for `tether train --help-config`."""
-    from .tasks import TASKS
+    from ..tasks import TASKS
 
     rows = []
     for name in TASKS.names():
@@ -60,8 +60,8 @@ def describe_reward_params() -> list[tuple[str, str, str, str]]:
     A parameter that `RewardConfig` also has (timeout_s, strict) is passed from there to every part
     that takes it (`rewards.task_reward`), so its default is that key, not the dataclass default.
     """
-    from .config import RewardConfig
-    from .rewards import REWARDS
+    from .sections import RewardConfig
+    from ..rewards import REWARDS
 
     shared = {f.name for f in dataclasses.fields(RewardConfig)} - {"name", "weights"}
     rows = []

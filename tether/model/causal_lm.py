@@ -9,7 +9,7 @@ padding). The token at column P + t is predicted from position P - 1 + t:
     log pi(o_t | q, o_<t) = log_softmax(W h_{P-1+t} / tau)[o_t]
 
 with h the decoder body's final hidden states, W the output embedding and tau the sampling
-temperature. `causal_lm_token_logprobs` computes it through `tether.ops`' fused head when the
+temperature. `causal_lm_token_logprobs` computes it through `tether.model.ops`' fused head when the
 model's head is a plain bias-free linear layer (checked once per model against its own logits,
 `fused_head_reason`), and through the model's own logits otherwise.
 
@@ -100,13 +100,13 @@ class LogProbSettings:
 
     temperature: float = 1.0  # rollout.temperature: logits / T, as the sampler drew them (0: 1)
     micro_batch_size: int = 64  # trainer.micro_batch_size: rows per forward of `batched_logprobs`
-    fused: bool = True  # trainer.fused_logprobs: the chunked head of tether.ops (else the model's logits)
+    fused: bool = True  # trainer.fused_logprobs: the chunked head of tether.model.ops (else the model's logits)
     chunk_size: Optional[int] = None  # trainer.logprob_chunk_size: tokens per head tile (None: tile_shape's)
     share_prompts: bool = True  # trainer.share_prompts: rows with the same prompt run it once
 
     @classmethod
     def of(cls, cfg: Any) -> "LogProbSettings":
-        """The settings a run's config (`tether.config.Config`) names."""
+        """The settings a run's config (`tether.config.sections.Config`) names."""
         t = cfg.trainer
         return cls(cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size,
                    t.share_prompts)
@@ -115,7 +115,7 @@ class LogProbSettings:
 def token_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbSettings(), with_entropy: bool = True):
     """log pi(o_t | h) (N, T) and, optionally, the per-token entropy (N, T); 0 at padding.
 
-    With `settings.fused`, the LM head runs chunked (tether.ops) and the (N, T, V) logits never
+    With `settings.fused`, the LM head runs chunked (tether.model.ops) and the (N, T, V) logits never
     exist; otherwise (or for a head that cannot be fused) the model's own logits are used. With
     `settings.share_prompts`, rows with the same prompt run it once (module docstring; exact up to rounding).
     """

@@ -1,7 +1,7 @@
 """tether's training loop: sample, score, advantage, update, log, checkpoint.
 
-    run <- start_run(cfg)                                         tether.run: new, or resumed from a checkpoint
-    for step in 1..total_steps:                                   tether.step.rl_step:
+    run <- start_run(cfg)                                         tether.trainer.setup: new, or resumed from a checkpoint
+    for step in 1..total_steps:                                   tether.trainer.step.rl_step:
         prompts  <- the data stream (resumable position)
         rollout  <- engine.generate(prompts, group_size)          sampler log-probs, finish reasons
         rewards  <- verifier(completion, example)                 (dynamic sampling: refill flat groups)
@@ -12,8 +12,8 @@
         reference refresh every K optimiser steps or on a KL threshold (SPEC 2.5)
         log metrics (one host sync), evaluate held-out accuracy, checkpoint (weights, optimiser, `Counters`)
 
-The setup lives in `tether.run`, one step in `tether.step`; this module is the loop that joins them.
-Their public names are re-exported here (`from tether.train import update, UpdateBatch, ...`).
+The setup lives in `tether.trainer.setup`, one step in `tether.trainer.step`; this module is the loop that joins them.
+Their public names are re-exported here (`from tether.trainer.loop import update, UpdateBatch, ...`).
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import faults
-from .causal_lm import LogProbSettings, Tokens, batched_logprobs, to_tokens
-from .config import Config
-from .run import Counters, Run, build_task_and_reward, config_warnings, cpu_threads, start_run
-from .rewards import FaultWarnings, RewardBroken, reward_label
-from .schema import ConfigError, to_dict
-from .sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
+from .. import faults
+from ..model.causal_lm import LogProbSettings, Tokens, batched_logprobs, to_tokens
+from ..config.sections import Config
+from .setup import Counters, Run, build_task_and_reward, config_warnings, cpu_threads, start_run
+from ..rewards import FaultWarnings, RewardBroken, reward_label
+from ..schema import ConfigError, to_dict
+from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
 from .step import (KL_WINDOW, Optimiser, Scored, UpdateBatch, Updated, collect, old_policy_logprobs, precision,
                    refresh_reference, rl_step, update)
 from .stopping import Interrupted, StopNow, StopSignals
-from .summary import write_samples, write_summary
+from ..records.summary import write_samples, write_summary
 
-__all__ = [  # the loop, and the names of tether.run, tether.step and tether.causal_lm it re-exports
+__all__ = [  # the loop, and the names of tether.trainer.setup, tether.trainer.step and tether.model.causal_lm it re-exports
     "FLAT_WARN_AFTER", "KL_WINDOW", "Counters", "LogProbSettings", "Optimiser", "Run", "Scored", "Tokens",
     "UpdateBatch", "Updated", "batched_logprobs", "build_task_and_reward", "collect", "config_warnings",
     "cpu_threads", "flat_streak", "old_policy_logprobs", "precision", "refresh_reference", "rl_step", "start_run",
@@ -46,7 +46,7 @@ __all__ = [  # the loop, and the names of tether.run, tether.step and tether.cau
 def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     """Run (or resume) training; returns the run directory.
 
-    SIGINT and SIGTERM stop it cleanly after the step under way (tether.stopping): a checkpoint
+    SIGINT and SIGTERM stop it cleanly after the step under way (tether.trainer.stopping): a checkpoint
     of that step, the summary and the plots, then `Interrupted`.
     """
     from transformers.utils import logging as hf_logging
@@ -107,12 +107,12 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
 
 @contextlib.contextmanager
 def _droppable(run: Run, stop: StopSignals, step: int, log):
-    """Within, a first signal drops the step (`StopNow`, tether.stopping) until its first optimiser step:
+    """Within, a first signal drops the step (`StopNow`, tether.trainer.stopping) until its first optimiser step:
     the prompts it took and the random state are put back, so a resume redoes it as if never begun.
     Yields a list that holds True when the step was dropped. Not with trainer.overlap (its sampler
     thread has already taken the next batch's prompts) nor trainer.staleness (its FIFO of policies
     has moved on): those finish the step."""
-    from .checkpoint import rng_state, set_rng_state
+    from ..records.checkpoint import rng_state, set_rng_state
 
     dropped: list[bool] = []
     if run.overlap is not None or run.stale is not None:
@@ -224,7 +224,7 @@ def _finish(run: Run, wall_s: float, signum: Optional[int], log) -> None:
     """summary.md (what the run was, then the metrics table) and the plots."""
     log(write_summary(run.cfg, run.run_dir, run.start, run.counters.step, wall_s, run.device, signum))
     if run.cfg.trainer.plots:
-        from .plots import plot_run
+        from ..records.plots import plot_run
 
         plot_run(run.run_dir)
     log(f"run directory: {run.run_dir}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .tasks import DataError, Example
+from ..tasks import DataError, Example
 
 CHUNK = 1024
 

@@ -7,10 +7,10 @@ what was expected, a YAML syntax error names FILE:LINE:COLUMN.
 
 Also on load (issue 24; before, these failed after the run directory was written, or with a
 traceback): a task knob without a default must be set; `model.name_or_path` must be able to be
-a model, checked without the network (`tether.models.model_source_problem`); `trainer.device`
+a model, checked without the network (`tether.model.loading.model_source_problem`); `trainer.device`
 must name a device; and a reward or task named by import path (`module:name`, tether.plugins)
 is imported and its signature checked. Those checks, which ask the rest of tether, are in
-`tether.config_checks`; the `--help-config` listing is `tether.config_help` (re-exported here).
+`tether.config.loading`; the `--help-config` listing is `tether.config.help` (re-exported here).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from .config_checks import check_model_and_device, check_names
-from .config_help import describe_fields, describe_reward_params, describe_task_knobs
-from .schema import ConfigError, coerce, from_dict, to_dict, unknown_key_error
+from .loading import check_model_and_device, check_names
+from .help import describe_fields, describe_reward_params, describe_task_knobs
+from ..schema import ConfigError, coerce, from_dict, to_dict, unknown_key_error
 
 
 @dataclass
@@ -187,7 +187,7 @@ class TrainerConfig:
     without overlap, bitwise, for one more copy of the model in memory. rollout.engine=hf only.
     docs/training.md, "Stale rollouts"."""
     fused_logprobs: bool = True
-    """Log-probs and entropy through tether.ops' chunked LM head, never holding the (N, T, V) logits
+    """Log-probs and entropy through tether.model.ops' chunked LM head, never holding the (N, T, V) logits
     (exact gradients); models whose head is not a plain linear layer fall back to their logits."""
     logprob_chunk_size: Optional[int] = None
     """Tokens per chunk of the fused head; null: about 256 MB of float32 logits per chunk."""
@@ -308,7 +308,7 @@ class Config:
         # (Dr. GRPO's constant T_max), a mapping without preset or name overrides the default objective.
         check_names(self)  # task, knobs and data files, reward; the engine last (it imports torch)
         # After the checks that need no torch (issue 32, item 6: a config or data error in under a second).
-        from . import objectives
+        from .. import objectives
 
         self.objective = objectives.resolve(self.objective, max_len=r.max_new_tokens, default=DEFAULT_OBJECTIVE)
         self._check_objective_with_trainer()
@@ -354,7 +354,7 @@ class Config:
 
     def _check_objective_with_trainer(self) -> None:
         """The checks of the resolved objective against the trainer's and the rollout's settings."""
-        from . import objectives
+        from .. import objectives
 
         t, r = self.trainer, self.rollout
         if t.old_logprobs == "sampler":  # a constraint measured against pi_sampler would be identically inactive
@@ -385,7 +385,7 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
         if current is None:
             node[k] = {}
         elif k == "objective" and isinstance(current, str):
-            from . import objectives
+            from .. import objectives
 
             node[k] = objectives.spec_mapping(current)
         elif not isinstance(current, dict):
@@ -491,7 +491,7 @@ def check_resume(cfg: Config, run_dir: Path) -> None:
 
 def save_config(cfg: Config, path: Path) -> None:
     """The resolved config (the objective with every parameter) and the tether version."""
-    from . import __version__
+    from .. import __version__
 
     path.write_text(yaml.safe_dump({VERSION_KEY: __version__, **to_dict(cfg)}, sort_keys=False))
 

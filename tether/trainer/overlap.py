@@ -1,7 +1,7 @@
 """Real overlap of sampling and training (`trainer.overlap`, with `trainer.staleness: s >= 1`).
 
 With a lag s >= 1 the sampler of RL step t+1 is the policy of step t+1-s, which is already in the FIFO of
-stale policies (`tether.staleness`) when step t starts. So step t+1's batch can be sampled while step t
+stale policies (`tether.trainer.staleness`) when step t starts. So step t+1's batch can be sampled while step t
 trains, in a background thread, as an asynchronous trainer with a fixed lag does; torch releases the GIL
 inside its ops, so on two cores the decode and the update run at the same time. The bound is the same s:
 one batch is prefetched, by a policy exactly s steps older than the one it trains.
@@ -51,7 +51,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 
 import torch
 
-from .rollout import RolloutBatch, SamplingParams, get_engine
+from ..rollout import RolloutBatch, SamplingParams, get_engine
 from .staleness import StalePolicies, load_trainable
 
 
