@@ -4,7 +4,7 @@
     python benchmarks/lora.py --device cuda --dtype bfloat16 --out benchmarks/results/performance/lora_gpu.md
 
 Each mode runs in its own process (so one's allocations cannot hide the other's peak): load the
-model, build one batch of random completions, then `--steps` updates through `tether.trainer.loop.update`
+model, build one batch of random completions, then `--steps` updates through `tether.trainer.step.update`
 (the trainer's own path: fused head, DAPO objective, AdamW) with `ppo_epochs = mini_batches = 1`.
 Memory: the process's peak resident set (CPU) or `torch.cuda.max_memory_allocated` (GPU), and the
 part of it above the memory after the model was loaded (weights, activations, gradients, AdamW state).
@@ -39,10 +39,11 @@ def _peak_bytes(device: torch.device) -> int:
 def child(args) -> dict:
     """One mode in this process; returns its measurements."""
     from tether import objectives
-    from tether.config.sections import LoRAConfig, load_config
+    from tether.config.sections import LoRAConfig
+    from tether.config.loading import load_config
     from tether.model.loading import apply_lora, load_model
     from tether.model.causal_lm import LogProbSettings, Tokens
-    from tether.trainer.loop import Optimiser, UpdateBatch, update
+    from tether.trainer.step import Optimiser, update, UpdateBatch
 
     device = setup(args)
     model, _ = load_model(args.model_dir, dtype=args.dtype, device=str(device))

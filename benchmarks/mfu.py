@@ -4,7 +4,7 @@
     python benchmarks/mfu.py --device cuda --dtype bfloat16 --sizes 512x8 1024x16 2048x24 --vocab 151936
 
 Peak: the best of a few square matmuls (2048 and 4096, and 8192 on CUDA) in the chosen dtype.
-Training step: what tether.trainer.loop.update does per micro-batch, on B sequences of L tokens
+Training step: what tether.trainer.step.update does per micro-batch, on B sequences of L tokens
 (P prompt + L - P completion): log-probs and entropy of the completion, a loss on both,
 backward, gradient clipping and an AdamW step. Two columns: the model's full logits
 (tether.model.causal_lm.token_logprobs with trainer.fused_logprobs=false) and the fused chunked head

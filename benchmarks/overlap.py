@@ -50,8 +50,9 @@ class _Timed:
 
 def one_run(model_dir: Path, out: Path, overlap: str, threads: int, a) -> dict[str, float]:
     """A fresh run of `a.steps` RL steps; its wall time per step, sampling share and mean overlap wait."""
-    from tether.config.sections import load_config
-    from tether.trainer.loop import rl_step, start_run
+    from tether.config.loading import load_config
+    from tether.trainer.step import rl_step
+    from tether.trainer.setup import start_run
 
     cfg = load_config(None, [f"model.name_or_path={model_dir}", f"output_dir={out}", "warm_start.enabled=false",
                              f"trainer.staleness={a.staleness}", f"trainer.overlap={overlap}",

@@ -58,13 +58,13 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     own, and the old log-prob pass is skipped. engine_name="vllm": rollouts by the vLLM engine
     (rollout.engine=vllm), whose weight push before each rollout is timed as "sync" (within generation)."""
     from tether import objectives
-    from tether.config.sections import load_config
+    from tether.config.loading import load_config
     from tether.trainer.data import PromptStream
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.tasks import get_task
     from tether.model.causal_lm import LogProbSettings, batched_logprobs, to_tokens
-    from tether.trainer.loop import Optimiser, UpdateBatch, collect, old_policy_logprobs, update
+    from tether.trainer.step import collect, old_policy_logprobs, Optimiser, update, UpdateBatch
 
     batch = args.prompts * args.group
     cfg = load_config(overrides=[

@@ -5,7 +5,7 @@
 
 GRPO's G samples of a prompt share it; with `share_prompts` the decoder runs each distinct prompt
 once and the completions on its copied KV cache (tether.model.causal_lm, module docstring). A micro-step is
-what `tether.trainer.loop.update` does per micro-batch: log-probs and entropy of the completion through
+what `tether.trainer.step.update` does per micro-batch: log-probs and entropy of the completion through
 the fused head, a loss, backward, gradient clipping and AdamW. The batch is --prompts distinct
 prompts x --group samples, every prompt --prompt-len tokens and every completion the length in
 the table. The two settings alternate; median of --reps after a warm-up. "positions" is the

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from tether.records import checkpoint
-from tether.config.sections import ConfigError, load_config
+from tether.schema import ConfigError
+from tether.config.loading import load_config
 from tether.objectives import build
 from tether.tasks import DataError, MathTask, load_math_dataset
-from tether.trainer.loop import config_warnings, train
+from tether.trainer.setup import config_warnings
+from tether.trainer.loop import train
 
 
 def _jsonl(path: Path, lines: list[str]) -> Path:

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from tether.config.sections import DataConfig, describe_reward_params, describe_task_knobs
+from tether.config.sections import DataConfig
+from tether.config.help import describe_reward_params, describe_task_knobs
 from tether.rewards import REWARDS
 from tether.schema import field_docs
 from tether.tasks import TASKS
@@ -83,7 +84,7 @@ def test_shared_reward_options_default_to_their_reward_config_keys():
 
 def test_reward_parameters_are_set_the_way_the_help_says(tmp_path):
     # reward.weights.NAME.PARAM=V and reward.weights.NAME.weight=W build that part with them.
-    from tether.config.sections import load_config
+    from tether.config.loading import load_config
     from tether.rewards import task_reward
     from tether.tasks import get_task
 

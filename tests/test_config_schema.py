@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from tether import __version__, objectives
-from tether.config.sections import ConfigError, load_config
+from tether.schema import ConfigError
+from tether.config.loading import load_config
 
 from conftest import DIGIT_REWARD
 
@@ -109,3 +110,18 @@ def test_a_missing_data_file_names_the_key_to_change(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     assert "data.task_args.train" in err and "nope.jsonl" in err and "does not exist" in err
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_building_a_config_imports_no_plugin_reads_no_file_and_checks_no_package(tmp_path):
+    """A Config is a plain value: a plug-in that does not exist, a model directory that is not there and an
+    engine whose package may be missing all build; `check_config`, which the loader runs, refuses the first."""
+    import sys
+
+    from tether.config.loading import check_config
+    from tether.config.sections import Config, DataConfig, ModelConfig, RolloutConfig
+
+    cfg = Config(data=DataConfig(task="no_such_module_for_tether:task"),
+                 model=ModelConfig(name_or_path=str(tmp_path / "missing")), rollout=RolloutConfig(engine="vllm"))
+    assert cfg.objective == "atr_grpo" and "no_such_module_for_tether" not in sys.modules
+    with pytest.raises(ConfigError, match="data.task"):
+        check_config(cfg)

@@ -92,7 +92,7 @@ def _config_check(command: str) -> None:
     """Load and validate the config of one `tether train` / `tether compare` command line."""
     from tether import objectives
     from tether.cli import _split_config_args
-    from tether.config.sections import load_config
+    from tether.config.loading import load_config
 
     words = shlex.split(command, comments=True)
     if words[:2] not in (["tether", "train"], ["tether", "compare"]) or {"--resume", "--help-config"} & set(words):

@@ -48,7 +48,7 @@ def _micro_batches(seed):
 
 
 def _tether_trainer(obj, d, micro):
-    """As tether.trainer.loop.update does: statistics once, each micro-batch its rows, the mini-batch normaliser."""
+    """As tether.trainer.step.update does: statistics once, each micro-batch its rows, the mini-batch normaliser."""
     adv = obj.advantages(d["rewards"], d["groups"])
     stats = obj.group_stats(d["rewards"], d["groups"])
     norm = obj.normalizer(d["mask"])

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tether.records import checkpoint
 from tether.cli import main
-from tether.config.sections import load_config, save_config
+from tether.config.loading import load_config, save_config
 from tether.trainer.loop import train
 
 from conftest import DIGIT_REWARD

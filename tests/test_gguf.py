@@ -79,7 +79,7 @@ def test_a_training_run_starts_from_a_gguf_file_and_records_it(tiny_gguf, tmp_pa
 
 
 def test_a_bad_gguf_path_is_refused_on_load_naming_the_file(tmp_path, monkeypatch):
-    from tether.config.sections import load_config
+    from tether.config.loading import load_config
 
     with pytest.raises(ConfigError, match="missing.gguf.*does not exist"):
         load_config(None, [f"model.name_or_path={tmp_path / 'missing.gguf'}"])

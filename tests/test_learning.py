@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tether.config.sections import load_config
+from tether.config.loading import load_config
 from tether.trainer.loop import train
 
 

@@ -11,7 +11,8 @@ import torch
 
 pytest.importorskip("peft")
 
-from tether.config.sections import ConfigError, load_config  # noqa: E402
+from tether.schema import ConfigError  # noqa: E402
+from tether.config.loading import load_config  # noqa: E402
 from tether.trainer.loop import train  # noqa: E402
 
 from conftest import DIGIT_REWARD, untimed  # noqa: E402

@@ -112,6 +112,6 @@ def test_place_model_keeps_a_small_model_on_the_cpu_and_says_why(llama_dir, monk
     assert place_model(model, "auto", small_model_params=10**9, key="device", log=lines.append) == torch.device("cpu")
     assert len(lines) == 1 and lines[0].startswith("device=auto: running on the CPU") and "device=cuda" in lines[0]
     assert next(model.parameters()).device.type == "cpu"
-    assert place_model(model, "cpu", log=lines.append) == torch.device("cpu") and len(lines) == 1
+    assert place_model(model, "cpu", 10**9, log=lines.append) == torch.device("cpu") and len(lines) == 1
     with pytest.raises(TypeError):
         init_model(llama_dir, "qwen2")  # the settings are keyword-only: a positional one cannot land in the wrong slot

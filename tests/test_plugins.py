@@ -176,7 +176,7 @@ def test_a_wrong_import_path_is_an_error_before_anything_is_written(tmp_path, mo
 
 
 def test_an_import_path_keeps_its_dots_in_a_weights_override():
-    from tether.config.sections import _set_dotted
+    from tether.config.loading import _set_dotted
 
     tree: dict = {}
     _set_dotted(tree, "reward.weights.pkg.mod:Near.tolerance", 0.1)
@@ -185,7 +185,7 @@ def test_an_import_path_keeps_its_dots_in_a_weights_override():
 
 
 def test_a_user_reward_class_takes_its_parameters_from_the_weights(tmp_path, monkeypatch):
-    from tether.config.sections import load_config
+    from tether.config.loading import load_config
     from tether.rewards import Combined, UserReward, get_reward
     from tether.tasks import Example
 

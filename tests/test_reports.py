@@ -15,7 +15,8 @@ import torch
 import yaml
 
 from tether.records import plots
-from tether.config.sections import config_differences, load_config, save_config
+from tether.config.sections import config_differences
+from tether.config.loading import load_config, save_config
 from tether.records.summary import best_text, reward_text, summary_header, summary_table
 
 ROOT = Path(__file__).resolve().parents[1]

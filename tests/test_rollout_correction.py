@@ -448,7 +448,7 @@ def test_the_trainer_corrects_a_bf16_decode(tiny_dir, tmp_path):
     # KV-cache paths): a real, small mismatch that the correction measures and weighs.
     import json
 
-    from tether.config.sections import load_config
+    from tether.config.loading import load_config
     from tether.trainer.loop import train
 
     from conftest import DIGIT_REWARD

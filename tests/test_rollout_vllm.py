@@ -334,7 +334,8 @@ def test_cli_train_with_the_vllm_engine_trains_and_resumes_as_hf_does(tmp_path):
 
 def test_without_vllm_the_error_names_the_extra(monkeypatch, tmp_path, capsys):
     from tether.cli import main
-    from tether.config.sections import ConfigError, load_config
+    from tether.schema import ConfigError
+    from tether.config.loading import load_config
     from tether.rollout.vllm_compat import import_vllm
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails, find_spec says None

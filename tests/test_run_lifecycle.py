@@ -84,7 +84,7 @@ def test_a_signal_stops_cleanly_then_the_run_resumes_and_finishes(tiny_dir, tmp_
 
 @pytest.mark.slow
 def test_summary_says_what_the_run_was(tiny_dir, tmp_path):
-    from tether.config.sections import load_config
+    from tether.config.loading import load_config
     from tether.trainer.loop import train
 
     run = train(load_config(None, _overrides(tiny_dir, tmp_path / "run", 5, "objective=etr", "trainer.progress=false",

@@ -134,7 +134,7 @@ def test_refusals_name_the_fix(tmp_path):
             objectives.TokenBatch(lp, lp, _t(1.0), torch.ones(1, 1, dtype=torch.bool)))
     with pytest.raises(ConfigError, match="sampler_kl_coef"):
         objectives.build({"name": "reinforce", "sampler_kl_coef": -1.0})
-    from tether.config.sections import load_config
+    from tether.config.loading import load_config
 
     with pytest.raises(ConfigError, match="sampler_kl_coef.*top_p=1"):
         load_config(None, ["objective.sampler_kl_coef=0.001", "rollout.top_p=0.9",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.config.sections import load_config
+from tether.config.loading import load_config
 from tether.evaluation.progress import progress as eval_progress
 from tether.rewards import REWARDS, RewardResult
 from tether.records.sinks import Heartbeat, PlainProgress
@@ -166,7 +166,7 @@ def test_tether_eval_redirected_writes_its_first_line_while_it_runs(tiny_dir, tm
     (3, 64, 3), (-1, 64, 0),  # N as given; -1 keeps torch's default (0: nothing set)
 ])
 def test_auto_threads_are_half_the_cores_between_one_and_eight(setting, cores, expected):
-    from tether.trainer.loop import cpu_threads
+    from tether.model.loading import cpu_threads
 
     threads, why = cpu_threads(setting, cores)
     assert threads == expected

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tether.config.sections import ConfigError, load_config
+from tether.schema import ConfigError
+from tether.config.loading import load_config
 from tether.trainer.loop import train
 
 from conftest import metrics_rows as _rows, untimed
@@ -257,7 +258,8 @@ def _etr_update(tiny_dir, micro: int):
     from tether import objectives
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.trainer.loop import LogProbSettings, Optimiser, Tokens, UpdateBatch, old_policy_logprobs, to_tokens, update
+    from tether.model.causal_lm import LogProbSettings, to_tokens, Tokens
+    from tether.trainer.step import old_policy_logprobs, Optimiser, update, UpdateBatch
 
     torch.manual_seed(0)
     model, tok = load_model(str(tiny_dir), device="cpu")
@@ -303,7 +305,8 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     # with dropout gives a dropout sample of pi_old. The model's own mode is restored after.
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.trainer.loop import LogProbSettings, old_policy_logprobs, to_tokens
+    from tether.model.causal_lm import LogProbSettings, to_tokens
+    from tether.trainer.step import old_policy_logprobs
 
     model, tok = load_model(str(tiny_dir), device="cpu")
     model.config.attention_dropout = 0.5
@@ -332,7 +335,8 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
 def test_reference_refresh_is_checked_once_per_rollout_step(every, kl, before, after, window, want):
     from types import SimpleNamespace
 
-    from tether.trainer.loop import Counters, refresh_reference
+    from tether.trainer.setup import Counters
+    from tether.trainer.step import refresh_reference
 
     policy, reference = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     t = SimpleNamespace(ref_update_every=every, ref_update_kl=kl)
@@ -367,8 +371,8 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     from tether import objectives
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.trainer.loop import (LogProbSettings, Optimiser, Tokens, UpdateBatch, batched_logprobs, old_policy_logprobs,
-                              to_tokens, update)
+    from tether.model.causal_lm import batched_logprobs, LogProbSettings, to_tokens, Tokens
+    from tether.trainer.step import old_policy_logprobs, Optimiser, update, UpdateBatch
 
     model, tok = load_model(str(tiny_dir), device="cpu")
     model = model.double()
@@ -421,7 +425,7 @@ def test_held_out_accuracy_is_the_task_verifiers_never_the_training_reward(tiny_
     # Issue 15, item 4: one definition of accuracy. A shaped or weighted training reward is logged
     # as reward/*, and eval/accuracy (and the warm start) use the task's own 0/1 verifier.
     from tether.rewards import REWARDS, accuracy
-    from tether.trainer.loop import build_task_and_reward
+    from tether.trainer.setup import build_task_and_reward
 
     task, reward, verifier = build_task_and_reward(_cfg(tiny_dir, "unused", "reward.weights={exact_match: 1.0, format: 0.5}"))
     assert verifier is REWARDS.get(task.reward) and reward is not verifier

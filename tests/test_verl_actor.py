@@ -141,7 +141,7 @@ def verl_updates(tmp_path_factory):
 
 def _tether_update(model_dir: Path, batch: dict, spec) -> tuple[dict, dict]:
     """tether's own trainer's update (`tether.trainer.step.update`) on the same batch: (metrics, weights after)."""
-    from tether.config.sections import load_config
+    from tether.config.loading import load_config
     from tether.trainer.step import Optimiser, UpdateBatch, update
 
     model, _ = load_model(str(model_dir), dtype="float32")

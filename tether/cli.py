@@ -62,7 +62,7 @@ def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .config.sections import load_config
+    from .config.loading import load_config
 
     if args.help_config:
         return _print_config_help()
@@ -90,7 +90,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _print_config_help() -> int:
-    from .config.sections import describe_fields, describe_reward_params, describe_task_knobs
+    from .config.help import describe_fields, describe_reward_params, describe_task_knobs
 
     for key, default, doc in describe_fields():
         print(f"{key:<40} {default:<16} {doc}")
@@ -108,8 +108,8 @@ def _print_config_help() -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from .config.sections import load_config
-    from .trainer.loop import build_task_and_reward
+    from .config.loading import load_config
+    from .trainer.setup import build_task_and_reward
     from .trainer.warmstart import initial_model
 
     path, overrides = _split_config_args(args.args)

@@ -1,29 +1,19 @@
-"""The training configuration: nested dataclasses, a docstring under every field.
+"""The training configuration as plain values: nested dataclasses, a docstring under every field.
 
-Sources, later ones winning: the dataclass defaults, a YAML file, `key=value` overrides with
-dotted keys (`trainer.total_steps=50`, `objective=dapo`, `objective.eps_high=0.3`). Every
-value is validated on load: an unknown key names the nearest valid ones, a bad value says
-what was expected, a YAML syntax error names FILE:LINE:COLUMN.
-
-Also on load (issue 24; before, these failed after the run directory was written, or with a
-traceback): a task knob without a default must be set; `model.name_or_path` must be able to be
-a model, checked without the network (`tether.model.loading.model_source_problem`); `trainer.device`
-must name a device; and a reward or task named by import path (`module:name`, tether.plugins)
-is imported and its signature checked. Those checks, which ask the rest of tether, are in
-`tether.config.loading`; the `--help-config` listing is `tether.config.help` (re-exported here).
+Building a `Config` checks each value and each pair of values (ranges, settings that exclude each
+other) and nothing else: it imports no plug-in, reads no file and checks no installed package, so a
+`Config` is a value any code can build. Reading one from YAML and `key=value` overrides, and the
+checks that ask the rest of tether (names in the registries, a user's plug-in, the model's files,
+the engine's package, the objective resolved to every parameter) are `tether.config.loading`; the
+`--help-config` listing is `tether.config.help`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import yaml
-
-from .loading import check_model_and_device, check_names
-from .help import describe_fields, describe_reward_params, describe_task_knobs
-from ..schema import ConfigError, coerce, from_dict, to_dict, unknown_key_error
+from ..schema import ConfigError, to_dict
 
 
 @dataclass
@@ -303,16 +293,6 @@ class Config:
             if value < 1:
                 raise ConfigError(f"{key}: got {value}, expected an integer >= 1")
         self._check_values()
-        # The objective spec, resolved by the one function that interprets specs: from here on it is
-        # the full mapping {label, name, every parameter}; max_len defaults to the generation budget
-        # (Dr. GRPO's constant T_max), a mapping without preset or name overrides the default objective.
-        check_names(self)  # task, knobs and data files, reward; the engine last (it imports torch)
-        # After the checks that need no torch (issue 32, item 6: a config or data error in under a second).
-        from .. import objectives
-
-        self.objective = objectives.resolve(self.objective, max_len=r.max_new_tokens, default=DEFAULT_OBJECTIVE)
-        self._check_objective_with_trainer()
-        check_model_and_device(self)
 
     def _check_values(self) -> None:
         """The checks of values and pairs of values, which import nothing."""
@@ -352,97 +332,6 @@ class Config:
                 "use trainer.old_logprobs=recompute"
             )
 
-    def _check_objective_with_trainer(self) -> None:
-        """The checks of the resolved objective against the trainer's and the rollout's settings."""
-        from .. import objectives
-
-        t, r = self.trainer, self.rollout
-        if t.old_logprobs == "sampler":  # a constraint measured against pi_sampler would be identically inactive
-            for key, why in objectives.build(self.objective).config.vanishes_when_old_is_sampler().items():
-                raise ConfigError(f"objective.{key} with trainer.old_logprobs=sampler (pi_old = pi_sampler): {why}")
-        if self.objective.get("sampler_kl_coef") and (r.top_p < 1 or r.temperature == 0):
-            raise ConfigError(
-                f"objective.sampler_kl_coef={self.objective['sampler_kl_coef']}: the penalty compares log pi_theta "
-                "with the sampler's log-probs, which are those of the full softmax only with rollout.top_p=1 and "
-                f"rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); against a top-p "
-                "renormalised sampler it penalises even an on-policy update. Set rollout.top_p=1 or sampler_kl_coef=0"
-            )
-
-
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    """tree["a"]["b"] = value for "a.b", creating mappings on the way.
-
-    `objective.KEY=V` on an objective given by name turns it into {preset|name: NAME, KEY: V}.
-    A reward part named by an import path keeps its dots: `reward.weights.pkg.mod:fn.PARAM`.
-    """
-    keys = dotted.split(".")
-    if keys[:2] == ["reward", "weights"] and any(":" in k for k in keys[2:]):
-        end = next(i for i, k in enumerate(keys) if ":" in k) + 1
-        keys = [*keys[:2], ".".join(keys[2:end]), *keys[end:]]
-    node = tree
-    for k in keys[:-1]:
-        current = node.get(k)
-        if current is None:
-            node[k] = {}
-        elif k == "objective" and isinstance(current, str):
-            from .. import objectives
-
-            node[k] = objectives.spec_mapping(current)
-        elif not isinstance(current, dict):
-            raise ConfigError(f"{dotted}: {k!r} is not a section that has keys")
-        node = node[k]
-    node[keys[-1]] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """`key=value` with the value read as YAML (numbers, lists, mappings, null)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} is not key=value (e.g. trainer.total_steps=50)")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
-
-
-def _yaml_error(path: str, err: yaml.YAMLError) -> str:
-    """`FILE:LINE:COLUMN: not valid YAML: the problem (while ...)` from a YAML error (1-based)."""
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None)
-    if mark is None or problem is None:
-        return f"{path}: not valid YAML ({str(err).splitlines()[0]}); fix the file"
-    context, cmark = getattr(err, "context", None), getattr(err, "context_mark", None)
-    opened = f" ({context}, opened at line {cmark.line + 1}, column {cmark.column + 1})" if context and cmark else ""
-    return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}{opened}; fix the file"
-
-
-def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> Config:
-    """Defaults <- YAML file <- dotted overrides, validated."""
-    tree: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {path!r} not found; pass a YAML file path or omit it to use the defaults")
-        try:  # safe_load: a YAML tag can never construct Python objects or run code
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(_yaml_error(path, err)) from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-        loaded.pop(VERSION_KEY, None)  # a run directory's config.yaml records its version
-        tree = loaded
-    for text in overrides:
-        key, value = parse_override(text)
-        top = key.split(".")[0]
-        if top not in Config.__dataclass_fields__:
-            raise unknown_key_error("", top, list(Config.__dataclass_fields__))
-        _set_dotted(tree, key, value)
-    return from_dict(Config, tree)
-
-
-VERSION_KEY = "tether_version"
-"""Written at the top of a run's config.yaml: the tether version that ran it (not a config key)."""
 
 RESUMABLE_KEYS = (
     "trainer.total_steps", "trainer.eval_every", "trainer.eval_batch_size", "trainer.save_every", "trainer.keep_last",
@@ -469,32 +358,3 @@ def config_differences(cfg: Config, other: Config, ignore: tuple[str, ...] = ())
     a, b = (flatten({**to_dict(c), "objective": {k: v for k, v in c.objective.items() if k != "label"}})
             for c in (other, cfg))
     return [(k, a.get(k), b[k]) for k in b if k not in ignore and a.get(k) != b[k]]
-
-
-def check_resume(cfg: Config, run_dir: Path) -> None:
-    """A resumed run must be the run its directory records: only the budget, logging and
-    checkpointing (RESUMABLE_KEYS) may differ from RUN_DIR/config.yaml. Raises ConfigError naming
-    the keys and the way to train with the new values (a new run)."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a tether run directory?")
-    diff = config_differences(cfg, load_config(str(path)), ignore=(*RESUMABLE_KEYS, "output_dir"))
-    if diff:
-        changed = [k for k, _, _ in diff]
-        shown = ", ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in diff[:5])
-        raise ConfigError(
-            f"--resume {run_dir}: a resumed run cannot change {shown}{' ...' if len(changed) > 5 else ''} "
-            f"(it would no longer be the run {path} records); only {', '.join(RESUMABLE_KEYS)} can change. "
-            f"To train with the new values start a new run: tether train {path} KEY=VALUE ... output_dir=NEW_DIR"
-        )
-
-
-def save_config(cfg: Config, path: Path) -> None:
-    """The resolved config (the objective with every parameter) and the tether version."""
-    from .. import __version__
-
-    path.write_text(yaml.safe_dump({VERSION_KEY: __version__, **to_dict(cfg)}, sort_keys=False))
-
-
-__all__ = ["Config", "ConfigError", "check_resume", "config_differences", "load_config", "save_config", "describe_fields",
-           "describe_reward_params", "describe_task_knobs", "coerce"]

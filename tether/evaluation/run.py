@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..config.sections import SMALL_MODEL_PARAMS
 from ..rewards import PerExample, RewardFn, Scored, check_verdicts, get_reward, reward_options, score_rollout
 from ..tasks import TASKS, Example, stable_hash
 from .data import EvalError, load_eval_data, problem_key, unique_problems
@@ -153,11 +154,11 @@ def _tokenizer_for(model_path: str | Path) -> Any:
 
 
 def _set_threads(setting: int) -> None:
-    """torch's CPU threads by the trainer's rule (`run.cpu_threads`: 0 auto, -1 torch's default); the
+    """torch's CPU threads by the trainer's rule (`model.loading.cpu_threads`: 0 auto, -1 torch's default); the
     auto choice is said on stderr, as the trainer logs it."""
-    import torch
+    import torch  # lazy: torch, after the data specs are checked
 
-    from ..trainer.setup import cpu_threads
+    from ..model.loading import cpu_threads  # lazy: torch
 
     threads, why = cpu_threads(setting)
     if threads:
@@ -181,7 +182,7 @@ def _engine_for(model_path: str | Path, device: str, dtype: str, name: str = "hf
 
     model, tokenizer = load_model(model_path, dtype=dtype, device="cpu" if device == "auto" else device)
     if device == "auto":  # the trainer's rule: a model too small to keep a GPU busy stays on the CPU
-        place_model(model, "auto", key="device", log=lambda line: print(line, file=sys.stderr))
+        place_model(model, "auto", SMALL_MODEL_PARAMS, key="device", log=lambda line: print(line, file=sys.stderr))
     return get_engine(name, model=model, tokenizer=tokenizer)
 
 

@@ -21,6 +21,7 @@ It adds no BOS/EOS when encoding: `decode(encode(s)) == s` for every string over
 
 from __future__ import annotations
 
+import os
 import re
 import string
 from pathlib import Path
@@ -53,9 +54,6 @@ def resolve_dtype(dtype: DType, device: str | torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-from ..config.sections import SMALL_MODEL_PARAMS  # noqa: E402  (defined with its config field, where no torch is imported)
-
-
 def pick_device(name: str, n_params: int, small_model_params: int, key: str = "trainer.device",
                 small_key: str = "trainer.small_model_params") -> tuple[torch.device, str]:
     """The device for a model, and a log line when `auto` keeps a small model on the CPU
@@ -81,7 +79,7 @@ def pick_device(name: str, n_params: int, small_model_params: int, key: str = "t
     return torch.device(name), ""
 
 
-def place_model(model: Any, name: str, small_model_params: int = SMALL_MODEL_PARAMS, key: str = "trainer.device",
+def place_model(model: Any, name: str, small_model_params: int, key: str = "trainer.device",
                 log: Callable[[str], Any] = print) -> torch.device:
     """Move `model` (loaded on the CPU) to the device `name` picks for a model of its size
     (`pick_device`: `auto` keeps one under `small_model_params` parameters on the CPU, and `log`s
@@ -91,6 +89,28 @@ def place_model(model: Any, name: str, small_model_params: int = SMALL_MODEL_PAR
         log(why)
     model.to(device)
     return device
+
+
+AUTO_THREADS_MAX = 8
+"""trainer.threads=0 (auto) uses half the cores, at most this many."""
+
+
+def cpu_threads(setting: int, cores: Optional[int] = None) -> tuple[int, str]:
+    """torch's CPU threads for `trainer.threads` (0: auto) and a log line saying why, or (0, "") to
+    keep torch's default (-1). Auto is half the cores this process may use, at least 1 and at most
+    AUTO_THREADS_MAX: torch's default of every core makes each parallel region wait for its slowest
+    thread, so one competing process (another run, a test suite, the verifier's worker) stalls them
+    all (docs/performance.md, "CPU threads under contention"); past a few threads a small model's
+    matmuls gain little."""
+    if setting == -1:
+        return 0, ""
+    if setting > 0:
+        return setting, ""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = min(AUTO_THREADS_MAX, max(1, cores // 2))
+    return n, (f"torch threads: {n} of {cores} cores (trainer.threads=0: auto, half the cores, at most "
+               f"{AUTO_THREADS_MAX}; -1 for torch's default of every core)")
 
 
 def device_problem(name: str, key: str = "trainer.device", available: bool = True) -> str:

@@ -47,7 +47,7 @@ def compare(config: Optional[str], objectives: list[str], seeds: int, overrides:
             threshold: Optional[float] = None, log=print, claims: Optional[str] = None) -> Path:
     """Run every objective x seed (skipping finished runs, resuming interrupted ones), then report."""
     from ..records import checkpoint
-    from ..config.sections import load_config
+    from ..config.loading import load_config
     from ..trainer.loop import train
 
     out_dir = Path(out)
@@ -83,7 +83,8 @@ def compare(config: Optional[str], objectives: list[str], seeds: int, overrides:
 def _check_same_settings(run: Path, cfg, out_dir: Path) -> None:
     """A run already in `out_dir` must have the settings this compare would give it (budget included):
     a comparison never mixes runs of different settings."""
-    from ..config.sections import config_differences, load_config
+    from ..config.sections import config_differences
+    from ..config.loading import load_config
     from ..schema import ConfigError
 
     saved = run / "config.yaml"

@@ -12,8 +12,8 @@
         reference refresh every K optimiser steps or on a KL threshold (SPEC 2.5)
         log metrics (one host sync), evaluate held-out accuracy, checkpoint (weights, optimiser, `Counters`)
 
-The setup lives in `tether.trainer.setup`, one step in `tether.trainer.step`; this module is the loop that joins them.
-Their public names are re-exported here (`from tether.trainer.loop import update, UpdateBatch, ...`).
+The setup lives in `tether.trainer.setup`, one step in `tether.trainer.step`; this module is the loop that
+joins them.
 """
 
 from __future__ import annotations
@@ -23,24 +23,19 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .. import faults
-from ..model.causal_lm import LogProbSettings, Tokens, batched_logprobs, to_tokens
-from ..config.sections import Config
-from .setup import Counters, Run, build_task_and_reward, config_warnings, cpu_threads, start_run
-from ..rewards import FaultWarnings, RewardBroken, reward_label
-from ..schema import ConfigError, to_dict
-from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
-from .step import (KL_WINDOW, Optimiser, Scored, UpdateBatch, Updated, collect, old_policy_logprobs, precision,
-                   refresh_reference, rl_step, update)
-from .stopping import Interrupted, StopNow, StopSignals
-from ..records.summary import write_samples, write_summary
+from transformers.utils import logging as hf_logging
 
-__all__ = [  # the loop, and the names of tether.trainer.setup, tether.trainer.step and tether.model.causal_lm it re-exports
-    "FLAT_WARN_AFTER", "KL_WINDOW", "Counters", "LogProbSettings", "Optimiser", "Run", "Scored", "Tokens",
-    "UpdateBatch", "Updated", "batched_logprobs", "build_task_and_reward", "collect", "config_warnings",
-    "cpu_threads", "flat_streak", "old_policy_logprobs", "precision", "refresh_reference", "rl_step", "start_run",
-    "to_tokens", "train", "update",
-]
+from .. import faults
+from ..config.sections import Config
+from ..records.checkpoint import rng_state, set_rng_state
+from ..records.plots import plot_run
+from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
+from ..records.summary import write_samples, write_summary
+from ..rewards import FaultWarnings, RewardBroken, Scored, reward_label
+from ..schema import ConfigError, to_dict
+from .setup import Run, start_run
+from .step import rl_step
+from .stopping import Interrupted, StopNow, StopSignals
 
 
 def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
@@ -49,8 +44,6 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     SIGINT and SIGTERM stop it cleanly after the step under way (tether.trainer.stopping): a checkpoint
     of that step, the summary and the plots, then `Interrupted`.
     """
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # tether draws its own progress bar
     run, t = start_run(cfg, resume_dir, log), cfg.trainer
     sinks, samples_file = _open_logs(run, resume_dir)
@@ -112,8 +105,6 @@ def _droppable(run: Run, stop: StopSignals, step: int, log):
     Yields a list that holds True when the step was dropped. Not with trainer.overlap (its sampler
     thread has already taken the next batch's prompts) nor trainer.staleness (its FIFO of policies
     has moved on): those finish the step."""
-    from ..records.checkpoint import rng_state, set_rng_state
-
     dropped: list[bool] = []
     if run.overlap is not None or run.stale is not None:
         yield dropped
@@ -224,7 +215,5 @@ def _finish(run: Run, wall_s: float, signum: Optional[int], log) -> None:
     """summary.md (what the run was, then the metrics table) and the plots."""
     log(write_summary(run.cfg, run.run_dir, run.start, run.counters.step, wall_s, run.device, signum))
     if run.cfg.trainer.plots:
-        from ..records.plots import plot_run
-
         plot_run(run.run_dir)
     log(f"run directory: {run.run_dir}")

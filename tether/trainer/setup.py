@@ -20,10 +20,11 @@ import torch
 from ..records import checkpoint
 from .. import objectives
 from ..model.causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, fused_head_reason
-from ..config.sections import Config, check_resume, save_config
+from ..config.sections import Config
+from ..config.loading import check_resume, save_config
 from .limits import check_lengths
 from .data import PromptStream
-from ..model.loading import apply_lora, check_model_loads, pick_device, place_model
+from ..model.loading import apply_lora, check_model_loads, cpu_threads, pick_device, place_model
 from ..rewards import RewardFn, greedy_accuracy
 from ..rollout import RolloutEngine, SamplingParams, get_engine
 from ..schema import ConfigError
@@ -229,30 +230,6 @@ def _restore(run_dir: Path, ckpt: Path, optimizer, scheduler, log) -> tuple[Coun
 
 
 # ---------------------------------------------------------------- the parts start_run builds
-
-
-AUTO_THREADS_MAX = 8
-"""trainer.threads=0 (auto) uses half the cores, at most this many."""
-
-
-def cpu_threads(setting: int, cores: Optional[int] = None) -> tuple[int, str]:
-    """torch's CPU threads for `trainer.threads` (0: auto) and a log line saying why, or (0, "") to
-    keep torch's default (-1). Auto is half the cores this process may use, at least 1 and at most
-    AUTO_THREADS_MAX: torch's default of every core makes each parallel region wait for its slowest
-    thread, so one competing process (another run, a test suite, the verifier's worker) stalls them
-    all (docs/performance.md, "CPU threads under contention"); past a few threads a small model's
-    matmuls gain little."""
-    import os
-
-    if setting == -1:
-        return 0, ""
-    if setting > 0:
-        return setting, ""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n = min(AUTO_THREADS_MAX, max(1, cores // 2))
-    return n, (f"torch threads: {n} of {cores} cores (trainer.threads=0: auto, half the cores, at most "
-               f"{AUTO_THREADS_MAX}; -1 for torch's default of every core)")
 
 
 def _scheduler(optimizer, cfg: Config, total_opt_steps: int):
