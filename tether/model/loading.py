@@ -29,6 +29,8 @@ from typing import Any, Callable, Literal
 
 import torch
 
+from .files import fix_special_tokens, gguf_model_dir, gguf_problem, is_gguf
+
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Arch = Literal["llama", "qwen2"]
 
@@ -160,7 +162,6 @@ def model_source_problem(name_or_path: str) -> str:
     mistyped local path (its first part is a local directory, `runs/ckpt` for `runs/ckpt1`) or when
     the hub is off (HF_HUB_OFFLINE) and the model is not in the local cache.
     """
-    from .files import gguf_problem, is_gguf
 
     path = Path(name_or_path).expanduser()
     if is_gguf(name_or_path):
@@ -232,38 +233,11 @@ def _check_source(name_or_path: str) -> None:
 def local_source(name_or_path: str | Path, log: Callable[[str], Any] = print) -> str:
     """What `from_pretrained` reads for `name_or_path`: a `.gguf` file's converted directory
     (converted on first use, `tether.model.files.gguf_model_dir`), a local path expanded, else the hub id."""
-    from .files import gguf_model_dir, is_gguf
 
     if is_gguf(name_or_path):
         return str(gguf_model_dir(name_or_path, log=log))
     local = Path(name_or_path).expanduser()
     return str(local) if local.exists() else str(name_or_path)
-
-
-def _ids(value: Any) -> list[int]:
-    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
-
-
-def fix_special_tokens(tokenizer: Any, config: Any, generation_config: Any = None) -> Any:
-    """Make the tokenizer's eos and pad the model's own, in place; returns the tokenizer.
-
-    The model's generation config (else its config) names the token it ends a turn with. When the
-    tokenizer's eos is not one of those ids, the first of them becomes its eos; a tokenizer with no
-    pad token takes the config's `pad_token_id` when it names one. A GGUF conversion needs this:
-    SmolLM2-135M-Instruct's file gives the tokenizer eos `<|im_start|>` and no pad, while its config
-    says eos = pad = `<|im_end|>`; `prepare_tokenizer` would then have padded with `<|im_start|>`.
-    A tokenizer that already agrees with its model (every Hugging Face directory tried) is unchanged.
-    `config`, `generation_config`: the model's (`model.config`, `model.generation_config`; None: none).
-    """
-    eos = _ids(getattr(generation_config, "eos_token_id", None)) or _ids(getattr(config, "eos_token_id", None))
-    size = len(tokenizer)
-    eos = [i for i in eos if 0 <= i < size]
-    if eos and tokenizer.eos_token_id not in eos:
-        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos[0])
-    pad = _ids(getattr(config, "pad_token_id", None))
-    if tokenizer.pad_token is None and pad and 0 <= pad[0] < size:
-        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad[0])
-    return tokenizer
 
 
 def load_tokenizer(name_or_path: str | Path) -> Any:

@@ -34,7 +34,7 @@ from ..core.registry import Registry, did_you_mean
 from ..plugins import is_import_path
 from ..tasks import Example
 from .base import (REWARD_ERROR, FaultWarnings, RewardBroken, RewardFn, RewardResult, Scored, reward_label, rollout_examples, score_all,
-                   score_batch, score_rollout, verifier_faults)
+                   score_batch, score_rollout, verifier_faults, with_completion_tokens)
 from .isolated import Isolated
 from .math_verifier import Math, MathVerifier, asks_for_boxed, math_verify_score, strict_for_task
 from .simple import (
@@ -44,7 +44,6 @@ from .simple import (
     countdown,
     exact_match,
     overlong_penalty,
-    with_completion_tokens,
 )
 from .verdicts import accuracy, check_verdicts, greedy_accuracy
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Protocol, Sequence
 
@@ -159,11 +159,19 @@ class Scored:
         return torch.tensor(self.rollout.prompt_index)
 
 
+def with_completion_tokens(examples: Sequence[Example], num_tokens: Sequence[int]) -> list[Example]:
+    """Copies of `examples` with `meta["completion_tokens"]` set, for `Overlong`.
+
+    Typical use: `with_completion_tokens(examples, batch.mask.sum(1).tolist())`.
+    """
+    if len(examples) != len(num_tokens):
+        raise ValueError(f"{len(examples)} examples but {len(num_tokens)} lengths")
+    return [replace(ex, meta={**ex.meta, "completion_tokens": int(n)}) for ex, n in zip(examples, num_tokens)]
+
+
 def rollout_examples(rollout: Any, examples: Sequence[Example]) -> list[Example]:
     """The example of each sample of `rollout` (a `tether.rollout.RolloutBatch`): its prompt's
     (`rollout.prompt_index`), with its completion length in tokens attached for length-aware rewards."""
-    from .simple import with_completion_tokens
-
     return with_completion_tokens([examples[i] for i in rollout.prompt_index],
                                   [int(n) for n in rollout.mask.sum(1).tolist()])
 
