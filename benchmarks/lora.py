@@ -42,7 +42,7 @@ def child(args) -> dict:
     from tether.config.sections import LoRAConfig
     from tether.config.loading import load_config
     from tether.model.loading import apply_lora, load_model
-    from tether.model.causal_lm import LogProbSettings, Tokens
+    from tether.model.causal_lm import LogProbSettings, Precision, Tokens
     from tether.trainer.step import Optimiser, update, UpdateBatch
 
     device = setup(args)
@@ -70,7 +70,8 @@ def child(args) -> dict:
     for i in range(args.warmup + args.steps):
         sync(device)
         tic = time.perf_counter()
-        update(opt, obj, batch, cfg, torch.Generator().manual_seed(i), LogProbSettings.of(cfg))
+        update(opt, obj, batch, cfg.trainer, torch.Generator().manual_seed(i), LogProbSettings.of(cfg),
+               Precision.of(cfg.trainer.autocast, device))
         sync(device)
         times.append(time.perf_counter() - tic)
     return {"mode": args.mode, "step_s": median(times[args.warmup:]), "peak": _peak_bytes(device),

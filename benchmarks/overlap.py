@@ -59,14 +59,14 @@ def one_run(model_dir: Path, out: Path, overlap: str, threads: int, a) -> dict[s
                              f"trainer.threads={threads}", f"trainer.total_steps={a.steps}", "trainer.plots=false",
                              "trainer.tensorboard=false", "trainer.progress=false", "data.eval_size=8"])
     run = start_run(cfg, log=lambda *_: None)
-    timed = None if run.overlap else _Timed(run.engine)
-    run.engine = timed or run.engine
+    timed = None if cfg.trainer.overlap else _Timed(run.sampler.engine)  # the stale sampler's engine
+    if timed:
+        run.sampler.engine = timed
     waits = []
     tic = time.perf_counter()
     for step in range(1, a.steps + 1):
         waits.append(rl_step(run, step, log=lambda *_: None)[1].get("time/overlap_wait_s", 0.0))
-    if run.overlap:
-        run.overlap.close()
+    run.sampler.close()
     wall = time.perf_counter() - tic
     return {"step_s": wall / a.steps, "share": timed.seconds / wall if timed else float("nan"),
             "wait_s": sum(waits[1:]) / max(1, len(waits) - 1)}

@@ -63,7 +63,7 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.tasks import get_task
-    from tether.model.causal_lm import LogProbSettings, batched_logprobs, to_tokens
+    from tether.model.causal_lm import LogProbSettings, Precision, batched_logprobs, to_tokens
     from tether.trainer.step import collect, old_policy_logprobs, Optimiser, update, UpdateBatch
 
     batch = args.prompts * args.group
@@ -88,6 +88,7 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     stream = PromptStream(get_task("arithmetic"), seed=0)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
     logprobs = LogProbSettings.of(cfg)  # the config's temperature is 1.0, as the sampling above
+    precision = Precision.of(cfg.trainer.autocast, device)
     step = 0
 
     def run() -> dict:
@@ -96,19 +97,19 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         sync(device)
         t0 = time.perf_counter()
         model.eval()
-        scored = collect(engine, stream, parity_reward, cfg, params, seed=step, pad_id=tokenizer.pad_token_id)
+        scored, _ = collect(engine, stream, parity_reward, cfg.rollout, params, seed=step, pad_id=tokenizer.pad_token_id)
         model.train()
         sync(device)
         t1 = time.perf_counter()
         tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
         adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
-        old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg, logprobs)
+        old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg.trainer, logprobs, precision)
         ref_lp = batched_logprobs(reference, tokens, logprobs) if reference is not None else None
         sync(device)
         t2 = time.perf_counter()
         gen = torch.Generator().manual_seed(step)
         batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp)
-        update(Optimiser(model, optimizer, scheduler), obj, batch, cfg, gen, logprobs)
+        update(Optimiser(model, optimizer, scheduler), obj, batch, cfg.trainer, gen, logprobs, precision)
         t3 = time.perf_counter()  # update ends with a host sync
         return {"total": t3 - t0, "generation": t1 - t0, "logprobs": t2 - t1, "update": t3 - t2,
                 "tokens": float(scored.rollout.mask.sum()), "sync": getattr(engine, "sync_seconds", 0.0),

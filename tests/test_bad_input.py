@@ -103,7 +103,7 @@ def test_cli_reports_data_errors_without_a_traceback(tmp_path):
 ])
 def test_a_clip_that_can_never_act_is_warned_about(objective, updates, warns):
     cfg = load_config(None, updates)
-    warnings = config_warnings(cfg, build(objective))
+    warnings = config_warnings(cfg.trainer, build(objective))
     assert bool(warnings) == warns
     if warns:
         assert "clip is inactive" in warnings[0] and "trainer.mini_batches>=2" in warnings[0]

@@ -206,7 +206,7 @@ def test_score_rollout_gives_the_scored_batch_the_trainer_reads():
                            completions=completions, prompt_index=[0, 0, 1, 1])
     scored = score_rollout(PerExample(lambda ex: get_reward("countdown" if "target" in ex.meta else "exact_match")),
                            rollout, [ADD, CD])
-    assert scored.rollout is rollout and scored.metrics == {}
+    assert scored.rollout is rollout
     assert [e.id for e in scored.examples] == ["a", "a", "c", "c"]
     assert [e.meta["completion_tokens"] for e in scored.examples] == lengths  # for overlong
     assert scored.rewards.dtype == torch.float32 and scored.rewards.tolist() == [1.0, 0.0, 1.0, 0.0]

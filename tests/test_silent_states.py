@@ -36,7 +36,7 @@ def test_flat_streak_counts_steps_without_variance_and_warns_at_three_then_every
     flat, live = {"adv/zero_var_frac": 1.0, "reward/mean": 0.0}, {"adv/zero_var_frac": 0.5, "reward/mean": 0.4}
     streak, warned = 0, []
     for step, m in enumerate([flat, flat, flat, flat, flat, live, flat], start=1):
-        streak, line = flat_streak(m, cfg, streak)
+        streak, line = flat_streak(m, cfg.rollout, cfg.trainer.log_every, streak)
         warned += [(step, streak)] if line else []
     # streaks 1 2 3 4 5 | 0 | 1: a warning at 3 (FLAT_WARN_AFTER) and at 3 + log_every = 5, none after the reset
     assert FLAT_WARN_AFTER == 3 and streak == 1
@@ -46,8 +46,8 @@ def test_flat_streak_counts_steps_without_variance_and_warns_at_three_then_every
 def test_flat_streak_with_dynamic_sampling_reads_the_kept_fraction():
     cfg = load_config(None, ["rollout.dynamic_sampling=true"])
     # zero_var_frac = 1 on the first round, but a refill round found a live group: not flat
-    assert flat_streak({"adv/zero_var_frac": 1.0, "rollout/dynamic_kept_frac": 0.25, "reward/mean": 0.}, cfg, 2)[0] == 0
-    streak, line = flat_streak({"adv/zero_var_frac": 1.0, "rollout/dynamic_kept_frac": 0.0, "reward/mean": 0.}, cfg, 2)
+    assert flat_streak({"adv/zero_var_frac": 1.0, "rollout/dynamic_kept_frac": 0.25, "reward/mean": 0.}, cfg.rollout, cfg.trainer.log_every, 2)[0] == 0
+    streak, line = flat_streak({"adv/zero_var_frac": 1.0, "rollout/dynamic_kept_frac": 0.0, "reward/mean": 0.}, cfg.rollout, cfg.trainer.log_every, 2)
     assert streak == 3 and "dynamic sampling kept 0 of 16 groups after 3 refill rounds" in line
 
 

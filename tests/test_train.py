@@ -159,8 +159,8 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tin
     real = tether.trainer.step.collect
 
     def poisoned(*args, **kwargs):
-        scored = real(*args, **kwargs)
-        return dataclasses.replace(scored, results=[dataclasses.replace(r, score=float("nan")) for r in scored.results])
+        scored, metrics = real(*args, **kwargs)
+        return dataclasses.replace(scored, results=[dataclasses.replace(r, score=float("nan")) for r in scored.results]), metrics
 
     monkeypatch.setattr(tether.trainer.step, "collect", poisoned)
     cfg = _cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=5", "trainer.max_nonfinite_steps=2",
@@ -258,7 +258,7 @@ def _etr_update(tiny_dir, micro: int):
     from tether import objectives
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.model.causal_lm import LogProbSettings, to_tokens, Tokens
+    from tether.model.causal_lm import LogProbSettings, Precision, to_tokens, Tokens
     from tether.trainer.step import old_policy_logprobs, Optimiser, update, UpdateBatch
 
     torch.manual_seed(0)
@@ -276,11 +276,11 @@ def _etr_update(tiny_dir, micro: int):
     tokens = Tokens(tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.completion_ids,
                     tokens.mask.double(), tokens.prompt_len)
     settings = LogProbSettings.of(cfg)
-    old = old_policy_logprobs(model, tokens, rollout, cfg, settings)
+    old = old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, Precision.of("off", torch.device("cpu")))
     opt = _RecordingSGD(model.parameters(), lr=0.5)
     batch = UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old)
-    metrics = update(Optimiser(model, opt, _NoSchedule()), obj, batch, cfg, torch.Generator().manual_seed(7),
-                     settings).metrics
+    metrics = update(Optimiser(model, opt, _NoSchedule()), obj, batch, cfg.trainer, torch.Generator().manual_seed(7),
+                     settings, Precision.of("off", torch.device("cpu"))).metrics
     return metrics, opt.grads
 
 
@@ -305,7 +305,7 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     # with dropout gives a dropout sample of pi_old. The model's own mode is restored after.
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.model.causal_lm import LogProbSettings, to_tokens
+    from tether.model.causal_lm import LogProbSettings, Precision, to_tokens
     from tether.trainer.step import old_policy_logprobs
 
     model, tok = load_model(str(tiny_dir), device="cpu")
@@ -317,8 +317,8 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
     cfg = _cfg(tiny_dir, "unused")
     model.train()
-    a = old_policy_logprobs(model, tokens, rollout, cfg, LogProbSettings.of(cfg))
-    b = old_policy_logprobs(model, tokens, rollout, cfg, LogProbSettings.of(cfg))
+    a = old_policy_logprobs(model, tokens, rollout, cfg.trainer, LogProbSettings.of(cfg), Precision.of("off", torch.device("cpu")))
+    b = old_policy_logprobs(model, tokens, rollout, cfg.trainer, LogProbSettings.of(cfg), Precision.of("off", torch.device("cpu")))
     assert model.training
     torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout noise
     torch.testing.assert_close(a, rollout.sampler_logprobs * tokens.mask, rtol=1e-4, atol=1e-5)
@@ -371,7 +371,7 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     from tether import objectives
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.model.causal_lm import batched_logprobs, LogProbSettings, to_tokens, Tokens
+    from tether.model.causal_lm import batched_logprobs, LogProbSettings, Precision, to_tokens, Tokens
     from tether.trainer.step import old_policy_logprobs, Optimiser, update, UpdateBatch
 
     model, tok = load_model(str(tiny_dir), device="cpu")
@@ -383,7 +383,7 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     tokens = Tokens(tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.completion_ids,
                     tokens.mask.double(), tokens.prompt_len)
     settings = LogProbSettings.of(cfg)
-    assert old_policy_logprobs(model, tokens, rollout, cfg, settings) is None
+    assert old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, Precision.of("off", torch.device("cpu"))) is None
     recomputed = batched_logprobs(model, tokens, LogProbSettings(temperature=1.0, micro_batch_size=64))
     obj = objectives.build(cfg.objective)
     groups, rewards = torch.tensor(rollout.prompt_index), torch.tensor([1.0, 0, 1, 0, 0, 0, 1, 1], dtype=torch.float64)
@@ -391,8 +391,8 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     for old in (None, recomputed):
         opt = _RecordingSGD(model.parameters(), lr=0.0)
         m = update(Optimiser(model, opt, _NoSchedule()), obj,
-                   UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old), cfg,
-                   torch.Generator().manual_seed(0), settings).metrics
+                   UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old), cfg.trainer,
+                   torch.Generator().manual_seed(0), settings, Precision.of("off", torch.device("cpu"))).metrics
         assert m["policy/ratio_max"] == pytest.approx(1.0, abs=1e-12)
         grads.append(opt.grads[0])
     for a, b in zip(*grads):

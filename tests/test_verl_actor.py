@@ -27,7 +27,7 @@ import torch
 pytest.importorskip("verl")
 
 from tether import objectives  # noqa: E402
-from tether.model.causal_lm import LogProbSettings, Tokens, positions, token_logprobs  # noqa: E402
+from tether.model.causal_lm import LogProbSettings, Precision, Tokens, positions, token_logprobs  # noqa: E402
 from tether.model.loading import init_model, load_model  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -152,8 +152,8 @@ def _tether_update(model_dir: Path, batch: dict, spec) -> tuple[dict, dict]:
     ub = UpdateBatch(tokens=batch["_tokens"], advantages=batch["advantages"], rewards=batch["_rewards"],
                      group_ids=batch["_groups"], old_logprobs=batch["old_log_probs"],
                      ref_logprobs=batch["ref_log_prob"] if obj.uses_reference() else None)
-    done = update(Optimiser(model, sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0)), obj, ub, cfg,
-                  torch.Generator().manual_seed(0), LogProbSettings(share_prompts=False))
+    done = update(Optimiser(model, sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0)), obj, ub, cfg.trainer,
+                  torch.Generator().manual_seed(0), LogProbSettings(share_prompts=False), Precision.of("off", torch.device("cpu")))
     return done.metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -112,6 +112,24 @@ class LogProbSettings:
                    t.share_prompts)
 
 
+@dataclass(frozen=True)
+class Precision:
+    """How a run's forward passes run, resolved once from `trainer.autocast` and the device: bf16 autocast
+    (`bf16`, auto: on CUDA only) or the weights' dtype. Calling it gives a new autocast context (autocast
+    is per thread, so the overlap's sampler thread enters its own)."""
+
+    device_type: str  # "cpu", "cuda", ...
+    bf16: bool
+
+    @classmethod
+    def of(cls, autocast: str, device: torch.device) -> "Precision":
+        """`trainer.autocast` (auto, bf16, off) on `device`."""
+        return cls(device.type, autocast == "bf16" or (autocast == "auto" and device.type == "cuda"))
+
+    def __call__(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16)
+
+
 def token_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbSettings(), with_entropy: bool = True):
     """log pi(o_t | h) (N, T) and, optionally, the per-token entropy (N, T); 0 at padding.
 

@@ -26,12 +26,12 @@ from typing import Optional
 from transformers.utils import logging as hf_logging
 
 from .. import faults
-from ..config.sections import Config
+from ..config.sections import Config, RolloutConfig
 from ..records.checkpoint import rng_state, set_rng_state
 from ..records.plots import plot_run
 from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
 from ..records.summary import write_samples, write_summary
-from ..rewards import FaultWarnings, RewardBroken, Scored, reward_label
+from ..rewards import FaultWarnings, RewardBroken, Scored, greedy_accuracy, reward_label
 from ..schema import ConfigError, to_dict
 from .setup import Run, start_run
 from .step import rl_step
@@ -67,14 +67,14 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 bad_steps = bad_steps + 1 if skipped else 0
                 if skipped:
                     log(skipped)
-                run.counters.flat_streak, warning = flat_streak(metrics, cfg, run.counters.flat_streak)
+                run.counters.flat_streak, warning = flat_streak(metrics, cfg.rollout, t.log_every, run.counters.flat_streak)
                 metrics["rollout/flat_streak"] = float(run.counters.flat_streak)
                 if warning:
                     log(warning)
                 if bad_steps >= t.max_nonfinite_steps:
                     _stop_nonfinite(run, bad_steps, metrics, sinks)
                 if step % t.eval_every == 0 or step == t.total_steps:
-                    metrics.update(run.evaluate())
+                    metrics.update(evaluate(run))
                 for s in sinks:
                     s.log(step, metrics)
                 write_samples(samples_file, step, scored.rollout, scored.examples, scored.rewards, t.log_samples)
@@ -86,8 +86,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             if stop.signum is not None and run.saved_step != run.counters.step:
                 run.save()  # the last finished step, so the resume loses nothing
     finally:
-        if run.overlap is not None:
-            run.overlap.close()  # a batch prefetched past a stop or an error: waited for, dropped
+        run.sampler.close()  # the overlap's batch prefetched past a stop or an error: waited for, dropped
         progress.close()
         samples_file.close()
         for s in sinks:
@@ -106,7 +105,7 @@ def _droppable(run: Run, stop: StopSignals, step: int, log):
     thread has already taken the next batch's prompts) nor trainer.staleness (its FIFO of policies
     has moved on): those finish the step."""
     dropped: list[bool] = []
-    if run.overlap is not None or run.stale is not None:
+    if not run.sampler.droppable:
         yield dropped
         return
     position, rng = run.stream.position, rng_state()
@@ -154,9 +153,18 @@ def _open_logs(run: Run, resume_dir: Optional[str]):
     return sinks, (run.run_dir / "samples.jsonl").open("a")
 
 
+def evaluate(run: Run) -> dict[str, float]:
+    """Held-out greedy accuracy of the policy as it is (`rewards.greedy_accuracy`: the task's 0/1 verifier)."""
+    r, t = run.cfg.rollout, run.cfg.trainer
+    run.model.eval()
+    with run.precision():
+        return greedy_accuracy(run.engine, run.test_examples, run.verifier, r.max_new_tokens, r.stop_strings,
+                               seed=t.seed, batch_size=t.eval_batch_size)
+
+
 def _log_step_zero(run: Run, sinks, progress, log) -> None:
     """A new run's step 0: held-out accuracy before any update, with the warm start's metrics."""
-    m = {**run.evaluate(), **run.warm_start}
+    m = {**evaluate(run), **run.warm_start}
     for s in sinks:
         s.log(0, m)
     progress.update(0, m)
@@ -167,19 +175,20 @@ FLAT_WARN_AFTER = 3
 """Rollout steps in a row with no reward variance in any group before the trainer warns."""
 
 
-def flat_streak(metrics: dict[str, float], cfg: Config, streak: int) -> tuple[int, str]:
+def flat_streak(metrics: dict[str, float], r: RolloutConfig, log_every: int, streak: int) -> tuple[int, str]:
     """Count rollout steps in a row in which no group had reward variance (every advantage 0, so
     nothing trains): with dynamic sampling, no group was kept after every refill round; without,
     every group of the batch was flat. Returns the new count, logged as `rollout/flat_streak`, and a
-    warning line at FLAT_WARN_AFTER steps in a row and every `trainer.log_every` steps after, else ""."""
-    dynamic = cfg.rollout.dynamic_sampling
+    warning line at FLAT_WARN_AFTER steps in a row and every `log_every` (`trainer.log_every`) steps after,
+    else ""."""
+    dynamic = r.dynamic_sampling
     flat = metrics.get("rollout/dynamic_kept_frac") == 0.0 if dynamic else metrics["adv/zero_var_frac"] == 1.0
     streak = streak + 1 if flat else 0
-    due = streak >= FLAT_WARN_AFTER and (streak - FLAT_WARN_AFTER) % max(1, cfg.trainer.log_every) == 0
+    due = streak >= FLAT_WARN_AFTER and (streak - FLAT_WARN_AFTER) % max(1, log_every) == 0
     if not due:
         return streak, ""
-    what = (f"dynamic sampling kept 0 of {cfg.rollout.prompts_per_step} groups after "
-            f"{cfg.rollout.dynamic_sampling_max_rounds} refill rounds" if dynamic else "every group was flat")
+    what = (f"dynamic sampling kept 0 of {r.prompts_per_step} groups after "
+            f"{r.dynamic_sampling_max_rounds} refill rounds" if dynamic else "every group was flat")
     return streak, (f"warning: {streak} steps in a row with no reward variance ({what}): every sample of a "
                     f"group got the same reward, so every advantage is 0 and nothing trains. The task is too "
                     f"hard or too easy for this policy (reward/mean {metrics['reward/mean']:.3f}): check the "

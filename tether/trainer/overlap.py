@@ -51,8 +51,9 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 
 import torch
 
+from ..config.sections import RolloutConfig
 from ..rollout import RolloutBatch, SamplingParams, get_engine
-from .staleness import StalePolicies, load_trainable
+from .staleness import StalePolicies, load_trainable, stale_metrics
 
 
 def rollout_seed(seed: int, step: int) -> int:
@@ -80,12 +81,12 @@ class _Pending:
 class OverlappedSampler:
     """Samples step t+1's first round in a background thread while step t trains (module docstring).
 
-    It is the engine the trainer's `collect` calls (`generate`), and `sampling(step)` replaces
-    `StalePolicies.sampling` around that call.
+    A `tether.trainer.sampling.Sampler`: the trainer's `collect` calls its `generate` within `sampling(step)`.
 
     Args:
-        cfg: the run's config (rollout.engine, rollout.compile, rollout.prompts_per_step, rollout.group_size,
-            trainer.seed, trainer.total_steps).
+        rollout: the run's rollout section (engine, compile, prompts_per_step, group_size).
+        seed: trainer.seed (the sampling seeds, `rollout_seed`).
+        total_steps: trainer.total_steps (nothing is prefetched past the last step).
         model: the policy; copied once, never read by the background thread.
         tokenizer: its tokenizer; copied once for the background engine.
         stale: the run's FIFO of stale policies (the checkpoint's, on resume).
@@ -94,16 +95,18 @@ class OverlappedSampler:
         precision: a new autocast context for a forward pass (autocast is per thread).
     """
 
-    def __init__(self, cfg: Any, model: Any, tokenizer: Any, stale: StalePolicies, stream: Any,
-                 params: SamplingParams, precision: Callable[[], ContextManager]):
+    droppable = False  # the thread has already taken the next batch's prompts: a stop finishes the step
+
+    def __init__(self, rollout: RolloutConfig, seed: int, total_steps: int, model: Any, tokenizer: Any, stale: StalePolicies,
+                 stream: Any, params: SamplingParams, precision: Callable[[], ContextManager]):
         self.model, self.stale, self.stream, self.params, self.precision = model, stale, stream, params, precision
-        self.want, self.n = cfg.rollout.prompts_per_step, cfg.rollout.group_size
-        self.seed, self.total_steps = cfg.trainer.seed, cfg.trainer.total_steps
+        self.want, self.n = rollout.prompts_per_step, rollout.group_size
+        self.seed, self.total_steps = seed, total_steps
         # eval mode; `requires_grad` flags kept as the policy's: under inference mode they still pick the kernels
         # (a copy with requires_grad off gave log-probs 5e-7 apart), and the engine runs without gradients anyway
         self.sampler = copy.deepcopy(model).eval()
-        self.engine = get_engine(cfg.rollout.engine, model=self.sampler, tokenizer=copy.deepcopy(tokenizer),
-                                 compile=cfg.rollout.compile)
+        self.engine = get_engine(rollout.engine, model=self.sampler, tokenizer=copy.deepcopy(tokenizer),
+                                 compile=rollout.compile)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-overlap")
         self.pending: Optional[_Pending] = None
         self.waited = 0.0  # seconds the trainer waited for this step's prefetched batch
@@ -139,9 +142,15 @@ class OverlappedSampler:
         self.waited = time.perf_counter() - tic
         return batch
 
-    def metrics(self) -> dict[str, float]:
-        """`time/overlap_wait_s`: how long this step waited for its prefetched batch (0: it was ready)."""
-        return {"time/overlap_wait_s": self.waited}
+    def metrics(self, lag: int, sampler_logprobs: torch.Tensor, old_logprobs: Optional[torch.Tensor],
+                mask: torch.Tensor) -> dict[str, float]:
+        """The stale sampler's metrics (`stale_metrics`) and `time/overlap_wait_s`: how long this step waited
+        for its prefetched batch (0: it was ready)."""
+        return {**stale_metrics(lag, sampler_logprobs, old_logprobs, mask), "time/overlap_wait_s": self.waited}
+
+    def state(self) -> Optional[dict]:
+        """The FIFO of stale policies (a prefetched batch is not saved: a resume samples it again)."""
+        return self.stale.state()
 
     def close(self) -> None:
         """Wait for a batch under way and stop the thread."""

@@ -19,19 +19,17 @@ import torch
 
 from ..records import checkpoint
 from .. import objectives
-from ..model.causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, fused_head_reason
-from ..config.sections import Config
+from ..model.causal_lm import LogProbSettings, Precision, fused_head_reason
+from ..config.sections import Config, RolloutConfig, TrainerConfig
 from ..config.loading import check_resume, save_config
 from .limits import check_lengths
 from .data import PromptStream
 from ..model.loading import apply_lora, check_model_loads, cpu_threads, pick_device, place_model
-from ..rewards import RewardFn, greedy_accuracy
+from ..rewards import RewardFn
 from ..rollout import RolloutEngine, SamplingParams, get_engine
 from ..schema import ConfigError
 from ..records.sinks import wandb_problem
-from .overlap import OverlappedSampler
-from .staleness import StalePolicies
-from .step import precision
+from .sampling import Sampler, make_sampler
 from ..tasks import Example
 
 
@@ -70,19 +68,19 @@ class Run:
     model: Any
     tokenizer: Any
     reference: Any  # the frozen reference policy, or None
-    engine: RolloutEngine
+    engine: RolloutEngine  # the policy's engine: held-out accuracy, and the on-policy and stale samplers
+    sampler: Sampler  # where each step's batch is sampled from (on-policy, stale or overlapped), chosen once
     optimizer: torch.optim.Optimizer
     scheduler: Any
     stream: PromptStream
     params: SamplingParams
     device: torch.device
+    precision: Precision  # bf16 autocast or not, for every forward pass
     logprobs: LogProbSettings  # how every log-prob pass runs (old policy, reference, update)
     unfused: str  # why the fused head is off, or ""
     counters: Counters  # saved in every checkpoint
     start: int  # the step the run resumes after (0 for a new run)
     peft: Any = None  # the peft wrapper under model.lora (`model` is its base, adapters injected), else None
-    stale: Optional[StalePolicies] = None  # the last trainer.staleness policies (None: on-policy sampling)
-    overlap: Optional[OverlappedSampler] = None  # trainer.overlap: samples step t+1 while step t trains
     saved_step: int = -1
     best_accuracy: float = -math.inf  # the best held-out accuracy a checkpoint holds
     warm_start: dict[str, float] = dataclasses.field(default_factory=dict)  # warm_start/* metrics, logged at step 0
@@ -112,28 +110,11 @@ class Run:
         self.counters.position = self.stream.position
         state = {**self.counters.state(), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict()}
-        if self.stale is not None:
-            state["stale_policies"] = self.stale.state()
+        sampler_state = self.sampler.state()
+        if sampler_state is not None:
+            state["stale_policies"] = sampler_state
         checkpoint.save(self.run_dir, step, self.peft or self.model, self.tokenizer, state, reference=self.reference,
                         keep_last=self.cfg.trainer.keep_last, accuracy=accuracy)  # under LoRA: the adapter only
-
-    def reference_logprobs(self, tokens: Tokens) -> Optional[torch.Tensor]:
-        """The reference policy's log-probs (N, T) when the objective uses one: the frozen copy, or under
-        LoRA the base model itself with the adapters disabled (no second copy of the weights)."""
-        if not self.obj.uses_reference():
-            return None
-        with precision(self.device, self.cfg):
-            if self.reference is not None:
-                return batched_logprobs(self.reference, tokens, self.logprobs)
-            with self.peft.disable_adapter(), eval_mode(self.model):
-                return batched_logprobs(self.model, tokens, self.logprobs)
-
-    def evaluate(self) -> dict[str, float]:
-        self.model.eval()
-        with precision(self.device, self.cfg):
-            return greedy_accuracy(self.engine, self.test_examples, self.verifier, self.cfg.rollout.max_new_tokens,
-                                   self.cfg.rollout.stop_strings, seed=self.cfg.trainer.seed,
-                                   batch_size=self.cfg.trainer.eval_batch_size)
 
 
 def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
@@ -154,7 +135,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     torch.manual_seed(t.seed)
     obj = objectives.build(cfg.objective)  # resolved on load (tether.config.sections): every parameter is recorded
     task, reward_fn, verifier = build_task_and_reward(cfg)  # data errors (a missing file) end here: nothing written
-    for warning in config_warnings(cfg, obj):
+    for warning in config_warnings(t, obj):
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg)
     check_lengths(cfg, task, _tokenizer(cfg.model.name_or_path), test_examples)  # a run that could not progress
@@ -172,23 +153,23 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
         log(f"fused log-probs off: {unfused}; using the model's logits")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr,
                                   weight_decay=t.weight_decay)
-    scheduler = _scheduler(optimizer, cfg, t.total_steps * t.ppo_epochs * t.mini_batches)
+    scheduler = _scheduler(optimizer, t, t.total_steps * t.ppo_epochs * t.mini_batches)
     counters, state, best_accuracy = Counters(), {}, -math.inf
     if ckpt:
         counters, state, best_accuracy = _restore(run_dir, ckpt, optimizer, scheduler, log)
-    stale = StalePolicies(model, t.staleness, state["stale_policies"] if ckpt else None) if t.staleness else None
     r = cfg.rollout
     params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
                             stop_strings=tuple(r.stop_strings))
     stream = PromptStream(task, t.seed, counters.position)
-    overlap = OverlappedSampler(cfg, model, tokenizer, stale, stream, params, lambda: precision(device, cfg)) \
-        if t.overlap else None
+    precision = Precision.of(t.autocast, device)
+    engine = _engine(r, model, tokenizer, device, log)
+    sampler = make_sampler(r, t.seed, t.total_steps, t.staleness, t.overlap, engine, model, tokenizer, stream, params,
+                           precision, state["stale_policies"] if ckpt and t.staleness else None)
     return Run(cfg=cfg, run_dir=run_dir, obj=obj, reward_fn=reward_fn, verifier=verifier, test_examples=test_examples,
-               model=model, tokenizer=tokenizer, reference=reference,
-               engine=_engine(cfg, model, tokenizer, device, log),
-               optimizer=optimizer, scheduler=scheduler, stream=stream,
-               params=params, device=device, logprobs=LogProbSettings.of(cfg), unfused=unfused, counters=counters,
-               start=counters.step, peft=peft, stale=stale, overlap=overlap, saved_step=counters.step, best_accuracy=best_accuracy,
+               model=model, tokenizer=tokenizer, reference=reference, engine=engine, sampler=sampler,
+               optimizer=optimizer, scheduler=scheduler, stream=stream, params=params, device=device,
+               precision=precision, logprobs=LogProbSettings.of(cfg), unfused=unfused, counters=counters,
+               start=counters.step, peft=peft, saved_step=counters.step, best_accuracy=best_accuracy,
                warm_start=warm_start_metrics(cfg, base) if base is not None else {}, created_dir=created_dir)
 
 
@@ -232,8 +213,7 @@ def _restore(run_dir: Path, ckpt: Path, optimizer, scheduler, log) -> tuple[Coun
 # ---------------------------------------------------------------- the parts start_run builds
 
 
-def _scheduler(optimizer, cfg: Config, total_opt_steps: int):
-    t = cfg.trainer
+def _scheduler(optimizer, t: TrainerConfig, total_opt_steps: int):
 
     def factor(i: int) -> float:
         if i < t.warmup_steps:
@@ -310,9 +290,9 @@ def _eval_examples(task, cfg: Config) -> list:
         raise DataError(f"data.eval_size={cfg.data.eval_size}: {err}; lower data.eval_size") from None
 
 
-def config_warnings(cfg: Config, obj) -> list[str]:
+def config_warnings(t: TrainerConfig, obj: objectives.Objective) -> list[str]:
     """Settings that are valid but almost certainly not what was meant."""
-    t, warnings = cfg.trainer, []
+    warnings = []
     if obj.has_trust_region() and t.ppo_epochs * t.mini_batches == 1:
         warnings.append(
             f"objective {obj.name!r} clips by the ratio to the sampling policy, but trainer.ppo_epochs x "
@@ -359,9 +339,8 @@ def _load_policy(cfg: Config, source: str, log):
     return model.train(), tokenizer, device
 
 
-def _engine(cfg: Config, model, tokenizer, device: torch.device, log):
+def _engine(r: RolloutConfig, model, tokenizer, device: torch.device, log):
     """The rollout engine, with its decode path in a log line (static cache + compiled step, or eager)."""
-    r = cfg.rollout
     sized = {"kv_cache_bytes": r.vllm_kv_cache_mb << 20} if r.engine == "vllm" else {}  # hf's cache grows as it needs
     engine = get_engine(r.engine, model=model, tokenizer=tokenizer, compile=r.compile, **sized)
     log(f"rollout: {engine.decode_path(device)}")

@@ -15,49 +15,40 @@ samples of one prompt run that prompt once (trainer.share_prompts).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
 from .. import faults, objectives
-from ..model.causal_lm import (LogProbSettings, Tokens, batched_logprobs, eval_mode, shared_prompt_reason, to_tokens,
-                        token_logprobs)
-from ..config.sections import Config
-from .data import PromptStream
+from ..config.sections import RolloutConfig, TrainerConfig
+from ..core.advantages import zero_variance_fraction
+from ..core.etr import GroupStats
+from ..core.masked import group_summary
+from ..model.causal_lm import (LogProbSettings, Precision, Tokens, batched_logprobs, eval_mode, shared_prompt_reason,
+                               to_tokens, token_logprobs)
 from ..rewards import Scored, reward_parts, score_rollout, verifier_faults
 from ..rollout import RolloutBatch, SamplingParams
+from .data import PromptStream
 from .overlap import rollout_seed
-from .staleness import stale_metrics
-from ..tasks import Example
-
-if TYPE_CHECKING:
-    from .setup import Counters, Run
+from .sampling import Sampler
+from .setup import Counters, Run
 
 
-def precision(device: torch.device, cfg: Config) -> contextlib.AbstractContextManager:
-    """bf16 autocast for a forward pass when trainer.autocast says so (auto: on CUDA only)."""
-    mode = cfg.trainer.autocast
-    on = mode == "bf16" or (mode == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on)
-
-
-def old_policy_logprobs(model, tokens: Tokens, rollout, cfg: Config,
-                        logprobs: LogProbSettings) -> Optional[torch.Tensor]:
+def old_policy_logprobs(model, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig, logprobs: LogProbSettings,
+                        precision: Precision) -> Optional[torch.Tensor]:
     """pi_old's log-probs (N, T), before any update: recomputed in eval mode, as the sampler ran
     (a model with dropout would otherwise give a dropout sample of pi_old), or the sampler's own
     (trainer.old_logprobs=sampler: the same weights, no extra pass). None when there is a single
     update per rollout batch (ppo_epochs x mini_batches = 1): it is on-policy, pi_old is the policy
     being differentiated, and `update` uses its log-probs, detached (the pass is skipped)."""
-    t = cfg.trainer
     if t.old_logprobs == "sampler":
         return sampler_logprobs(rollout, tokens)
     if t.ppo_epochs * t.mini_batches == 1 and t.staleness == 0:  # stale: pi_old (the current policy) is logged
         return None
-    with eval_mode(model), precision(tokens.mask.device, cfg):
+    with eval_mode(model), precision():
         return batched_logprobs(model, tokens, logprobs)
 
 
@@ -97,9 +88,7 @@ def sampler_logprobs(rollout, tokens: Tokens) -> torch.Tensor:
 # ---------------------------------------------------------------- rollout and rewards
 
 
-def rollout_metrics(rollout, rewards: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
-    from ..core.advantages import zero_variance_fraction
-
+def rollout_metrics(rollout: RolloutBatch, rewards: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
     lengths = rollout.mask.sum(1).float()
     return {
         "reward/mean": rewards.mean().item(),
@@ -119,11 +108,11 @@ def _clocked(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: SamplingParams, seed: int,
-            pad_id: int) -> Scored:
-    """Sample and score one batch; with dynamic sampling, drop flat groups and sample more. Its
-    metrics hold the seconds spent sampling (`time/sample_s`) and scoring (`time/score_s`)."""
-    r = cfg.rollout
+def collect(sampler: Sampler, stream: PromptStream, reward_fn, r: RolloutConfig, params: SamplingParams, seed: int,
+            pad_id: int) -> tuple[Scored, dict[str, float]]:
+    """Sample and score one batch; with dynamic sampling, drop flat groups and sample more. Returns the
+    batch and its rollout and reward metrics, with the seconds spent sampling (`time/sample_s`) and
+    scoring (`time/score_s`)."""
     want = r.prompts_per_step
     kept_rollouts, kept_examples, kept_results = [], [], []
     first_metrics = None
@@ -133,7 +122,7 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
     for k in range(rounds):
         examples = stream.take(want - have if k else want)
         tic = time.perf_counter()
-        rollout = engine.generate([e.prompt for e in examples], n=r.group_size, params=params, seed=seed + 7919 * k)
+        rollout = sampler.generate([e.prompt for e in examples], n=r.group_size, params=params, seed=seed + 7919 * k)
         faults.point("rollout")
         seconds["time/sample_s"] += _clocked(rollout.mask.device) - tic
         tic = time.perf_counter()
@@ -146,9 +135,7 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
             first_metrics.update(seconds)  # the same dict: the later rounds' seconds add to it
             seconds = first_metrics
         if not r.dynamic_sampling:
-            return dataclasses.replace(scored, metrics=first_metrics)
-        from ..core.masked import group_summary
-
+            return scored, first_metrics
         s = group_summary(rewards, groups)
         live = s["max"] > s["min"]
         live_prompts = sorted(set(groups[live].tolist()))[: want - have]
@@ -161,9 +148,9 @@ def collect(engine, stream: PromptStream, reward_fn, cfg: Config, params: Sampli
         if have >= want:
             break
     if not kept_rollouts:  # every group was flat: train on the last batch (zero advantages)
-        return dataclasses.replace(scored, metrics={**first_metrics, "rollout/dynamic_kept_frac": 0.0})
+        return scored, {**first_metrics, "rollout/dynamic_kept_frac": 0.0}
     merged = RolloutBatch.concat(kept_rollouts, pad_id)
-    return Scored(merged, kept_examples, kept_results, {**first_metrics, "rollout/dynamic_kept_frac": have / want})
+    return Scored(merged, kept_examples, kept_results), {**first_metrics, "rollout/dynamic_kept_frac": have / want}
 
 
 # ---------------------------------------------------------------- the update
@@ -207,7 +194,7 @@ class UpdateBatch:
     old_logprobs: Optional[torch.Tensor]  # (N, T); None: one update per batch, on-policy (pi_old = pi_theta)
     ref_logprobs: Optional[torch.Tensor] = None  # (N, T), when the objective uses a reference
     sampler_logprobs: Optional[torch.Tensor] = None  # (N, T), the engine's, for rollout_correction
-    group_stats: Any = None  # over the whole batch (`Objective.group_stats`), set by `update`
+    group_stats: Optional[GroupStats] = None  # over the whole batch (`Objective.group_stats`), set by `update`
 
     def select(self, idx: torch.Tensor, logprobs: torch.Tensor, entropy: torch.Tensor,
                loss_norm) -> objectives.TokenBatch:
@@ -242,8 +229,8 @@ class Updated:
     opt_steps: int
 
 
-def update(opt: Optimiser, obj, batch: UpdateBatch, cfg: Config, gen: torch.Generator,
-           logprobs: LogProbSettings) -> Updated:
+def update(opt: Optimiser, obj, batch: UpdateBatch, t: TrainerConfig, gen: torch.Generator,
+           logprobs: LogProbSettings, precision: Precision) -> Updated:
     """ppo_epochs x mini-batches optimiser steps; returns the step's metrics and the steps taken.
 
     Group statistics (ETR's nu_g - nu_bar) are computed once over the whole rollout batch and
@@ -251,7 +238,6 @@ def update(opt: Optimiser, obj, batch: UpdateBatch, cfg: Config, gen: torch.Gene
     means weighted by their token or sequence counts, `loss/*` shares summed per mini-batch), so
     neither depends on `trainer.micro_batch_size`.
     """
-    t = cfg.trainer
     device = batch.tokens.input_ids.device
     # None unless the objective reads group statistics
     batch = dataclasses.replace(batch, group_stats=obj.group_stats(batch.rewards, batch.group_ids))
@@ -264,7 +250,7 @@ def update(opt: Optimiser, obj, batch: UpdateBatch, cfg: Config, gen: torch.Gene
             norm = obj.normalizer(batch.tokens.mask[torch.cat(mb_groups).to(device)])
             loss_bad = torch.zeros((), dtype=torch.bool, device=device)
             for idx in _micro_batches(mb_groups, t.micro_batch_size):
-                out = _micro_step(opt.model, obj, batch, idx.to(device), norm, cfg, logprobs)
+                out = _micro_step(opt.model, obj, batch, idx.to(device), norm, logprobs, precision)
                 loss_bad = loss_bad | ~torch.isfinite(out.loss.detach())
                 merger.add(out)
             merger.end_mini_batch()
@@ -292,9 +278,10 @@ def _host_metrics(metrics: dict[str, torch.Tensor], grad_norms: list[torch.Tenso
     return dict(zip(keys, values))
 
 
-def _micro_step(model, obj, batch: UpdateBatch, idx: torch.Tensor, norm, cfg: Config, logprobs: LogProbSettings):
+def _micro_step(model, obj, batch: UpdateBatch, idx: torch.Tensor, norm, logprobs: LogProbSettings,
+                precision: Precision):
     """Forward and backward of one micro-batch (rows `idx`), its loss the mini-batch share `norm`."""
-    with precision(idx.device, cfg):
+    with precision():
         lp, ent = token_logprobs(model, batch.tokens.select(idx), logprobs, with_entropy=True)
     out = obj(batch.select(idx, lp, ent if obj.config.entropy_coef else ent.detach(), norm))
     out.loss.backward()
@@ -309,7 +296,7 @@ KL_WINDOW = 5
 """Rollout steps over which the KL-triggered reference refresh averages `kl/ref`."""
 
 
-def refresh_reference(reference, model, t, counters: Counters, taken: int, kl_ref: Optional[float]) -> bool:
+def refresh_reference(reference, model, t: TrainerConfig, counters: Counters, taken: int, kl_ref: Optional[float]) -> bool:
     """RPG's iterative reference update (SPEC 2.5), checked once per rollout step, after its `taken`
     optimiser steps (already counted in `counters.opt_steps`).
 
@@ -320,7 +307,7 @@ def refresh_reference(reference, model, t, counters: Counters, taken: int, kl_re
     than inside the updates, makes that rounding explicit (K is rounded up to the end of the
     rollout step that reaches it). Updates `counters.kl_window` and `counters.ref_updates`;
     returns whether it refreshed. The window is part of `Counters`, so it is checkpointed and a resume
-    continues it (a change from before issue 25, when a resume restarted it empty).
+    continues it.
     """
     if reference is None:
         return False
@@ -340,18 +327,28 @@ def refresh_reference(reference, model, t, counters: Counters, taken: int, kl_re
 # ---------------------------------------------------------------- one RL step
 
 
+def reference_logprobs(run: Run, tokens: Tokens) -> Optional[torch.Tensor]:
+    """The reference policy's log-probs (N, T) when the objective uses one: the frozen copy, or under
+    LoRA the base model itself with the adapters disabled (no second copy of the weights)."""
+    if not run.obj.uses_reference():
+        return None
+    with run.precision():
+        if run.reference is not None:
+            return batched_logprobs(run.reference, tokens, run.logprobs)
+        with run.peft.disable_adapter(), eval_mode(run.model):
+            return batched_logprobs(run.model, tokens, run.logprobs)
+
+
 def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     """Sample and score a batch, advantages, old and reference log-probs, the updates, the
     reference refresh; returns the batch and the step's metrics (one host sync in `update`).
     Counts the step, its optimiser steps and refreshes in `run.counters`."""
-    cfg, t, model, device = run.cfg, run.cfg.trainer, run.model, run.device
+    t, model, device, sampler = run.cfg.trainer, run.model, run.device, run.sampler
     tic = time.perf_counter()
     model.eval()
-    sampler = (run.overlap.sampling(step) if run.overlap else run.stale.sampling(model, step) if run.stale
-               else contextlib.nullcontext(step))
-    with precision(device, cfg), sampler as sampler_step:  # the policy of step t - s (trainer.staleness)
-        scored = collect(run.overlap or run.engine, run.stream, run.reward_fn, cfg, run.params,
-                         rollout_seed(t.seed, step), run.tokenizer.pad_token_id)
+    with run.precision(), sampler.sampling(step) as sampler_step:  # the policy of step t - s (trainer.staleness)
+        scored, sampled_metrics = collect(sampler, run.stream, run.reward_fn, run.cfg.rollout, run.params,
+                                           rollout_seed(t.seed, step), run.tokenizer.pad_token_id)
     model.train()
     tokens, nonfinite = finite_sampler_tokens(scored.rollout, to_tokens(scored.rollout, run.tokenizer.pad_token_id,
                                                                         device))
@@ -360,14 +357,14 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     parts = reward_parts(run.reward_fn, scored.results) if run.obj.needs_reward_parts() else None
     adv = run.obj.advantages(scored.rewards, scored.group_ids, scored.rollout.mask.sum(1).float(), parts).to(device)
     clock = {"start": _clocked(device)}
-    old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg, run.logprobs)
+    old_lp = old_policy_logprobs(model, tokens, scored.rollout, t, run.logprobs, run.precision)
     clock["old"] = _clocked(device)
-    ref_lp = run.reference_logprobs(tokens)
+    ref_lp = reference_logprobs(run, tokens)
     clock["ref"] = _clocked(device)
     gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
     sampler_lp = sampler_logprobs(scored.rollout, tokens)
     batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp, sampler_lp)
-    done = update(Optimiser(model, run.optimizer, run.scheduler), run.obj, batch, cfg, gen, run.logprobs)
+    done = update(Optimiser(model, run.optimizer, run.scheduler), run.obj, batch, t, gen, run.logprobs, run.precision)
     metrics, run.counters.step = done.metrics, step
     metrics.update({"time/old_logprobs_s": 0.0 if old_lp is None else clock["old"] - clock["start"],
                     "time/ref_logprobs_s": 0.0 if ref_lp is None else clock["ref"] - clock["old"],
@@ -376,12 +373,9 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     first = step == run.start + 1
     if first and t.share_prompts and t.fused_logprobs and not run.unfused and shared_prompt_reason(model):
         log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
-    metrics.update(scored.metrics)
+    metrics.update(sampled_metrics)
     metrics["rollout/nonfinite_sampler_logprobs"] = nonfinite
-    if run.stale is not None:
-        metrics.update(stale_metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
-    if run.overlap is not None:
-        metrics.update(run.overlap.metrics())
+    metrics.update(sampler.metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
     refresh_reference(run.reference, model, t, run.counters, done.opt_steps, metrics.get("kl/ref"))
     metrics.update({"optim/lr": run.scheduler.get_last_lr()[0], "ref/updates": float(run.counters.ref_updates),
                     "time/step_s": time.perf_counter() - tic})
