@@ -7,13 +7,14 @@ import dataclasses
 from typing import Optional
 
 from ..schema import field_docs
+from ..tasks import TASKS
+from .sections import Config, RewardConfig
+from ..rewards import REWARDS
 
 
 def describe_fields(cls: Optional[type] = None, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, docstring) for every field of `cls` (default: the whole `Config`)."""
     if cls is None:
-        from .sections import Config
-
         cls = Config
     docs = field_docs(cls)
     rows = []
@@ -42,7 +43,6 @@ def _default_text(f: dataclasses.Field) -> str:
 def describe_task_knobs() -> list[tuple[str, str, str, str]]:
     """(data.task_args.KNOB, "task NAME", default, docstring) for every knob of every registered
     task, for `tether train --help-config`."""
-    from ..tasks import TASKS
 
     rows = []
     for name in TASKS.names():
@@ -60,8 +60,6 @@ def describe_reward_params() -> list[tuple[str, str, str, str]]:
     A parameter that `RewardConfig` also has (timeout_s, strict) is passed from there to every part
     that takes it (`rewards.task_reward`), so its default is that key, not the dataclass default.
     """
-    from .sections import RewardConfig
-    from ..rewards import REWARDS
 
     shared = {f.name for f in dataclasses.fields(RewardConfig)} - {"name", "weights"}
     rows = []

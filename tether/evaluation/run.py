@@ -147,7 +147,7 @@ def _sample_batch(engine: Any, batch: list[Example], settings: EvalSettings, par
 
 def _tokenizer_for(model_path: str | Path) -> Any:
     """The model's tokenizer alone, so that data specs fail before a (slow) model load."""
-    from ..model.loading import _check_source, load_tokenizer
+    from ..model.loading import _check_source, load_tokenizer  # lazy: torch, after the data specs and options are checked
 
     _check_source(str(model_path))  # the helpful "neither a directory nor a hub id" error
     return load_tokenizer(model_path)
@@ -169,7 +169,7 @@ def _set_threads(setting: int) -> None:
 
 def _check_engine(name: str) -> None:
     """An unknown or uninstalled engine fails before anything is loaded or written."""
-    from ..rollout import engine_problem
+    from ..rollout import engine_problem  # lazy: torch, after the data specs and options are checked
 
     problem = engine_problem(name)
     if problem:
@@ -177,8 +177,8 @@ def _check_engine(name: str) -> None:
 
 
 def _engine_for(model_path: str | Path, device: str, dtype: str, name: str = "hf") -> Any:
-    from ..model.loading import load_model, place_model
-    from ..rollout import get_engine
+    from ..model.loading import load_model, place_model  # lazy: torch, after the data specs and options are checked
+    from ..rollout import get_engine  # lazy: torch, after the data specs and options are checked
 
     model, tokenizer = load_model(model_path, dtype=dtype, device="cpu" if device == "auto" else device)
     if device == "auto":  # the trainer's rule: a model too small to keep a GPU busy stays on the CPU

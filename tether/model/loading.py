@@ -30,6 +30,7 @@ from typing import Any, Callable, Literal
 import torch
 
 from .files import fix_special_tokens, gguf_model_dir, gguf_problem, is_gguf
+from ..schema import ConfigError
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Arch = Literal["llama", "qwen2"]
@@ -75,8 +76,6 @@ def pick_device(name: str, n_params: int, small_model_params: int, key: str = "t
         return torch.device("cuda"), ""
     problem = device_problem(name, key)
     if problem:
-        from ..schema import ConfigError
-
         raise ConfigError(problem)
     return torch.device(name), ""
 
@@ -197,7 +196,6 @@ def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> Non
     rather than a transformers traceback after the run directory was made."""
     from transformers import AutoConfig
 
-    from ..schema import ConfigError
 
     problem = model_source_problem(name_or_path)
     if not problem:
@@ -210,8 +208,6 @@ def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> Non
 
 
 def _hub_offline() -> bool:
-    import os
-
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 

@@ -140,7 +140,7 @@ def objective_label(run_dir: Path, width: int = 100) -> str:
     """The run's objective for a plot title, from RUN_DIR/config.yaml (resolved, so every parameter
     is there): the name the user chose with the objective it builds (`atr_grpo (divergence_clip)`),
     then its parameters on a second line, cut at `width` characters; '' without a config.yaml."""
-    from ..objectives import display
+    from ..objectives import display  # lazy: torch (objectives); plots read a run without it
 
     if not (Path(run_dir) / "config.yaml").is_file():
         return ""

@@ -14,6 +14,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .sinks import read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
@@ -68,6 +70,4 @@ def tail_mean(rows: list[dict[str, Any]], key: str) -> float:
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:
     """RUN_DIR/config.yaml as a plain mapping (the run's resolved config; {} when empty)."""
-    import yaml
-
     return yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}

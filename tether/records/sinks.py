@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol
+import importlib.util
 
 
 class MetricSink(Protocol):
@@ -88,7 +89,6 @@ def wandb_problem() -> str:
     wandb needs credentials unless it runs offline: WANDB_API_KEY, or a `wandb login` entry in
     ~/.netrc. Without them `wandb.init` fails (or prompts) only once training has begun.
     """
-    import importlib.util
 
     if importlib.util.find_spec("wandb") is None:
         return ("trainer.wandb=true but Weights & Biases is not installed: `pip install wandb`, "

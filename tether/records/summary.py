@@ -19,6 +19,7 @@ from . import checkpoint
 from .. import objectives
 from ..config.sections import Config
 from .runlog import ACCURACY, accuracy, best, read_metrics, series
+from ..tasks import TASKS
 
 
 def summary_header(cfg: Config, run_dir: Path, start: int, steps_done: int, wall_s: float,
@@ -49,7 +50,6 @@ def summary_header(cfg: Config, run_dir: Path, start: int, steps_done: int, wall
 def reward_text(cfg: Config) -> str:
     """The reward the run trained on, as configured: the weighted parts when `reward.weights` is set
     (it wins over `reward.name`), else the named reward, `auto` naming the task's own verifier."""
-    from ..tasks import TASKS
 
     r = cfg.reward
     if r.weights:

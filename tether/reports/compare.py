@@ -19,6 +19,10 @@ from typing import Optional
 
 from ..records.plots import EVAL_MARKER, coinciding, pyplot, rolling_mean, save_panel, window_for, window_note, ylabel_of
 from ..records.runlog import ACCURACY, METRICS_FILE, accuracy, has_metrics, read_config, read_metrics, tail_mean, values
+from ..config.loading import load_config
+from ..config.sections import Config, config_differences, flatten
+from ..schema import ConfigError, to_dict
+from .claims import MIN_SEEDS, bootstrap_mean, claims_markdown, evaluate_claims, load_claims, per_seed, skipped_claims
 
 CURVES = [  # (file, title, metric, smoothed); the y-axis label is the run plots' (ylabel_of), the window theirs
     ("accuracy", "held-out accuracy", ACCURACY, False),
@@ -46,9 +50,8 @@ def is_finished(run: Path) -> bool:
 def compare(config: Optional[str], objectives: list[str], seeds: int, overrides: list[str], out: str,
             threshold: Optional[float] = None, log=print, claims: Optional[str] = None) -> Path:
     """Run every objective x seed (skipping finished runs, resuming interrupted ones), then report."""
-    from ..records import checkpoint
-    from ..config.loading import load_config
-    from ..trainer.loop import train
+    from ..records import checkpoint  # lazy: torch; `tether report` reads runs without it
+    from ..trainer.loop import train  # lazy: torch; `tether report` reads runs without it
 
     out_dir = Path(out)
     # Validate every combination, and that runs already there used the same settings, before any work.
@@ -60,8 +63,6 @@ def compare(config: Optional[str], objectives: list[str], seeds: int, overrides:
             _check_same_settings(run, cfg, out_dir)
             plans.append((objective, seed, run, cfg))
     if claims:
-        from .claims import load_claims
-
         load_claims(claims)  # a bad claims file fails now, not after the runs
     out_dir.mkdir(parents=True, exist_ok=True)
     for i, (objective, seed, run, cfg) in enumerate(plans, 1):
@@ -83,9 +84,6 @@ def compare(config: Optional[str], objectives: list[str], seeds: int, overrides:
 def _check_same_settings(run: Path, cfg, out_dir: Path) -> None:
     """A run already in `out_dir` must have the settings this compare would give it (budget included):
     a comparison never mixes runs of different settings."""
-    from ..config.sections import config_differences
-    from ..config.loading import load_config
-    from ..schema import ConfigError
 
     saved = run / "config.yaml"
     if not saved.exists():
@@ -107,7 +105,7 @@ def _label(run: Path) -> str:
     config's label (`atr_grpo`, not the `divergence_clip` it builds; tether.objectives.label_of)."""
     if run.name.startswith("seed"):
         return run.parent.name
-    from ..objectives import label_of
+    from ..objectives import label_of  # lazy: torch; `tether report` reads runs without it
 
     return label_of(read_config(run)["objective"])
 
@@ -160,7 +158,6 @@ def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optio
                  claims: Optional[str] = None) -> Path:
     """report.md (per regime: its settings, a table of mean ± std over seeds, overlay plots; then the
     claims with their intervals and verdicts) and summary.json (per-seed values, `tether.reports.claims`)."""
-    from .claims import MIN_SEEDS, claims_markdown, evaluate_claims, load_claims, per_seed, skipped_claims
 
     claim_list = load_claims(claims) if claims else None  # checked before anything is written
     out_dir = Path(out_dir)
@@ -227,8 +224,6 @@ def _regime_config(methods: dict[str, list[Path]]) -> dict:
 
 def _non_default_settings(methods: dict[str, list[Path]]) -> list[str]:
     """`key: value` for every shared setting that differs from tether's defaults (the budget included)."""
-    from ..config.sections import Config, flatten
-    from ..schema import to_dict
 
     defaults = flatten({k: v for k, v in to_dict(Config()).items() if k != "objective"})
     shared = flatten(_regime_config(methods))
@@ -318,7 +313,6 @@ def setting_axis(configs: dict[str, dict]) -> Optional[tuple[str, dict[str, floa
     """(dotted key, {regime: value}) when the regimes' shared settings differ in exactly one numeric
     setting (a sweep such as trainer.staleness = 0, 16, 64); None otherwise (a single regime, or
     regimes that differ in several settings, which no single x-axis can show)."""
-    from ..config.sections import flatten
 
     if len(configs) < 2:
         return None
@@ -346,7 +340,6 @@ class AxisPoint:
 def _axis_points(values: dict[str, float], regimes: dict) -> dict[str, dict[str, list[AxisPoint]]]:
     """{metric: {method: its points in the order of the setting}} for AXIS_METRICS, each mean and
     interval computed once for the table and the plots (regimes where a method has no value are left out)."""
-    from .claims import bootstrap_mean
 
     order = sorted(values, key=values.get)
     methods = list(dict.fromkeys(m for name in order for m in regimes[name]["methods"]))

@@ -26,6 +26,7 @@ from ..records import checkpoint
 from ..records.checkpoint import step_of
 from ..model.loading import is_adapter_dir
 from ..records.runlog import ACCURACY, accuracy, best, read_config, read_metrics, values
+from ..objectives import display
 
 WHICH = ("last", "best")  # besides a step number
 TOKEN_HELP = "set HF_TOKEN=hf_... or log in once with `hf auth login` (`huggingface-cli login` in older versions)"
@@ -192,7 +193,6 @@ def generation_config(cfg: dict, model_dir: Path, tokenizer) -> Any:
 def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
     """README.md: what the model is, how it was trained (resolved objective, data, reward,
     sampling) and what it scored (metrics.jsonl), with a snippet that loads it."""
-    from ..objectives import display
 
     step = step_of(ckpt)
     model = (cfg.get("model") or {}).get("name_or_path", "?")

@@ -280,7 +280,7 @@ def limit_memory(megabytes: int) -> None:
     """Cap this process's address space, so that an answer like 9^9^9^9 that sympy tries to
     build fails with MemoryError (reason "verifier error") instead of exhausting the machine."""
     if megabytes > 0:
-        import resource
+        import resource  # lazy: POSIX only, and only when a memory cap is set
 
         resource.setrlimit(resource.RLIMIT_AS, (megabytes << 20, megabytes << 20))
 

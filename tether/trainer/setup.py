@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,20 +18,23 @@ from typing import Any, Optional
 
 import torch
 
-from ..records import checkpoint
 from .. import objectives
-from ..model.causal_lm import LogProbSettings, Precision, fused_head_reason
-from ..config.sections import Config, RolloutConfig, TrainerConfig
 from ..config.loading import check_resume, save_config
-from .limits import check_lengths
-from .data import PromptStream
-from ..model.loading import apply_lora, check_model_loads, cpu_threads, pick_device, place_model
-from ..rewards import RewardFn
+from ..config.sections import Config, RolloutConfig, TrainerConfig
+from ..model.causal_lm import LogProbSettings, Precision, fused_head_reason
+from ..model.loading import (apply_lora, char_tokenizer, check_model_loads, cpu_threads, load_model, load_tokenizer,
+                             pick_device, place_model)
+from ..plugins import check_task, is_import_path, parameters
+from ..records import checkpoint
+from ..records.sinks import wandb_problem
+from ..rewards import RewardFn, check_user_rewards, task_reward
 from ..rollout import RolloutEngine, SamplingParams, get_engine
 from ..schema import ConfigError
-from ..records.sinks import wandb_problem
+from ..tasks import DataError, Example, get_task, task_factory
+from .data import PromptStream
+from .limits import check_lengths
 from .sampling import Sampler, make_sampler
-from ..tasks import Example
+from .warmstart import initial_model, warm_start_metrics
 
 
 @dataclass
@@ -89,7 +93,6 @@ class Run:
     def discard(self) -> str:
         """Remove what a new run wrote before its first step finished (a run that cannot start), and say
         what: the directory when this run created it, else only the files it wrote there."""
-        import shutil
 
         if self.created_dir is not None:
             shutil.rmtree(self.created_dir, ignore_errors=True)
@@ -119,7 +122,6 @@ class Run:
 
 def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     """Everything a run needs, in the order that keeps resumed runs bitwise identical (module docstring)."""
-    from .warmstart import initial_model, warm_start_metrics
 
     if cfg.trainer.wandb and wandb_problem():  # before anything is written
         raise ConfigError(wandb_problem())
@@ -176,7 +178,6 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
 def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
     """(policy, tokenizer, device, peft wrapper or None, frozen reference or None): the policy from the
     checkpoint or the initial model `base`; under LoRA the adapters on `base`, new or the checkpoint's."""
-    from ..model.loading import load_model
 
     lora = cfg.model.lora
     model, tokenizer, device = _load_policy(cfg, base if ckpt is None or lora is not None else str(ckpt / "model"),
@@ -233,9 +234,6 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
     `reward.timeout_s` and `reward.strict` where they take them (strict extraction only when the
     task's template asks for a final \\boxed{} answer). A task that cannot be built with its
     knobs, or a model whose tokenizer cannot be read, is a ConfigError: nothing is written yet."""
-    from ..plugins import check_task, is_import_path, parameters
-    from ..rewards import check_user_rewards, task_reward
-    from ..tasks import DataError, get_task, task_factory
 
     args = dict(cfg.data.task_args)
     if "tokenizer" in parameters(task_factory(cfg.data.task))[0]:
@@ -268,11 +266,7 @@ def _tokenizer(name_or_path: str):
     """The tokenizer of model.name_or_path (for rendering prompts and checking lengths; "tiny": the
     character tokenizer `init_model` saves), or ConfigError saying why not."""
     if name_or_path == "tiny":
-        from ..model.loading import char_tokenizer
-
         return char_tokenizer()
-    from ..model.loading import load_tokenizer
-
     try:
         return load_tokenizer(name_or_path)
     except (OSError, ValueError) as err:
@@ -282,7 +276,6 @@ def _tokenizer(name_or_path: str):
 
 def _eval_examples(task, cfg: Config) -> list:
     """The held-out problems, checked before any model is loaded."""
-    from ..tasks import DataError
 
     try:
         return task.examples("test", cfg.data.eval_size)
@@ -330,7 +323,6 @@ def _open_run_dir(cfg: Config, run_dir: Path, resume_dir: Optional[str], log) ->
 def _load_policy(cfg: Config, source: str, log):
     """The policy and tokenizer, loaded on the CPU (dtype auto: float32, the master weights under bf16
     autocast), then moved to the device `trainer.device` picks for a model of its size."""
-    from ..model.loading import load_model
 
     t = cfg.trainer
     model, tokenizer = load_model(source, dtype=cfg.model.dtype, device="cpu",

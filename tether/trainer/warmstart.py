@@ -18,6 +18,8 @@ from pathlib import Path
 
 from ..config.sections import Config
 from ..schema import to_dict
+from ..model.loading import init_model, load_model
+from .sft import SFTSettings, sft
 
 
 def cache_root(cfg: Config) -> Path:
@@ -30,8 +32,6 @@ def _key(payload: dict) -> str:
 
 
 def _tiny_model(cfg: Config) -> Path:
-    from ..model.loading import init_model
-
     m = cfg.model
     spec = {"arch": m.tiny_arch, "hidden": m.tiny_hidden_size, "layers": m.tiny_layers, "seed": cfg.trainer.seed}
     path = cache_root(cfg) / "tiny" / _key(spec)
@@ -108,8 +108,6 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
         if warning := below_target_warning(cfg, info):
             log(warning)
         return str(path)
-    from ..model.loading import load_model
-    from .sft import SFTSettings, sft
 
     log(f"warm start: supervised fine-tuning until held-out accuracy >= {ws.target_accuracy} (cached afterwards)")
     model, tokenizer = load_model(base, dtype="float32", device="cpu")
