@@ -20,7 +20,6 @@ Two questions, each answered with a rate that the test prints:
 import json
 from pathlib import Path
 
-import pytest
 
 from tether.rewards import get_reward
 from tether.tasks import Example

@@ -3,7 +3,6 @@ scheduler's SIGTERM stop cleanly with a checkpoint, a summary and a resume hint,
 what the run was, and wandb without credentials fails before anything is written."""
 
 import json
-import os
 import re
 import signal
 import subprocess

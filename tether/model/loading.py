@@ -25,7 +25,7 @@ import os
 import re
 import string
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Optional
 
 import torch
 

@@ -24,7 +24,6 @@ a rollout is `score_rollout` (`base`); accuracy, held-out greedy accuracy includ
 
 from __future__ import annotations
 
-import math
 import numbers
 import pickle
 from dataclasses import dataclass
