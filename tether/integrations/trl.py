@@ -70,7 +70,7 @@ Where the loss path departs from TRL's, and why:
 9. A row with no counted token (`mask_truncated_completions=True` on a truncated completion, or a
    completion that is all tool output) counts in the seq-mean normalisers, as TRL's `grpo`
    (`.mean()` over the rows) and `dr_grpo` (`per_token_loss.size(0) * max_completion_length`)
-   count it: the loss and gradient are TRL's own (`tests/test_integration_trl.py` calls TRL's
+   count it: the loss and gradient are TRL's own (`tests/integrations/test_trl_adapter.py` calls TRL's
    `_compute_loss`). tether's own trainer and the verl plugin count only the rows with tokens,
    verl's convention (tether.core.aggregation). **Behaviour change (issue 30):** with one of 4
    rows empty, the adapter's grpo loss in the audit's case was 0.13658 where TRL's is 0.10243

@@ -30,7 +30,7 @@ first call guards against models whose cached forward differs (the reason is the
 `shared_prompt_reason`, and the unshared path is used).
 
 Departures: none from the math above; the fused path and the shared prompts are exact up to
-float rounding (tests/test_ops.py, tests/test_shared_prompts.py).
+float rounding (tests/model/test_fused_head.py, tests/model/test_shared_prompts_are_exact.py).
 """
 
 from __future__ import annotations

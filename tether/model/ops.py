@@ -35,7 +35,7 @@ Where this departs from the naive `log_softmax` path:
    rounds its result to bf16, as a bf16 `lm_head` does, before the float32 softmax. A CPU
    without native bf16 GEMMs (no AVX512-BF16 / AMX, which oneDNN reports) gets float32 GEMMs on
    tiles upcast one at a time instead: torch emulates bf16 GEMMs there at a few GFLOP/s. The
-   error against exact arithmetic is bounded by bf16 rounding (`tests/test_ops.py` derives the
+   error against exact arithmetic is bounded by bf16 rounding (`tests/model/test_fused_head.py` derives the
    bound); float64 inputs stay exact to float64 rounding.
    Tile sizes (`tile_shape`): at most 1024 tokens x a 64 MiB float32 tile on CPU and 4096 tokens x
    128 MiB elsewhere (CUDA), with the (C, H) float32 weight tile (upcast weight, gradient

@@ -19,7 +19,7 @@ A new vLLM release is a review of this file:
   5. Every reload logs "RotaryEmbedding: Failed to load weights" on the logger of
      `vllm.model_executor.model_loader.reload.layerwise`: the rotary cos/sin cache is computed, never
      in a checkpoint, and vLLM puts the existing one back (log-probs still equal the trainer's to
-     1e-6, tests/test_rollout_vllm.py). `push_weights` drops that one message (a line every step
+     1e-6, tests/rollout/test_vllm_engine.py). `push_weights` drops that one message (a line every step
      otherwise); any other layer's failure is still logged, and returned: the engine refuses to
      sample from a layer left on its old (at start: random) weights.
   6. Tied input/output embeddings: a reload materialises the tied `ParallelLMHead` apart from the

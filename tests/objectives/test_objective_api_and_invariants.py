@@ -222,7 +222,7 @@ BATCH_SELECTING = {"clip_cov", "kl_cov", "m2po"}
 @pytest.mark.parametrize("aggregation", G.AGGREGATIONS.names())
 def test_micro_batches_sum_to_the_full_batch_gradient(preset, aggregation):
     if (preset, aggregation) == ("luspo", "seq-mean-token-mean"):
-        pytest.skip("refused: it divides out LUSPO's length scaling (tests/test_vespo_luspo_dro.py)")
+        pytest.skip("refused: it divides out LUSPO's length scaling (tests/objectives/test_vespo_luspo_dro.py)")
     b = _batch(N=8, T=6, seed=3)
     obj = objectives.build({"preset": preset, "aggregation": aggregation})
     full = obj(b).loss

@@ -33,7 +33,7 @@ from tether.integrations import verl_compat  # noqa: E402
 
 D = torch.float64
 G = 4  # samples per prompt
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "verl" / "run_qwen2.5_math_7b_dapo.sh"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "verl" / "run_qwen2.5_math_7b_dapo.sh"
 
 
 def _data(N=12, T=6, seed=0):
@@ -786,7 +786,7 @@ def test_rollout_correction_equals_verls_rollout_corr_helper(seed):
 
 def test_vespo_folds_verls_rollout_is_weights_into_its_sequence_ratio():
     # Issue 30: the plugin hands rollout_is_weights to VESPO, which folds them into w = prod_t r_t rho_t (the authors'
-    # verl recipe, tests/test_vespo_luspo_dro.py), instead of multiplying them into the loss as for every other loss.
+    # verl recipe, tests/objectives/test_vespo_luspo_dro.py), instead of multiplying them into the loss as for every other loss.
     d = _own_data(seed=5)
     config = _actor_config(tv.TetherPolicyLossConfig(loss_mode="tether_vespo"), loss_agg_mode="token-mean")
     o_loss, o_grad, _ = _verl_loss("tether_vespo", d, config, "token-mean", weights=d["weights"])
@@ -807,7 +807,7 @@ def test_sampler_kl_is_refused_under_verl():
 
 # ---------------------------------------------------------------- issue 34: every preset is a loss_mode by its own name
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "verl.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
 
 
 # Presets that verl runs by its own means, so that their loss mode is refused with the verl setting to use.

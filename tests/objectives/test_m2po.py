@@ -6,7 +6,7 @@
    and the paper's `all_tokens` normaliser is that times kept / counted (issue 30: 0.0033839 vs 0.0039479);
    the off-policy mask treats a NaN sampler log-prob as TRL's `get_off_policy_mask` does;
 4. invariants: no suffix below tau keeps one token, padding never counts, micro-batch split is the batch's;
-6. end to end: `tether train objective=m2po` runs two steps (as tests/test_dppo_sapo_gmpo_cov.py does).
+6. end to end: `tether train objective=m2po` runs two steps (as tests/objectives/test_dppo_sapo_gmpo_cov.py does).
 """
 
 import math

@@ -33,7 +33,7 @@ from tether.rewards import RewardResult
 from tether.rollout import RolloutBatch, get_engine
 from tether.tasks import Example, get_task
 
-DATA = Path(__file__).resolve().parents[2] / "shared/data/math"
+DATA = Path(__file__).resolve().parents[3] / "shared/data/math"
 
 
 # ---------------------------------------------------------------- pass@k

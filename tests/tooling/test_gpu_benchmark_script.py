@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_all.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_all.py"
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -3,7 +3,7 @@
 1. hand-computed values and gradients (arithmetic in the comments);
 2. exactness against the references: TRL 1.16's own `GRPOTrainer._compute_loss` for `vespo` (with its vLLM
    importance-sampling ratio folded in) and `luspo`, called on a stand-in trainer; the VESPO authors' verl recipe
-   (transcribed below); verl 0.9.1's `dro` is in tests/test_integration_verl.py (VERL_OWN);
+   (transcribed below); verl 0.9.1's `dro` is in tests/integrations/test_verl_plugin.py (VERL_OWN);
 3. gradients: on-policy VESPO is REINFORCE, gradcheck;
 4. invariants and refusals: padding, masked rollout-correction tokens, configs that would undo the method;
 6. end to end: `tether train` runs two steps of each (and of the sampler KL on dapo).

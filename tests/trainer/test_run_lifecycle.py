@@ -14,7 +14,7 @@ import pytest
 
 from conftest import DIGIT_REWARD
 
-RUNNER = Path(__file__).with_name("cli_runner.py")
+RUNNER = Path(__file__).resolve().parents[1].joinpath("cli_runner.py")
 
 
 def _overrides(tiny_dir, out, steps, *extra):

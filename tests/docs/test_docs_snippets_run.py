@@ -1,5 +1,5 @@
 """Every ```python and ```bash block in docs/ runs as written (issue 24, item 17), as the README's
-Python blocks do (tests/test_readme.py).
+Python blocks do (tests/docs/test_readme_blocks_run.py).
 
 A block may carry a marker, an HTML comment on the line just above its fence:
 - `<!-- docs-test: skip (REASON) -->`: not run; REASON says why (needs a GPU, the network, a Ray
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
 FENCE = re.compile(r"(?:^<!-- docs-test: (?P<marker>[^>]*?) -->\n)?^```(?P<lang>python|bash)\n(?P<code>.*?)^```",
                    re.M | re.S)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "plugins"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 
 
 def _small(tiny_dir, out, steps=2):

@@ -8,10 +8,10 @@ What these prove:
   installable in CI: each is transcribed below, with the commit it follows), and where the three differ
   (a group with mean <= 0, a group of one) tether does what its module header says;
 - GDPO = `normalize_then_sum` + `reinforce_pp` equals verl's own `compute_gdpo_outcome_advantage` (called),
-  and `normalize_then_sum` with TRL's eps equals TRL's per-function normalisation (test_integration_trl.py
+  and `normalize_then_sum` with TRL's eps equals TRL's per-function normalisation (test_trl_adapter.py
   calls TRL's trainer for it);
 - `reinforce_pp_no_baseline` equals verl's `reinforce_plus_plus` (called) and `grpo_batch_std` TRL's
-  `scale_rewards="batch"` rule (test_integration_trl.py runs TRL's trainer) and AReaL's (transcribed), each up to
+  `scale_rewards="batch"` rule (test_trl_adapter.py runs TRL's trainer) and AReaL's (transcribed), each up to
   the departures its module header lists;
 - invariants: flat parts and groups of one give exactly 0, NaN scores take no part, the weighted sum
   (`sum`) is the default and changes nothing, and the trainer's reward parts are the reward's own;
@@ -364,7 +364,7 @@ def test_grpo_batch_std_against_areal_and_trl_rules():
     r, g = _binary_groups(4)
     ours = A.grpo_batch_std(r, g)
     # TRL 1.16, scale_rewards="batch": (R - mean_g) / (nanstd(R) + 1e-4), nanstd Bessel-corrected over the batch's
-    # rewards (tests/test_integration_trl.py checks this rule against TRL's trainer).
+    # rewards (tests/integrations/test_trl_adapter.py checks this rule against TRL's trainer).
     std_raw = r.std()
     trl_rule = A.dr_grpo(r, g) / (std_raw + 1e-4)
     torch.testing.assert_close(ours * (std_raw + 1e-6) / (std_raw + 1e-4), trl_rule, rtol=1e-14, atol=1e-15)

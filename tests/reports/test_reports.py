@@ -19,7 +19,7 @@ from tether.config.sections import config_differences
 from tether.config.loading import load_config, save_config
 from tether.records.summary import best_text, reward_text, summary_header, summary_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(path: Path, overrides: list[str], rows: list[dict], checkpoints: dict[int, float | None] = {}) -> Path:

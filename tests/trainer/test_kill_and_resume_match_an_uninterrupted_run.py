@@ -98,7 +98,7 @@ def test_soak_repeated_kills_at_random_moments_keep_learning(tmp_path):
     acc = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     assert set(acc) == {0, 120, 240}
     # Still learning after the kills: the training reward rises (60 steps x 128 samples per window;
-    # a 200-problem held-out delta is within its noise at this budget, see test_learning.py), and
+    # a 200-problem held-out delta is within its noise at this budget, see test_a_tiny_model_learns.py), and
     # held-out accuracy does not collapse.
     reward = [r["reward/mean"] for r in rows if "reward/mean" in r]
     assert sum(reward[-60:]) / 60 >= sum(reward[:60]) / 60 + 0.02, reward

@@ -6,7 +6,7 @@ objective and gradient they are meant to, on CPU in float64:
    (DPPO with a ratio measure = ATR-GRPO's divergence clip; on-policy SAPO/KL-Cov = the plain policy gradient);
 4. invariants: the random Clip-Cov choice is a uniform k-subset of the candidates, seeded draws reproduce;
 6. end to end: `tether train objective=NAME` runs two steps for each of these presets.
-Exactness against verl 0.9.1 is in tests/test_integration_verl.py (VERL_OWN).
+Exactness against verl 0.9.1 is in tests/integrations/test_verl_plugin.py (VERL_OWN).
 """
 
 import json

@@ -30,7 +30,7 @@ from tether import objectives  # noqa: E402
 from tether.model.causal_lm import LogProbSettings, Precision, Tokens, positions, token_logprobs  # noqa: E402
 from tether.model.loading import init_model, load_model  # noqa: E402
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 DRIVER = TESTS / "verl_actor_cpu.py"
 G, PROMPTS, P, T = 4, 2, 4, 6  # samples per prompt, prompts, prompt and response widths
 LR = 1.0

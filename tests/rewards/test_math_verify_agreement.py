@@ -24,7 +24,7 @@ from pathlib import Path
 from tether.rewards import get_reward
 from tether.tasks import Example
 
-CASES = [json.loads(line) for line in (Path(__file__).parent / "data" / "math_verify_cases.jsonl").open()]
+CASES = [json.loads(line) for line in (Path(__file__).resolve().parents[1] / "data" / "math_verify_cases.jsonl").open()]
 
 
 def _direct(gold: str, pred: str) -> float:

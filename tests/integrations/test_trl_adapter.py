@@ -436,7 +436,7 @@ def test_vespo_and_the_sampler_kl_read_injected_sampler_logprobs(tiny_dir, tmp_p
 
 # ---------------------------------------------------------------- many processes
 
-TWO_PROCESS_SCRIPT = Path(__file__).with_name("trl_two_processes.py")
+TWO_PROCESS_SCRIPT = Path(__file__).resolve().parents[1].joinpath("trl_two_processes.py")
 TWO_PROCESS_OBJECTIVES = ["ppo_clip", "etr", "reinforce_pp", "rpg_ref"]  # the script's OBJECTIVES
 
 
@@ -582,7 +582,7 @@ def test_the_example_defaults_make_the_trust_region_act(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "trl" / "train_grpo.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "trl" / "train_grpo.py"
     spec = importlib.util.spec_from_file_location("train_grpo", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "real_model"
 TEMPLATE = "{problem}\nAnswer with the number only."
 
