@@ -51,9 +51,9 @@ Departures:
 6. A missing (NaN) sampler log-prob counts as pi_sampler = pi_old, no mismatch (TRL's rule for its importance
    weights); AReaL's KPop computes its metric from the raw log-probs, so a NaN there is NaN and the token is
    rejected. tether's trainer never passes one (`tether.trainer.step.finite_sampler_tokens`).
-5. Until issue 22, `sequence` was the geometric mean (now `sequence_geometric`) and `{measure, delta}`
-   gave the ratio band {r : D(r) <= delta} with kept tokens weighted by r, and the geometric-mean ratio
-   at sequence level: neither was verl's k3 rejection.
+5. `sequence` is the product of the token ratios (verl's and TRL's), the geometric mean is
+   `sequence_geometric`; `{mode: mask, measure, delta}` is verl's k3 rejection (kept tokens weighted 1), not
+   the ratio band {r : D(r) <= delta} with kept tokens weighted by r.
 """
 
 from __future__ import annotations

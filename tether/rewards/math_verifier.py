@@ -26,8 +26,8 @@ socket by file descriptor). The process handling (start, handshake, kill, the sc
 
 What is compared, and how (strict or lenient extraction, percent and comma normalisation, how
 the gold is parsed and cached), is described in `_math_worker.py`'s header. Strict extraction
-is the default since issue 13: only the completion's final `\\boxed{}` answer counts; before,
-any number in the completion could ("blah 2 blah" scored 1 against gold "2").
+is the default: only the completion's final `\\boxed{}` answer counts (lenient extraction lets
+any number in the completion count: "blah 2 blah" scores 1 against gold "2").
 """
 
 from __future__ import annotations

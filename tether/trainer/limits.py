@@ -1,5 +1,5 @@
 """Settings checked against the model and the data before anything is written: those that would
-let a run start but never progress (issue 32, items 3 and 4). Each is a ConfigError naming both
+let a run start but never progress. Each is a ConfigError naming both
 values and the fix, raised by `tether.trainer.setup.start_run` before the run directory is made.
 
 - `rollout.max_new_tokens` against the model's context (`max_position_embeddings` of its

@@ -9,8 +9,7 @@ summary and the plots, and raises `Interrupted`, which the CLI turns into the me
 `interrupted at step N; resume with: ...` and the exit code a shell expects (130 for SIGINT,
 143 for SIGTERM). A second Ctrl-C stops at once (KeyboardInterrupt); everything before the last
 checkpoint is still safe, since checkpoints are written atomically (tether.records.checkpoint).
-(Before issue 32 the first signal always waited for the step to finish, and a step that could
-not finish, `rollout.max_new_tokens=100000`, ignored it without a word.)
+A step that could not finish (`rollout.max_new_tokens=100000`) is still stopped by the first signal.
 """
 
 from __future__ import annotations
