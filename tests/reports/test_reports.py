@@ -111,7 +111,8 @@ def test_summary_plots_and_report_show_the_chosen_name(tmp_path):
      "weighted: 1 x exact_match + 0.5 x overlong (max_tokens=8, cache=2)"),  # weights win over the name
 ])
 def test_the_summary_names_the_reward_actually_used(overrides, text):
-    assert reward_text(load_config(None, overrides)) == text
+    cfg = load_config(None, overrides)
+    assert reward_text(cfg.reward, cfg.data.task) == text
 
 
 def test_the_best_checkpoint_is_worded_by_what_export_takes(tmp_path):

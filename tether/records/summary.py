@@ -17,7 +17,7 @@ import torch
 
 from . import checkpoint
 from .. import objectives
-from ..config.sections import Config
+from ..config.sections import Config, RewardConfig
 from .runlog import ACCURACY, accuracy, best, read_metrics, series
 from ..tasks import TASKS
 
@@ -38,7 +38,7 @@ def summary_header(cfg: Config, run_dir: Path, start: int, steps_done: int, wall
         f"# Run {run_dir.name}",
         "",
         f"- objective: {what}",
-        f"- model: {cfg.model.name_or_path} (dtype {cfg.model.dtype}); task: {task}; reward: {reward_text(cfg)}",
+        f"- model: {cfg.model.name_or_path} (dtype {cfg.model.dtype}); task: {task}; reward: {reward_text(cfg.reward, cfg.data.task)}",
         f"- steps: {steps_done} of {cfg.trainer.total_steps} ({status})",
         f"- wall time: {wall_s:.0f} s on {device}" + (f" (this session, resumed at step {start})" if start else ""),
         f"- best held-out accuracy: {best_text(rows, run_dir)}",
@@ -47,11 +47,9 @@ def summary_header(cfg: Config, run_dir: Path, start: int, steps_done: int, wall
     ])
 
 
-def reward_text(cfg: Config) -> str:
+def reward_text(r: RewardConfig, task: str) -> str:
     """The reward the run trained on, as configured: the weighted parts when `reward.weights` is set
-    (it wins over `reward.name`), else the named reward, `auto` naming the task's own verifier."""
-
-    r = cfg.reward
+    (it wins over `reward.name`), else the named reward, `auto` naming the verifier of `task` (`data.task`)."""
     if r.weights:
         parts = []
         for name, spec in r.weights.items():
@@ -62,7 +60,7 @@ def reward_text(cfg: Config) -> str:
                 parts.append(f"{spec:g} x {name}")
         return "weighted: " + " + ".join(parts)
     if r.name == "auto":
-        own = getattr(TASKS.get(cfg.data.task), "reward", None) if cfg.data.task in TASKS else None
+        own = getattr(TASKS.get(task), "reward", None) if task in TASKS else None
         return f"{own or 'auto'} (the task's own verifier)"
     return r.name
 

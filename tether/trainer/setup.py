@@ -20,7 +20,7 @@ import torch
 
 from .. import objectives
 from ..config.loading import check_resume, save_config
-from ..config.sections import Config, RolloutConfig, TrainerConfig
+from ..config.sections import Config, ModelConfig, RolloutConfig, TrainerConfig
 from ..model.causal_lm import LogProbSettings, Precision, fused_head_reason
 from ..model.loading import (apply_lora, char_tokenizer, check_model_loads, cpu_threads, load_model, load_tokenizer,
                              pick_device, place_model)
@@ -139,7 +139,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     task, reward_fn, verifier = build_task_and_reward(cfg)  # data errors (a missing file) end here: nothing written
     for warning in config_warnings(t, obj):
         log(f"warning: {warning}")
-    test_examples = _eval_examples(task, cfg)
+    test_examples = _eval_examples(task, cfg.data.eval_size)
     check_lengths(cfg, task, _tokenizer(cfg.model.name_or_path), test_examples)  # a run that could not progress
     created_dir = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
     _open_run_dir(cfg, run_dir, resume_dir, log)
@@ -172,7 +172,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
                optimizer=optimizer, scheduler=scheduler, stream=stream, params=params, device=device,
                precision=precision, logprobs=LogProbSettings.of(cfg), unfused=unfused, counters=counters,
                start=counters.step, peft=peft, saved_step=counters.step, best_accuracy=best_accuracy,
-               warm_start=warm_start_metrics(cfg, base) if base is not None else {}, created_dir=created_dir)
+               warm_start=warm_start_metrics(cfg.warm_start, base) if base is not None else {}, created_dir=created_dir)
 
 
 def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
@@ -180,7 +180,7 @@ def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
     checkpoint or the initial model `base`; under LoRA the adapters on `base`, new or the checkpoint's."""
 
     lora = cfg.model.lora
-    model, tokenizer, device = _load_policy(cfg, base if ckpt is None or lora is not None else str(ckpt / "model"),
+    model, tokenizer, device = _load_policy(cfg.model, cfg.trainer, base if ckpt is None or lora is not None else str(ckpt / "model"),
                                             log)
     peft = None
     if lora is not None:  # adapters on the base model: new, or the checkpoint's
@@ -274,13 +274,12 @@ def _tokenizer(name_or_path: str):
                           f"({str(err).splitlines()[0]}); check the path or hub id") from None
 
 
-def _eval_examples(task, cfg: Config) -> list:
-    """The held-out problems, checked before any model is loaded."""
-
+def _eval_examples(task, eval_size: int) -> list:
+    """The held-out problems (`data.eval_size` of them), checked before any model is loaded."""
     try:
-        return task.examples("test", cfg.data.eval_size)
+        return task.examples("test", eval_size)
     except ValueError as err:
-        raise DataError(f"data.eval_size={cfg.data.eval_size}: {err}; lower data.eval_size") from None
+        raise DataError(f"data.eval_size={eval_size}: {err}; lower data.eval_size") from None
 
 
 def config_warnings(t: TrainerConfig, obj: objectives.Objective) -> list[str]:
@@ -320,13 +319,10 @@ def _open_run_dir(cfg: Config, run_dir: Path, resume_dir: Optional[str], log) ->
     return run_dir
 
 
-def _load_policy(cfg: Config, source: str, log):
+def _load_policy(m: ModelConfig, t: TrainerConfig, source: str, log):
     """The policy and tokenizer, loaded on the CPU (dtype auto: float32, the master weights under bf16
     autocast), then moved to the device `trainer.device` picks for a model of its size."""
-
-    t = cfg.trainer
-    model, tokenizer = load_model(source, dtype=cfg.model.dtype, device="cpu",
-                                  gradient_checkpointing=cfg.model.gradient_checkpointing)
+    model, tokenizer = load_model(source, dtype=m.dtype, device="cpu", gradient_checkpointing=m.gradient_checkpointing)
     device = place_model(model, t.device, t.small_model_params, log=log)
     return model.train(), tokenizer, device
 

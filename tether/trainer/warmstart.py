@@ -16,14 +16,15 @@ import shutil
 import time
 from pathlib import Path
 
-from ..config.sections import Config
+from ..config.sections import Config, WarmStartConfig
 from ..schema import to_dict
 from ..model.loading import init_model, load_model
 from .sft import SFTSettings, sft
 
 
-def cache_root(cfg: Config) -> Path:
-    root = cfg.warm_start.cache_dir or os.environ.get("TETHER_CACHE") or Path.home() / ".cache" / "tether"
+def cache_root(ws: WarmStartConfig) -> Path:
+    """Where warm-started (and tiny) models are cached: `warm_start.cache_dir`, else $TETHER_CACHE or ~/.cache/tether."""
+    root = ws.cache_dir or os.environ.get("TETHER_CACHE") or Path.home() / ".cache" / "tether"
     return Path(root).expanduser()
 
 
@@ -34,7 +35,7 @@ def _key(payload: dict) -> str:
 def _tiny_model(cfg: Config) -> Path:
     m = cfg.model
     spec = {"arch": m.tiny_arch, "hidden": m.tiny_hidden_size, "layers": m.tiny_layers, "seed": cfg.trainer.seed}
-    path = cache_root(cfg) / "tiny" / _key(spec)
+    path = cache_root(cfg.warm_start) / "tiny" / _key(spec)
     if not (path / "config.json").exists():
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -65,11 +66,10 @@ def warm_start_key(cfg: Config, base: str) -> dict:
     }
 
 
-def below_target_warning(cfg: Config, info: dict) -> str:
+def below_target_warning(ws: WarmStartConfig, info: dict) -> str:
     """A warning line when the warm start ended below `warm_start.target_accuracy` (its step budget,
     `warm_start.max_steps`, ran out first, or it gave up early: `tether.trainer.sft.stalled`), else "". RL from such a policy sees reward 0 in most
     groups, whose advantages are then 0: the run trains on little or nothing."""
-    ws = cfg.warm_start
     if info["accuracy"] >= ws.target_accuracy:
         return ""
     if info.get("gave_up"):
@@ -82,15 +82,15 @@ def below_target_warning(cfg: Config, info: dict) -> str:
             f"everywhere and learn nothing. Raise warm_start.max_steps (or lower warm_start.target_accuracy)")
 
 
-def warm_start_metrics(cfg: Config, path: str) -> dict[str, float]:
+def warm_start_metrics(ws: WarmStartConfig, path: str) -> dict[str, float]:
     """The warm start's outcome as step-0 metrics (docs/metrics.md), {} when `path` is no warm start:
     `warm_start/accuracy`, `warm_start/steps` and `warm_start/below_target` (1.0 or 0.0)."""
     record = Path(path) / "warmstart.json"
-    if not cfg.warm_start.enabled or not record.is_file():
+    if not ws.enabled or not record.is_file():
         return {}
     info = json.loads(record.read_text())
     return {"warm_start/accuracy": float(info["accuracy"]), "warm_start/steps": float(info["steps"]),
-            "warm_start/below_target": float(info["accuracy"] < cfg.warm_start.target_accuracy)}
+            "warm_start/below_target": float(info["accuracy"] < ws.target_accuracy)}
 
 
 def initial_model(cfg: Config, task, verifier, log=print) -> str:
@@ -101,11 +101,11 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
     if not ws.enabled:
         return base
     payload = warm_start_key(cfg, base)
-    path = cache_root(cfg) / "warmstart" / _key(payload)
+    path = cache_root(cfg.warm_start) / "warmstart" / _key(payload)
     if (path / "warmstart.json").exists():
         info = json.loads((path / "warmstart.json").read_text())
         log(f"warm start: cached model {path} (greedy accuracy {info['accuracy']:.3f})")
-        if warning := below_target_warning(cfg, info):
+        if warning := below_target_warning(cfg.warm_start, info):
             log(warning)
         return str(path)
 
@@ -127,6 +127,6 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
     (tmp / "warmstart.json").write_text(json.dumps(info, indent=1, default=str))
     _publish(tmp, path)
     log(f"warm start: accuracy {result['accuracy']:.3f} after {result['steps']} steps ({info['seconds']:.0f} s)")
-    if warning := below_target_warning(cfg, info):
+    if warning := below_target_warning(cfg.warm_start, info):
         log(warning)
     return str(path)
