@@ -117,8 +117,8 @@ def test_a_tied_embedding_model_samples_from_its_own_output_layer(tmp_path):
     a second engine's teardown resets vLLM's process-wide parallel state under the module's shared engine."""
     code = f"""
 import sys, torch
-sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-from test_rollout_vllm import PROMPTS, teacher_forced
+sys.path[:0] = [{str(Path(__file__).resolve().parent)!r}, {str(Path(__file__).resolve().parents[1])!r}]
+from test_vllm_engine import PROMPTS, teacher_forced
 from tether.model.loading import init_model, load_model
 from tether.rollout import SamplingParams, get_engine
 model, tok = load_model(init_model({str(tmp_path / "tied")!r}, hidden_size=128, num_layers=2, num_heads=4, seed=3,

@@ -127,7 +127,7 @@ def test_an_error_in_the_background_is_raised_on_the_trainers_thread(monkeypatch
 
 
 def test_overlap_needs_a_lag_and_the_hf_engine(tiny_dir, tmp_path):
-    from test_train import _cfg
+    from conftest import train_config as _cfg
 
     with pytest.raises(ConfigError, match="trainer.staleness=1 or more"):
         _cfg(tiny_dir, tmp_path / "run", "trainer.overlap=true")
@@ -143,7 +143,7 @@ def _rows(run):
 
 
 def _same_run(tiny_dir, tmp_path, *extra):
-    from test_train import _cfg
+    from conftest import train_config as _cfg
 
     from tether.trainer.loop import train
 
@@ -179,7 +179,7 @@ def test_an_overlapped_run_is_the_sequential_lag_bitwise_with(tiny_dir, tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("resume_overlap", ["true", "false"])
 def test_an_overlapped_run_killed_and_resumed_matches_the_sequential_one(tiny_dir, tmp_path, resume_overlap):
-    from test_kill_resume import STEPS, _overrides, _tether, _weights
+    from test_kill_and_resume_match_an_uninterrupted_run import STEPS, _overrides, _tether, _weights
 
     full, killed = tmp_path / "full", tmp_path / "killed"
     done = _tether("train", *_overrides(tiny_dir, full), "trainer.staleness=2")
