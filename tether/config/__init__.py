@@ -1,1 +1,2 @@
-"""`tether.config`."""
+"""The training configuration: `sections` (the config as plain values), `loading` (YAML, overrides, the checks
+that ask the rest of tether, resume), `help` (`tether train --help-config`)."""
