@@ -70,8 +70,8 @@ def child(args) -> dict:
     for i in range(args.warmup + args.steps):
         sync(device)
         tic = time.perf_counter()
-        update(opt, obj, batch, cfg.trainer, torch.Generator().manual_seed(i), LogProbSettings.of(cfg),
-               Precision.of(cfg.trainer.autocast, device))
+        update(opt, obj, batch, cfg.trainer, torch.Generator().manual_seed(i),
+               LogProbSettings.of(cfg.trainer, cfg.rollout), Precision.of(cfg.trainer.autocast, device))
         sync(device)
         times.append(time.perf_counter() - tic)
     return {"mode": args.mode, "step_s": median(times[args.warmup:]), "peak": _peak_bytes(device),

@@ -87,7 +87,7 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     stream = PromptStream(get_task("arithmetic"), seed=0)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
-    logprobs = LogProbSettings.of(cfg)  # the config's temperature is 1.0, as the sampling above
+    logprobs = LogProbSettings.of(cfg.trainer, cfg.rollout)  # the config's temperature is 1.0, as the sampling above
     precision = Precision.of(cfg.trainer.autocast, device)
     step = 0
 

@@ -275,7 +275,7 @@ def _etr_update(tiny_dir, micro: int):
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
     tokens = Tokens(tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.completion_ids,
                     tokens.mask.double(), tokens.prompt_len)
-    settings = LogProbSettings.of(cfg)
+    settings = LogProbSettings.of(cfg.trainer, cfg.rollout)
     old = old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, Precision.of("off", torch.device("cpu")))
     opt = _RecordingSGD(model.parameters(), lr=0.5)
     batch = UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old)
@@ -317,8 +317,9 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
     cfg = _cfg(tiny_dir, "unused")
     model.train()
-    a = old_policy_logprobs(model, tokens, rollout, cfg.trainer, LogProbSettings.of(cfg), Precision.of("off", torch.device("cpu")))
-    b = old_policy_logprobs(model, tokens, rollout, cfg.trainer, LogProbSettings.of(cfg), Precision.of("off", torch.device("cpu")))
+    settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), Precision.of("off", torch.device("cpu"))
+    a = old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, cpu)
+    b = old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, cpu)
     assert model.training
     torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout noise
     torch.testing.assert_close(a, rollout.sampler_logprobs * tokens.mask, rtol=1e-4, atol=1e-5)
@@ -382,7 +383,7 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
     tokens = Tokens(tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.completion_ids,
                     tokens.mask.double(), tokens.prompt_len)
-    settings = LogProbSettings.of(cfg)
+    settings = LogProbSettings.of(cfg.trainer, cfg.rollout)
     assert old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, Precision.of("off", torch.device("cpu"))) is None
     recomputed = batched_logprobs(model, tokens, LogProbSettings(temperature=1.0, micro_batch_size=64))
     obj = objectives.build(cfg.objective)

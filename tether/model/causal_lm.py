@@ -105,11 +105,10 @@ class LogProbSettings:
     share_prompts: bool = True  # trainer.share_prompts: rows with the same prompt run it once
 
     @classmethod
-    def of(cls, cfg: Any) -> "LogProbSettings":
-        """The settings a run's config (`tether.config.sections.Config`) names."""
-        t = cfg.trainer
-        return cls(cfg.rollout.temperature, t.micro_batch_size, t.fused_logprobs, t.logprob_chunk_size,
-                   t.share_prompts)
+    def of(cls, trainer: Any, rollout: Any) -> "LogProbSettings":
+        """The settings a run's `TrainerConfig` and `RolloutConfig` (tether.config.sections) name."""
+        return cls(rollout.temperature, trainer.micro_batch_size, trainer.fused_logprobs, trainer.logprob_chunk_size,
+                   trainer.share_prompts)
 
 
 @dataclass(frozen=True)

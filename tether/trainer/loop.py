@@ -67,7 +67,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 bad_steps = bad_steps + 1 if skipped else 0
                 if skipped:
                     log(skipped)
-                run.counters.flat_streak, warning = flat_streak(metrics, cfg.rollout, t.log_every, run.counters.flat_streak)
+                streak, warning = flat_streak(metrics, cfg.rollout, t.log_every, run.counters.flat_streak)
+                run.counters.flat_streak = streak
                 metrics["rollout/flat_streak"] = float(run.counters.flat_streak)
                 if warning:
                     log(warning)

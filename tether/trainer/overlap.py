@@ -97,8 +97,8 @@ class OverlappedSampler:
 
     droppable = False  # the thread has already taken the next batch's prompts: a stop finishes the step
 
-    def __init__(self, rollout: RolloutConfig, seed: int, total_steps: int, model: Any, tokenizer: Any, stale: StalePolicies,
-                 stream: Any, params: SamplingParams, precision: Callable[[], ContextManager]):
+    def __init__(self, rollout: RolloutConfig, seed: int, total_steps: int, model: Any, tokenizer: Any,
+                 stale: StalePolicies, stream: Any, params: SamplingParams, precision: Callable[[], ContextManager]):
         self.model, self.stale, self.stream, self.params, self.precision = model, stale, stream, params, precision
         self.want, self.n = rollout.prompts_per_step, rollout.group_size
         self.seed, self.total_steps = seed, total_steps

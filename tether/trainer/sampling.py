@@ -99,8 +99,8 @@ class StaleSampler:
         pass
 
 
-def make_sampler(rollout: RolloutConfig, seed: int, total_steps: int, staleness: int, overlap: bool, engine: RolloutEngine,
-                 model: Any, tokenizer: Any, stream: PromptStream, params: SamplingParams,
+def make_sampler(rollout: RolloutConfig, seed: int, total_steps: int, staleness: int, overlap: bool,
+                 engine: RolloutEngine, model: Any, tokenizer: Any, stream: PromptStream, params: SamplingParams,
                  precision: Callable[[], ContextManager], saved: Optional[dict] = None) -> Sampler:
     """The run's sampler: on-policy for `trainer.staleness` 0, else stale, overlapped with `trainer.overlap`;
     `saved` is a checkpoint's `state()` (the stale policies) on resume."""

@@ -170,7 +170,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     return Run(cfg=cfg, run_dir=run_dir, obj=obj, reward_fn=reward_fn, verifier=verifier, test_examples=test_examples,
                model=model, tokenizer=tokenizer, reference=reference, engine=engine, sampler=sampler,
                optimizer=optimizer, scheduler=scheduler, stream=stream, params=params, device=device,
-               precision=precision, logprobs=LogProbSettings.of(cfg), unfused=unfused, counters=counters,
+               precision=precision, logprobs=LogProbSettings.of(t, r), unfused=unfused, counters=counters,
                start=counters.step, peft=peft, saved_step=counters.step, best_accuracy=best_accuracy,
                warm_start=warm_start_metrics(cfg.warm_start, base) if base is not None else {}, created_dir=created_dir)
 
@@ -178,10 +178,9 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
 def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
     """(policy, tokenizer, device, peft wrapper or None, frozen reference or None): the policy from the
     checkpoint or the initial model `base`; under LoRA the adapters on `base`, new or the checkpoint's."""
-
     lora = cfg.model.lora
-    model, tokenizer, device = _load_policy(cfg.model, cfg.trainer, base if ckpt is None or lora is not None else str(ckpt / "model"),
-                                            log)
+    source = base if ckpt is None or lora is not None else str(ckpt / "model")
+    model, tokenizer, device = _load_policy(cfg.model, cfg.trainer, source, log)
     peft = None
     if lora is not None:  # adapters on the base model: new, or the checkpoint's
         peft = apply_lora(model, lora, ckpt / "model" if ckpt else None)
