@@ -50,7 +50,7 @@ def _jobs(device: str, tiny: bool, out: Path) -> dict[str, tuple[list[str], int]
     run_dir = out / "main_job_run"
     if tiny:
         return {
-            "tests": ([*py, "-m", "pytest", "-q", "-m", "gpu", "-x", str(ROOT / "tests" / "test_rollout.py")], 300),
+            "tests": ([*py, "-m", "pytest", "-q", "-m", "gpu", "-x", str(ROOT / "tests" / "rollout" / "test_hf_engine.py")], 300),
             "logprobs": ([*bench("logprobs"), *dt, "--vocab", "512", "--hidden", "64", "--tokens", "64",
                           "--reps", "1"], 300),
             "heads": ([*bench("heads"), *dt, "--vocab", "512", "--hiddens", "64", "--tokens", "64", "--reps", "1"], 300),

@@ -6,7 +6,7 @@ TRL's GRPOTrainer (trl >= 1.14) also never materialises the logits: it patches t
 fused LM head (`trl.trainer.utils.add_fused_lm_head`, `trl.kernels.chunked_logprob.
 ChunkedLogProbFunction`) that tiles tokens x 32,768-token vocabulary chunks, folds each tile into
 an online log-sum-exp, and recomputes the tiles in the backward. This script times that function
-against `tether.ops.token_logprobs_and_entropy` on the same (N, H) hidden states, (V, H) weight
+against `tether.model.ops.token_logprobs_and_entropy` on the same (N, H) hidden states, (V, H) weight
 and targets, with both outputs in the loss and gradients for the hidden states and the weight;
 the two alternate, median of --reps after a warm-up. It is the per-token cost of the head only:
 in a GRPO step TRL additionally scores every position of the sequence on devices without Triton
@@ -40,7 +40,7 @@ def main() -> None:
     from trl.kernels.chunked_logprob import ChunkedLogProbFunction
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
-    from tether.ops import token_logprobs_and_entropy
+    from tether.model.ops import token_logprobs_and_entropy
 
     rows = []
     for H in args.hiddens:

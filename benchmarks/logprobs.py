@@ -1,4 +1,4 @@
-"""Benchmark (a): per-token log-probs + entropy, naive log_softmax vs tether.ops' chunked head.
+"""Benchmark (a): per-token log-probs + entropy, naive log_softmax vs tether.model.ops' chunked head.
 
     python benchmarks/logprobs.py                              # V 151,936, H 1024, T 1024/4096/8192, CPU fp32
     python benchmarks/logprobs.py --dtype bfloat16 --tokens 1024  # the CPU bf16 row (issue 14)
@@ -9,7 +9,7 @@ One forward + backward through log-probs and entropy of N = 1 sequence of T toke
 in the loss (with random weights, so both gradients flow) and gradients for the hidden states and
 the head weight. "naive" is the trainer's model-logits path (trainer.fused_logprobs=false): the (T, V) logits in float32,
 log_softmax, gather, entropy from exp(logp); in bfloat16 its matmuls are bf16 and the logits are
-upcast after the head, as a bf16 model's lm_head does. "chunked" is tether.ops.token_logprobs_and_entropy
+upcast after the head, as a bf16 model's lm_head does. "chunked" is tether.model.ops.token_logprobs_and_entropy
 with its default tiles for the device (or --chunk-size / --vocab-chunk-size). --methods runs only
 some of the two (a naive bf16 step on a CPU without bf16 GEMMs takes many minutes).
 --naive-matmul float32 gives naive float32 matmuls on upcast bf16 inputs instead (a float32 copy
@@ -68,7 +68,7 @@ def mem_available() -> float:
 
 def child(args) -> None:
     """One method at one T: print {"times": [...], "extra": bytes, "peak": bytes} as JSON."""
-    from tether.ops import token_logprobs_and_entropy
+    from tether.model.ops import token_logprobs_and_entropy
 
     device = setup(args)
     dtype = dtype_of(args.dtype)
@@ -133,9 +133,9 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 8192], help="T values (N = 1)")
     p.add_argument("--reps", type=int, default=3, help="timed steps per (method, T); the median is reported")
-    p.add_argument("--chunk-size", type=int, default=None, help="tokens per tile (default: tether.ops.tile_shape)")
+    p.add_argument("--chunk-size", type=int, default=None, help="tokens per tile (default: tether.model.ops.tile_shape)")
     p.add_argument("--vocab-chunk-size", type=int, default=None,
-                   help="vocabulary entries per tile (default: tether.ops.tile_shape)")
+                   help="vocabulary entries per tile (default: tether.model.ops.tile_shape)")
     p.add_argument("--methods", nargs="+", choices=["naive", "chunked"], default=["naive", "chunked"])
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--naive-matmul", choices=["input", "float32"], default="input",
@@ -148,7 +148,7 @@ def main() -> None:
     if args.child:
         return child(args)
     device = setup(args)
-    from tether.ops import native_low_precision_matmul, tile_shape
+    from tether.model.ops import native_low_precision_matmul, tile_shape
 
     R, C = tile_shape(max(args.tokens), args.vocab, device, args.chunk_size, args.vocab_chunk_size, args.hidden)
     low = dtype_of(args.dtype) != torch.float32

@@ -4,11 +4,11 @@
     python benchmarks/lora.py --device cuda --dtype bfloat16 --out benchmarks/results/performance/lora_gpu.md
 
 Each mode runs in its own process (so one's allocations cannot hide the other's peak): load the
-model, build one batch of random completions, then `--steps` updates through `tether.train.update`
+model, build one batch of random completions, then `--steps` updates through `tether.trainer.step.update`
 (the trainer's own path: fused head, DAPO objective, AdamW) with `ppo_epochs = mini_batches = 1`.
 Memory: the process's peak resident set (CPU) or `torch.cuda.max_memory_allocated` (GPU), and the
 part of it above the memory after the model was loaded (weights, activations, gradients, AdamW state).
-LoRA: r 16, alpha 32 on every attention and MLP projection (tether.config.LoRAConfig's defaults), and
+LoRA: r 16, alpha 32 on every attention and MLP projection (tether.config.sections.LoRAConfig's defaults), and
 the reference, when an objective needs one, is the same weights with the adapters off (no second copy,
 which full fine-tuning would hold: not counted here).
 """
@@ -39,10 +39,11 @@ def _peak_bytes(device: torch.device) -> int:
 def child(args) -> dict:
     """One mode in this process; returns its measurements."""
     from tether import objectives
-    from tether.config import LoRAConfig, load_config
-    from tether.models import apply_lora, load_model
-    from tether.causal_lm import LogProbSettings, Tokens
-    from tether.train import Optimiser, UpdateBatch, update
+    from tether.config.sections import LoRAConfig
+    from tether.config.loading import load_config
+    from tether.model.loading import apply_lora, load_model
+    from tether.model.causal_lm import LogProbSettings, Precision, Tokens
+    from tether.trainer.step import Optimiser, update, UpdateBatch
 
     device = setup(args)
     model, _ = load_model(args.model_dir, dtype=args.dtype, device=str(device))
@@ -69,7 +70,8 @@ def child(args) -> dict:
     for i in range(args.warmup + args.steps):
         sync(device)
         tic = time.perf_counter()
-        update(opt, obj, batch, cfg, torch.Generator().manual_seed(i), LogProbSettings.of(cfg))
+        update(opt, obj, batch, cfg.trainer, torch.Generator().manual_seed(i),
+               LogProbSettings.of(cfg.trainer, cfg.rollout), Precision.of(cfg.trainer.autocast, device))
         sync(device)
         times.append(time.perf_counter() - tic)
     return {"mode": args.mode, "step_s": median(times[args.warmup:]), "peak": _peak_bytes(device),
@@ -102,7 +104,7 @@ def main() -> None:
         print(json.dumps(child(args)))
         return
     device = setup(args)
-    from tether.models import init_model
+    from tether.model.loading import init_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = init_model(Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers,

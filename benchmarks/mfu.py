@@ -4,11 +4,11 @@
     python benchmarks/mfu.py --device cuda --dtype bfloat16 --sizes 512x8 1024x16 2048x24 --vocab 151936
 
 Peak: the best of a few square matmuls (2048 and 4096, and 8192 on CUDA) in the chosen dtype.
-Training step: what tether.train.update does per micro-batch, on B sequences of L tokens
+Training step: what tether.trainer.step.update does per micro-batch, on B sequences of L tokens
 (P prompt + L - P completion): log-probs and entropy of the completion, a loss on both,
 backward, gradient clipping and an AdamW step. Two columns: the model's full logits
-(tether.causal_lm.token_logprobs with trainer.fused_logprobs=false) and the fused chunked head
-(tether.causal_lm.causal_lm_token_logprobs, the trainer's default).
+(tether.model.causal_lm.token_logprobs with trainer.fused_logprobs=false) and the fused chunked head
+(tether.model.causal_lm.causal_lm_token_logprobs, the trainer's default).
 
 Model FLOPs per step (PaLM, arXiv 2204.02311, appendix B): 6 N B L + 12 n_layer d L^2 B, where N
 counts every weight matrix including the output head but not the input embedding (a lookup), and
@@ -62,7 +62,7 @@ def model_flops(model, batch: int, length: int) -> float:
 
 
 def train_step_fn(model, tokens, path: str, share: bool = True):
-    from tether.causal_lm import LogProbSettings, causal_lm_token_logprobs, token_logprobs
+    from tether.model.causal_lm import LogProbSettings, causal_lm_token_logprobs, token_logprobs
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
@@ -81,7 +81,7 @@ def train_step_fn(model, tokens, path: str, share: bool = True):
 
 
 def make_tokens(batch: int, length: int, prompt: int, vocab: int, device):
-    from tether.causal_lm import Tokens
+    from tether.model.causal_lm import Tokens
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, vocab, (batch, length), generator=g)

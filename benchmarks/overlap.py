@@ -50,22 +50,23 @@ class _Timed:
 
 def one_run(model_dir: Path, out: Path, overlap: str, threads: int, a) -> dict[str, float]:
     """A fresh run of `a.steps` RL steps; its wall time per step, sampling share and mean overlap wait."""
-    from tether.config import load_config
-    from tether.train import rl_step, start_run
+    from tether.config.loading import load_config
+    from tether.trainer.step import rl_step
+    from tether.trainer.setup import start_run
 
     cfg = load_config(None, [f"model.name_or_path={model_dir}", f"output_dir={out}", "warm_start.enabled=false",
                              f"trainer.staleness={a.staleness}", f"trainer.overlap={overlap}",
                              f"trainer.threads={threads}", f"trainer.total_steps={a.steps}", "trainer.plots=false",
                              "trainer.tensorboard=false", "trainer.progress=false", "data.eval_size=8"])
     run = start_run(cfg, log=lambda *_: None)
-    timed = None if run.overlap else _Timed(run.engine)
-    run.engine = timed or run.engine
+    timed = None if cfg.trainer.overlap else _Timed(run.sampler.engine)  # the stale sampler's engine
+    if timed:
+        run.sampler.engine = timed
     waits = []
     tic = time.perf_counter()
     for step in range(1, a.steps + 1):
         waits.append(rl_step(run, step, log=lambda *_: None)[1].get("time/overlap_wait_s", 0.0))
-    if run.overlap:
-        run.overlap.close()
+    run.sampler.close()
     wall = time.perf_counter() - tic
     return {"step_s": wall / a.steps, "share": timed.seconds / wall if timed else float("nan"),
             "wait_s": sum(waits[1:]) / max(1, len(waits) - 1)}
@@ -84,7 +85,7 @@ def main() -> None:
     ways = {**WAYS, **(TWO_THREADS if a.two_threads else {})}
     from safetensors.torch import load_file
 
-    from tether.models import init_model
+    from tether.model.loading import init_model
 
     load_start = os.getloadavg()
     rows = []

@@ -68,13 +68,13 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     own, and the old log-prob pass is skipped. engine_name="vllm": rollouts by the vLLM engine
     (rollout.engine=vllm), whose weight push before each rollout is timed as "sync" (within generation)."""
     from tether import objectives
-    from tether.config import load_config
-    from tether.data import PromptStream
-    from tether.models import load_model
+    from tether.config.loading import load_config
+    from tether.trainer.data import PromptStream
+    from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.tasks import get_task
-    from tether.causal_lm import LogProbSettings, batched_logprobs, to_tokens
-    from tether.train import Optimiser, UpdateBatch, collect, old_policy_logprobs, update
+    from tether.model.causal_lm import LogProbSettings, Precision, batched_logprobs, to_tokens
+    from tether.trainer.step import collect, old_policy_logprobs, Optimiser, update, UpdateBatch
 
     batch = args.prompts * args.group
     cfg = load_config(overrides=[
@@ -85,8 +85,8 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     ])
     model, tokenizer = load_model(model_dir, dtype=args.dtype, device=str(device))
     if args.lora:
-        from tether.config import LoRAConfig
-        from tether.models import apply_lora
+        from tether.config.sections import LoRAConfig
+        from tether.model.loading import apply_lora
 
         apply_lora(model, LoRAConfig(r=args.lora, alpha=2.0 * args.lora))
     model.train()
@@ -102,7 +102,8 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     stream = PromptStream(prompt_task(args, tokenizer), seed=0)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
-    logprobs = LogProbSettings.of(cfg)  # the config's temperature is 1.0, as the sampling above
+    logprobs = LogProbSettings.of(cfg.trainer, cfg.rollout)  # the config's temperature is 1.0, as the sampling above
+    precision = Precision.of(cfg.trainer.autocast, device)
     step = 0
 
     def run() -> dict:
@@ -111,19 +112,19 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         sync(device)
         t0 = time.perf_counter()
         model.eval()
-        scored = collect(engine, stream, parity_reward, cfg, params, seed=step, pad_id=tokenizer.pad_token_id)
+        scored, _ = collect(engine, stream, parity_reward, cfg.rollout, params, seed=step, pad_id=tokenizer.pad_token_id)
         model.train()
         sync(device)
         t1 = time.perf_counter()
         tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
         adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
-        old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg, logprobs)
+        old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg.trainer, logprobs, precision)
         ref_lp = batched_logprobs(reference, tokens, logprobs) if reference is not None else None
         sync(device)
         t2 = time.perf_counter()
         gen = torch.Generator().manual_seed(step)
         batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp)
-        update(Optimiser(model, optimizer, scheduler), obj, batch, cfg, gen, logprobs)
+        update(Optimiser(model, optimizer, scheduler), obj, batch, cfg.trainer, gen, logprobs, precision)
         t3 = time.perf_counter()  # update ends with a host sync
         return {"total": t3 - t0, "generation": t1 - t0, "logprobs": t2 - t1, "update": t3 - t2,
                 "tokens": float(scored.rollout.mask.sum()), "sync": getattr(engine, "sync_seconds", 0.0),
@@ -168,8 +169,8 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from tether.data import PromptStream
-    from tether.models import load_tokenizer, resolve_dtype
+    from tether.trainer.data import PromptStream
+    from tether.model.loading import load_tokenizer, resolve_dtype
 
     dtype = resolve_dtype(args.dtype, device)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
@@ -179,7 +180,7 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
     if args.lora:
         from peft import LoraConfig
 
-        from tether.config import LoRAConfig
+        from tether.config.sections import LoRAConfig
 
         ours = LoRAConfig(r=args.lora, alpha=2.0 * args.lora)
         peft_config = LoraConfig(r=ours.r, lora_alpha=ours.alpha, lora_dropout=ours.dropout,
@@ -326,7 +327,7 @@ def main() -> None:
             if getattr(args, key) == p.get_default(key):
                 setattr(args, key, value)
     device = setup(args)
-    from tether.models import init_model, local_source
+    from tether.model.loading import init_model, local_source
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -368,8 +369,9 @@ def main() -> None:
 
 
 def model_line(args) -> str:
-    lora = f", LoRA r {args.lora} ({args.n_trainable / 1e6:.1f}M trainable)" if args.lora else ", full fine-tuning"
-    if args.model:
+    r = getattr(args, "lora", 0)
+    lora = f", LoRA r {r} ({args.n_trainable / 1e6:.1f}M trainable)" if r else ", full fine-tuning"
+    if getattr(args, "model", None):
         return f"{args.model} ({args.n_params / 1e6:.1f}M parameters{lora})"
     vocab = "character vocabulary" if args.vocab is None else f"vocabulary {args.vocab:,} (characters + filler tokens)"
     return f"tiny Llama {args.hidden} x {args.layers} layers ({args.n_params / 1e6:.1f}M parameters, {vocab}{lora})"
@@ -429,7 +431,7 @@ def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict],
         f"### One RL step: tether vs TRL GRPOTrainer ({args.device}, {args.dtype})",
         "",
         f"Machine: {machine(device, args)}. Model: {model_line(args)}. Prompts: "
-        f"{f'{Path(args.data).name} ({args.template!r}, chat template)' if args.data else 'the arithmetic task'}; "
+        f"{f'{Path(args.data).name} ({args.template!r}, chat template)' if getattr(args, 'data', None) else 'the arithmetic task'}; "
         "reward: even completion length. "
         f"{args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens max, "
         f"{args.mini_batches} optimiser steps per batch; median over {len(ours)} (tether) and {len(theirs)} (TRL) "

@@ -180,8 +180,8 @@ def main() -> None:
         args.sizes = [f"{args.hidden}x{args.layers}"]
     device = setup(args)
     bandwidth = args.bandwidth * 1e9 if args.bandwidth else read_bandwidth(device)
-    from tether.data import PromptStream
-    from tether.models import init_model, load_model
+    from tether.trainer.data import PromptStream
+    from tether.model.loading import init_model, load_model
     from tether.tasks import get_task
     from transformers.utils import logging as hf_logging
 

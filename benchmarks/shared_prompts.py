@@ -4,8 +4,8 @@
     python benchmarks/shared_prompts.py --device cuda --dtype bfloat16 --size 1024x16 --vocab 151936
 
 GRPO's G samples of a prompt share it; with `share_prompts` the decoder runs each distinct prompt
-once and the completions on its copied KV cache (tether.causal_lm, module docstring). A micro-step is
-what `tether.train.update` does per micro-batch: log-probs and entropy of the completion through
+once and the completions on its copied KV cache (tether.model.causal_lm, module docstring). A micro-step is
+what `tether.trainer.step.update` does per micro-batch: log-probs and entropy of the completion through
 the fused head, a loss, backward, gradient clipping and AdamW. The batch is --prompts distinct
 prompts x --group samples, every prompt --prompt-len tokens and every completion the length in
 the table. The two settings alternate; median of --reps after a warm-up. "positions" is the
@@ -27,7 +27,7 @@ from mfu import build, train_step_fn  # noqa: E402
 
 
 def grouped_tokens(prompts: int, group: int, prompt_len: int, completion_len: int, vocab: int, device):
-    from tether.causal_lm import Tokens
+    from tether.model.causal_lm import Tokens
 
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(1, vocab, (prompts, prompt_len), generator=g).repeat_interleave(group, 0)
@@ -52,7 +52,7 @@ def main() -> None:
     add_common_args(p)
     args = p.parse_args()
     device = setup(args)
-    from tether.causal_lm import shared_prompt_reason
+    from tether.model.causal_lm import shared_prompt_reason
 
     from common import dtype_of
 

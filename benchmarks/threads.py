@@ -38,8 +38,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="rounds dropped before measuring")
     p.add_argument("--out", default=None, help="also write the Markdown table to this file")
     a = p.parse_args()
-    from tether.config import Config
-    from tether.models import init_model
+    from tether.config.sections import Config
+    from tether.model.loading import init_model
 
     cfg = Config()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -47,7 +47,7 @@ if DIGIT_REWARD not in REWARDS:
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A tiny Llama model with a character tokenizer, saved locally (the from_pretrained path)."""
-    from tether.models import init_model
+    from tether.model.loading import init_model
 
     path = tmp_path_factory.mktemp("model") / "tiny"
     init_model(path, hidden_size=64, num_layers=2, num_heads=2, seed=0)
@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config, items):
 def train_config(tiny_dir, out, *extra):
     """The small in-process run on the tiny model: 4 prompts x 4 samples, 2 mini-batches of 2 micro-batches,
     evaluation and a checkpoint every 2 steps, one thread; `extra` overrides come last."""
-    from tether.config import load_config
+    from tether.config.loading import load_config
 
     return load_config(None, [
         f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",

@@ -1,4 +1,4 @@
-"""Two optimiser steps of the TRL adapter, for `tests/test_integration_trl.py`'s many-process test.
+"""Two optimiser steps of the TRL adapter, for `tests/integrations/test_trl_adapter.py`'s many-process test.
 
     accelerate launch --multi_gpu --num_processes 2 tests/trl_two_processes.py MODEL_DIR OUT_DIR  # two processes
     python tests/trl_two_processes.py MODEL_DIR OUT_DIR                                             # one process

@@ -11,7 +11,7 @@ What it provides: the device name "cpu", gloo as the collective backend, and a d
 (torch.cpu with the memory counters verl logs, which torch.cpu lacks, reporting 0). The model must
 also be built with `attn_implementation=sdpa` (verl's default asks for flash-attention) and
 `use_remove_padding=False` (verl's remove-padding path needs flash-attention's varlen kernels):
-`tests/test_verl_actor.py` sets both, with the other settings the test needs.
+`tests/integrations/test_verl_actor_runs_tethers_update.py` sets both, with the other settings the test needs.
 """
 
 from __future__ import annotations

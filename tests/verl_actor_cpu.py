@@ -1,5 +1,5 @@
 """verl's own actor, one policy update on a fixed batch, in this CPU process: run by
-tests/test_verl_actor.py as `python tests/verl_actor_cpu.py BATCH OUT CASES`.
+tests/integrations/test_verl_actor_runs_tethers_update.py as `python tests/verl_actor_cpu.py BATCH OUT CASES`.
 
 What runs is verl 0.9.1's: its Hydra config (`ppo_trainer`, with the OVERRIDEs), its
 `ActorRolloutRefWorker` in the actor role (the worker main_ppo starts on every GPU), which builds

@@ -62,7 +62,7 @@ def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .config import load_config
+    from .config.loading import load_config
 
     if args.help_config:
         return _print_config_help()
@@ -75,22 +75,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not cfg_path.is_file():
             raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a tether run directory?")
         # The run's own config, with the overrides; train() refuses any that changes more than the
-        # budget, logging or checkpointing (tether.config.RESUMABLE_KEYS), and config.yaml stays as it was.
+        # budget, logging or checkpointing (tether.config.sections.RESUMABLE_KEYS), and config.yaml stays as it was.
         cfg = load_config(str(cfg_path), [*args.args, f"output_dir={args.resume}"])
-        from .train import train  # torch and transformers: after the config is known to be good
+        from .trainer.loop import train  # torch and transformers: after the config is known to be good
 
         train(cfg, resume_dir=args.resume)
         return 0
     path, overrides = _split_config_args(args.args)
     cfg = load_config(path, overrides)
-    from .train import train
+    from .trainer.loop import train
 
     train(cfg)
     return 0
 
 
 def _print_config_help() -> int:
-    from .config import describe_fields, describe_reward_params, describe_task_knobs
+    from .config.help import describe_fields, describe_reward_params, describe_task_knobs
 
     for key, default, doc in describe_fields():
         print(f"{key:<40} {default:<16} {doc}")
@@ -108,9 +108,9 @@ def _print_config_help() -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .train import build_task_and_reward
-    from .warmstart import initial_model
+    from .config.loading import load_config
+    from .trainer.setup import build_task_and_reward
+    from .trainer.warmstart import initial_model
 
     path, overrides = _split_config_args(args.args)
     cfg = load_config(path, [*overrides, "warm_start.enabled=true"])
@@ -120,7 +120,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
-    from .models import init_model
+    from .model.loading import init_model
 
     init_model(args.out_dir, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.layers,
                num_heads=args.heads, seed=args.seed, vocab_size=args.vocab_size)
@@ -129,7 +129,7 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import compare
+    from .reports.compare import compare
 
     path, overrides = _split_config_args(args.args)
     objectives_ = [o for o in args.objectives.split(",") if o]
@@ -142,7 +142,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .compare import discover, write_report
+    from .reports.compare import discover, write_report
 
     # Several compare directories: one regime each, named by its directory; else one regime.
     if len(args.run_dirs) > 1 and all(not (Path(d) / "metrics.jsonl").exists() for d in args.run_dirs):
@@ -155,7 +155,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import ExportError, export
+    from .reports.export import ExportError, export
 
     try:
         export(args.run_dir, args.out, step=args.step, force=args.force, push_to_hub=args.push_to_hub)
@@ -315,9 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     # tether draws its own progress bars: transformers' and the hub's are off (read when they are
     # imported, so no import of transformers here; a user's explicit setting wins).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from .compare import RunsFailed
+    from .reports.compare import RunsFailed
     from .schema import ConfigError
-    from .stopping import Interrupted
+    from .trainer.stopping import Interrupted
     from .tasks import DataError
 
 

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 from typing import Any
+import typing
 
 from .schema import ConfigError
 
@@ -112,7 +113,6 @@ def parameters(fn: Any) -> tuple[list[str], list[str], bool]:
 
 def type_hints(fn: Any) -> dict[str, Any]:
     """The parameters' annotations of a class (its __init__) or function, {} when unresolvable."""
-    import typing
 
     target = fn.__init__ if isinstance(fn, type) else fn
     try:

@@ -11,6 +11,9 @@ import dataclasses
 import types
 import typing
 from typing import Any, Literal, Union
+import ast
+import inspect
+import textwrap
 
 from .core.registry import did_you_mean
 
@@ -30,9 +33,6 @@ def unknown_key_error(path: str, key: str, valid: list[str]) -> ConfigError:
 
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field, read from the class source (for `--help` and docs)."""
-    import ast
-    import inspect
-    import textwrap
 
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):

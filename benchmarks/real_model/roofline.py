@@ -96,7 +96,7 @@ def main() -> None:
     import yaml
     from transformers import AutoConfig
 
-    from tether.models import load_tokenizer, local_source
+    from tether.model.loading import load_tokenizer, local_source
 
     run = Path(args.run_dir)
     cfg = yaml.safe_load((run / "config.yaml").read_text())

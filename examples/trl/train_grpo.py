@@ -4,7 +4,7 @@
     python examples/trl/train_grpo.py --tiny --max-steps 4
     # Each generation batch is used for --num-iterations 2 passes (the default), so from the second
     # pass on the ratio to the sampling policy moves and the trust region acts: policy/clipfrac_* > 0
-    # in the logs (tests/test_integration_trl.py checks it). With --num-iterations 1 and
+    # in the logs (tests/integrations/test_trl_adapter.py checks it). With --num-iterations 1 and
     # --steps-per-generation equal to --grad-accum every update is on-policy and nothing is clipped.
     # all GPUs of one node (one process per GPU); add --bf16 and, for vLLM generation, --use-vllm
     accelerate launch examples/trl/train_grpo.py --model Qwen/Qwen2.5-0.5B-Instruct \\
@@ -66,7 +66,7 @@ def main(argv=None):
     from trl import GRPOConfig
 
     from tether.integrations.trl import make_trainer, reward_func, to_dataset
-    from tether.models import init_model, load_tokenizer, local_source
+    from tether.model.loading import init_model, load_tokenizer, local_source
     from tether.rewards import task_reward
     from tether.tasks import get_task
 

@@ -12,7 +12,7 @@
 # advantage estimator and loss aggregation are the preset's own (docs/verl.md, "Names").
 # benchmarks/verl_one_gpu.py runs this and turns the metrics into a table; benchmarks/gpu_all.py
 # runs that when given --verl-model. Written against verl 0.9.1's config schema
-# (tests/test_integration_verl.py composes these overrides with it).
+# (tests/integrations/test_verl_plugin.py composes these overrides with it).
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then

@@ -2,7 +2,7 @@
 # A tether objective inside verl: Qwen2.5-Math-7B on DAPO-Math-17k, vLLM rollouts, FSDP training,
 # several nodes of 8 GPUs. Run it on the Ray head node once every node has joined the cluster
 # (see README.md beside this file). Written against verl 0.9.1's config schema; tests check that
-# every override below exists there (tests/test_integration_verl.py).
+# every override below exists there (tests/integrations/test_verl_plugin.py).
 #
 #   OBJECTIVE=rpg     tether_rpg_urkl: RPG-Style Clip, UKL to pi_old, R - group mean
 #   OBJECTIVE=rpg_ref tether_rpg_urkl with the KL taken to the reference model instead
@@ -70,7 +70,7 @@ ARGS=(
   actor_rollout_ref.actor.optim.lr=1e-6
   actor_rollout_ref.actor.optim.lr_warmup_steps=10
   actor_rollout_ref.actor.optim.weight_decay=0.1
-  # verl 0.9.1's engine clips at optim.clip_grad; actor.grad_clip is not read (tests/test_verl_actor.py)
+  # verl 0.9.1's engine clips at optim.clip_grad; actor.grad_clip is not read (tests/integrations/test_verl_actor_runs_tethers_update.py)
   actor_rollout_ref.actor.optim.clip_grad=1.0
   actor_rollout_ref.actor.ppo_mini_batch_size=32
   actor_rollout_ref.actor.ppo_epochs=1

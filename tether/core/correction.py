@@ -50,10 +50,10 @@ Departures:
    it from `response_mask`, so under token-mean verl divides by the kept tokens only.
 6. A missing (NaN) sampler log-prob counts as pi_sampler = pi_old, no mismatch (TRL's rule for its importance
    weights); AReaL's KPop computes its metric from the raw log-probs, so a NaN there is NaN and the token is
-   rejected. tether's trainer never passes one (`tether.step.finite_sampler_tokens`).
-5. Until issue 22, `sequence` was the geometric mean (now `sequence_geometric`) and `{measure, delta}`
-   gave the ratio band {r : D(r) <= delta} with kept tokens weighted by r, and the geometric-mean ratio
-   at sequence level: neither was verl's k3 rejection.
+   rejected. tether's trainer never passes one (`tether.trainer.step.finite_sampler_tokens`).
+5. `sequence` is the product of the token ratios (verl's and TRL's), the geometric mean is
+   `sequence_geometric`; `{mode: mask, measure, delta}` is verl's k3 rejection (kept tokens weighted 1), not
+   the ratio band {r : D(r) <= delta} with kept tokens weighted by r.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def off_policy_sequence_mask(logprobs: torch.Tensor, behaviour_logprobs: torch.T
     counted tokens (at least 1), a strict `>`, A = 0 kept, and a NaN log-ratio (a token the sampler could not
     score) counted as 0, no drift, before the mean, as TRL (`torch.nan_to_num(kl, nan=0.0)`, which also maps
     +-inf to the dtype's largest finite values). tether's trainer never passes a non-finite sampler log-prob
-    (`tether.step.finite_sampler_tokens` takes such tokens out of the mask)."""
+    (`tether.trainer.step.finite_sampler_tokens` takes such tokens out of the mask)."""
     m = mask.bool()
     d = torch.where(m, behaviour_logprobs.detach() - logprobs.detach(), torch.zeros_like(logprobs))
     d = torch.nan_to_num(d, nan=0.0)

@@ -32,7 +32,6 @@ Departures from the paper:
    clip_ratio_c = 10000; verl's code notes that a large cap avoids the truncation bias, the paper's Section 5.4).
    verl's `dppo_tv`/`dppo_kl` read `actor.clip_ratio_c`, whose default is 3.0 (verl 0.9.1 `ActorConfig`; the
    20 in its code is only the fallback for a config without the key): `truncation_c: 3.0` is verl's default.
-   Until issue 22 tether's default was 20 and its docs called that verl's default, which it is not.
 """
 
 from __future__ import annotations

@@ -23,10 +23,9 @@ Departures (all ours, since the paper's forms are reconstructed):
 1. R_min, R_max default to the rollout batch's observed reward range (configurable as
    `reward_range`); a batch with a single reward value has nu = 0 everywhere.
 2. nu_bar is the mean over the groups of the rollout batch given to `etr_group_stats` (each group
-   once, among groups with nu > 0). Until issue 13 the mean was over the groups of each
-   micro-batch, which made the macro factor depend on `trainer.micro_batch_size`. Since issue 22 a
-   micro-batch (`TokenBatch.loss_norm` set) without `group_stats` is refused (`tether.objectives`) rather
-   than given statistics of its own rows.
+   once, among groups with nu > 0), never over a micro-batch's groups, which would make the macro
+   factor depend on `trainer.micro_batch_size`: a micro-batch (`TokenBatch.loss_norm` set) without
+   `group_stats` is refused (`tether.objectives`) rather than given statistics of its own rows.
 """
 
 from __future__ import annotations

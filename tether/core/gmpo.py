@@ -18,8 +18,8 @@ Departures from the paper:
    sequence-level advantages only.
 3. log w is clamped to [-20, 20] (tether.core.surrogates, departure 1); verl leaves it unclamped here.
 4. `mask` is the set of tokens in the loss: a token that `rollout_correction` masks arrives here as padding
-   (`tether.objectives.Objective.terms`), so it leaves the geometric mean (issue 22; before, its log-ratio
-   stayed in it and it kept a gradient).
+   (`tether.objectives.Objective.terms`), so it leaves the geometric mean: its log-ratio is not in it and it
+   has no gradient.
 """
 
 from __future__ import annotations

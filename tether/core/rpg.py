@@ -36,7 +36,7 @@ Departures from the paper:
    same gradient, but a value near 0, and it is never clamped, as in the released code. The
    clamp of the clipped differentiable form applies to ufkl, rkl and urkl only, whose terms
    depend on the ratios alone; written as -q lp, a clamp at -10 zeroed the KL gradient of
-   every token with log pi < -10 (a defect until tether 0.1; issue 13).
+   every token with log pi < -10.
 5. Rewards: the paper scores +1 / -1 (its `math_dapo.py`), tether's verifiers 0 / 1, which
    halves A = R - mean; the presets use beta = 5e-5 so that beta / A keeps the paper's ratio
    (docs/algorithms/rpg.md shows the arithmetic).

@@ -6,6 +6,7 @@ import sys
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
+from ..records.sinks import HEARTBEAT_S, Heartbeat, _duration, flushed
 
 
 @contextmanager
@@ -32,8 +33,6 @@ def progress(enabled: bool, total: int, done: int, stream=None, log=None,
 
 
 def _plain_progress(total: int, done: int, log=None, every_s: float | None = None) -> Iterator[Callable[[int], None]]:
-    from ..sinks import HEARTBEAT_S, Heartbeat, _duration, flushed
-
     log = flushed(print if log is None else log)
     start, tic, state = done, time.perf_counter(), {"done": done}
     every = max(1, (total - done) // 10)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..config.sections import SMALL_MODEL_PARAMS
 from ..rewards import PerExample, RewardFn, Scored, check_verdicts, get_reward, reward_options, score_rollout
 from ..tasks import TASKS, Example, stable_hash
 from .data import EvalError, load_eval_data, problem_key, unique_problems
@@ -22,7 +23,7 @@ def evaluate(model_path: str | Path, data_specs: Sequence[str], **options: Any) 
     """Sample `n` completions per problem of `data_specs`, verify them, report per source.
 
     Args:
-        model_path: hub id or local directory (loaded with `tether.models.load_model`); with an
+        model_path: hub id or local directory (loaded with `tether.model.loading.load_model`); with an
             engine object given it only names the model in the settings.
         data_specs: `load_eval_data` specs (task:NAME[:k=v...], a JSONL/Parquet path, a hub name).
         options: the fields of `EvalOptions`, by name: n=16, ks=(1, 4, 16), temperature=0.6,
@@ -146,18 +147,18 @@ def _sample_batch(engine: Any, batch: list[Example], settings: EvalSettings, par
 
 def _tokenizer_for(model_path: str | Path) -> Any:
     """The model's tokenizer alone, so that data specs fail before a (slow) model load."""
-    from ..models import _check_source, load_tokenizer
+    from ..model.loading import _check_source, load_tokenizer  # lazy: torch, after the data specs and options are checked
 
     _check_source(str(model_path))  # the helpful "neither a directory nor a hub id" error
     return load_tokenizer(model_path)
 
 
 def _set_threads(setting: int) -> None:
-    """torch's CPU threads by the trainer's rule (`run.cpu_threads`: 0 auto, -1 torch's default); the
+    """torch's CPU threads by the trainer's rule (`model.loading.cpu_threads`: 0 auto, -1 torch's default); the
     auto choice is said on stderr, as the trainer logs it."""
-    import torch
+    import torch  # lazy: torch, after the data specs are checked
 
-    from ..run import cpu_threads
+    from ..model.loading import cpu_threads  # lazy: torch
 
     threads, why = cpu_threads(setting)
     if threads:
@@ -168,7 +169,7 @@ def _set_threads(setting: int) -> None:
 
 def _check_engine(name: str) -> None:
     """An unknown or uninstalled engine fails before anything is loaded or written."""
-    from ..rollout import engine_problem
+    from ..rollout import engine_problem  # lazy: torch, after the data specs and options are checked
 
     problem = engine_problem(name)
     if problem:
@@ -176,12 +177,12 @@ def _check_engine(name: str) -> None:
 
 
 def _engine_for(model_path: str | Path, device: str, dtype: str, name: str = "hf") -> Any:
-    from ..models import load_model, place_model
-    from ..rollout import get_engine
+    from ..model.loading import load_model, place_model  # lazy: torch, after the data specs and options are checked
+    from ..rollout import get_engine  # lazy: torch, after the data specs and options are checked
 
     model, tokenizer = load_model(model_path, dtype=dtype, device="cpu" if device == "auto" else device)
     if device == "auto":  # the trainer's rule: a model too small to keep a GPU busy stays on the CPU
-        place_model(model, "auto", key="device", log=lambda line: print(line, file=sys.stderr))
+        place_model(model, "auto", SMALL_MODEL_PARAMS, key="device", log=lambda line: print(line, file=sys.stderr))
     return get_engine(name, model=model, tokenizer=tokenizer)
 
 

@@ -133,7 +133,7 @@ class EvalSettings:
 
     def sampling(self) -> Any:
         """The `tether.rollout.SamplingParams` of every `generate` call."""
-        from ..rollout import SamplingParams
+        from ..rollout import SamplingParams  # lazy: torch; the options are checked before any model loads
 
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
                               stop_strings=self.stop_strings)

@@ -56,25 +56,23 @@ Where the loss path departs from TRL's, and why:
    then, as tether's own trainer does (`inactive_trust_region`).
 7. Advantages take each completion's counted tokens (`completion_mask` times `tool_mask`, gathered
    over processes), so `reinforce_pp` whitens over the batch's tokens, as tether's trainer and verl
-   do. **Behaviour change (issue 22):** no lengths were passed and it whitened per sequence (the
-   audit's rewards [1,0,0,1,1,1,0,1], lengths [10,200,30,50,5,120,60,15]: [1, -1, -1, 1, .5, .5,
-   -1.5, .5] here, [1.561, -0.689, ...] in the trainer). The other estimators ignore lengths.
+   do (whitening per sequence instead would give rewards [1,0,0,1,1,1,0,1] with lengths
+   [10,200,30,50,5,120,60,15] the advantages [1, -1, -1, 1, .5, .5, -1.5, .5], not the trainer's
+   [1.561, -0.689, ...]). The other estimators ignore lengths.
 8. Metrics merge exactly, as tether's trainer merges them (`objectives.MetricMerger`): token means
    weighted by their token counts, `policy/ratio_min`/`max` as the extremes, and `loss/*` as the sum
    of the shares of each optimiser step, averaged over the steps of the log period. The logged
    values are the objective's metrics on the step's whole mini-batch, the same for any number of
-   processes and accumulation steps. **Behaviour change (issue 22):** they were averaged over
-   processes and then over micro-batches (TRL's mean of `_metrics`), a mean of means that depended
-   on how the rows were split (a two-process run logged `policy/clipfrac_high` 0.665 where one process
-   logged 0.646, with equal gradients).
+   processes and accumulation steps (TRL's mean of `_metrics` over processes and then micro-batches is
+   a mean of means that depends on how the rows are split: a two-process run would log
+   `policy/clipfrac_high` 0.665 where one process logs 0.646, with equal gradients).
 9. A row with no counted token (`mask_truncated_completions=True` on a truncated completion, or a
    completion that is all tool output) counts in the seq-mean normalisers, as TRL's `grpo`
    (`.mean()` over the rows) and `dr_grpo` (`per_token_loss.size(0) * max_completion_length`)
-   count it: the loss and gradient are TRL's own (`tests/test_integration_trl.py` calls TRL's
+   count it: the loss and gradient are TRL's own (`tests/integrations/test_trl_adapter.py` calls TRL's
    `_compute_loss`). tether's own trainer and the verl plugin count only the rows with tokens,
-   verl's convention (tether.core.aggregation). **Behaviour change (issue 30):** with one of 4
-   rows empty, the adapter's grpo loss in the audit's case was 0.13658 where TRL's is 0.10243
-   (a normaliser of 3 rows, not 4).
+   verl's convention (tether.core.aggregation): with one of 4 rows empty, counting only the rows
+   with tokens would give a grpo loss of 0.13658 where TRL's is 0.10243 (a normaliser of 3 rows, not 4).
 10. GDPO (`reward_aggregation: normalize_then_sum`) normalises each reward function's scores within the
    group with std + 1e-6 (verl's and GRPO's guard) where TRL's `multi_objective_aggregation=
    "normalize_then_sum"` uses std + 1e-4, and the batch step is the objective's estimator (the `gdpo`
@@ -98,6 +96,8 @@ from ..schema import ConfigError
 
 from .trl_compat import OLD_LOGPS, REF_LOGPS, SAMPLER_LOGPS, GRPOConfig, GRPOTrainerHooks, check_version, loss_mask
 from .trl_compat import TESTED_TRL  # noqa: F401  (public: the TRL versions the adapter was checked against)
+from ..rewards import get_reward, score_batch
+from ..tasks import Example
 
 ObjectiveHook = Callable[[dict, TokenBatch, ObjectiveOutput], None]
 
@@ -416,8 +416,6 @@ def reward_func(reward: Any, name: Optional[str] = None) -> Callable[..., list[f
     For a tether task pass `tether.rewards.task_reward(task)`: the verifier tether's own trainer
     uses (strict final-\\boxed{} extraction only when the task's template asks for a box).
     """
-    from ..rewards import get_reward, score_batch
-    from ..tasks import Example
 
     fn = get_reward(reward) if isinstance(reward, (str, dict)) else reward
 

@@ -21,7 +21,7 @@ of this file: each touchpoint below says what it relies on.
 7. `verl.models.transformers.monkey_patch.is_trl_available`, the name `apply_monkey_patch` (run on
    every model verl's FSDP engine builds, the actor's included) checks before it imports trl's
    `AutoModelForCausalLMWithValueHead`. verl 0.9.0 and 0.9.1 import it whenever trl is installed;
-   trl 1.16 has no such class, so the import fails and no actor starts (issue 34). `guard_trl_probe`
+   trl 1.16 has no such class, so the import fails and no actor starts. `guard_trl_probe`
    makes that one name answer whether trl has the class; nothing else of verl changes.
 """
 

@@ -24,17 +24,16 @@ a rollout is `score_rollout` (`base`); accuracy, held-out greedy accuracy includ
 
 from __future__ import annotations
 
-import math
 import numbers
 import pickle
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..core.registry import Registry, did_you_mean
-from ..plugins import is_import_path
+from ..plugins import REWARD_SHAPE, check_call, entry, is_import_path, parameters
 from ..tasks import Example
 from .base import (REWARD_ERROR, FaultWarnings, RewardBroken, RewardFn, RewardResult, Scored, reward_label, rollout_examples, score_all,
-                   score_batch, score_rollout, verifier_faults)
+                   score_batch, score_rollout, verifier_faults, with_completion_tokens)
 from .isolated import Isolated
 from .math_verifier import Math, MathVerifier, asks_for_boxed, math_verify_score, strict_for_task
 from .simple import (
@@ -44,9 +43,9 @@ from .simple import (
     countdown,
     exact_match,
     overlong_penalty,
-    with_completion_tokens,
 )
 from .verdicts import accuracy, check_verdicts, greedy_accuracy
+from ..schema import ConfigError
 
 REWARDS: Registry[Any] = Registry("reward")
 REWARDS.register("exact_match")(exact_match)
@@ -118,7 +117,7 @@ def reward_parts(reward: RewardFn, results: Sequence[RewardResult]) -> Any:
     `reward_aggregation: normalize_then_sum` reads them."""
     import torch
 
-    from ..core.multi_reward import RewardParts
+    from ..core.multi_reward import RewardParts  # lazy: torch; rewards import without it (a config error is reported first)
 
     if not isinstance(reward, Combined):
         scores = [[r.score] for r in results]
@@ -133,7 +132,6 @@ def reward_parts(reward: RewardFn, results: Sequence[RewardResult]) -> Any:
 def reward_entry(name: str) -> Any:
     """The function or class `name` stands for: a registered reward, or a user's `module:name`
     (tether.plugins; a failed import raises ConfigError)."""
-    from ..plugins import entry
 
     return entry(REWARDS, name, "reward.name")
 
@@ -167,7 +165,6 @@ def check_user_rewards(reward: RewardFn, example: Example) -> None:
     type, or a score that is not a finite number (NaN, which would reach the loss), is a ConfigError
     then, not a reward error on every completion of the first step. A reward that raises or times
     out on a probe is left to the scoring path, which scores that completion 0."""
-    from ..schema import ConfigError
 
     parts = [part for _, _, part in reward.parts] if isinstance(reward, Combined) else [reward]
     for part in parts:
@@ -192,7 +189,6 @@ def isolate(reward: RewardFn, timeout_s: float, name: str = "") -> RewardFn:
                               for part, weight, fn in reward.parts))
     if not name:
         return reward
-    from ..schema import ConfigError
 
     try:
         pickle.dumps(reward)
@@ -207,7 +203,6 @@ def isolate(reward: RewardFn, timeout_s: float, name: str = "") -> RewardFn:
 def user_reward(fn: Any, name: str) -> RewardFn:
     """`fn` (completion, example) -> float | RewardResult as a RewardFn, its signature checked
     (ConfigError); one with its own `score_batch` is used as it is."""
-    from ..plugins import REWARD_SHAPE, check_call
 
     check_call(fn, ("", Example("", "", "")), {}, f"reward {name!r}", REWARD_SHAPE)
     return fn if hasattr(fn, "score_batch") else UserReward(fn, name)
@@ -218,7 +213,6 @@ def _parameters(entry: Any) -> tuple[list[str], list[str]]:
     fields); a function takes none."""
     if not isinstance(entry, type):
         return [], []
-    from ..plugins import parameters
 
     valid, required, _ = parameters(entry)
     return valid, required
@@ -282,7 +276,6 @@ def check_reward_params(name: str, params: Iterable[str], key: str = "", also: S
     else a ConfigError naming the first that is not, the closest and the valid ones, prefixed by
     `key.PARAM: ` when `key` (reward.weights.NAME) is given. The one check of a reward's parameters:
     the config's on load and `get_reward`'s."""
-    from ..schema import ConfigError
 
     valid = sorted(reward_options(name))
     unknown = sorted(set(params) - set(valid) - set(also))

@@ -44,9 +44,9 @@ Scoring (`math_verify_score`), with math-verify's default options otherwise:
    later completion for that gold scored 0 as "did not parse".)
 4. Time limits. math-verify's own limit (`INNER_TIMEOUT_S` per parse and per comparison) is
    detected by the elapsed time of the call (`_limited`), which no logging configuration can
-   switch off. (Before, issue 22 item 7, only by math-verify's "Timeout ..." log warning: with
-   the `math_verify` logger at ERROR a gold whose parse timed out was cached as what a weaker
-   reading found, `\\frac{3}{56} + 0` as [0, '0'], and the right answer scored 0 against it.)
+   switch off. (Its "Timeout ..." log warning is not enough: with the `math_verify` logger at
+   ERROR a gold whose parse timed out would be cached as what a weaker reading found,
+   `\\frac{3}{56} + 0` as [0, '0'], and the right answer would score 0 against it.)
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def limit_memory(megabytes: int) -> None:
     """Cap this process's address space, so that an answer like 9^9^9^9 that sympy tries to
     build fails with MemoryError (reason "verifier error") instead of exhausting the machine."""
     if megabytes > 0:
-        import resource
+        import resource  # lazy: POSIX only, and only when a memory cap is set
 
         resource.setrlimit(resource.RLIMIT_AS, (megabytes << 20, megabytes << 20))
 

@@ -23,7 +23,7 @@ def main() -> None:
     conn = Connection(int(sys.argv[1]))
     megabytes = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     if megabytes > 0:
-        import resource
+        import resource  # lazy: POSIX only, and only when a memory cap is set
 
         resource.setrlimit(resource.RLIMIT_AS, (megabytes << 20, megabytes << 20))
     sys_path, pickled = conn.recv()

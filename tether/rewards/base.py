@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from ..tasks import Example
+
+if TYPE_CHECKING:  # the rewards import without torch, which the rollout brings
+    import torch
+
+    from ..rollout import RolloutBatch
 
 
 @dataclass(frozen=True)
@@ -135,40 +140,46 @@ class Scored:
     """A rollout's N completions scored, in the rollout's row order: what `score_rollout` returns
     to training, SFT and `tether eval`, and what the trainer carries through a step."""
 
-    rollout: Any
-    """The `tether.rollout.RolloutBatch` (N rows)."""
+    rollout: RolloutBatch
+    """The rollout (N rows)."""
     examples: list[Example]
     """(N,) the example each sample answers, with its completion length in tokens (for `overlong`)."""
     results: list[RewardResult]
     """(N,) each sample's reward."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """Rollout and reward metrics on the host (the trainer's `collect` fills them)."""
 
     @cached_property
-    def rewards(self) -> Any:
+    def rewards(self) -> torch.Tensor:
         """(N,) float32 tensor of the scores."""
         import torch
 
         return torch.tensor([r.score for r in self.results], dtype=torch.float32)
 
     @cached_property
-    def group_ids(self) -> Any:
+    def group_ids(self) -> torch.Tensor:
         """(N,) int64 tensor: the prompt group of each sample (`rollout.prompt_index`)."""
         import torch
 
         return torch.tensor(self.rollout.prompt_index)
 
 
-def rollout_examples(rollout: Any, examples: Sequence[Example]) -> list[Example]:
+def with_completion_tokens(examples: Sequence[Example], num_tokens: Sequence[int]) -> list[Example]:
+    """Copies of `examples` with `meta["completion_tokens"]` set, for `Overlong`.
+
+    Typical use: `with_completion_tokens(examples, batch.mask.sum(1).tolist())`.
+    """
+    if len(examples) != len(num_tokens):
+        raise ValueError(f"{len(examples)} examples but {len(num_tokens)} lengths")
+    return [replace(ex, meta={**ex.meta, "completion_tokens": int(n)}) for ex, n in zip(examples, num_tokens)]
+
+
+def rollout_examples(rollout: RolloutBatch, examples: Sequence[Example]) -> list[Example]:
     """The example of each sample of `rollout` (a `tether.rollout.RolloutBatch`): its prompt's
     (`rollout.prompt_index`), with its completion length in tokens attached for length-aware rewards."""
-    from .simple import with_completion_tokens
-
     return with_completion_tokens([examples[i] for i in rollout.prompt_index],
                                   [int(n) for n in rollout.mask.sum(1).tolist()])
 
 
-def score_rollout(reward: RewardFn, rollout: Any, examples: Sequence[Example]) -> Scored:
+def score_rollout(reward: RewardFn, rollout: RolloutBatch, examples: Sequence[Example]) -> Scored:
     """THE scoring path of training, SFT and `tether eval`: each completion of `rollout` against
     the example of its prompt (`rollout_examples`)."""
     per_sample = rollout_examples(rollout, examples)

@@ -26,8 +26,8 @@ socket by file descriptor). The process handling (start, handshake, kill, the sc
 
 What is compared, and how (strict or lenient extraction, percent and comma normalisation, how
 the gold is parsed and cached), is described in `_math_worker.py`'s header. Strict extraction
-is the default since issue 13: only the completion's final `\\boxed{}` answer counts; before,
-any number in the completion could ("blah 2 blah" scored 1 against gold "2").
+is the default: only the completion's final `\\boxed{}` answer counts (lenient extraction lets
+any number in the completion count: "blah 2 blah" scores 1 against gold "2").
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from ..tasks import Example
 from ._math_worker import math_verify_score
 from .base import RewardResult
 from .worker import Worker
+from ..tasks.math import apply_template
 
 
 def _faults(reason: str) -> tuple[str, ...]:
@@ -148,7 +149,6 @@ class Math:
 def asks_for_boxed(template: str) -> bool:
     """Whether a math prompt template (a `TEMPLATES` name or a literal) asks for a `\\boxed{}`
     answer: strict extraction applies only then."""
-    from ..tasks.math import apply_template
 
     return "\\boxed{}" in apply_template(template, "")
 

@@ -17,8 +17,7 @@ characters is used, which is exact for tether's character-level tiny models only
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
-from typing import Sequence
+from dataclasses import dataclass
 
 from ..tasks import Example, check_countdown
 from ._math_worker import boxed_answers  # one scanner, shared with the math worker
@@ -89,13 +88,3 @@ class Overlong:
         score = overlong_penalty(num_tokens, self.max_tokens, self.cache)
         reason = f"{num_tokens} tokens ({source}) > {self.max_tokens - self.cache}" if score else ""
         return RewardResult(score, {"overlong": score}, reason)
-
-
-def with_completion_tokens(examples: Sequence[Example], num_tokens: Sequence[int]) -> list[Example]:
-    """Copies of `examples` with `meta["completion_tokens"]` set, for `Overlong`.
-
-    Typical use: `with_completion_tokens(examples, batch.mask.sum(1).tolist())`.
-    """
-    if len(examples) != len(num_tokens):
-        raise ValueError(f"{len(examples)} examples but {len(num_tokens)} lengths")
-    return [replace(ex, meta={**ex.meta, "completion_tokens": int(n)}) for ex, n in zip(examples, num_tokens)]

@@ -36,7 +36,7 @@ def greedy_accuracy(engine: Any, examples: Sequence[Example], verifier: RewardFn
     `batch_size` examples per `generate` call (None: all at once; `trainer.eval_batch_size`)."""
     import torch
 
-    from ..rollout import SamplingParams
+    from ..rollout import SamplingParams  # lazy: torch; rewards import without it (a config error is reported first)
 
     if not examples:
         raise ValueError("no examples to evaluate")

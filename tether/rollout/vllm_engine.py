@@ -98,7 +98,7 @@ class VLLMEngine:
 
     Args:
         model: the policy (a Hugging Face causal LM; under LoRA the peft-wrapped base model).
-        tokenizer: its tokenizer, with a pad token (`tether.models.prepare_tokenizer`).
+        tokenizer: its tokenizer, with a pad token (`tether.model.loading.prepare_tokenizer`).
         compile: "auto" (CUDA graphs on CUDA, eager elsewhere), True or False (module docstring).
         add_special_tokens: passed to the tokenizer when encoding prompts.
         max_model_len: the longest prompt + completion the engine serves; None: the model's
@@ -112,7 +112,7 @@ class VLLMEngine:
                  add_special_tokens: bool = False, max_model_len: int | None = None,
                  kv_cache_bytes: int = 1024 << 20, gpu_memory_utilization: float = 0.3):
         if tokenizer.pad_token_id is None:
-            raise ValueError("tokenizer has no pad token; load it with tether.models.load_model or set one")
+            raise ValueError("tokenizer has no pad token; load it with tether.model.loading.load_model or set one")
         if compile not in (True, False, "auto"):
             raise ValueError(f"compile must be true, false or 'auto', got {compile!r}")
         self.model, self.tokenizer, self.add_special_tokens = model, tokenizer, add_special_tokens

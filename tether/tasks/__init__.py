@@ -20,6 +20,8 @@ from .countdown import Countdown, solve_all
 from .expression import Evaluated, ExpressionError, check_countdown, evaluate
 from .math import TEMPLATES, MathTask, apply_template, load_math_dataset, render_prompt
 from ..core.registry import Registry, did_you_mean
+from ..plugins import check_task, entry, is_import_path, parameters, type_hints
+from ..schema import ConfigError, coerce, field_docs
 
 TASKS: Registry[Callable[..., Task]] = Registry("task")
 TASKS.register("arithmetic")(Arithmetic)
@@ -30,7 +32,6 @@ TASKS.register("math")(MathTask)
 def task_factory(name: str) -> Callable[..., Task]:
     """The class or factory `name` stands for: a registered task, or a user's `module:Name`
     (tether.plugins; a failed import raises ConfigError)."""
-    from ..plugins import entry
 
     return entry(TASKS, name, "data.task")
 
@@ -41,13 +42,10 @@ def get_task(name: str, **knobs: Any) -> Task:
 
     An unknown knob or a missing one raises ConfigError (`check_task_knobs`).
     """
-    from ..plugins import check_task, is_import_path, parameters
 
     check_task_knobs(name, knobs)
     factory = task_factory(name)
     if "tokenizer" not in knobs and "tokenizer" in parameters(factory)[1]:  # the trainer passes it; a caller must
-        from ..schema import ConfigError
-
         raise ConfigError(f"task {name!r} needs a tokenizer (its factory has no default for it): pass "
                           f"get_task({name!r}, tokenizer=...), or train it with `tether train`, which passes the model's")
     task = factory(**knobs)
@@ -62,8 +60,6 @@ def check_task_knobs(name: str, knobs: Mapping[str, Any], key: str = "", types: 
     has its annotated type (a config value's; `get_task` takes what Python code passes), and every
     knob without a default is given. The tokenizer is the trainer's to pass, never a user's knob.
     Raises ConfigError, each message prefixed by `key.KNOB: ` when `key` (data.task_args) is given."""
-    from ..plugins import parameters, type_hints
-    from ..schema import ConfigError, coerce, field_docs
 
     factory = task_factory(name)
     valid, required, any_keyword = parameters(factory)

@@ -1,0 +1,149 @@
+"""The claims machinery (issue 16): per-run metrics by hand, the bootstrap verdicts on synthetic
+seeds with a known effect, none, and the opposite, and claims files checked on load."""
+
+import random
+
+import pytest
+
+from tether.reports.claims import (METRICS, Claim, bootstrap_difference, claims_markdown, evaluate_claims, load_claims,
+                           per_seed, skipped_claims)
+from tether.schema import ConfigError
+
+
+def _rows(acc, ent=None, clip=None):
+    """metrics.jsonl rows: evaluations every 10 steps, entropy and clip fractions every step."""
+    rows = []
+    for step in range(0, 10 * (len(acc) - 1) + 1):
+        r = {"step": step}
+        if step % 10 == 0:
+            r["eval/accuracy"] = acc[step // 10]
+        if step > 0:
+            r["policy/entropy"] = ent(step) if ent else 1.0
+            r["policy/clipfrac_low"], r["policy/clipfrac_high"] = clip or (0.01, 0.02)
+        rows.append(r)
+    return rows
+
+
+def test_per_run_metrics_by_hand():
+    rows = _rows([0.2, 0.5, 0.3, 0.6], ent=lambda s: 1.0 - s / 40)
+    m = {name: fn(rows) for name, fn in METRICS.items()}
+    assert m["final_accuracy"] == 0.6 and m["best_accuracy"] == 0.6
+    # trapezoids over steps 0..30: 10*(0.35 + 0.4 + 0.45) / 30 = 0.4
+    assert m["auc"] == pytest.approx(0.4)
+    assert m["max_drop"] == pytest.approx(0.2)  # 0.5 -> 0.3
+    # entropy 1 - s/40 at steps 1..30: half of the first (0.975 / 2 = 0.4875) is first undercut at
+    # s = 21 (1 - 21/40 = 0.475); the last 10% (3 steps: 28, 29, 30) average 1 - 29/40 = 0.275.
+    assert m["entropy_half_step"] == 21 and m["final_entropy"] == pytest.approx(0.275)
+    assert m["clipfrac"] == pytest.approx(0.03)
+    assert METRICS["entropy_half_step"](_rows([0.1, 0.2])) == 11  # never halves: last step + 1
+
+
+def test_a_known_effect_is_supported_none_is_inconclusive_the_opposite_contradicted():
+    rng = random.Random(0)
+    base = [0.40 + rng.gauss(0, 0.02) for _ in range(5)]
+    better = [0.50 + rng.gauss(0, 0.02) for _ in range(5)]
+    same = [0.40 + rng.gauss(0, 0.02) for _ in range(5)]
+    up = bootstrap_difference(better, base, "higher")
+    assert up.verdict == "supported" and up.ci95[0] > 0 and up.difference == pytest.approx(0.1, abs=0.04)
+    assert bootstrap_difference(same, base, "higher").verdict == "inconclusive"
+    assert bootstrap_difference(better, base, "lower").verdict == "contradicted"
+    assert bootstrap_difference(base, better, "lower").verdict == "supported"
+    # The interval is deterministic, and a constant difference has a zero-width interval.
+    assert bootstrap_difference(better, base).ci95 == up.ci95
+    exact = bootstrap_difference([1.0] * 4, [0.0] * 4)
+    assert exact.ci95 == (1.0, 1.0) and exact.detectable == 0.0 and exact.verdict == "supported"
+
+
+@pytest.mark.parametrize("n, paired", [(1, True), (1, False), (2, True), (3, True), (3, False)])
+def test_fewer_than_4_seeds_give_no_verdict_and_say_why(n, paired):
+    # A large, constant effect: with 4 seeds or more it is supported, with fewer there is no verdict.
+    # Why 4: a resample of n values repeats the smallest n times with probability n^-n; for n = 3 that
+    # is 1/27 = 3.7% > 2.5%, so the 2.5th percentile IS the smallest value (the interval is the range
+    # of the values seen); for n = 4 it is 1/256 = 0.4% < 2.5%.
+    a, b = [0.5 + 0.01 * k for k in range(n)], [0.1 + 0.01 * k for k in range(n)]
+    r = bootstrap_difference(a, b, "higher", paired=paired)
+    assert r.verdict == "not enough seeds" and r.ci95 is None and r.detectable is None
+    assert r.difference == pytest.approx(0.4)  # the difference is still reported
+    assert ("paired seed" if paired else f"{n} and {n} seeds") in r.why and "needs 4" in r.why
+    a4, b4 = [0.5 + 0.01 * k for k in range(4)], [0.1 + 0.01 * k for k in range(4)]
+    four = bootstrap_difference(a4, b4, "higher", paired=paired)
+    assert four.verdict == "supported" and four.ci95 is not None
+    assert bootstrap_difference([0.5] * 5, [0.1], "higher").verdict == "not enough seeds"  # one side short
+
+
+def test_a_one_seed_report_says_not_enough_seeds_pairs_same_seeds_and_lists_skipped_claims():
+    claims = [Claim(claim="m beats b", metric="final_accuracy", method="m", baseline="b"),
+              Claim(claim="x beats b", metric="final_accuracy", method="x", baseline="b"),
+              Claim(claim="m beats b off-policy", metric="final_accuracy", method="m", baseline="b", regime="off")]
+    regime = {"m": {"seeds": [0], "final_accuracy": [0.6]}, "b": {"seeds": [0], "final_accuracy": [0.2]}}
+    (r,) = evaluate_claims(claims, {"on": regime})
+    # Both ran seed 0: paired (one seed is still a pair), and one seed gives no verdict.
+    assert r["paired"] and r["seeds"] == [1, 1] and r["verdict"] == "not enough seeds" and r["ci95"] is None
+    skipped = skipped_claims(claims, {"on": regime})
+    assert skipped == [
+        {"claim": "x beats b", "regime": "on", "reason": "'x' not run here (methods run: m, b)"},
+        {"claim": "m beats b off-policy", "regime": "off", "reason": "regime 'off' is not in this report (regimes: on)"},
+    ]
+    text = claims_markdown([r], skipped)
+    assert "m vs b (1 seed, paired)" in text and "| n/a | n/a | **not enough seeds** (1 paired seed; a verdict needs 4" in text
+    assert "detectable 0.0000" not in text and "unpaired" not in text
+    assert "Skipped claims (not tested):" in text and "- x beats b (regime on): 'x' not run here" in text
+    # A seed whose run never evaluated (NaN) is left out of the pairs rather than poisoning the mean.
+    nan = float("nan")
+    regime5 = {"m": {"seeds": [0, 1, 2, 3, 4], "final_accuracy": [0.6, 0.6, nan, 0.6, 0.6]},
+               "b": {"seeds": [0, 1, 2, 3, 4], "final_accuracy": [0.2, 0.2, 0.2, 0.2, 0.2]}}
+    (r5,) = evaluate_claims(claims[:1], {"on": regime5})
+    assert r5["seeds"] == [4, 4] and r5["paired"] and r5["difference"] == pytest.approx(0.4)
+    assert r5["verdict"] == "supported"
+
+
+def test_claims_are_evaluated_per_regime_on_synthetic_runs(tmp_path):
+    path = tmp_path / "claims.yaml"
+    path.write_text(
+        "- {claim: B beats A, metric: final_accuracy, method: B, baseline: A, direction: higher}\n"
+        "- {claim: C keeps entropy, metric: final_entropy, method: C, baseline: A, regime: r2}\n")
+    claims = load_claims(path)
+    rng = random.Random(1)
+    runs = lambda acc: [_rows([0.2, acc + rng.gauss(0, 0.01)]) for _ in range(5)]  # noqa: E731
+    same = runs(0.3)  # r2: B and C are A's seeds exactly, no effect at all
+    regimes = {
+        "r1": per_seed({"A": runs(0.3), "B": runs(0.5)}),
+        "r2": per_seed({"A": same, "B": list(reversed(same)), "C": same}),
+    }
+    results = evaluate_claims(claims, regimes)
+    verdicts = {(r["claim"], r["regime"]): r["verdict"] for r in results}
+    assert verdicts == {("B beats A", "r1"): "supported", ("B beats A", "r2"): "inconclusive",
+                        ("C keeps entropy", "r2"): "inconclusive"}
+
+
+def test_seeds_shared_by_both_methods_are_paired_and_pairing_removes_the_seed_effect():
+    # tether compare's design: seed k has the same warm start and data for every method. Here the
+    # seed moves accuracy by 0.1-0.5 and the method adds 0.02 on every seed.
+    seed_effect = [0.1, 0.5, 0.2, 0.4, 0.3]
+    base = {"seeds": [0, 1, 2, 3, 4], "final_accuracy": seed_effect}
+    order = [3, 0, 4, 1, 2]  # the method's runs listed in another order: aligned by seed, not position
+    method = {"seeds": order, "final_accuracy": [seed_effect[k] + 0.02 for k in order]}
+    claim = Claim(claim="m beats b", metric="final_accuracy", method="m", baseline="b")
+    (paired,) = evaluate_claims([claim], {"r": {"m": method, "b": base}})
+    assert paired["paired"] and paired["verdict"] == "supported"
+    assert paired["difference"] == pytest.approx(0.02) and paired["ci95"] == pytest.approx([0.02, 0.02])
+    unpaired = bootstrap_difference(method["final_accuracy"], base["final_accuracy"], "higher")
+    assert unpaired.verdict == "inconclusive" and unpaired.difference == pytest.approx(0.02)
+    # different seed sets cannot be paired: the unpaired interval is used and said so
+    other = {"seeds": [5, 6, 7, 8, 9], "final_accuracy": method["final_accuracy"]}
+    (r,) = evaluate_claims([claim], {"r": {"m": other, "b": base}})
+    assert not r["paired"] and r["verdict"] == "inconclusive" and "unpaired" in claims_markdown([r])
+    assert "5 seeds, paired" in claims_markdown([paired])
+
+
+@pytest.mark.parametrize("text, match", [
+    ("- {claim: x, metric: final_acc, method: a, baseline: b}", "metric 'final_acc' is not one of"),
+    ("- {claim: x, metric: auc, method: a, baseline: b, direction: up}", "direction 'up'"),
+    ("- {claim: x, metric: auc, method: a}", "missing keys \\['baseline'\\]"),
+    ("claim: x", "expected a YAML list"),
+])
+def test_a_bad_claims_file_names_the_problem(tmp_path, text, match):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_claims(path)

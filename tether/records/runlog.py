@@ -1,0 +1,73 @@
+"""Reading what a run directory records: its metrics.jsonl and config.yaml.
+
+metrics.jsonl (written by `sinks.JsonlSink`) has one row per logged step, `{"step": s, name: value}`,
+a metric absent or null at the steps where it was not measured (held-out accuracy only every
+`trainer.eval_every` steps). Every report reads it the same way, through this module: a metric is
+its logged `(step, value)` points, the missing and null steps skipped (`series`); held-out accuracy
+is the `eval/accuracy` series (`accuracy`); the best point is the highest value, the earliest of
+equals (as `checkpoint.best` picks a checkpoint).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .sinks import read_jsonl
+
+METRICS_FILE = "metrics.jsonl"
+ACCURACY = "eval/accuracy"
+"""Held-out greedy accuracy, the metric the reports, claims and `--step best` rank runs by."""
+
+Point = tuple[int, float]
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / METRICS_FILE
+
+
+def has_metrics(run_dir: str | Path) -> bool:
+    """Whether `run_dir` is a run directory that has logged (what `tether report` looks for)."""
+    return metrics_path(run_dir).exists()
+
+
+def read_metrics(run_dir: str | Path, missing_ok: bool = False) -> list[dict[str, Any]]:
+    """The rows of RUN_DIR/metrics.jsonl (a torn last line dropped); [] when it is missing and
+    `missing_ok`, else FileNotFoundError."""
+    if missing_ok and not has_metrics(run_dir):
+        return []
+    return read_jsonl(metrics_path(run_dir))
+
+
+def series(rows: list[dict[str, Any]], key: str) -> list[Point]:
+    """`key`'s logged (step, value) points, in order, without the steps where it is missing or null."""
+    return [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+
+
+def values(rows: list[dict[str, Any]], key: str) -> list[float]:
+    """`key`'s logged values, in order (`series` without the steps)."""
+    return [v for _, v in series(rows, key)]
+
+
+def accuracy(rows: list[dict[str, Any]]) -> list[Point]:
+    """The held-out accuracy points (step, accuracy), in order."""
+    return series(rows, ACCURACY)
+
+
+def best(points: list[Point]) -> Point:
+    """The (step, value) with the highest value, the earliest of equals; `points` must not be empty."""
+    return max(points, key=lambda p: (p[1], -p[0]))
+
+
+def tail_mean(rows: list[dict[str, Any]], key: str) -> float:
+    """The mean of `key` over its last tenth of logged values (at least one); NaN when never logged."""
+    vals = values(rows, key)
+    return statistics.fmean(vals[-max(1, len(vals) // 10):]) if vals else float("nan")
+
+
+def read_config(run_dir: str | Path) -> dict[str, Any]:
+    """RUN_DIR/config.yaml as a plain mapping (the run's resolved config; {} when empty)."""
+    return yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}

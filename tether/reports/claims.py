@@ -1,0 +1,336 @@
+"""Claims about methods, tested on a comparison's runs: difference of means over seeds, a 95%
+bootstrap confidence interval, and a verdict computed from it.
+
+A claim (YAML, `claims/*.yaml`) says that `method` beats `baseline` on `metric` in `direction`:
+
+    - claim: "ATR-GRPO's KL3 clip improves final accuracy over GRPO"
+      metric: final_accuracy        # one of METRICS
+      method: atr_grpo
+      baseline: grpo
+      direction: higher             # higher or lower is better for the claim
+      regime: off_policy            # optional: only this regime (default: every regime)
+      relative_to: s0               # optional: the change of the metric from this regime, per seed
+
+With `relative_to: R`, each seed's value is metric(this regime) - metric(regime R) of the same
+method and seed (tether compare gives seed k of every regime the same initial model and data
+order), so the claim compares how much each method lost or gained from R: "holds accuracy better
+as staleness grows" is final_accuracy relative_to the on-policy regime, method higher than
+baseline. It is a paired difference of differences; regime R itself is not tested.
+
+For each regime, with a_1..a_n the method's per-seed values and b_1..b_m the baseline's:
+
+    difference = mean(a) - mean(b)
+    ci95       = the 2.5th and 97.5th percentiles of the difference over B = 10,000 bootstrap
+                 resamples (seeded: the same runs always give the same interval):
+                 paired, when both methods ran the same seeds (tether compare's design: seed k
+                 of every method has the same initial model and data order): d_k = a_k - b_k,
+                 and each resample is the mean of n values drawn with replacement from d;
+                 unpaired otherwise: mean(a*) - mean(b*), a* drawn with replacement from a (n
+                 values), b* from b (m values), independently
+    verdict    = supported if the interval lies entirely on the claimed side of 0,
+                 contradicted if entirely on the other side, inconclusive otherwise;
+                 "not enough seeds" (and no interval) when a side has fewer than MIN_SEEDS = 4
+                 values (paired: fewer than 4 shared seeds): a resample of n values repeats the
+                 smallest one n times with probability n^-n, which is >= 1/27 > 2.5% for n <= 3,
+                 so there the 95% interval of a mean is just the range of the values seen (one
+                 seed: a single point), and a verdict from it would only restate those values
+    detectable = half the width of the interval: a true difference smaller than this could not
+                 have been told from 0 with these seeds
+
+A claim whose method or baseline was not run in a regime (or whose regime is not reported) is
+listed as skipped, with the reason (`skipped_claims`), never dropped without a word.
+
+Per-seed metrics (one value per run, from its metrics.jsonl; `METRICS`):
+final_accuracy and best_accuracy (held-out greedy), auc (the mean held-out accuracy over the
+run, trapezoids over the evaluation steps divided by their span), max_drop (the largest fall of
+held-out accuracy between consecutive evaluations: stability), final_entropy (policy entropy,
+mean of the last 10% of steps), entropy_half_step (the first step whose entropy is below half
+the first step's: collapse; the run's last step + 1 when it never falls that far), clipfrac (the
+mean over steps of clipfrac_low + clipfrac_high), constrained_frac (the mean over steps of the
+fraction of tokens a trust region clipped or masked: clipfrac_low + clipfrac_high + the masked
+fractions of M2PO, the rollout correction and the off-policy sequence mask, so that methods that
+mask instead of clipping are counted too).
+
+Why paired: the seed (its warm start, its data order) moves final accuracy by more than any
+method does (seed spreads of 0.05-0.1 against method gaps of a few points), and it moves every
+method the same way; pairing removes that shared part, the unpaired interval keeps it.
+Departure from common practice: no normal approximation and no test across seeds pooled over
+regimes; with 5 seeds a percentile bootstrap is coarse, and `detectable` says how coarse.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import yaml
+
+from ..records.runlog import accuracy, series, tail_mean
+from ..schema import ConfigError
+
+N_BOOT = 10_000
+DIRECTIONS = ("higher", "lower")
+MIN_SEEDS = 4
+"""The fewest values per side (paired: shared seeds) a verdict needs (module docstring)."""
+NOT_ENOUGH = "not enough seeds"
+
+
+# ---------------------------------------------------------------- per-run metrics
+
+
+def _auc(rows: list[dict]) -> float:
+    ev = accuracy(rows)
+    if len(ev) < 2:
+        return ev[0][1] if ev else float("nan")
+    area = sum((s1 - s0) * (a0 + a1) / 2 for (s0, a0), (s1, a1) in zip(ev, ev[1:]))
+    return area / (ev[-1][0] - ev[0][0])
+
+
+def _max_drop(rows: list[dict]) -> float:
+    ev = [a for _, a in accuracy(rows)]
+    return max([0.0] + [a0 - a1 for a0, a1 in zip(ev, ev[1:])])
+
+
+def _entropy_half_step(rows: list[dict]) -> float:
+    ent = series(rows, "policy/entropy")
+    if not ent:
+        return float("nan")
+    half = ent[0][1] / 2
+    return float(next((s for s, v in ent if v < half), ent[-1][0] + 1))
+
+
+CLIPPED = ("policy/clipfrac_low", "policy/clipfrac_high")
+CONSTRAINED = (*CLIPPED, "m2po/masked_frac", "rollout_correction/masked_frac", "policy/off_policy_masked_frac")
+"""The per-step fractions of tokens a trust region clipped or masked, summed by `constrained_frac`."""
+
+
+def _mean_of_sum(rows: list[dict], keys: Sequence[str]) -> float:
+    """The mean, over the steps that logged any of `keys`, of their sum (one not logged counts 0)."""
+    vals = [sum(r.get(k) or 0.0 for k in keys) for r in rows if any(r.get(k) is not None for k in keys)]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+METRICS: dict[str, Callable[[list[dict]], float]] = {
+    "final_accuracy": lambda rows: accuracy(rows)[-1][1] if accuracy(rows) else float("nan"),
+    "best_accuracy": lambda rows: max((a for _, a in accuracy(rows)), default=float("nan")),
+    "auc": _auc,
+    "max_drop": _max_drop,
+    "final_entropy": lambda rows: tail_mean(rows, "policy/entropy"),
+    "entropy_half_step": _entropy_half_step,
+    "clipfrac": lambda rows: _mean_of_sum(rows, CLIPPED),
+    "constrained_frac": lambda rows: _mean_of_sum(rows, CONSTRAINED),
+}
+"""Per-run metrics a claim can name (module docstring)."""
+
+
+# ---------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Comparison:
+    difference: float
+    ci95: Optional[tuple[float, float]]
+    """None when there are too few seeds for an interval (`verdict` says why)."""
+    detectable: Optional[float]
+    verdict: str
+    why: str = ""
+    """Why there is no verdict ('' when there is one)."""
+
+
+def bootstrap_difference(a: Sequence[float], b: Sequence[float], direction: str = "higher", n_boot: int = N_BOOT,
+                         seed: int = 0, paired: bool = False) -> Comparison:
+    """mean(a) - mean(b), its percentile-bootstrap 95% interval and the verdict for a claim that
+    `a` is `direction` than `b` (module docstring). `paired`: a[k] and b[k] come from the same
+    seed, and the seeds are resampled together."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    a, b = [float(x) for x in a], [float(x) for x in b]
+    if not a or not b:
+        raise ValueError("each side needs at least one value")
+    if paired and len(a) != len(b):
+        raise ValueError(f"paired values need as many of each, got {len(a)} and {len(b)}")
+    difference = statistics.fmean(a) - statistics.fmean(b)
+    if min(len(a), len(b)) < MIN_SEEDS:
+        have = f"{len(a)} paired seed{'s' * (len(a) != 1)}" if paired else f"{len(a)} and {len(b)} seeds"
+        why = (f"{have}; a verdict needs {MIN_SEEDS}{' shared' if paired else ' per method'}: with n <= 3 "
+               f"values the 95% bootstrap interval is only the range of the values seen")
+        return Comparison(difference, None, None, NOT_ENOUGH, why)
+    rng = random.Random(seed)
+    if paired:
+        d = [x - y for x, y in zip(a, b)]
+        diffs = sorted(statistics.fmean(rng.choices(d, k=len(d))) for _ in range(n_boot))
+    else:
+        diffs = sorted(statistics.fmean(rng.choices(a, k=len(a))) - statistics.fmean(rng.choices(b, k=len(b)))
+                       for _ in range(n_boot))
+    lo, hi = diffs[int(0.025 * n_boot)], diffs[int(0.975 * n_boot) - 1]
+    sign = 1 if direction == "higher" else -1
+    if sign * lo > 0 and sign * hi > 0:
+        verdict = "supported"
+    elif sign * lo < 0 and sign * hi < 0:
+        verdict = "contradicted"
+    else:
+        verdict = "inconclusive"
+    return Comparison(difference, (lo, hi), (hi - lo) / 2, verdict)
+
+
+def bootstrap_mean(values: Sequence[float], n_boot: int = N_BOOT, seed: int = 0) -> Optional[tuple[float, float]]:
+    """The 95% percentile-bootstrap interval of the mean of `values` (seeded, as `bootstrap_difference`);
+    None with fewer than MIN_SEEDS values, where it would only be the range of the values seen."""
+    vals = [float(v) for v in values if not math.isnan(v)]
+    if len(vals) < MIN_SEEDS:
+        return None
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(vals, k=len(vals))) for _ in range(n_boot))
+    return means[int(0.025 * n_boot)], means[int(0.975 * n_boot) - 1]
+
+
+# ---------------------------------------------------------------- claims
+
+
+@dataclass(frozen=True)
+class Claim:
+    claim: str
+    metric: str
+    method: str
+    baseline: str
+    direction: str = "higher"
+    regime: Optional[str] = None
+    relative_to: Optional[str] = None
+    """A regime: the claim is about each seed's change of the metric from it (module docstring)."""
+
+
+def load_claims(path: str | Path) -> list[Claim]:
+    """Claims from a YAML list; each entry is checked (metric and direction names) with the fix named."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"claims file {path}: {err.strerror}") from None
+    if not isinstance(raw, list):
+        raise ConfigError(f"claims file {path}: expected a YAML list of claims")
+    claims = []
+    for i, entry in enumerate(raw):
+        where = f"claims file {path}, entry {i + 1}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping with claim, metric, method, baseline, direction")
+        unknown = set(entry) - set(Claim.__dataclass_fields__)
+        missing = {"claim", "metric", "method", "baseline"} - set(entry)
+        if unknown or missing:
+            raise ConfigError(f"{where}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+        c = Claim(**entry)
+        if c.metric not in METRICS:
+            raise ConfigError(f"{where}: metric {c.metric!r} is not one of {', '.join(METRICS)}")
+        if c.direction not in DIRECTIONS:
+            raise ConfigError(f"{where}: direction {c.direction!r} is not one of {', '.join(DIRECTIONS)}")
+        claims.append(c)
+    return claims
+
+
+def per_seed(runs: dict[str, list[list[dict]]]) -> dict[str, dict[str, list[float]]]:
+    """{method: {metric: [one value per seed]}} from {method: [metrics rows of each seed]}."""
+    return {method: {name: [fn(rows) for rows in seeds] for name, fn in METRICS.items()}
+            for method, seeds in runs.items()}
+
+
+def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[str, list[float]]]]) -> list[dict]:
+    """Each claim in each regime it names (every regime by default) that holds both methods; the
+    others are `skipped_claims`."""
+    out = []
+    for c in claims:
+        for name, methods in regimes.items():
+            if (c.regime is not None and c.regime != name) or c.method not in methods or c.baseline not in methods:
+                continue
+            if c.relative_to is not None:
+                if name == c.relative_to or c.relative_to not in regimes:
+                    continue
+                base = regimes[c.relative_to]
+                if c.method not in base or c.baseline not in base:
+                    continue
+                a, b, paired = _aligned(_change(methods[c.method], base[c.method], c.metric),
+                                        _change(methods[c.baseline], base[c.baseline], c.metric), c.metric)
+            else:
+                a, b, paired = _aligned(methods[c.method], methods[c.baseline], c.metric)
+            if not a or not b:
+                r = Comparison(float("nan"), None, None, NOT_ENOUGH, f"no run has a value of {c.metric}")
+            else:
+                r = bootstrap_difference(a, b, c.direction, paired=paired)
+            out.append({"claim": c.claim, "regime": name, "relative_to": c.relative_to, "metric": c.metric,
+                        "method": c.method,
+                        "baseline": c.baseline, "direction": c.direction, "difference": r.difference,
+                        "ci95": list(r.ci95) if r.ci95 else None, "detectable": r.detectable, "verdict": r.verdict,
+                        "why": r.why, "seeds": [len(a), len(b)], "paired": paired})
+    return out
+
+
+def _change(values: dict[str, list], base: dict[str, list], metric: str) -> dict[str, list]:
+    """{metric: [value - base value of the same seed], seeds: [...]} over the seeds both regimes ran."""
+    by_seed = dict(zip(base["seeds"], base[metric]))
+    pairs = [(s, v - by_seed[s]) for s, v in zip(values["seeds"], values[metric]) if s in by_seed]
+    return {"seeds": [s for s, _ in pairs], metric: [d for _, d in pairs]}
+
+
+def skipped_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, Any]]) -> list[dict]:
+    """{claim, regime, reason} for each claim that `evaluate_claims` could not test: its regime (or the
+    regime it is relative to) is not reported, or its method or baseline was not run in a regime it
+    applies to."""
+    out = []
+    for c in claims:
+        absent = [r for r in (c.regime, c.relative_to) if r is not None and r not in regimes]
+        if absent:
+            out.append({"claim": c.claim, "regime": c.regime or "every",
+                        "reason": f"regime {absent[0]!r} is not in this report (regimes: {', '.join(regimes)})"})
+            continue
+        for name, methods in regimes.items():
+            if name == c.relative_to:
+                continue
+            missing = [m for m in (c.method, c.baseline) if m not in methods]
+            if c.relative_to is not None:
+                missing += [f"{m} (in {c.relative_to})" for m in (c.method, c.baseline)
+                            if m not in regimes[c.relative_to] and m in methods]
+            if (c.regime is None or c.regime == name) and missing:
+                out.append({"claim": c.claim, "regime": name,
+                            "reason": f"{' and '.join(repr(m) for m in missing)} not run here "
+                                      f"(methods run: {', '.join(methods)})"})
+    return out
+
+
+def _aligned(method: dict[str, list], baseline: dict[str, list], metric: str) -> tuple[list, list, bool]:
+    """The two methods' values of `metric`, without the seeds where it is NaN (a run that never
+    evaluated), in seed order and paired when both ran the same seeds, one seed included (each
+    method's "seeds" list gives the seed of each value); unpaired as given otherwise."""
+    a, b = method[metric], baseline[metric]
+    sa, sb = method.get("seeds"), baseline.get("seeds")
+    if sa is None or sb is None or sorted(sa) != sorted(sb) or len(set(sa)) != len(sa):
+        return [x for x in a if not math.isnan(x)], [y for y in b if not math.isnan(y)], False
+    by_b = dict(zip(sb, b))
+    pairs = [(x, by_b[s]) for s, x in zip(sa, a) if not (math.isnan(x) or math.isnan(by_b[s]))]
+    return [x for x, _ in pairs], [y for _, y in pairs], True
+
+
+def claims_markdown(results: Sequence[dict[str, Any]], skipped: Sequence[dict[str, Any]] = ()) -> str:
+    lines = ["| claim | regime | metric | method vs baseline | difference | 95% CI | detectable | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r["ci95"] is None:
+            ci, detectable, verdict = "n/a", "n/a", f"**{r['verdict']}** ({r['why']})"
+        else:
+            lo, hi = r["ci95"]
+            ci, detectable, verdict = f"[{lo:+.4f}, {hi:+.4f}]", f"{r['detectable']:.4f}", f"**{r['verdict']}**"
+        metric = r["metric"] if not r.get("relative_to") else f"change of {r['metric']} from {r['relative_to']}"
+        lines.append(f"| {r['claim']} | {r['regime']} | {metric} ({r['direction']} is the claim) | "
+                     f"{r['method']} vs {r['baseline']} ({_seeds_text(r)}) | "
+                     f"{r['difference']:+.4f} | {ci} | {detectable} | {verdict} |")
+    if skipped:
+        lines += ["", "Skipped claims (not tested):", ""]
+        lines += [f"- {s['claim']} (regime {s['regime']}): {s['reason']}" for s in skipped]
+    return "\n".join(lines)
+
+
+def _seeds_text(r: dict[str, Any]) -> str:
+    n, m = r["seeds"]
+    if r.get("paired"):
+        return f"{n} seed{'s' * (n != 1)}, paired"
+    return f"{n} / {m} seeds, unpaired"

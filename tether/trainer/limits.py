@@ -1,0 +1,81 @@
+"""Settings checked against the model and the data before anything is written: those that would
+let a run start but never progress. Each is a ConfigError naming both
+values and the fix, raised by `tether.trainer.setup.start_run` before the run directory is made.
+
+- `rollout.max_new_tokens` against the model's context (`max_position_embeddings` of its
+  config.json; the tiny model's is `init_model`'s `max_positions`): the longest prompt (of the
+  held-out ones and the first `PROMPT_SAMPLE` training ones) plus the completion must fit, or
+  the model reads positions it has no embedding for (`max_new_tokens=100000` with a
+  256-position model never finished step 1).
+- The warm start's reference solutions against the budget its greedy check generates with
+  (`rollout.max_new_tokens`, `tether.trainer.warmstart`): a solution longer than the budget is cut, so
+  it scores 0 however well the model learned it. When fewer than `warm_start.target_accuracy`
+  of the problems it checks have a solution that fits, the target can never be reached (the
+  math task's `The answer is \\boxed{N}.` is 25 tokens for the character model: with the
+  budget of 16 the loss fell to 0.03 while accuracy stayed 0.000 for 3000 steps).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+from ..schema import ConfigError
+from ..model.loading import init_model, local_source
+from ..rollout.hf import encode_prompts
+
+PROMPT_SAMPLE = 512
+"""Training prompts whose length is checked (with every held-out one): a sample, not the whole split."""
+
+
+def model_context(name_or_path: str) -> Optional[int]:
+    """Positions the model can read (`max_position_embeddings`, or the older names of it), None when its
+    config does not say. "tiny" is the model `init_model` builds."""
+    if name_or_path == "tiny":
+        return int(init_model.__kwdefaults__["max_positions"])
+    from transformers import AutoConfig
+
+
+    config = AutoConfig.from_pretrained(local_source(name_or_path), trust_remote_code=False)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_lengths(cfg: Any, task: Any, tokenizer: Any, eval_examples: Sequence[Any]) -> None:
+    """ConfigError when the run cannot progress for a length (module docstring)."""
+
+    budget = cfg.rollout.max_new_tokens
+    context = model_context(cfg.model.name_or_path)
+    if context is not None:
+        train = task.examples("train")[:PROMPT_SAMPLE] if getattr(task, "finite", False) else \
+            task.examples("train", PROMPT_SAMPLE, seed=cfg.trainer.seed)
+        prompts = [e.prompt for e in [*eval_examples, *train]]
+        longest = max(map(len, encode_prompts(tokenizer, prompts)), default=0)
+        if longest + budget > context:
+            room = context - longest
+            fix = (f"lower rollout.max_new_tokens to at most {room}" if room > 0 else
+                   "use a model with a longer context or shorter prompts")
+            raise ConfigError(f"rollout.max_new_tokens={budget} with prompts of up to {longest} tokens needs "
+                              f"{longest + budget} positions, but the model {cfg.model.name_or_path!r} has a context of "
+                              f"{context} (max_position_embeddings): generation past it cannot work. {fix.capitalize()}")
+    ws = cfg.warm_start
+    if ws.enabled:
+        try:
+            checked = task.examples("train", cfg.data.eval_size, seed=cfg.trainer.seed + 1)  # what the warm start checks
+        except ValueError:  # fewer training problems than that: the data checks say so
+            return
+        solutions = [task.solution(e) for e in checked]
+        lengths = [len(ids) for ids in encode_prompts(tokenizer, solutions)]
+        fits = sum(n <= budget for n in lengths)
+        if checked and fits / len(checked) < ws.target_accuracy:
+            worst = max(range(len(lengths)), key=lengths.__getitem__)
+            raise ConfigError(
+                f"the warm start can never reach warm_start.target_accuracy={ws.target_accuracy}: its greedy check "
+                f"generates rollout.max_new_tokens={budget} tokens, but only {fits} of the {len(checked)} reference "
+                f"solutions it checks fit in that (the longest is {lengths[worst]} tokens: "
+                f"{solutions[worst][-60:]!r}), and a cut solution scores 0. Raise rollout.max_new_tokens to at least "
+                f"{sorted(lengths)[max(1, math.ceil(ws.target_accuracy * len(lengths))) - 1]} (all fit at "
+                f"{max(lengths)}), or set warm_start.enabled=false")

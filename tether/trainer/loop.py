@@ -1,0 +1,229 @@
+"""tether's training loop: sample, score, advantage, update, log, checkpoint.
+
+    run <- start_run(cfg)                                         tether.trainer.setup: new, or resumed from a checkpoint
+    for step in 1..total_steps:                                   tether.trainer.step.rl_step:
+        prompts  <- the data stream (resumable position)
+        rollout  <- engine.generate(prompts, group_size)          sampler log-probs, finish reasons
+        rewards  <- verifier(completion, example)                 (dynamic sampling: refill flat groups)
+        A        <- objective.advantages(rewards, groups)
+        old, ref <- log-probs recomputed before any update        (ref only when the objective needs it)
+        for epoch in ppo_epochs, mini-batch in mini_batches:      one optimiser step per mini-batch
+            micro-batches accumulate with the mini-batch normaliser (SPEC 4)
+        reference refresh every K optimiser steps or on a KL threshold (SPEC 2.5)
+        log metrics (one host sync), evaluate held-out accuracy, checkpoint (weights, optimiser, `Counters`)
+
+The setup lives in `tether.trainer.setup`, one step in `tether.trainer.step`; this module is the loop that
+joins them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Optional
+
+from transformers.utils import logging as hf_logging
+
+from .. import faults
+from ..config.sections import Config, RolloutConfig
+from ..records.checkpoint import rng_state, set_rng_state
+from ..records.plots import plot_run
+from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
+from ..records.summary import write_samples, write_summary
+from ..rewards import FaultWarnings, RewardBroken, Scored, greedy_accuracy, reward_label
+from ..schema import ConfigError, to_dict
+from .setup import Run, start_run
+from .step import rl_step
+from .stopping import Interrupted, StopNow, StopSignals
+
+
+def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
+    """Run (or resume) training; returns the run directory.
+
+    SIGINT and SIGTERM stop it cleanly after the step under way (tether.trainer.stopping): a checkpoint
+    of that step, the summary and the plots, then `Interrupted`.
+    """
+    hf_logging.disable_progress_bar()  # tether draws its own progress bar
+    run, t = start_run(cfg, resume_dir, log), cfg.trainer
+    sinks, samples_file = _open_logs(run, resume_dir)
+    progress = make_progress(t.total_steps, run.start, t.progress, t.log_every, log)
+    tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
+    reward_warnings = FaultWarnings(reward_label(run.reward_fn))
+    try:
+        with stop, _broken_reward(run):
+            if run.start == 0:
+                _log_step_zero(run, sinks, progress, log)
+            for step in range(run.start + 1, t.total_steps + 1):
+                if stop.signum is not None:
+                    break
+                with _droppable(run, stop, step, log) as dropped:
+                    scored, metrics = rl_step(run, step, log)  # counts the step in run.counters
+                if dropped:
+                    break
+                for line in reward_warnings.lines(step, scored.rollout.completions, scored.results):
+                    log(line)
+                skipped = _skipped_updates(metrics, step, scored)
+                bad_steps = bad_steps + 1 if skipped else 0
+                if skipped:
+                    log(skipped)
+                streak, warning = flat_streak(metrics, cfg.rollout, t.log_every, run.counters.flat_streak)
+                run.counters.flat_streak = streak
+                metrics["rollout/flat_streak"] = float(run.counters.flat_streak)
+                if warning:
+                    log(warning)
+                if bad_steps >= t.max_nonfinite_steps:
+                    _stop_nonfinite(run, bad_steps, metrics, sinks)
+                if step % t.eval_every == 0 or step == t.total_steps:
+                    metrics.update(evaluate(run))
+                for s in sinks:
+                    s.log(step, metrics)
+                write_samples(samples_file, step, scored.rollout, scored.examples, scored.rewards, t.log_samples)
+                progress.update(step, metrics)
+                faults.point("logged")
+                acc = metrics.get("eval/accuracy")
+                if step % t.save_every == 0 or step == t.total_steps or (acc is not None and acc > run.best_accuracy):
+                    run.save(acc)  # also at every new best held-out accuracy: `tether export --step best`
+            if stop.signum is not None and run.saved_step != run.counters.step:
+                run.save()  # the last finished step, so the resume loses nothing
+    finally:
+        run.sampler.close()  # the overlap's batch prefetched past a stop or an error: waited for, dropped
+        progress.close()
+        samples_file.close()
+        for s in sinks:
+            s.close()
+    _finish(run, time.perf_counter() - tic, stop.signum, log)
+    if stop.signum is not None:
+        raise Interrupted(stop.signum, run.counters.step, str(run.run_dir))
+    return run.run_dir
+
+
+@contextlib.contextmanager
+def _droppable(run: Run, stop: StopSignals, step: int, log):
+    """Within, a first signal drops the step (`StopNow`, tether.trainer.stopping) until its first optimiser step:
+    the prompts it took and the random state are put back, so a resume redoes it as if never begun.
+    Yields a list that holds True when the step was dropped. Not with trainer.overlap (its sampler
+    thread has already taken the next batch's prompts) nor trainer.staleness (its FIFO of policies
+    has moved on): those finish the step."""
+    dropped: list[bool] = []
+    if not run.sampler.droppable:
+        yield dropped
+        return
+    position, rng = run.stream.position, rng_state()
+    hook = run.optimizer.register_step_pre_hook(lambda *_: setattr(stop, "droppable", False))
+    stop.droppable = True
+    try:
+        yield dropped
+    except StopNow:
+        run.stream.position = position
+        set_rng_state(rng)
+        run.model.train()
+        log(f"step {step} stopped before it changed the weights: dropped (a resume redoes it)")
+        dropped.append(True)
+    finally:
+        stop.droppable = False
+        hook.remove()
+
+
+@contextlib.contextmanager
+def _broken_reward(run: Run):
+    """A reward that fails on every completion before a new run's first step has finished
+    (`RewardBroken`) is a ConfigError (the CLI's `error:`, exit 2), and the run directory it leaves
+    is removed (`Run.discard`): nothing was learned, and a directory holding a config and a step-0
+    line would pass for a run. Later, or on resume, it propagates as it is."""
+    try:
+        yield
+    except RewardBroken as err:
+        if run.start != 0 or run.counters.step != 0:
+            raise
+        removed = run.discard()
+        raise ConfigError(f"{err} ({removed})") from None
+
+
+def _open_logs(run: Run, resume_dir: Optional[str]):
+    """The metric sinks and samples.jsonl, open for appending; on resume, what was logged after the
+    checkpoint is dropped first (everything, when there is none)."""
+    resume_after = run.start if run.start else (-1 if resume_dir else None)
+    sinks = [JsonlSink(run.run_dir / "metrics.jsonl", resume_after)]
+    if run.cfg.trainer.tensorboard:
+        sinks.append(TensorBoardSink(run.run_dir / "tb"))
+    if run.cfg.trainer.wandb:
+        sinks.append(WandbSink(run.cfg.trainer.wandb_project, run.run_dir, to_dict(run.cfg)))
+    if resume_after is not None and (run.run_dir / "samples.jsonl").exists():
+        truncate_jsonl(run.run_dir / "samples.jsonl", resume_after)
+    return sinks, (run.run_dir / "samples.jsonl").open("a")
+
+
+def evaluate(run: Run) -> dict[str, float]:
+    """Held-out greedy accuracy of the policy as it is (`rewards.greedy_accuracy`: the task's 0/1 verifier)."""
+    r, t = run.cfg.rollout, run.cfg.trainer
+    run.model.eval()
+    with run.precision():
+        return greedy_accuracy(run.engine, run.test_examples, run.verifier, r.max_new_tokens, r.stop_strings,
+                               seed=t.seed, batch_size=t.eval_batch_size)
+
+
+def _log_step_zero(run: Run, sinks, progress, log) -> None:
+    """A new run's step 0: held-out accuracy before any update, with the warm start's metrics."""
+    m = {**evaluate(run), **run.warm_start}
+    for s in sinks:
+        s.log(0, m)
+    progress.update(0, m)
+    log(f"step 0: held-out accuracy {m['eval/accuracy']:.3f}")
+
+
+FLAT_WARN_AFTER = 3
+"""Rollout steps in a row with no reward variance in any group before the trainer warns."""
+
+
+def flat_streak(metrics: dict[str, float], r: RolloutConfig, log_every: int, streak: int) -> tuple[int, str]:
+    """Count rollout steps in a row in which no group had reward variance (every advantage 0, so
+    nothing trains): with dynamic sampling, no group was kept after every refill round; without,
+    every group of the batch was flat. Returns the new count, logged as `rollout/flat_streak`, and a
+    warning line at FLAT_WARN_AFTER steps in a row and every `log_every` (`trainer.log_every`) steps after,
+    else ""."""
+    dynamic = r.dynamic_sampling
+    flat = metrics.get("rollout/dynamic_kept_frac") == 0.0 if dynamic else metrics["adv/zero_var_frac"] == 1.0
+    streak = streak + 1 if flat else 0
+    due = streak >= FLAT_WARN_AFTER and (streak - FLAT_WARN_AFTER) % max(1, log_every) == 0
+    if not due:
+        return streak, ""
+    what = (f"dynamic sampling kept 0 of {r.prompts_per_step} groups after "
+            f"{r.dynamic_sampling_max_rounds} refill rounds" if dynamic else "every group was flat")
+    return streak, (f"warning: {streak} steps in a row with no reward variance ({what}): every sample of a "
+                    f"group got the same reward, so every advantage is 0 and nothing trains. The task is too "
+                    f"hard or too easy for this policy (reward/mean {metrics['reward/mean']:.3f}): check the "
+                    f"warm start and the reward, or raise rollout.group_size or rollout.temperature")
+
+
+
+def _skipped_updates(metrics: dict[str, float], step: int, scored: Scored) -> str:
+    """A log line when this step skipped updates with a non-finite loss or gradient, else ""."""
+    if metrics["optim/skipped_updates"] == 0:
+        return ""
+    return (f"step {step}: {int(metrics['optim/skipped_updates'])} update(s) skipped: "
+            f"{int(metrics['optim/skipped_nonfinite_loss'])} with a non-finite loss, "
+            f"{int(metrics['optim/skipped_nonfinite_grad'])} with a finite loss but a non-finite gradient "
+            f"(loss/total={metrics.get('loss/total')}, reward/mean={scored.rewards.mean().item()})")
+
+
+
+def _stop_nonfinite(run: Run, bad_steps: int, metrics: dict[str, float], sinks) -> None:
+    """trainer.max_nonfinite_steps bad steps in a row: log the step, checkpoint it, raise."""
+    step = run.counters.step
+    for sink in sinks:
+        sink.log(step, metrics)
+    run.save()
+    raise RuntimeError(
+        f"stopping at step {step}: {bad_steps} steps in a row had a non-finite loss or gradient "
+        f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). The "
+        f"weights are those of the last good update; a checkpoint was written to "
+        f"{run.run_dir / 'checkpoints'}.")
+
+
+def _finish(run: Run, wall_s: float, signum: Optional[int], log) -> None:
+    """summary.md (what the run was, then the metrics table) and the plots."""
+    log(write_summary(run.cfg, run.run_dir, run.start, run.counters.step, wall_s, run.device, signum))
+    if run.cfg.trainer.plots:
+        plot_run(run.run_dir)
+    log(f"run directory: {run.run_dir}")

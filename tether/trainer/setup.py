@@ -1,0 +1,335 @@
+"""A training run's setup: what it holds (`Run`), where it is (`Counters`, saved in every checkpoint
+as a whole), and `start_run`, which builds both, new or resumed from the latest checkpoint.
+
+The order of `start_run` keeps resumed runs bitwise identical: the directory, the objective, task
+and verifiers (checked before any model loads), the models, the optimiser, on resume the
+checkpoint's state and random-number streams, then the engine and the prompt stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .. import objectives
+from ..config.loading import check_resume, save_config
+from ..config.sections import Config, ModelConfig, RolloutConfig, TrainerConfig
+from ..model.causal_lm import LogProbSettings, Precision, fused_head_reason
+from ..model.loading import (apply_lora, char_tokenizer, check_model_loads, cpu_threads, load_model, load_tokenizer,
+                             pick_device, place_model)
+from ..plugins import check_task, is_import_path, parameters
+from ..records import checkpoint
+from ..records.sinks import wandb_problem
+from ..rewards import RewardFn, check_user_rewards, task_reward
+from ..rollout import RolloutEngine, SamplingParams, get_engine
+from ..schema import ConfigError
+from ..tasks import DataError, Example, get_task, task_factory
+from .data import PromptStream
+from .limits import check_lengths
+from .sampling import Sampler, make_sampler
+from .warmstart import initial_model, warm_start_metrics
+
+
+@dataclass
+class Counters:
+    """Where a run is: the part of every checkpoint's state that is not a tensor store. `Run.save`
+    writes it whole and `start_run` reads it back whole (a field missing from an older checkpoint
+    takes its default), so what a resume continues from cannot drift from what was saved."""
+
+    step: int = 0  # the last finished RL step
+    position: int = 0  # examples the prompt stream has handed out (`PromptStream.position`)
+    opt_steps: int = 0  # optimiser steps taken (skipped non-finite updates not counted)
+    ref_updates: int = 0  # reference refreshes (`step.refresh_reference`)
+    kl_window: list[float] = dataclasses.field(default_factory=list)  # the last `kl/ref` values (KL_WINDOW)
+    flat_streak: int = 0  # rollout steps in a row with no reward variance (`train.flat_streak`)
+
+    def state(self) -> dict[str, Any]:
+        """Plain Python for `state.pt` (read with `torch.load(weights_only=True)`), one key per field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "Counters":
+        return cls(**{f.name: state[f.name] for f in dataclasses.fields(cls) if f.name in state})
+
+
+@dataclass
+class Run:
+    """What a training run holds while it runs: built once by `start_run`, then used by the loop."""
+
+    cfg: Config
+    run_dir: Path
+    obj: objectives.Objective
+    reward_fn: RewardFn  # the training reward (may be shaped)
+    verifier: RewardFn  # the task's 0/1 verifier: held-out accuracy
+    test_examples: list[Example]
+    model: Any
+    tokenizer: Any
+    reference: Any  # the frozen reference policy, or None
+    engine: RolloutEngine  # the policy's engine: held-out accuracy, and the on-policy and stale samplers
+    sampler: Sampler  # where each step's batch is sampled from (on-policy, stale or overlapped), chosen once
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    stream: PromptStream
+    params: SamplingParams
+    device: torch.device
+    precision: Precision  # bf16 autocast or not, for every forward pass
+    logprobs: LogProbSettings  # how every log-prob pass runs (old policy, reference, update)
+    unfused: str  # why the fused head is off, or ""
+    counters: Counters  # saved in every checkpoint
+    start: int  # the step the run resumes after (0 for a new run)
+    peft: Any = None  # the peft wrapper under model.lora (`model` is its base, adapters injected), else None
+    saved_step: int = -1
+    best_accuracy: float = -math.inf  # the best held-out accuracy a checkpoint holds
+    warm_start: dict[str, float] = dataclasses.field(default_factory=dict)  # warm_start/* metrics, logged at step 0
+    created_dir: Optional[Path] = None  # the outermost directory this run made (run_dir or a parent): `discard` removes it
+
+    def discard(self) -> str:
+        """Remove what a new run wrote before its first step finished (a run that cannot start), and say
+        what: the directory when this run created it, else only the files it wrote there."""
+
+        if self.created_dir is not None:
+            shutil.rmtree(self.created_dir, ignore_errors=True)
+            return f"removed the run directory {self.run_dir}" + (
+                f" and {self.created_dir}, which it had made" if self.created_dir != self.run_dir else "")
+        for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "tb", "checkpoints"):
+            path = self.run_dir / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        return f"removed the files it had written in {self.run_dir}"
+
+    def save(self, accuracy: Optional[float] = None) -> None:
+        """A checkpoint of the weights, the optimiser and the counters after the last finished step
+        (atomic), with the held-out accuracy measured on these weights when there is one (pruning
+        keeps the best)."""
+        step = self.saved_step = self.counters.step
+        if accuracy is not None:
+            self.best_accuracy = max(self.best_accuracy, accuracy)
+        self.counters.position = self.stream.position
+        state = {**self.counters.state(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict()}
+        sampler_state = self.sampler.state()
+        if sampler_state is not None:
+            state["stale_policies"] = sampler_state
+        checkpoint.save(self.run_dir, step, self.peft or self.model, self.tokenizer, state, reference=self.reference,
+                        keep_last=self.cfg.trainer.keep_last, accuracy=accuracy)  # under LoRA: the adapter only
+
+
+def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
+    """Everything a run needs, in the order that keeps resumed runs bitwise identical (module docstring)."""
+
+    if cfg.trainer.wandb and wandb_problem():  # before anything is written
+        raise ConfigError(wandb_problem())
+    run_dir = _run_path(cfg, resume_dir)
+    t = cfg.trainer
+    threads, why = cpu_threads(t.threads)
+    if threads:
+        torch.set_num_threads(threads)
+    if t.device != "auto":
+        pick_device(t.device, 0, 0)  # a missing CUDA device fails here, before any warm start
+    if cfg.model.name_or_path != "tiny":
+        check_model_loads(cfg.model.name_or_path)  # a hub id that does not resolve, too: nothing written yet
+    torch.manual_seed(t.seed)
+    obj = objectives.build(cfg.objective)  # resolved on load (tether.config.sections): every parameter is recorded
+    task, reward_fn, verifier = build_task_and_reward(cfg)  # data errors (a missing file) end here: nothing written
+    for warning in config_warnings(t, obj):
+        log(f"warning: {warning}")
+    test_examples = _eval_examples(task, cfg.data.eval_size)
+    check_lengths(cfg, task, _tokenizer(cfg.model.name_or_path), test_examples)  # a run that could not progress
+    created_dir = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
+    _open_run_dir(cfg, run_dir, resume_dir, log)
+    if why:
+        log(why)
+    ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
+    # The initial (warm-started) model: the policy of a new run, the base under LoRA, the reference.
+    needs_base = ckpt is None or cfg.model.lora is not None or obj.uses_reference()
+    base = initial_model(cfg, task, verifier, log=log) if needs_base else None
+    model, tokenizer, device, peft, reference = _models(cfg, obj, base, ckpt, log)
+    unfused = fused_head_reason(model) if t.fused_logprobs else ""
+    if unfused:
+        log(f"fused log-probs off: {unfused}; using the model's logits")
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr,
+                                  weight_decay=t.weight_decay)
+    scheduler = _scheduler(optimizer, t, t.total_steps * t.ppo_epochs * t.mini_batches)
+    counters, state, best_accuracy = Counters(), {}, -math.inf
+    if ckpt:
+        counters, state, best_accuracy = _restore(run_dir, ckpt, optimizer, scheduler, log)
+    r = cfg.rollout
+    params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                            stop_strings=tuple(r.stop_strings))
+    stream = PromptStream(task, t.seed, counters.position)
+    precision = Precision.of(t.autocast, device)
+    engine = _engine(r, model, tokenizer, device, log)
+    sampler = make_sampler(r, t.seed, t.total_steps, t.staleness, t.overlap, engine, model, tokenizer, stream, params,
+                           precision, state["stale_policies"] if ckpt and t.staleness else None)
+    return Run(cfg=cfg, run_dir=run_dir, obj=obj, reward_fn=reward_fn, verifier=verifier, test_examples=test_examples,
+               model=model, tokenizer=tokenizer, reference=reference, engine=engine, sampler=sampler,
+               optimizer=optimizer, scheduler=scheduler, stream=stream, params=params, device=device,
+               precision=precision, logprobs=LogProbSettings.of(t, r), unfused=unfused, counters=counters,
+               start=counters.step, peft=peft, saved_step=counters.step, best_accuracy=best_accuracy,
+               warm_start=warm_start_metrics(cfg.warm_start, base) if base is not None else {}, created_dir=created_dir)
+
+
+def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
+    """(policy, tokenizer, device, peft wrapper or None, frozen reference or None): the policy from the
+    checkpoint or the initial model `base`; under LoRA the adapters on `base`, new or the checkpoint's."""
+    lora = cfg.model.lora
+    source = base if ckpt is None or lora is not None else str(ckpt / "model")
+    model, tokenizer, device = _load_policy(cfg.model, cfg.trainer, source, log)
+    peft = None
+    if lora is not None:  # adapters on the base model: new, or the checkpoint's
+        peft = apply_lora(model, lora, ckpt / "model" if ckpt else None)
+        model = peft.get_base_model()
+        log(f"LoRA: {sum(p.numel() for p in model.parameters() if p.requires_grad):_} trainable parameters of "
+            f"{sum(p.numel() for p in model.parameters()):_}")
+    reference = None
+    if obj.uses_reference() and lora is None:
+        reference, _ = load_model(base, dtype=cfg.model.dtype, device="cpu")
+        if ckpt:
+            checkpoint.load_reference(ckpt, reference)
+        reference.to(device).eval().requires_grad_(False)
+    return model, tokenizer, device, peft, reference
+
+
+def _restore(run_dir: Path, ckpt: Path, optimizer, scheduler, log) -> tuple[Counters, dict[str, Any], float]:
+    """The checkpoint's counters, state (its optimiser, schedule and random-number streams restored here)
+    and the best held-out accuracy a checkpoint of the run records (-inf: none)."""
+    state = checkpoint.load_state(ckpt)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    checkpoint.set_rng_state(state["rng"])
+    counters = Counters.from_state(state)
+    log(f"resuming {run_dir} from step {counters.step}")
+    kept = checkpoint.best(run_dir, log=log)
+    best = checkpoint.recorded_accuracy(kept) if kept is not None else None
+    return counters, state, -math.inf if best is None else best
+
+
+# ---------------------------------------------------------------- the parts start_run builds
+
+
+def _scheduler(optimizer, t: TrainerConfig, total_opt_steps: int):
+
+    def factor(i: int) -> float:
+        if i < t.warmup_steps:
+            return (i + 1) / (t.warmup_steps + 1)
+        if t.schedule == "cosine":
+            frac = (i - t.warmup_steps) / max(1, total_opt_steps - t.warmup_steps)
+            return 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def build_task_and_reward(cfg: Config, tokenizer=None):
+    """The task (prompts rendered with the model's chat template when its class or factory takes a
+    `tokenizer`, as math's does), the training reward, and the task's own 0/1 verifier that
+    held-out accuracy uses (the same object when the reward is the task's own), each with
+    `reward.timeout_s` and `reward.strict` where they take them (strict extraction only when the
+    task's template asks for a final \\boxed{} answer). A task that cannot be built with its
+    knobs, or a model whose tokenizer cannot be read, is a ConfigError: nothing is written yet."""
+
+    args = dict(cfg.data.task_args)
+    if "tokenizer" in parameters(task_factory(cfg.data.task))[0]:
+        if tokenizer is None and cfg.model.name_or_path != "tiny":
+            tokenizer = _tokenizer(cfg.model.name_or_path)
+        args.setdefault("tokenizer", tokenizer)
+    try:
+        task = get_task(cfg.data.task, **args)
+    except (DataError, ConfigError):
+        raise
+    except ValueError as err:  # a knob's value the task refuses (test_fraction=2)
+        raise ConfigError(f"data.task={cfg.data.task} with data.task_args {dict(cfg.data.task_args)}: {err}") from None
+    if is_import_path(cfg.data.task):
+        check_task(task, cfg.data.task, needs_solution=cfg.warm_start.enabled)
+    r = cfg.reward
+    try:
+        verifier = task_reward(task, timeout_s=r.timeout_s, strict=r.strict, isolated=r.isolate)
+    except KeyError as err:  # a user's task that names a reward no registry has
+        raise ConfigError(f"data.task={cfg.data.task}: its reward {task.reward!r}: {err.args[0]}") from None
+    own = r.name in ("auto", task.reward) and not r.weights
+    reward = verifier if own else task_reward(task, r.name, r.weights, r.timeout_s, r.strict, r.isolate)
+    if is_import_path(cfg.data.task) or any(map(is_import_path, [r.name, *r.weights])):
+        for example in task.examples("test", 1)[:1]:  # none: _eval_examples says so
+            check_user_rewards(reward, example)
+            check_user_rewards(verifier, example)
+    return task, reward, verifier
+
+
+def _tokenizer(name_or_path: str):
+    """The tokenizer of model.name_or_path (for rendering prompts and checking lengths; "tiny": the
+    character tokenizer `init_model` saves), or ConfigError saying why not."""
+    if name_or_path == "tiny":
+        return char_tokenizer()
+    try:
+        return load_tokenizer(name_or_path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model.name_or_path={name_or_path!r}: its tokenizer cannot be loaded "
+                          f"({str(err).splitlines()[0]}); check the path or hub id") from None
+
+
+def _eval_examples(task, eval_size: int) -> list:
+    """The held-out problems (`data.eval_size` of them), checked before any model is loaded."""
+    try:
+        return task.examples("test", eval_size)
+    except ValueError as err:
+        raise DataError(f"data.eval_size={eval_size}: {err}; lower data.eval_size") from None
+
+
+def config_warnings(t: TrainerConfig, obj: objectives.Objective) -> list[str]:
+    """Settings that are valid but almost certainly not what was meant."""
+    warnings = []
+    if obj.has_trust_region() and t.ppo_epochs * t.mini_batches == 1:
+        warnings.append(
+            f"objective {obj.name!r} clips by the ratio to the sampling policy, but trainer.ppo_epochs x "
+            f"trainer.mini_batches = 1 update per batch: every update is on-policy (ratio 1), so the clip is "
+            f"inactive and the objective reduces to its unclipped policy gradient. Set trainer.mini_batches>=2 "
+            f"or trainer.ppo_epochs>=2 for an active trust region (or use objective=reinforce to say so)."
+        )
+    return warnings
+
+
+
+def _run_path(cfg: Config, resume_dir: Optional[str]) -> Path:
+    """The run directory's path, checked (a resume: the same run; a new run: not over an old one)."""
+    if resume_dir is None and "{time}" in cfg.output_dir:
+        cfg.output_dir = cfg.output_dir.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
+    run_dir = Path(resume_dir or cfg.output_dir)
+    if resume_dir:
+        check_resume(cfg, run_dir)  # before anything in the directory is touched
+    elif (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(f"{run_dir} already holds a run; resume it with `tether train --resume {run_dir}` "
+                              f"or choose another output_dir=PATH")
+    return run_dir
+
+
+def _open_run_dir(cfg: Config, run_dir: Path, resume_dir: Optional[str], log) -> Path:
+    """The run directory, created, with config.yaml (written once the whole config has been checked)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log(f"run directory: {run_dir}")
+    if resume_dir:
+        checkpoint.remove_partial(run_dir, log=log)
+    save_config(cfg, run_dir / "config.yaml")
+    return run_dir
+
+
+def _load_policy(m: ModelConfig, t: TrainerConfig, source: str, log):
+    """The policy and tokenizer, loaded on the CPU (dtype auto: float32, the master weights under bf16
+    autocast), then moved to the device `trainer.device` picks for a model of its size."""
+    model, tokenizer = load_model(source, dtype=m.dtype, device="cpu", gradient_checkpointing=m.gradient_checkpointing)
+    device = place_model(model, t.device, t.small_model_params, log=log)
+    return model.train(), tokenizer, device
+
+
+def _engine(r: RolloutConfig, model, tokenizer, device: torch.device, log):
+    """The rollout engine, with its decode path in a log line (static cache + compiled step, or eager)."""
+    sized = {"kv_cache_bytes": r.vllm_kv_cache_mb << 20} if r.engine == "vllm" else {}  # hf's cache grows as it needs
+    engine = get_engine(r.engine, model=model, tokenizer=tokenizer, compile=r.compile, **sized)
+    log(f"rollout: {engine.decode_path(device)}")
+    return engine
+

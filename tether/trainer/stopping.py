@@ -1,0 +1,75 @@
+"""A clean stop on SIGINT (Ctrl-C) and SIGTERM (what schedulers send before they kill a job).
+
+While the training loop runs, the first signal sets a flag. Before the step under way has
+changed the weights (sampling, scoring, log-probs: `StopSignals.droppable`), it also raises
+`StopNow` at once, and the loop drops that step, as if it had not begun (its prompts and random
+state are put back, so the resume redoes it exactly). Once the step has taken an optimiser
+step, the loop finishes it. Either way it then writes a checkpoint of the last finished step, the
+summary and the plots, and raises `Interrupted`, which the CLI turns into the message
+`interrupted at step N; resume with: ...` and the exit code a shell expects (130 for SIGINT,
+143 for SIGTERM). A second Ctrl-C stops at once (KeyboardInterrupt); everything before the last
+checkpoint is still safe, since checkpoints are written atomically (tether.records.checkpoint).
+A step that could not finish (`rollout.max_new_tokens=100000`) is still stopped by the first signal.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Optional
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal after a clean checkpoint; `exit_code` is 128 + the signal."""
+
+    def __init__(self, signum: int, step: int, run_dir: str):
+        self.signum, self.step, self.run_dir = signum, step, run_dir
+        super().__init__(f"interrupted at step {step}; resume with: tether train --resume {run_dir}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class StopNow(BaseException):
+    """The first signal arrived while the step under way could still be dropped (`StopSignals.droppable`).
+    A BaseException, as KeyboardInterrupt is, so that no `except Exception` on the way swallows it."""
+
+
+class StopSignals:
+    """Within the block, SIGINT and SIGTERM set `signum` instead of stopping the process, and raise
+    `StopNow` while `droppable` is set (module docstring); a second SIGINT raises KeyboardInterrupt.
+
+    Outside the main thread (where Python cannot install handlers) it does nothing.
+    """
+
+    def __init__(self, log=None):
+        self.signum: Optional[int] = None
+        self.droppable = False
+        self._log = log
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.signum = signum
+        if self.droppable:
+            self.droppable = False
+            raise StopNow(signum)
+        if self._log is not None:
+            self._log(f"{signal.Signals(signum).name}: stopping after the step under way has finished (it has "
+                      f"updated the weights); Ctrl-C again to stop at once")
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
