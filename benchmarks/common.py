@@ -19,8 +19,12 @@ import torch
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="parameter and activation dtype (bfloat16 for the GPU tables)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="parameter and activation dtype (bfloat16 for the GPU tables)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
     parser.add_argument("--out", default=None, help="also write the Markdown to this file")
 
@@ -34,10 +38,16 @@ MODEL_PRESETS = {
 
 
 def add_preset_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=sorted(MODEL_PRESETS), default=None,
-                        help="a documented model shape: " + "; ".join(
-                            f"{k} = {', '.join(f'--{a.replace(chr(95), chr(45))} {v}' for a, v in p.items())}"
-                            for k, p in MODEL_PRESETS.items()))
+    parser.add_argument(
+        "--preset",
+        choices=sorted(MODEL_PRESETS),
+        default=None,
+        help="a documented model shape: "
+        + "; ".join(
+            f"{k} = {', '.join(f'--{a.replace(chr(95), chr(45))} {v}' for a, v in p.items())}"
+            for k, p in MODEL_PRESETS.items()
+        ),
+    )
 
 
 def apply_preset(args, parser: argparse.ArgumentParser) -> None:
@@ -81,8 +91,10 @@ def machine(device: torch.device, args) -> str:
     else:
         where = f"{cpu_model()}, {os.cpu_count()} logical cores, {torch.get_num_threads()} torch threads"
     start, end = args.load_start, os.getloadavg()
-    return (f"{where}; torch {torch.__version__}; load average (1, 5, 15 min) "
-            f"{start[0]:.1f}, {start[1]:.1f}, {start[2]:.1f} at the start, {end[0]:.1f}, {end[1]:.1f}, {end[2]:.1f} at the end")
+    return (
+        f"{where}; torch {torch.__version__}; load average (1, 5, 15 min) "
+        f"{start[0]:.1f}, {start[1]:.1f}, {start[2]:.1f} at the start, {end[0]:.1f}, {end[1]:.1f}, {end[2]:.1f} at the end"
+    )
 
 
 def sync(device: torch.device) -> None:

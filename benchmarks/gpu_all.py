@@ -38,8 +38,17 @@ def jobs(device: str, tiny: bool, out: Path, verl_model: Path | None = None) -> 
     `verl` job only with a model directory on a GPU."""
     table = _jobs(device, tiny, out)
     if verl_model is not None and not tiny:
-        table["verl"] = ([sys.executable, str(HERE / "verl_one_gpu.py"), "--model", str(verl_model),
-                          "--run-dir", str(out / "verl_run")], 480)
+        table["verl"] = (
+            [
+                sys.executable,
+                str(HERE / "verl_one_gpu.py"),
+                "--model",
+                str(verl_model),
+                "--run-dir",
+                str(out / "verl_run"),
+            ],
+            480,
+        )
     return table
 
 
@@ -50,19 +59,81 @@ def _jobs(device: str, tiny: bool, out: Path) -> dict[str, tuple[list[str], int]
     run_dir = out / "main_job_run"
     if tiny:
         return {
-            "tests": ([*py, "-m", "pytest", "-q", "-m", "gpu", "-x", str(ROOT / "tests" / "rollout" / "test_hf_engine.py")], 300),
-            "logprobs": ([*bench("logprobs"), *dt, "--vocab", "512", "--hidden", "64", "--tokens", "64",
-                          "--reps", "1"], 300),
-            "heads": ([*bench("heads"), *dt, "--vocab", "512", "--hiddens", "64", "--tokens", "64", "--reps", "1"], 300),
-            "rollout": ([*bench("rollout"), *dt, "--sizes", "64x2", "--heads", "2", "--prompts", "2", "--group", "2",
-                         "--max-new-tokens", "4", "--reps", "1", "--skip-hf", "--bandwidth", "10", "--vllm"], 300),
-            "rl_step": ([*bench("rl_step"), *dt, "--hidden", "64", "--layers", "1", "--heads", "2", "--prompts", "2",
-                         "--group", "2", "--max-new-tokens", "4", "--steps", "1"], 300),
+            "tests": (
+                [*py, "-m", "pytest", "-q", "-m", "gpu", "-x", str(ROOT / "tests" / "rollout" / "test_hf_engine.py")],
+                300,
+            ),
+            "logprobs": (
+                [*bench("logprobs"), *dt, "--vocab", "512", "--hidden", "64", "--tokens", "64", "--reps", "1"],
+                300,
+            ),
+            "heads": (
+                [*bench("heads"), *dt, "--vocab", "512", "--hiddens", "64", "--tokens", "64", "--reps", "1"],
+                300,
+            ),
+            "rollout": (
+                [
+                    *bench("rollout"),
+                    *dt,
+                    "--sizes",
+                    "64x2",
+                    "--heads",
+                    "2",
+                    "--prompts",
+                    "2",
+                    "--group",
+                    "2",
+                    "--max-new-tokens",
+                    "4",
+                    "--reps",
+                    "1",
+                    "--skip-hf",
+                    "--bandwidth",
+                    "10",
+                    "--vllm",
+                ],
+                300,
+            ),
+            "rl_step": (
+                [
+                    *bench("rl_step"),
+                    *dt,
+                    "--hidden",
+                    "64",
+                    "--layers",
+                    "1",
+                    "--heads",
+                    "2",
+                    "--prompts",
+                    "2",
+                    "--group",
+                    "2",
+                    "--max-new-tokens",
+                    "4",
+                    "--steps",
+                    "1",
+                ],
+                300,
+            ),
             "mfu": ([*bench("mfu"), *dt, "--sizes", "64x1", "--batch", "2", "--length", "32", "--reps", "1"], 300),
-            "main_job": ([*py, "-m", "tether.cli", "train", f"output_dir={run_dir}", f"trainer.device={device}",
-                          "warm_start.enabled=false", "trainer.total_steps=2", "data.eval_size=4",
-                          "rollout.prompts_per_step=2", "rollout.group_size=2", "trainer.progress=false",
-                          "model.tiny_layers=1"], 300),
+            "main_job": (
+                [
+                    *py,
+                    "-m",
+                    "tether.cli",
+                    "train",
+                    f"output_dir={run_dir}",
+                    f"trainer.device={device}",
+                    "warm_start.enabled=false",
+                    "trainer.total_steps=2",
+                    "data.eval_size=4",
+                    "rollout.prompts_per_step=2",
+                    "rollout.group_size=2",
+                    "trainer.progress=false",
+                    "model.tiny_layers=1",
+                ],
+                300,
+            ),
         }
     vocab = ["--vocab", "151936"]
     # time limits sum to 600 s: the whole call stays under ten minutes whatever hangs
@@ -70,15 +141,28 @@ def _jobs(device: str, tiny: bool, out: Path) -> dict[str, tuple[list[str], int]
         "tests": ([*py, "-m", "pytest", "-q", "-m", "gpu", str(ROOT / "tests")], 120),
         "logprobs": ([*bench("logprobs"), *dt, "--tokens", "1024", "4096", "--reps", "3"], 60),
         "heads": ([*bench("heads"), *dt, "--reps", "3"], 45),
-        "rollout": ([*bench("rollout"), *dt, "--preset", "qwen0.5b", "--compile", "--vllm", "--skip-hf", "--reps", "2"],
-                    90),
+        "rollout": (
+            [*bench("rollout"), *dt, "--preset", "qwen0.5b", "--compile", "--vllm", "--skip-hf", "--reps", "2"],
+            90,
+        ),
         "rollout_small": ([*bench("rollout"), *dt, "--sizes", "512x8", "1024x16", "--compile", "--reps", "2"], 45),
         "rl_step": ([*bench("rl_step"), *dt, *vocab, "--steps", "4", "--vllm"], 60),
         "mfu": ([*bench("mfu"), *dt, "--sizes", "512x8", "1024x16", "2048x24", *vocab], 30),
         "shared_prompts": ([*bench("shared_prompts"), *dt, "--size", "1024x16", *vocab], 30),
         # the main job (cached warm start), 200 of its 1000 steps: time per step and start-up
-        "main_job": ([*py, "-m", "tether.cli", "train", f"output_dir={run_dir}", f"trainer.device={device}",
-                      "trainer.progress=false", "trainer.total_steps=200"], 120),
+        "main_job": (
+            [
+                *py,
+                "-m",
+                "tether.cli",
+                "train",
+                f"output_dir={run_dir}",
+                f"trainer.device={device}",
+                "trainer.progress=false",
+                "trainer.total_steps=200",
+            ],
+            120,
+        ),
     }
 
 
@@ -107,8 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="toy sizes: check the pipeline, not the machine")
     p.add_argument("--only", nargs="+", default=None, help="run only these jobs")
     p.add_argument("--dry-run", action="store_true", help="print the commands and stop")
-    p.add_argument("--verl-model", type=Path, default=None,
-                   help="a local ~0.5B model directory: adds the `verl` job (verl's trainer, a tether preset, 5 steps)")
+    p.add_argument(
+        "--verl-model",
+        type=Path,
+        default=None,
+        help="a local ~0.5B model directory: adds the `verl` job (verl's trainer, a tether preset, 5 steps)",
+    )
     args = p.parse_args(argv)
     if args.verl_model is not None and args.tiny:
         p.error("--verl-model has no --tiny form: verl's trainer needs a CUDA GPU")
@@ -132,8 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} ...", file=sys.stderr, flush=True)
         records.append(run_job(name, command, limit, args.out.resolve()))
         print(f"{name}: exit {records[-1]['rc']} in {records[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
-    lines = [f"# GPU tables ({args.device}{', tiny sizes' if args.tiny else ''})", "",
-             "| job | exit | seconds | command |", "|---|---|---|---|"]
+    lines = [
+        f"# GPU tables ({args.device}{', tiny sizes' if args.tiny else ''})",
+        "",
+        "| job | exit | seconds | command |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {r['name']} | {r['rc']} | {r['seconds']:.0f} | `{r['command']}` |" for r in records]
     for r in records:
         lines += ["", r["table"].read_text().strip()]

@@ -46,7 +46,7 @@ def main() -> None:
     for H in args.hiddens:
         for N in args.tokens:
             g = torch.Generator().manual_seed(0)
-            weight = (torch.randn(args.vocab, H, generator=g) * H ** -0.5).to(device, dtype).requires_grad_()
+            weight = (torch.randn(args.vocab, H, generator=g) * H**-0.5).to(device, dtype).requires_grad_()
             hidden = torch.randn(N, H, generator=g).to(device, dtype).requires_grad_()
             targets = torch.randint(0, args.vocab, (N,), generator=g).to(device)
             g_lp, g_ent = torch.randn(N, generator=g).to(device), torch.randn(N, generator=g).to(device)
@@ -56,9 +56,9 @@ def main() -> None:
                 ((lp[0] * g_lp).sum() + (ent[0] * g_ent).sum()).backward()
 
             def theirs():
-                lp, ent, *_ = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0,
-                                                           _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
-                                                           ("log_probs", "entropy"))
+                lp, ent, *_ = ChunkedLogProbFunction.apply(
+                    hidden, weight, None, targets, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("log_probs", "entropy")
+                )
                 ((lp * g_lp).sum() + (ent * g_ent).sum()).backward()
 
             fns = {"tether": ours, "trl": theirs}
@@ -67,27 +67,32 @@ def main() -> None:
                 hidden.grad = weight.grad = None
                 fn()
                 results[name] = (hidden.grad.clone(), weight.grad.clone())
-            err = max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
-                      for a, b in zip(results["tether"], results["trl"]))
+            err = max(
+                (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
+                for a, b in zip(results["tether"], results["trl"])
+            )
             times = {name: [] for name in fns}
             for _ in range(args.reps):
                 for name, fn in fns.items():
                     hidden.grad = weight.grad = None
                     times[name].append(timed(fn, device))
             ours_t, theirs_t = median(times["tether"]), median(times["trl"])
-            rows.append([f"{H:,}", f"{N:,}", f"{ours_t:.3f} s", f"{theirs_t:.3f} s", f"{theirs_t / ours_t:.2f}x",
-                         f"{err:.1e}"])
+            rows.append(
+                [f"{H:,}", f"{N:,}", f"{ours_t:.3f} s", f"{theirs_t:.3f} s", f"{theirs_t / ours_t:.2f}x", f"{err:.1e}"]
+            )
             print(f"H={H} N={N}: tether {ours_t:.3f} s, trl {theirs_t:.3f} s", file=sys.stderr)
-    text = "\n".join([
-        f"### Fused LM heads: tether vs TRL ({args.device}, {args.dtype})",
-        "",
-        f"Machine: {machine(device, args)}. trl {trl.__version__}. V = {args.vocab:,}; N tokens of hidden size H; "
-        f"log-probs and entropy, forward + backward (hidden and weight gradients); median of {args.reps}, "
-        "alternating. \"gradient difference\" is the largest difference of the two heads' gradients relative "
-        "to the largest gradient.",
-        "",
-        table(["H", "N tokens", "tether", "TRL", "TRL / tether", "gradient difference"], rows),
-    ])
+    text = "\n".join(
+        [
+            f"### Fused LM heads: tether vs TRL ({args.device}, {args.dtype})",
+            "",
+            f"Machine: {machine(device, args)}. trl {trl.__version__}. V = {args.vocab:,}; N tokens of hidden size H; "
+            f"log-probs and entropy, forward + backward (hidden and weight gradients); median of {args.reps}, "
+            'alternating. "gradient difference" is the largest difference of the two heads\' gradients relative '
+            "to the largest gradient.",
+            "",
+            table(["H", "N tokens", "tether", "TRL", "TRL / tether", "gradient difference"], rows),
+        ]
+    )
     emit(text, args.out)
 
 

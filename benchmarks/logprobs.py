@@ -75,7 +75,7 @@ def child(args) -> None:
     V, H, T = args.vocab, args.hidden, args.tokens[0]
     torch.manual_seed(0)
     # Filled in place: a temporary here would raise the peak before the baseline is taken.
-    weight = torch.empty(V, H, device=device, dtype=dtype).normal_(std=H ** -0.5).requires_grad_()
+    weight = torch.empty(V, H, device=device, dtype=dtype).normal_(std=H**-0.5).requires_grad_()
     hidden = torch.empty(1, T, H, device=device, dtype=dtype).normal_().requires_grad_()
     targets = torch.randint(0, V, (1, T), device=device)
     g_lp, g_ent = torch.randn(1, T, device=device), torch.randn(1, T, device=device)
@@ -85,8 +85,14 @@ def child(args) -> None:
         if args.child == "naive":
             lp, ent = naive(hidden, weight, targets, args.temperature, args.naive_matmul == "float32")
         else:
-            lp, ent = token_logprobs_and_entropy(hidden, weight, targets, temperature=args.temperature,
-                                                 chunk_size=args.chunk_size, vocab_chunk_size=args.vocab_chunk_size)
+            lp, ent = token_logprobs_and_entropy(
+                hidden,
+                weight,
+                targets,
+                temperature=args.temperature,
+                chunk_size=args.chunk_size,
+                vocab_chunk_size=args.vocab_chunk_size,
+            )
         ((lp * g_lp).sum() + (ent * g_ent).sum()).backward()
 
     if device.type == "cuda":
@@ -104,9 +110,30 @@ def child(args) -> None:
 
 
 def run_child(args, method: str, T: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", method, "--tokens", str(T), "--vocab", str(args.vocab),
-           "--hidden", str(args.hidden), "--reps", str(args.reps), "--device", args.device, "--dtype", args.dtype,
-           "--threads", str(args.threads), "--temperature", str(args.temperature), "--naive-matmul", args.naive_matmul]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        method,
+        "--tokens",
+        str(T),
+        "--vocab",
+        str(args.vocab),
+        "--hidden",
+        str(args.hidden),
+        "--reps",
+        str(args.reps),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+        "--threads",
+        str(args.threads),
+        "--temperature",
+        str(args.temperature),
+        "--naive-matmul",
+        args.naive_matmul,
+    ]
     if args.chunk_size:
         cmd += ["--chunk-size", str(args.chunk_size)]
     if args.vocab_chunk_size:
@@ -133,14 +160,24 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 8192], help="T values (N = 1)")
     p.add_argument("--reps", type=int, default=3, help="timed steps per (method, T); the median is reported")
-    p.add_argument("--chunk-size", type=int, default=None, help="tokens per tile (default: tether.model.ops.tile_shape)")
-    p.add_argument("--vocab-chunk-size", type=int, default=None,
-                   help="vocabulary entries per tile (default: tether.model.ops.tile_shape)")
+    p.add_argument(
+        "--chunk-size", type=int, default=None, help="tokens per tile (default: tether.model.ops.tile_shape)"
+    )
+    p.add_argument(
+        "--vocab-chunk-size",
+        type=int,
+        default=None,
+        help="vocabulary entries per tile (default: tether.model.ops.tile_shape)",
+    )
     p.add_argument("--methods", nargs="+", choices=["naive", "chunked"], default=["naive", "chunked"])
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--naive-matmul", choices=["input", "float32"], default="input",
-                   help="naive's head matmul: in the inputs' dtype (a bf16 lm_head), or float32 on upcast inputs "
-                        "(the fastest naive on a CPU without bf16 GEMMs)")
+    p.add_argument(
+        "--naive-matmul",
+        choices=["input", "float32"],
+        default="input",
+        help="naive's head matmul: in the inputs' dtype (a bf16 lm_head), or float32 on upcast inputs "
+        "(the fastest naive on a CPU without bf16 GEMMs)",
+    )
     p.add_argument("--headroom-gb", type=float, default=1.5, help="memory to leave free when deciding to skip")
     p.add_argument("--child", choices=["naive", "chunked"], help=argparse.SUPPRESS)
     add_common_args(p)
@@ -152,8 +189,15 @@ def main() -> None:
 
     R, C = tile_shape(max(args.tokens), args.vocab, device, args.chunk_size, args.vocab_chunk_size, args.hidden)
     low = dtype_of(args.dtype) != torch.float32
-    mm = ("bf16 GEMMs" if native_low_precision_matmul(device, dtype_of(args.dtype)) else
-          "float32 GEMMs on upcast tiles (no bf16 GEMMs on this CPU)") if low else "float32 GEMMs"
+    mm = (
+        (
+            "bf16 GEMMs"
+            if native_low_precision_matmul(device, dtype_of(args.dtype))
+            else "float32 GEMMs on upcast tiles (no bf16 GEMMs on this CPU)"
+        )
+        if low
+        else "float32 GEMMs"
+    )
     measured: dict = {}
     rows = []
     for T in args.tokens:
@@ -169,18 +213,31 @@ def main() -> None:
                 measured[(method, T)] = run_child(args, method, T)
             print(f"T={T} {method}: {measured[(method, T)]}", file=sys.stderr)
         rows.append(row(T, args.vocab, measured[("naive", T)], measured[("chunked", T)]))
-    text = "\n".join([
-        f"### Log-probs + entropy, forward + backward (V = {args.vocab:,}, H = {args.hidden}, N = 1, "
-        f"{args.dtype}, {args.device})",
-        "",
-        f"Machine: {machine(device, args)}. Tiles: {R} tokens x {C:,} vocabulary entries (for the largest T; one "
-        f"float32 tile = {R * C * 4 / GB:.3f} GB); chunked matmuls: {mm}; naive matmul: "
-        f"{'float32 on upcast inputs' if args.naive_matmul == 'float32' else 'in the inputs dtype'}. Peak memory: above the process's footprint before the "
-        f"first step ({'allocator peak' if device.type == 'cuda' else 'max RSS'}); time: median (min-max) of {args.reps}.",
-        "",
-        table(["T", "(T, V) fp32 logits", "naive peak", "chunked peak", "chunked / naive memory",
-               "naive time", "chunked time", "chunked / naive time"], rows),
-    ])
+    text = "\n".join(
+        [
+            f"### Log-probs + entropy, forward + backward (V = {args.vocab:,}, H = {args.hidden}, N = 1, "
+            f"{args.dtype}, {args.device})",
+            "",
+            f"Machine: {machine(device, args)}. Tiles: {R} tokens x {C:,} vocabulary entries (for the largest T; one "
+            f"float32 tile = {R * C * 4 / GB:.3f} GB); chunked matmuls: {mm}; naive matmul: "
+            f"{'float32 on upcast inputs' if args.naive_matmul == 'float32' else 'in the inputs dtype'}. Peak memory: above the process's footprint before the "
+            f"first step ({'allocator peak' if device.type == 'cuda' else 'max RSS'}); time: median (min-max) of {args.reps}.",
+            "",
+            table(
+                [
+                    "T",
+                    "(T, V) fp32 logits",
+                    "naive peak",
+                    "chunked peak",
+                    "chunked / naive memory",
+                    "naive time",
+                    "chunked time",
+                    "chunked / naive time",
+                ],
+                rows,
+            ),
+        ]
+    )
     emit(text, args.out)
 
 
@@ -194,8 +251,16 @@ def row(T: int, V: int, naive_r: dict, chunked_r: dict) -> list:
     both = "extra" in naive_r and "extra" in chunked_r
     mem_ratio = f"{chunked_r['extra'] / naive_r['extra']:.3f}" if both else "-"
     time_ratio = f"{median(chunked_r['times']) / median(naive_r['times']):.2f}" if both else "-"
-    return [T, f"{T * V * 4 / GB:.2f} GB", mem(naive_r), mem(chunked_r), mem_ratio,
-            sec(naive_r), sec(chunked_r), time_ratio]
+    return [
+        T,
+        f"{T * V * 4 / GB:.2f} GB",
+        mem(naive_r),
+        mem(chunked_r),
+        mem_ratio,
+        sec(naive_r),
+        sec(chunked_r),
+        time_ratio,
+    ]
 
 
 if __name__ == "__main__":

@@ -50,33 +50,66 @@ def child(args) -> dict:
     if args.mode == "lora":
         model = apply_lora(model, LoRAConfig()).get_base_model()
     sync(device)
-    after_load = _peak_bytes(device) if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    after_load = (
+        _peak_bytes(device) if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
     n, p, t = args.rows, args.prompt_len, args.completion_len
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (n, p + t), generator=g)
     attn = torch.ones(n, p + t, dtype=torch.long)
-    tokens = Tokens(ids.to(device), attn.to(device), (attn.cumsum(1) - 1).to(device), ids[:, p:].to(device),
-                    torch.ones(n, t, device=device), p)
-    cfg = load_config(None, ["objective=dapo", "trainer.mini_batches=1", f"trainer.micro_batch_size={n}",
-                             "rollout.prompts_per_step=1", f"rollout.group_size={n}"])
+    tokens = Tokens(
+        ids.to(device),
+        attn.to(device),
+        (attn.cumsum(1) - 1).to(device),
+        ids[:, p:].to(device),
+        torch.ones(n, t, device=device),
+        p,
+    )
+    cfg = load_config(
+        None,
+        [
+            "objective=dapo",
+            "trainer.mini_batches=1",
+            f"trainer.micro_batch_size={n}",
+            "rollout.prompts_per_step=1",
+            f"rollout.group_size={n}",
+        ],
+    )
     obj = objectives.build(cfg.objective)
     params = [q for q in model.parameters() if q.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
     opt = Optimiser(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0))
     rewards = torch.arange(n, dtype=torch.float32).remainder(2).to(device)
-    batch = UpdateBatch(tokens, obj.advantages(rewards.cpu(), torch.zeros(n, dtype=torch.long)).to(device),
-                        rewards, torch.zeros(n, dtype=torch.long, device=device), None)
+    batch = UpdateBatch(
+        tokens,
+        obj.advantages(rewards.cpu(), torch.zeros(n, dtype=torch.long)).to(device),
+        rewards,
+        torch.zeros(n, dtype=torch.long, device=device),
+        None,
+    )
     times = []
     for i in range(args.warmup + args.steps):
         sync(device)
         tic = time.perf_counter()
-        update(opt, obj, batch, cfg.trainer, torch.Generator().manual_seed(i),
-               LogProbSettings.of(cfg.trainer, cfg.rollout), Precision.of(cfg.trainer.autocast, device))
+        update(
+            opt,
+            obj,
+            batch,
+            cfg.trainer,
+            torch.Generator().manual_seed(i),
+            LogProbSettings.of(cfg.trainer, cfg.rollout),
+            Precision.of(cfg.trainer.autocast, device),
+        )
         sync(device)
         times.append(time.perf_counter() - tic)
-    return {"mode": args.mode, "step_s": median(times[args.warmup:]), "peak": _peak_bytes(device),
-            "after_load": after_load, "trainable": sum(q.numel() for q in params),
-            "total": sum(q.numel() for q in model.parameters())}
+    return {
+        "mode": args.mode,
+        "step_s": median(times[args.warmup :]),
+        "peak": _peak_bytes(device),
+        "after_load": after_load,
+        "trainable": sum(q.numel() for q in params),
+        "total": sum(q.numel() for q in model.parameters()),
+    }
 
 
 def main() -> None:
@@ -107,36 +140,86 @@ def main() -> None:
     from tether.model.loading import init_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = init_model(Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers,
-                               num_heads=args.heads, seed=0, vocab_size=args.vocab)
+        model_dir = init_model(
+            Path(tmp) / "model",
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_heads=args.heads,
+            seed=0,
+            vocab_size=args.vocab,
+        )
         results = {}
         for mode in ("full", "lora"):
-            cmd = [sys.executable, __file__, "--mode", mode, "--model-dir", str(model_dir), "--hidden", str(args.hidden),
-                   "--layers", str(args.layers), "--heads", str(args.heads), "--rows", str(args.rows),
-                   "--prompt-len", str(args.prompt_len), "--max-new-tokens", str(args.completion_len),
-                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
-                   "--dtype", args.dtype, "--threads", str(args.threads)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--mode",
+                mode,
+                "--model-dir",
+                str(model_dir),
+                "--hidden",
+                str(args.hidden),
+                "--layers",
+                str(args.layers),
+                "--heads",
+                str(args.heads),
+                "--rows",
+                str(args.rows),
+                "--prompt-len",
+                str(args.prompt_len),
+                "--max-new-tokens",
+                str(args.completion_len),
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--device",
+                args.device,
+                "--dtype",
+                args.dtype,
+                "--threads",
+                str(args.threads),
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True)
             results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     f, lo = results["full"], results["lora"]
     gib = 2.0**30
     rows = [
-        ["trainable parameters", f"{f['trainable'] / 1e6:.1f}M of {f['total'] / 1e6:.1f}M",
-         f"{lo['trainable'] / 1e6:.2f}M of {lo['total'] / 1e6:.1f}M", f"{lo['trainable'] / f['trainable']:.4f}x"],
+        [
+            "trainable parameters",
+            f"{f['trainable'] / 1e6:.1f}M of {f['total'] / 1e6:.1f}M",
+            f"{lo['trainable'] / 1e6:.2f}M of {lo['total'] / 1e6:.1f}M",
+            f"{lo['trainable'] / f['trainable']:.4f}x",
+        ],
         ["peak memory", f"{f['peak'] / gib:.2f} GiB", f"{lo['peak'] / gib:.2f} GiB", f"{lo['peak'] / f['peak']:.2f}x"],
-        ["peak above the loaded model", f"{(f['peak'] - f['after_load']) / gib:.2f} GiB",
-         f"{(lo['peak'] - lo['after_load']) / gib:.2f} GiB",
-         f"{(lo['peak'] - lo['after_load']) / max(f['peak'] - f['after_load'], 1):.2f}x"],
-        ["one optimiser step (median)", f"{f['step_s']:.2f} s", f"{lo['step_s']:.2f} s", f"{lo['step_s'] / f['step_s']:.2f}x"],
+        [
+            "peak above the loaded model",
+            f"{(f['peak'] - f['after_load']) / gib:.2f} GiB",
+            f"{(lo['peak'] - lo['after_load']) / gib:.2f} GiB",
+            f"{(lo['peak'] - lo['after_load']) / max(f['peak'] - f['after_load'], 1):.2f}x",
+        ],
+        [
+            "one optimiser step (median)",
+            f"{f['step_s']:.2f} s",
+            f"{lo['step_s']:.2f} s",
+            f"{lo['step_s'] / f['step_s']:.2f}x",
+        ],
     ]
-    emit("\n".join([
-        f"### LoRA vs full fine-tuning, one optimiser step ({args.device}, {args.dtype})", "",
-        f"Machine: {machine(device, args)}. Model: tiny Llama {args.hidden} x {args.layers} layers, vocabulary "
-        f"{args.vocab or 'characters'} ({f['total'] / 1e6:.0f}M parameters). Batch: {args.rows} rows x "
-        f"({args.prompt_len} prompt + {args.completion_len} completion) tokens; DAPO; median of {args.steps} steps "
-        f"after {args.warmup} warm-up, each mode in its own process.", "",
-        table(["", "full fine-tuning", "LoRA (r 16, alpha 32, all projections)", "LoRA / full"], rows),
-    ]), args.out)
+    emit(
+        "\n".join(
+            [
+                f"### LoRA vs full fine-tuning, one optimiser step ({args.device}, {args.dtype})",
+                "",
+                f"Machine: {machine(device, args)}. Model: tiny Llama {args.hidden} x {args.layers} layers, vocabulary "
+                f"{args.vocab or 'characters'} ({f['total'] / 1e6:.0f}M parameters). Batch: {args.rows} rows x "
+                f"({args.prompt_len} prompt + {args.completion_len} completion) tokens; DAPO; median of {args.steps} steps "
+                f"after {args.warmup} warm-up, each mode in its own process.",
+                "",
+                table(["", "full fine-tuning", "LoRA (r 16, alpha 32, all projections)", "LoRA / full"], rows),
+            ]
+        ),
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ PATHS = ("logits", "fused")
 def matmul_peak(device: torch.device, dtype: torch.dtype, reps: int) -> tuple[float, int]:
     """Best FLOP/s over square matmuls; returns (FLOP/s, n that reached it)."""
     best, best_n = 0.0, 0
-    for n in ((2048, 4096, 8192) if device.type == "cuda" else (2048, 4096)):
+    for n in (2048, 4096, 8192) if device.type == "cuda" else (2048, 4096):
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
         torch.mm(a, b)  # warm-up
@@ -49,9 +49,17 @@ def build(hidden: int, layers: int, vocab: int, device, dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=max(2, hidden // 64), num_key_value_heads=max(2, hidden // 64),
-                      max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(2, hidden // 64),
+        num_key_value_heads=max(2, hidden // 64),
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(cfg).to(device=device, dtype=dtype)
 
 
@@ -88,8 +96,14 @@ def make_tokens(batch: int, length: int, prompt: int, vocab: int, device):
     attention = torch.ones(batch, length, dtype=torch.long)
     position = torch.arange(length).expand(batch, length).contiguous()
     T = length - prompt
-    return Tokens(ids.to(device), attention.to(device), position.to(device), ids[:, prompt:].to(device),
-                  torch.ones(batch, T, device=device), prompt)
+    return Tokens(
+        ids.to(device),
+        attention.to(device),
+        position.to(device),
+        ids[:, prompt:].to(device),
+        torch.ones(batch, T, device=device),
+        prompt,
+    )
 
 
 def main() -> None:
@@ -121,22 +135,42 @@ def main() -> None:
                 times[path].append(timed(step, device))
         for path in PATHS:
             t = median(times[path])
-            row += [f"{t:.3f} s", f"{args.batch * args.length / t:,.0f}", f"{flops / t / 1e9:.1f}",
-                    f"{flops / t / peak:.1%}"]
+            row += [
+                f"{t:.3f} s",
+                f"{args.batch * args.length / t:,.0f}",
+                f"{flops / t / 1e9:.1f}",
+                f"{flops / t / peak:.1%}",
+            ]
             print(f"{size} {path}: {[round(x, 3) for x in times[path]]}", file=sys.stderr)
         rows.append(row)
         del model
-    text = "\n".join([
-        f"### Training throughput and MFU ({args.device}, {args.dtype})",
-        "",
-        f"Machine: {machine(device, args)}. Measured matmul peak: {peak / 1e9:.0f} GFLOP/s ({args.dtype}, {peak_n}^2, "
-        f"best of {args.reps}). Step: B = {args.batch} sequences x L = {args.length} tokens "
-        f"({args.prompt} prompt), vocabulary {args.vocab}, log-probs + entropy loss, backward, clip, AdamW; "
-        f"median of {args.reps}, the two paths alternating, after two warm-up steps each. Model FLOPs = 6 N B L + 12 n_layer d L^2 B.",
-        "",
-        table(["model (d x layers)", "params", "GFLOP / step",
-               "logits: step", "tok/s", "GFLOP/s", "MFU", "fused: step", "tok/s", "GFLOP/s", "MFU"], rows),
-    ])
+    text = "\n".join(
+        [
+            f"### Training throughput and MFU ({args.device}, {args.dtype})",
+            "",
+            f"Machine: {machine(device, args)}. Measured matmul peak: {peak / 1e9:.0f} GFLOP/s ({args.dtype}, {peak_n}^2, "
+            f"best of {args.reps}). Step: B = {args.batch} sequences x L = {args.length} tokens "
+            f"({args.prompt} prompt), vocabulary {args.vocab}, log-probs + entropy loss, backward, clip, AdamW; "
+            f"median of {args.reps}, the two paths alternating, after two warm-up steps each. Model FLOPs = 6 N B L + 12 n_layer d L^2 B.",
+            "",
+            table(
+                [
+                    "model (d x layers)",
+                    "params",
+                    "GFLOP / step",
+                    "logits: step",
+                    "tok/s",
+                    "GFLOP/s",
+                    "MFU",
+                    "fused: step",
+                    "tok/s",
+                    "GFLOP/s",
+                    "MFU",
+                ],
+                rows,
+            ),
+        ]
+    )
     emit(text, args.out)
 
 

@@ -54,10 +54,22 @@ def one_run(model_dir: Path, out: Path, overlap: str, threads: int, a) -> dict[s
     from tether.trainer.step import rl_step
     from tether.trainer.setup import start_run
 
-    cfg = load_config(None, [f"model.name_or_path={model_dir}", f"output_dir={out}", "warm_start.enabled=false",
-                             f"trainer.staleness={a.staleness}", f"trainer.overlap={overlap}",
-                             f"trainer.threads={threads}", f"trainer.total_steps={a.steps}", "trainer.plots=false",
-                             "trainer.tensorboard=false", "trainer.progress=false", "data.eval_size=8"])
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={model_dir}",
+            f"output_dir={out}",
+            "warm_start.enabled=false",
+            f"trainer.staleness={a.staleness}",
+            f"trainer.overlap={overlap}",
+            f"trainer.threads={threads}",
+            f"trainer.total_steps={a.steps}",
+            "trainer.plots=false",
+            "trainer.tensorboard=false",
+            "trainer.progress=false",
+            "data.eval_size=8",
+        ],
+    )
     run = start_run(cfg, log=lambda *_: None)
     timed = None if cfg.trainer.overlap else _Timed(run.sampler.engine)  # the stale sampler's engine
     if timed:
@@ -68,14 +80,18 @@ def one_run(model_dir: Path, out: Path, overlap: str, threads: int, a) -> dict[s
         waits.append(rl_step(run, step, log=lambda *_: None)[1].get("time/overlap_wait_s", 0.0))
     run.sampler.close()
     wall = time.perf_counter() - tic
-    return {"step_s": wall / a.steps, "share": timed.seconds / wall if timed else float("nan"),
-            "wait_s": sum(waits[1:]) / max(1, len(waits) - 1)}
+    return {
+        "step_s": wall / a.steps,
+        "share": timed.seconds / wall if timed else float("nan"),
+        "wait_s": sum(waits[1:]) / max(1, len(waits) - 1),
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", nargs="+", default=["128x4"],
-                   help="tiny models as HIDDENxLAYERS (default: the default tiny)")
+    p.add_argument(
+        "--sizes", nargs="+", default=["128x4"], help="tiny models as HIDDENxLAYERS (default: the default tiny)"
+    )
     p.add_argument("--steps", type=int, default=10, help="RL steps per run")
     p.add_argument("--repeats", type=int, default=3, help="runs per way (the ways take turns)")
     p.add_argument("--staleness", type=int, default=1, help="trainer.staleness (>= 1)")
@@ -97,8 +113,13 @@ def main() -> None:
             results = {way: [] for way in ways}
             for r in range(a.repeats):
                 for way, (overlap, threads) in ways.items():
-                    res = one_run(model_dir, Path(tmp) / f"run_{size}_{r}_{len(results[way])}_{overlap}{threads}",
-                                  overlap, threads, a)
+                    res = one_run(
+                        model_dir,
+                        Path(tmp) / f"run_{size}_{r}_{len(results[way])}_{overlap}{threads}",
+                        overlap,
+                        threads,
+                        a,
+                    )
                     results[way].append(res)
                     print(f"{size} round {r}: {way}: {res['step_s']:.3f} s/step", file=sys.stderr)
             base = median([x["step_s"] for x in results["sequential, 1 thread"]])
@@ -106,20 +127,41 @@ def main() -> None:
                 step = median([x["step_s"] for x in res])
                 share = median([x["share"] for x in res])
                 wait = median([x["wait_s"] for x in res])
-                rows.append([f"{size} ({n_params:_})", way, f"{step:.3f} s", f"{base / step:.2f}x",
-                             "" if share != share else f"{share:.0%}",
-                             f"{wait:.3f} s" if way.startswith("overlap") else "",
-                             " ".join(f"{x['step_s']:.3f}" for x in res)])
+                rows.append(
+                    [
+                        f"{size} ({n_params:_})",
+                        way,
+                        f"{step:.3f} s",
+                        f"{base / step:.2f}x",
+                        "" if share != share else f"{share:.0%}",
+                        f"{wait:.3f} s" if way.startswith("overlap") else "",
+                        " ".join(f"{x['step_s']:.3f}" for x in res),
+                    ]
+                )
     end = os.getloadavg()
-    text = "\n".join([
-        f"### RL step time with and without trainer.overlap (staleness {a.staleness})", "",
-        f"{cpu_model()}, {os.cpu_count()} logical cores; torch {torch.__version__}; load average (1, 5, 15 min) "
-        f"{load_start[0]:.1f}, {load_start[1]:.1f}, {load_start[2]:.1f} at the start, {end[0]:.1f}, {end[1]:.1f}, "
-        f"{end[2]:.1f} at the end. The default run's shapes, {a.steps} steps per run, median of {a.repeats} runs "
-        "per way, the ways taking turns.", "",
-        table(["model (parameters)", "way", "step", "speed-up vs sequential 1 thread", "sampling share",
-               "overlap wait", "runs (s/step)"], rows),
-    ])
+    text = "\n".join(
+        [
+            f"### RL step time with and without trainer.overlap (staleness {a.staleness})",
+            "",
+            f"{cpu_model()}, {os.cpu_count()} logical cores; torch {torch.__version__}; load average (1, 5, 15 min) "
+            f"{load_start[0]:.1f}, {load_start[1]:.1f}, {load_start[2]:.1f} at the start, {end[0]:.1f}, {end[1]:.1f}, "
+            f"{end[2]:.1f} at the end. The default run's shapes, {a.steps} steps per run, median of {a.repeats} runs "
+            "per way, the ways taking turns.",
+            "",
+            table(
+                [
+                    "model (parameters)",
+                    "way",
+                    "step",
+                    "speed-up vs sequential 1 thread",
+                    "sampling share",
+                    "overlap wait",
+                    "runs (s/step)",
+                ],
+                rows,
+            ),
+        ]
+    )
     emit(text, a.out)
 
 

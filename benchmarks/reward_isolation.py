@@ -66,19 +66,30 @@ def main() -> None:
         starts.append(time.perf_counter() - tic)
     isolated.close()
     end = os.getloadavg()
-    text = "\n".join([
-        "# A user's reward in the trainer's process vs in the worker (`reward.isolate`)",
-        "",
-        f"{cpu_model()}, {os.cpu_count()} logical cores; load average (1, 5, 15 min) {load_start[0]:.1f}, "
-        f"{load_start[1]:.1f}, {load_start[2]:.1f} at the start, {end[0]:.1f}, {end[1]:.1f}, {end[2]:.1f} at the end; "
-        f"medians of {a.repeats} batches, the two settings taking turns.",
-        "",
-        table(["reward", "completions", "in process (ms)", "in the worker (ms)", "worker's extra (ms)",
-               "extra per completion (us)"], rows),
-        "",
-        f"Worker start (a fresh interpreter importing tether.rewards and the reward's module), paid once per run "
-        f"and after each kill: median {median(starts):.2f} s of {a.starts} (min {min(starts):.2f} s, max {max(starts):.2f} s).",
-    ])
+    text = "\n".join(
+        [
+            "# A user's reward in the trainer's process vs in the worker (`reward.isolate`)",
+            "",
+            f"{cpu_model()}, {os.cpu_count()} logical cores; load average (1, 5, 15 min) {load_start[0]:.1f}, "
+            f"{load_start[1]:.1f}, {load_start[2]:.1f} at the start, {end[0]:.1f}, {end[1]:.1f}, {end[2]:.1f} at the end; "
+            f"medians of {a.repeats} batches, the two settings taking turns.",
+            "",
+            table(
+                [
+                    "reward",
+                    "completions",
+                    "in process (ms)",
+                    "in the worker (ms)",
+                    "worker's extra (ms)",
+                    "extra per completion (us)",
+                ],
+                rows,
+            ),
+            "",
+            f"Worker start (a fresh interpreter importing tether.rewards and the reward's module), paid once per run "
+            f"and after each kill: median {median(starts):.2f} s of {a.starts} (min {min(starts):.2f} s, max {max(starts):.2f} s).",
+        ]
+    )
     emit(text, a.out)
 
 

@@ -61,7 +61,9 @@ def parity_reward(completion, example):
     return RewardResult(float(ok), {"even": float(ok)})
 
 
-def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str = "recompute", engine_name: str = "hf"):
+def tether_runner(
+    model_dir: Path, args, device: torch.device, old_logprobs: str = "recompute", engine_name: str = "hf"
+):
     """A closure that runs one tether RL step and returns its timings; and the parameter count.
 
     old_logprobs="sampler" is trainer.old_logprobs=sampler: pi_old's log-probs are the engine's
@@ -72,17 +74,22 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
     from tether.trainer.data import PromptStream
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
-    from tether.tasks import get_task
     from tether.model.causal_lm import LogProbSettings, Precision, batched_logprobs, to_tokens
     from tether.trainer.step import collect, old_policy_logprobs, Optimiser, update, UpdateBatch
 
     batch = args.prompts * args.group
-    cfg = load_config(overrides=[
-        f"objective={args.objective}", f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
-        f"rollout.max_new_tokens={args.max_new_tokens}", f"trainer.mini_batches={args.mini_batches}",
-        f"trainer.micro_batch_size={batch // args.mini_batches}", f"trainer.lr={args.lr}",
-        f"trainer.old_logprobs={old_logprobs}",
-    ])
+    cfg = load_config(
+        overrides=[
+            f"objective={args.objective}",
+            f"rollout.prompts_per_step={args.prompts}",
+            f"rollout.group_size={args.group}",
+            f"rollout.max_new_tokens={args.max_new_tokens}",
+            f"trainer.mini_batches={args.mini_batches}",
+            f"trainer.micro_batch_size={batch // args.mini_batches}",
+            f"trainer.lr={args.lr}",
+            f"trainer.old_logprobs={old_logprobs}",
+        ]
+    )
     model, tokenizer = load_model(model_dir, dtype=args.dtype, device=str(device))
     if args.lora:
         from tether.config.sections import LoRAConfig
@@ -112,7 +119,9 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         sync(device)
         t0 = time.perf_counter()
         model.eval()
-        scored, _ = collect(engine, stream, parity_reward, cfg.rollout, params, seed=step, pad_id=tokenizer.pad_token_id)
+        scored, _ = collect(
+            engine, stream, parity_reward, cfg.rollout, params, seed=step, pad_id=tokenizer.pad_token_id
+        )
         model.train()
         sync(device)
         t1 = time.perf_counter()
@@ -126,9 +135,15 @@ def tether_runner(model_dir: Path, args, device: torch.device, old_logprobs: str
         batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp)
         update(Optimiser(model, optimizer, scheduler), obj, batch, cfg.trainer, gen, logprobs, precision)
         t3 = time.perf_counter()  # update ends with a host sync
-        return {"total": t3 - t0, "generation": t1 - t0, "logprobs": t2 - t1, "update": t3 - t2,
-                "tokens": float(scored.rollout.mask.sum()), "sync": getattr(engine, "sync_seconds", 0.0),
-                "start": getattr(engine, "start_seconds", 0.0)}
+        return {
+            "total": t3 - t0,
+            "generation": t1 - t0,
+            "logprobs": t2 - t1,
+            "update": t3 - t2,
+            "tokens": float(scored.rollout.mask.sum()),
+            "sync": getattr(engine, "sync_seconds", 0.0),
+            "start": getattr(engine, "start_seconds", 0.0),
+        }
 
     args.n_trainable = sum(t.numel() for t in model.parameters() if t.requires_grad)
     return run, sum(t.numel() for t in model.parameters())
@@ -146,6 +161,7 @@ def prompt_task(args, tokenizer):
 
 def timed(fn, times: list[float], device: torch.device):
     """`fn`, adding each call's wall time (device synchronised before and after) to times[-1]."""
+
     def wrapper(*a, **k):
         sync(device)
         tic = time.perf_counter()
@@ -153,6 +169,7 @@ def timed(fn, times: list[float], device: torch.device):
         sync(device)
         times[-1] += time.perf_counter() - tic
         return out
+
     return wrapper
 
 
@@ -166,7 +183,7 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
     (which starts the engine) as "start".
     """
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from tether.trainer.data import PromptStream
@@ -183,8 +200,13 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
         from tether.config.sections import LoRAConfig
 
         ours = LoRAConfig(r=args.lora, alpha=2.0 * args.lora)
-        peft_config = LoraConfig(r=ours.r, lora_alpha=ours.alpha, lora_dropout=ours.dropout,
-                                 target_modules=list(ours.target_modules), task_type="CAUSAL_LM")
+        peft_config = LoraConfig(
+            r=ours.r,
+            lora_alpha=ours.alpha,
+            lora_dropout=ours.dropout,
+            target_modules=list(ours.target_modules),
+            task_type="CAUSAL_LM",
+        )
     m = args.mini_batches
     gen_times = [0.0]  # per generation batch
 
@@ -214,34 +236,70 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
     batch = args.prompts * args.group
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, report_to="none", save_strategy="no", logging_steps=10**6, disable_tqdm=True,
-            use_cpu=device.type == "cpu", bf16=args.dtype == "bfloat16", gradient_checkpointing=False,
-            per_device_train_batch_size=batch // m, steps_per_generation=m,
-            gradient_accumulation_steps=1, num_generations=args.group, max_completion_length=args.max_new_tokens,
-            temperature=1.0, top_p=1.0, top_k=0, learning_rate=args.lr, lr_scheduler_type="constant",
-            warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="dapo", epsilon=0.2,
-            epsilon_high=0.28, scale_rewards="group", max_steps=cycles * m, seed=0,
-            dataloader_num_workers=0, shuffle_dataset=False,
-            **({"use_vllm": True, "vllm_mode": "colocate",  # the engine's context: the model's, capped as tether caps it
-                "vllm_max_model_length": min(model.config.max_position_embeddings, 4096)} if use_vllm else {}),
+            output_dir=out,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=10**6,
+            disable_tqdm=True,
+            use_cpu=device.type == "cpu",
+            bf16=args.dtype == "bfloat16",
+            gradient_checkpointing=False,
+            per_device_train_batch_size=batch // m,
+            steps_per_generation=m,
+            gradient_accumulation_steps=1,
+            num_generations=args.group,
+            max_completion_length=args.max_new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            learning_rate=args.lr,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            beta=0.0,
+            loss_type="dapo",
+            epsilon=0.2,
+            epsilon_high=0.28,
+            scale_rewards="group",
+            max_steps=cycles * m,
+            seed=0,
+            dataloader_num_workers=0,
+            shuffle_dataset=False,
+            **(
+                {
+                    "use_vllm": True,
+                    "vllm_mode": "colocate",  # the engine's context: the model's, capped as tether caps it
+                    "vllm_max_model_length": min(model.config.max_position_embeddings, 4096),
+                }
+                if use_vllm
+                else {}
+            ),
         )
         stamps = Stamps()
         tic = time.perf_counter()
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
-                              train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[stamps],
-                              peft_config=peft_config)
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=config,
+            processing_class=tokenizer,
+            train_dataset=Dataset.from_dict({"prompt": prompts}),
+            callbacks=[stamps],
+            peft_config=peft_config,
+        )
         start = time.perf_counter() - tic
         if use_vllm:  # TRL samples with vLLM, not model.generate: time its generate and its weight sync
             vg = trainer.vllm_generation
-
 
             vg.sync_weights = timed(vg.sync_weights, sync_times, device)
             vg.generate = timed(vg.generate, gen_times, device)
         trainer.train()
     logged = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     args.trl_mean_length = float(logged[-1]) if logged else float("nan")
-    return [{"total": t, "generation": g + w, "sync": w, "start": start}
-            for t, g, w in zip(stamps.totals, gen_times, sync_times)]
+    return [
+        {"total": t, "generation": g + w, "sync": w, "start": start}
+        for t, g, w in zip(stamps.totals, gen_times, sync_times)
+    ]
 
 
 def _trl_vllm_child(model_dir: str, args, queue) -> None:
@@ -260,8 +318,13 @@ def _trl_vllm_child(model_dir: str, args, queue) -> None:
         def where(f):
             return f"{f.filename.split('site-packages/')[-1]}:{f.lineno} ({f.name})"
 
-        queue.put({"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300], "raised_at": where(frames[-1]),
-                   "trl_call": where(trl_frames[-1]) if trl_frames else ""})
+        queue.put(
+            {
+                "error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300],
+                "raised_at": where(frames[-1]),
+                "trl_call": where(trl_frames[-1]) if trl_frames else "",
+            }
+        )
 
 
 def trl_vllm_steps(model_dir: Path, args) -> dict:
@@ -277,8 +340,11 @@ def trl_vllm_steps(model_dir: Path, args) -> dict:
     try:
         result = queue.get(timeout=args.trl_vllm_timeout)
     except Exception:  # noqa: BLE001 - the queue's Empty: a hang or a crash without a report
-        result = {"error": f"no result within {args.trl_vllm_timeout} s (exit code {child.exitcode})",
-                  "raised_at": "", "trl_call": ""}
+        result = {
+            "error": f"no result within {args.trl_vllm_timeout} s (exit code {child.exitcode})",
+            "raised_at": "",
+            "trl_call": "",
+        }
     child.join(timeout=30)
     if child.is_alive():
         child.kill()
@@ -294,35 +360,59 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--mini-batches", type=int, default=2, help="optimiser steps per generation batch")
-    p.add_argument("--vocab", type=int, default=None,
-                   help="pad the character vocabulary with filler tokens to this size (151936: Qwen2.5's)")
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=None,
+        help="pad the character vocabulary with filler tokens to this size (151936: Qwen2.5's)",
+    )
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--objective", default="dapo", help="tether objective preset (TRL is set up as DAPO)")
     p.add_argument("--steps", type=int, default=10, help="measured RL steps per trainer")
     p.add_argument("--warmup", type=int, default=1, help="RL steps dropped before measuring")
     p.add_argument("--vllm", action="store_true", help="also tether with rollout.engine=vllm (a fourth column)")
-    p.add_argument("--trl-vllm", action="store_true",
-                   help="also TRL with use_vllm=True, vllm_mode='colocate' (after the others, in its own process, "
-                        "not interleaved); where it does not run, its column gives the error")
+    p.add_argument(
+        "--trl-vllm",
+        action="store_true",
+        help="also TRL with use_vllm=True, vllm_mode='colocate' (after the others, in its own process, "
+        "not interleaved); where it does not run, its column gives the error",
+    )
     p.add_argument("--trl-vllm-timeout", type=float, default=900, help="seconds before the TRL + vLLM run is given up")
-    p.add_argument("--model", default=None,
-                   help="a saved model (directory, hub id or .gguf file) instead of the tiny one built from --hidden ...")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a saved model (directory, hub id or .gguf file) instead of the tiny one built from --hidden ...",
+    )
     p.add_argument("--data", default=None, help="prompts from this math JSONL file (default: the arithmetic task)")
     p.add_argument("--template", default="plain", help="math prompt template, as data.task_args.template")
-    p.add_argument("--lora", type=int, default=0, help="LoRA rank on both trainers (alpha 2r, tether's seven "
-                                                       "projections; 0: full fine-tuning)")
-    p.add_argument("--real-model", action="store_true", help="SmolLM2-135M-Instruct with configs/real_model.yaml's "
-                                                             "workload (explicit flags win)")
+    p.add_argument(
+        "--lora",
+        type=int,
+        default=0,
+        help="LoRA rank on both trainers (alpha 2r, tether's seven projections; 0: full fine-tuning)",
+    )
+    p.add_argument(
+        "--real-model",
+        action="store_true",
+        help="SmolLM2-135M-Instruct with configs/real_model.yaml's workload (explicit flags win)",
+    )
     add_preset_arg(p)
     add_common_args(p)
     args = p.parse_args()
     apply_preset(args, p)
     if args.real_model:
-        real = {"model": str(Path(os.environ.get("TETHER_CACHE", "~/.cache/tether")).expanduser()
-                             / "models" / "smollm2-135m"),
-                "data": str(ROOT / "benchmarks" / "real_model" / "word1_train.jsonl"),
-                "template": "{problem}\nAnswer with the number only.", "lora": 16, "prompts": 8, "group": 4,
-                "max_new_tokens": 32, "steps": 3}
+        real = {
+            "model": str(
+                Path(os.environ.get("TETHER_CACHE", "~/.cache/tether")).expanduser() / "models" / "smollm2-135m"
+            ),
+            "data": str(ROOT / "benchmarks" / "real_model" / "word1_train.jsonl"),
+            "template": "{problem}\nAnswer with the number only.",
+            "lora": 16,
+            "prompts": 8,
+            "group": 4,
+            "max_new_tokens": 32,
+            "steps": 3,
+        }
         for key, value in real.items():
             if getattr(args, key) == p.get_default(key):
                 setattr(args, key, value)
@@ -338,8 +428,14 @@ def main() -> None:
         if args.model:
             model_dir = Path(local_source(args.model))
         else:
-            model_dir = init_model(Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers,
-                                   num_heads=args.heads, seed=0, vocab_size=args.vocab)
+            model_dir = init_model(
+                Path(tmp) / "model",
+                hidden_size=args.hidden,
+                num_layers=args.layers,
+                num_heads=args.heads,
+                seed=0,
+                vocab_size=args.vocab,
+            )
         run, args.n_params = tether_runner(model_dir, args, device)
         run_sampler, _ = tether_runner(model_dir, args, device, old_logprobs="sampler")
         run_vllm = tether_runner(model_dir, args, device, engine_name="vllm")[0] if args.vllm else None
@@ -358,11 +454,19 @@ def main() -> None:
 
         theirs = trl_steps(model_dir, args, device, args.warmup + args.steps, between)
         trl_vllm = trl_vllm_steps(model_dir, args) if args.trl_vllm else None
-    ours, fast, theirs, with_vllm = ours[args.warmup:], fast[args.warmup:], theirs[args.warmup:], with_vllm[args.warmup:]
+    ours, fast, theirs, with_vllm = (
+        ours[args.warmup :],
+        fast[args.warmup :],
+        theirs[args.warmup :],
+        with_vllm[args.warmup :],
+    )
     if trl_vllm and "rows" in trl_vllm:
-        trl_vllm["rows"] = trl_vllm["rows"][args.warmup:]
-    print(f"tether: {[round(r['total'], 3) for r in ours]}\ntether (sampler): "
-          f"{[round(r['total'], 3) for r in fast]}\ntrl: {[round(r['total'], 3) for r in theirs]}", file=sys.stderr)
+        trl_vllm["rows"] = trl_vllm["rows"][args.warmup :]
+    print(
+        f"tether: {[round(r['total'], 3) for r in ours]}\ntether (sampler): "
+        f"{[round(r['total'], 3) for r in fast]}\ntrl: {[round(r['total'], 3) for r in theirs]}",
+        file=sys.stderr,
+    )
     if trl_vllm:
         print(f"trl + vllm: {trl_vllm}", file=sys.stderr)
     emit(report(args, device, ours, fast, theirs, with_vllm, trl_vllm), args.out)
@@ -377,8 +481,15 @@ def model_line(args) -> str:
     return f"tiny Llama {args.hidden} x {args.layers} layers ({args.n_params / 1e6:.1f}M parameters, {vocab}{lora})"
 
 
-def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict], with_vllm: list[dict] = (),
-           trl_vllm: dict | None = None) -> str:
+def report(
+    args,
+    device,
+    ours: list[dict],
+    fast: list[dict],
+    theirs: list[dict],
+    with_vllm: list[dict] = (),
+    trl_vllm: dict | None = None,
+) -> str:
     def med(rows, key):
         return median([r[key] for r in rows])
 
@@ -386,26 +497,62 @@ def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict],
         return f"{med(rows, key):.3f} s"
 
     t_total, f_total, r_total = med(ours, "total"), med(fast, "total"), med(theirs, "total")
-    rest = [max(med(rs, "total") - med(rs, "generation") - med(rs, "logprobs") - med(rs, "update"), 0.0)
-            for rs in (ours, fast)]
+    rest = [
+        max(med(rs, "total") - med(rs, "generation") - med(rs, "logprobs") - med(rs, "update"), 0.0)
+        for rs in (ours, fast)
+    ]
     rows = [
-        ["RL step (median)", f"{t_total:.3f} s", f"{f_total:.3f} s", f"{r_total:.3f} s",
-         f"{r_total / t_total:.2f}x", f"{r_total / f_total:.2f}x"],
-        ["generation + scoring", cells(ours, "generation"), cells(fast, "generation"),
-         f"{med(theirs, 'generation'):.3f} s (generate)", "", ""],
-        ["old log-probs pass" + (" + reference pass" if args.uses_reference else ""),
-         cells(ours, "logprobs"), cells(fast, "logprobs") + " (none)", "-", "", ""],
-        [f"updates ({args.mini_batches} optimiser steps)", cells(ours, "update"), cells(fast, "update"),
-         f"{r_total - med(theirs, 'generation'):.3f} s (old log-probs + updates)", "", ""],
+        [
+            "RL step (median)",
+            f"{t_total:.3f} s",
+            f"{f_total:.3f} s",
+            f"{r_total:.3f} s",
+            f"{r_total / t_total:.2f}x",
+            f"{r_total / f_total:.2f}x",
+        ],
+        [
+            "generation + scoring",
+            cells(ours, "generation"),
+            cells(fast, "generation"),
+            f"{med(theirs, 'generation'):.3f} s (generate)",
+            "",
+            "",
+        ],
+        [
+            "old log-probs pass" + (" + reference pass" if args.uses_reference else ""),
+            cells(ours, "logprobs"),
+            cells(fast, "logprobs") + " (none)",
+            "-",
+            "",
+            "",
+        ],
+        [
+            f"updates ({args.mini_batches} optimiser steps)",
+            cells(ours, "update"),
+            cells(fast, "update"),
+            f"{r_total - med(theirs, 'generation'):.3f} s (old log-probs + updates)",
+            "",
+            "",
+        ],
         ["rest (advantages, tensors)", f"{rest[0]:.3f} s", f"{rest[1]:.3f} s", "-", "", ""],
     ]
-    header = ["", "tether (recompute)", "tether (old_logprobs=sampler)", "TRL GRPOTrainer",
-              "TRL / tether", "TRL / tether (sampler)"]
+    header = [
+        "",
+        "tether (recompute)",
+        "tether (old_logprobs=sampler)",
+        "TRL GRPOTrainer",
+        "TRL / tether",
+        "TRL / tether (sampler)",
+    ]
     if with_vllm:
         v = with_vllm
-        extra = [f"{med(v, 'total'):.3f} s", cells(v, "generation") + f" (weight push {med(v, 'sync'):.3f} s)",
-                 cells(v, "logprobs"), cells(v, "update"),
-                 f"{max(med(v, 'total') - med(v, 'generation') - med(v, 'logprobs') - med(v, 'update'), 0.0):.3f} s"]
+        extra = [
+            f"{med(v, 'total'):.3f} s",
+            cells(v, "generation") + f" (weight push {med(v, 'sync'):.3f} s)",
+            cells(v, "logprobs"),
+            cells(v, "update"),
+            f"{max(med(v, 'total') - med(v, 'generation') - med(v, 'logprobs') - med(v, 'update'), 0.0):.3f} s",
+        ]
         rows = [[*r[:3], e, *r[3:]] for r, e in zip(rows, extra)]
         header = [*header[:3], "tether (rollout.engine=vllm)", *header[3:]]
         rows.append(["vLLM engine start (once per run)", "-", "-", f"{v[0]['start']:.1f} s", "-", "", ""])
@@ -414,34 +561,46 @@ def report(args, device, ours: list[dict], fast: list[dict], theirs: list[dict],
         width = len(header)
         if "rows" in trl_vllm and trl_vllm["rows"]:
             t = trl_vllm["rows"]
-            col = [f"{med(t, 'total'):.3f} s", f"{med(t, 'generation'):.3f} s (weight sync {med(t, 'sync'):.3f} s)",
-                   "-", f"{med(t, 'total') - med(t, 'generation'):.3f} s (old log-probs + updates)", "-"]
+            col = [
+                f"{med(t, 'total'):.3f} s",
+                f"{med(t, 'generation'):.3f} s (weight sync {med(t, 'sync'):.3f} s)",
+                "-",
+                f"{med(t, 'total') - med(t, 'generation'):.3f} s (old log-probs + updates)",
+                "-",
+            ]
             if len(rows) > len(col):
                 col.append(f"{t[0]['start']:.1f} s (the trainer's construction)")
-            notes.append(f"TRL + vLLM ran in its own process after the others (not interleaved), median over {len(t)} "
-                         f"steps; mean completion length {trl_vllm.get('mean_length', float('nan')):.1f} tokens.")
+            notes.append(
+                f"TRL + vLLM ran in its own process after the others (not interleaved), median over {len(t)} "
+                f"steps; mean completion length {trl_vllm.get('mean_length', float('nan')):.1f} tokens."
+            )
         else:
             col = ["does not run"] + ["-"] * (len(rows) - 1)
-            notes.append(f"TRL + vLLM (`use_vllm=True, vllm_mode=\"colocate\"`) does not run here: "
-                         f"`{trl_vllm['error']}`, raised at `{trl_vllm['raised_at']}`"
-                         + (f", called from `{trl_vllm['trl_call']}`" if trl_vllm.get("trl_call") else "") + ".")
-        rows = [[*r[:width - 2], c, *r[width - 2:]] for r, c in zip(rows, col)]
-        header = [*header[:width - 2], "TRL GRPOTrainer + vLLM (colocate)", *header[width - 2:]]
-    return "\n".join([
-        f"### One RL step: tether vs TRL GRPOTrainer ({args.device}, {args.dtype})",
-        "",
-        f"Machine: {machine(device, args)}. Model: {model_line(args)}. Prompts: "
-        f"{f'{Path(args.data).name} ({args.template!r}, chat template)' if getattr(args, 'data', None) else 'the arithmetic task'}; "
-        "reward: even completion length. "
-        f"{args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens max, "
-        f"{args.mini_batches} optimiser steps per batch; median over {len(ours)} (tether) and {len(theirs)} (TRL) "
-        f"steps after {args.warmup} warm-up; the three alternate step by step. Mean completion length: tether "
-        f"{sum(r['tokens'] for r in ours) / len(ours) / (args.prompts * args.group):.1f}, TRL "
-        f"{args.trl_mean_length:.1f} tokens (of {args.max_new_tokens}).",
-        "",
-        table(header, rows),
-        *(["", *notes] if notes else []),
-    ])
+            notes.append(
+                f'TRL + vLLM (`use_vllm=True, vllm_mode="colocate"`) does not run here: '
+                f"`{trl_vllm['error']}`, raised at `{trl_vllm['raised_at']}`"
+                + (f", called from `{trl_vllm['trl_call']}`" if trl_vllm.get("trl_call") else "")
+                + "."
+            )
+        rows = [[*r[: width - 2], c, *r[width - 2 :]] for r, c in zip(rows, col)]
+        header = [*header[: width - 2], "TRL GRPOTrainer + vLLM (colocate)", *header[width - 2 :]]
+    return "\n".join(
+        [
+            f"### One RL step: tether vs TRL GRPOTrainer ({args.device}, {args.dtype})",
+            "",
+            f"Machine: {machine(device, args)}. Model: {model_line(args)}. Prompts: "
+            f"{f'{Path(args.data).name} ({args.template!r}, chat template)' if getattr(args, 'data', None) else 'the arithmetic task'}; "
+            "reward: even completion length. "
+            f"{args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens max, "
+            f"{args.mini_batches} optimiser steps per batch; median over {len(ours)} (tether) and {len(theirs)} (TRL) "
+            f"steps after {args.warmup} warm-up; the three alternate step by step. Mean completion length: tether "
+            f"{sum(r['tokens'] for r in ours) / len(ours) / (args.prompts * args.group):.1f}, TRL "
+            f"{args.trl_mean_length:.1f} tokens (of {args.max_new_tokens}).",
+            "",
+            table(header, rows),
+            *(["", *notes] if notes else []),
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    add_common_args, add_preset_arg, apply_preset, emit, machine, median, setup, table, timed,
+    add_common_args,
+    add_preset_arg,
+    apply_preset,
+    emit,
+    machine,
+    median,
+    setup,
+    table,
+    timed,
 )
 
 
@@ -54,8 +62,15 @@ def hf_generate(model, tokenizer, prompts, args, cache: str | None, compile_: bo
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     ids = enc.input_ids.repeat_interleave(args.group, 0)
     mask = enc.attention_mask.repeat_interleave(args.group, 0)
-    kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    kwargs = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=args.max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     if cache:
         kwargs["cache_implementation"] = cache
     if compile_:
@@ -67,7 +82,7 @@ def hf_generate(model, tokenizer, prompts, args, cache: str | None, compile_: bo
 
     def run() -> int:
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)[:, ids.shape[1]:]
+            out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)[:, ids.shape[1] :]
         is_eos = out == tokenizer.eos_token_id
         first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, out.shape[1])
         return int(first.sum())
@@ -79,8 +94,9 @@ def add_eos_bias(model, eos_id: int, bias: float) -> None:
     """Give the output head a bias that raises eos's logit, so completions stop at spread-out
     lengths (an untrained model otherwise runs nearly every row to the limit)."""
     old = model.get_output_embeddings()
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True, device=old.weight.device,
-                           dtype=old.weight.dtype)
+    head = torch.nn.Linear(
+        old.in_features, old.out_features, bias=True, device=old.weight.device, dtype=old.weight.dtype
+    )
     with torch.no_grad():
         head.weight.copy_(old.weight)
         head.bias.zero_()
@@ -155,23 +171,41 @@ def measure(run, device, reps: int) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", default=["128x4", "256x4"], help="HIDDENxLAYERS tiny Llamas")
-    p.add_argument("--hidden", type=int, default=None, help="one model of this width (with --layers), instead of --sizes")
+    p.add_argument(
+        "--hidden", type=int, default=None, help="one model of this width (with --layers), instead of --sizes"
+    )
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--heads", type=int, default=None, help="attention heads (default: hidden / 64)")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--eos-bias", type=float, default=0.0,
-                   help="add this to eos's logit, so rows stop at spread-out lengths (e.g. 2.5)")
-    p.add_argument("--vocab", type=int, default=None,
-                   help="pad the character vocabulary with filler tokens to this size (151936: Qwen2.5's)")
-    p.add_argument("--compile", action="store_true",
-                   help="also the compiled rows: tether's compiled decode and HF static + torch.compile")
-    p.add_argument("--vllm", action="store_true",
-                   help="also the vLLM engine (rollout.engine=vllm; one model size per process: vLLM starts once)")
+    p.add_argument(
+        "--eos-bias",
+        type=float,
+        default=0.0,
+        help="add this to eos's logit, so rows stop at spread-out lengths (e.g. 2.5)",
+    )
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=None,
+        help="pad the character vocabulary with filler tokens to this size (151936: Qwen2.5's)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also the compiled rows: tether's compiled decode and HF static + torch.compile",
+    )
+    p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also the vLLM engine (rollout.engine=vllm; one model size per process: vLLM starts once)",
+    )
     p.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s (default: measured)")
-    p.add_argument("--skip-hf", action="store_true", help="only tether's rows (HF generate is slow at a large vocabulary on CPU)")
+    p.add_argument(
+        "--skip-hf", action="store_true", help="only tether's rows (HF generate is slow at a large vocabulary on CPU)"
+    )
     add_common_args(p)
     add_preset_arg(p)
     args = p.parse_args()
@@ -192,29 +226,46 @@ def main() -> None:
     for size in args.sizes:
         hidden, layers = (int(x) for x in size.split("x"))
         with tempfile.TemporaryDirectory() as tmp:
-            path = init_model(Path(tmp) / "m", hidden_size=hidden, num_layers=layers,
-                              num_heads=args.heads or max(2, hidden // 64),
-                              max_positions=max(256, 2 * args.max_new_tokens), vocab_size=args.vocab)
+            path = init_model(
+                Path(tmp) / "m",
+                hidden_size=hidden,
+                num_layers=layers,
+                num_heads=args.heads or max(2, hidden // 64),
+                max_positions=max(256, 2 * args.max_new_tokens),
+                vocab_size=args.vocab,
+            )
             model, tokenizer = load_model(path, dtype=args.dtype, device=str(device))
         if args.eos_bias:
             add_eos_bias(model, tokenizer.eos_token_id, args.eos_bias)
         model.eval()
         params = sum(p.numel() for p in model.parameters())
         label = f"{size} ({params / 1e6:,.1f}M)"
-        variants = [("tether hf engine, eager (dynamic cache)", engine_generate(model, tokenizer, prompts, args, False))]
+        variants = [
+            ("tether hf engine, eager (dynamic cache)", engine_generate(model, tokenizer, prompts, args, False))
+        ]
         notes = {}
         if args.vllm:
             run, notes["vLLM, in-process engine"] = vllm_extras(model, tokenizer, prompts, args)
             variants.append(("vLLM, in-process engine", run))
         if args.compile:
-            variants.append(("tether hf engine, compiled (static cache + torch.compile)",
-                             engine_generate(model, tokenizer, prompts, args, True)))
+            variants.append(
+                (
+                    "tether hf engine, compiled (static cache + torch.compile)",
+                    engine_generate(model, tokenizer, prompts, args, True),
+                )
+            )
         if not args.skip_hf:
-            variants += [("HF generate, dynamic cache", hf_generate(model, tokenizer, prompts, args, None, False)),
-                         ("HF generate, static cache", hf_generate(model, tokenizer, prompts, args, "static", False))]
+            variants += [
+                ("HF generate, dynamic cache", hf_generate(model, tokenizer, prompts, args, None, False)),
+                ("HF generate, static cache", hf_generate(model, tokenizer, prompts, args, "static", False)),
+            ]
             if args.compile:
-                variants.append(("HF generate, static cache + torch.compile",
-                                 hf_generate(model, tokenizer, prompts, args, "static", True)))
+                variants.append(
+                    (
+                        "HF generate, static cache + torch.compile",
+                        hf_generate(model, tokenizer, prompts, args, "static", True),
+                    )
+                )
         base = None
         for name, run in variants:
             rate, warm = measure(run, device, args.reps)
@@ -224,22 +275,32 @@ def main() -> None:
             print(f"{size} {name}: {rate:.0f} tok/s (warm-up {warm:.1f} s)", file=sys.stderr)
         prompt_len = sum(len(tokenizer(q, add_special_tokens=False).input_ids) for q in prompts) / len(prompts)
         bound, weights, kv = decode_bound(model, args.prompts * args.group, prompt_len, args.max_new_tokens, bandwidth)
-        rows.append([label, f"physical limit: {weights / 1e6:,.1f} MB weights + {kv / 1e6:,.1f} MB KV per step "
-                            f"at {bandwidth / 1e9:,.0f} GB/s", f"{bound:,.0f}", f"{bound / base:.2f}", "-"])
+        rows.append(
+            [
+                label,
+                f"physical limit: {weights / 1e6:,.1f} MB weights + {kv / 1e6:,.1f} MB KV per step "
+                f"at {bandwidth / 1e9:,.0f} GB/s",
+                f"{bound:,.0f}",
+                f"{bound / base:.2f}",
+                "-",
+            ]
+        )
         del model, variants
         torch._dynamo.reset()
-    text = "\n".join([
-        f"### Rollout throughput ({args.device}, {args.dtype})",
-        "",
-        f"Machine: {machine(device, args)}. {args.prompts} prompts x {args.group} samples = "
-        f"{args.prompts * args.group} rows, up to {args.max_new_tokens} new tokens, sampling at temperature 1; "
-        f"{'character vocabulary' if args.vocab is None else f'vocabulary {args.vocab:,} (characters + filler tokens)'}; "
-        f"{f'eos logit raised by {args.eos_bias:g}, so rows stop at spread-out lengths; ' if args.eos_bias else ''}"
-        f"completion tokens per second of wall time, median of {args.reps} calls after one warm-up call. "
-        f"Bandwidth {bandwidth / 1e9:,.0f} GB/s ({'given' if args.bandwidth else 'measured: a sum over 1 GiB'}).",
-        "",
-        table(["model (d x layers)", "generator", "tokens/s", "vs tether engine", "warm-up call"], rows),
-    ])
+    text = "\n".join(
+        [
+            f"### Rollout throughput ({args.device}, {args.dtype})",
+            "",
+            f"Machine: {machine(device, args)}. {args.prompts} prompts x {args.group} samples = "
+            f"{args.prompts * args.group} rows, up to {args.max_new_tokens} new tokens, sampling at temperature 1; "
+            f"{'character vocabulary' if args.vocab is None else f'vocabulary {args.vocab:,} (characters + filler tokens)'}; "
+            f"{f'eos logit raised by {args.eos_bias:g}, so rows stop at spread-out lengths; ' if args.eos_bias else ''}"
+            f"completion tokens per second of wall time, median of {args.reps} calls after one warm-up call. "
+            f"Bandwidth {bandwidth / 1e9:,.0f} GB/s ({'given' if args.bandwidth else 'measured: a sum over 1 GiB'}).",
+            "",
+            table(["model (d x layers)", "generator", "tokens/s", "vs tether engine", "warm-up call"], rows),
+        ]
+    )
     emit(text, args.out)
 
 

@@ -36,8 +36,14 @@ def grouped_tokens(prompts: int, group: int, prompt_len: int, completion_len: in
     n, length = ids.shape
     attention = torch.ones(n, length, dtype=torch.long)
     position = torch.arange(length).expand(n, length).contiguous()
-    return Tokens(ids.to(device), attention.to(device), position.to(device), completion.to(device),
-                  torch.ones(n, completion_len, device=device), prompt_len)
+    return Tokens(
+        ids.to(device),
+        attention.to(device),
+        position.to(device),
+        completion.to(device),
+        torch.ones(n, completion_len, device=device),
+        prompt_len,
+    )
 
 
 def main() -> None:
@@ -46,8 +52,9 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=100, help="100 is tether's character vocabulary")
     p.add_argument("--prompts", type=int, default=8, help="distinct prompts per micro-batch")
     p.add_argument("--group", type=int, default=8, help="samples per prompt")
-    p.add_argument("--shapes", nargs="+", default=["6x16", "64x16", "64x128", "256x64"],
-                   help="PROMPTxCOMPLETION lengths")
+    p.add_argument(
+        "--shapes", nargs="+", default=["6x16", "64x16", "64x128", "256x64"], help="PROMPTxCOMPLETION lengths"
+    )
     p.add_argument("--reps", type=int, default=5)
     add_common_args(p)
     args = p.parse_args()
@@ -71,20 +78,37 @@ def main() -> None:
                 times[share].append(timed(fn, device))
         plain, shared = median(times[False]), median(times[True])
         work = (n * (P + T - 1), u * P + n * (T - 1))
-        rows.append([f"{P} + {T}", f"{work[0]:,} -> {work[1]:,} ({work[0] / work[1]:.2f}x)",
-                     f"{plain:.3f} s", f"{shared:.3f} s", f"{plain / shared:.2f}x"])
+        rows.append(
+            [
+                f"{P} + {T}",
+                f"{work[0]:,} -> {work[1]:,} ({work[0] / work[1]:.2f}x)",
+                f"{plain:.3f} s",
+                f"{shared:.3f} s",
+                f"{plain / shared:.2f}x",
+            ]
+        )
         print(f"P={P} T={T}: {plain:.3f} s -> {shared:.3f} s", file=sys.stderr)
     assert not shared_prompt_reason(model), shared_prompt_reason(model)
-    text = "\n".join([
-        f"### Shared prompts: one training micro-step ({args.device}, {args.dtype})",
-        "",
-        f"Machine: {machine(device, args)}. Tiny Llama {args.size}, vocabulary {args.vocab:,}; "
-        f"{u} prompts x {args.group} samples = {n} rows per micro-batch; forward + backward through the fused head, "
-        f"clip, AdamW; median of {args.reps}, the two settings alternating.",
-        "",
-        table(["prompt + completion tokens", "decoder positions (unshared -> shared)", "unshared", "shared",
-               "speed-up"], rows),
-    ])
+    text = "\n".join(
+        [
+            f"### Shared prompts: one training micro-step ({args.device}, {args.dtype})",
+            "",
+            f"Machine: {machine(device, args)}. Tiny Llama {args.size}, vocabulary {args.vocab:,}; "
+            f"{u} prompts x {args.group} samples = {n} rows per micro-batch; forward + backward through the fused head, "
+            f"clip, AdamW; median of {args.reps}, the two settings alternating.",
+            "",
+            table(
+                [
+                    "prompt + completion tokens",
+                    "decoder positions (unshared -> shared)",
+                    "unshared",
+                    "shared",
+                    "speed-up",
+                ],
+                rows,
+            ),
+        ]
+    )
     emit(text, args.out)
 
 

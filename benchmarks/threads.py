@@ -44,17 +44,25 @@ def main() -> None:
     cfg = Config()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     settings = {f"torch default ({torch.get_num_threads()})": torch.get_num_threads(), "1": 1, "2": 2}
-    args = argparse.Namespace(prompts=cfg.rollout.prompts_per_step, group=cfg.rollout.group_size,
-                              max_new_tokens=cfg.rollout.max_new_tokens, mini_batches=cfg.trainer.mini_batches,
-                              lr=cfg.trainer.lr, objective="atr_grpo", dtype="float32")
-    competitors = [subprocess.Popen([sys.executable, "-c", BUSY.format(limit=a.compete_limit)])
-                   for _ in range(a.compete)]
+    args = argparse.Namespace(
+        prompts=cfg.rollout.prompts_per_step,
+        group=cfg.rollout.group_size,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        mini_batches=cfg.trainer.mini_batches,
+        lr=cfg.trainer.lr,
+        objective="atr_grpo",
+        dtype="float32",
+    )
+    competitors = [
+        subprocess.Popen([sys.executable, "-c", BUSY.format(limit=a.compete_limit)]) for _ in range(a.compete)
+    ]
     times: dict[str, list[float]] = {name: [] for name in settings}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             m = cfg.model
-            model_dir = init_model(Path(tmp) / "model", arch=m.tiny_arch, hidden_size=m.tiny_hidden_size,
-                                   num_layers=m.tiny_layers, seed=0)
+            model_dir = init_model(
+                Path(tmp) / "model", arch=m.tiny_arch, hidden_size=m.tiny_hidden_size, num_layers=m.tiny_layers, seed=0
+            )
             run, n_params = tether_runner(model_dir, args, torch.device("cpu"))
             for i in range(a.warmup + a.steps):
                 for name, n in settings.items():
@@ -69,11 +77,16 @@ def main() -> None:
             c.wait()
     load = os.getloadavg()[0]
     fastest = min(median(v) for v in times.values())
-    lines = [f"### One RL step of the default run, by torch threads ({cores} cores, {a.compete} competing "
-             f"busy process(es), load average {load:.1f} at the end)", "",
-             f"{n_params:_} parameters, {args.prompts} prompts x {args.group}, {args.max_new_tokens} new tokens, "
-             f"{args.mini_batches} mini-batches; median of {a.steps} steps per setting, settings alternating.", "",
-             "| threads | median step | vs fastest | steps (s) |", "|---|---|---|---|"]
+    lines = [
+        f"### One RL step of the default run, by torch threads ({cores} cores, {a.compete} competing "
+        f"busy process(es), load average {load:.1f} at the end)",
+        "",
+        f"{n_params:_} parameters, {args.prompts} prompts x {args.group}, {args.max_new_tokens} new tokens, "
+        f"{args.mini_batches} mini-batches; median of {a.steps} steps per setting, settings alternating.",
+        "",
+        "| threads | median step | vs fastest | steps (s) |",
+        "|---|---|---|---|",
+    ]
     for name, v in times.items():
         lines.append(f"| {name} | {median(v):.2f} s | {median(v) / fastest:.2f}x | {' '.join(f'{x:.2f}' for x in v)} |")
     text = "\n".join(lines) + "\n"

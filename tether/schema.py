@@ -27,8 +27,9 @@ def _join(path: str, key: str) -> str:
 
 
 def unknown_key_error(path: str, key: str, valid: list[str]) -> ConfigError:
-    return ConfigError(f"unknown key {_join(path, key)!r}.{did_you_mean(key, valid)} "
-                       f"Valid keys: {', '.join(sorted(valid))}.")
+    return ConfigError(
+        f"unknown key {_join(path, key)!r}.{did_you_mean(key, valid)} Valid keys: {', '.join(sorted(valid))}."
+    )
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -44,8 +44,14 @@ def model_dims(config) -> dict:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or h // heads
     kv = getattr(config, "num_key_value_heads", heads) or heads
-    return {"layers": config.num_hidden_layers, "hidden": h, "inter": config.intermediate_size,
-            "vocab": config.vocab_size, "q": heads * head_dim, "kv": kv * head_dim}
+    return {
+        "layers": config.num_hidden_layers,
+        "hidden": h,
+        "inter": config.intermediate_size,
+        "vocab": config.vocab_size,
+        "q": heads * head_dim,
+        "kv": kv * head_dim,
+    }
 
 
 def weight_shapes(d: dict) -> list[tuple[int, int]]:
@@ -86,8 +92,12 @@ def gemm_rate(shapes: list[tuple[int, int]], rows: int, reps: int = 3) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir")
-    p.add_argument("--threads", type=int, default=0, help="torch threads for the GEMM measurement (0: the run's "
-                                                          "trainer.threads, -1 or 0 there: every core)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads for the GEMM measurement (0: the run's trainer.threads, -1 or 0 there: every core)",
+    )
     p.add_argument("--skip", type=int, default=1, help="first steps left out (the first step warms up)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -131,15 +141,23 @@ def main() -> None:
     forward = forward_tokens * f(seq / 2)
     backward_factor = (1 if r else 2) + (1 if checkpointing else 0)
     phases = {
-        "sampling (prefill + decode)": (prompts * prompt_len * f(prompt_len / 2) + batch * completion * f(prompt_len + completion / 2),
-                                        "time/sample_s", "decode"),
+        "sampling (prefill + decode)": (
+            prompts * prompt_len * f(prompt_len / 2) + batch * completion * f(prompt_len + completion / 2),
+            "time/sample_s",
+            "decode",
+        ),
         "old log-probs (forward)": (forward, "time/old_logprobs_s", "batch"),
-        "update (forward + backward, all mini-batches)": (forward * (1 + backward_factor) * tr.get("ppo_epochs", 1),
-                                                          "time/update_s", "batch"),
+        "update (forward + backward, all mini-batches)": (
+            forward * (1 + backward_factor) * tr.get("ppo_epochs", 1),
+            "time/update_s",
+            "batch",
+        ),
     }
     if uses_ref:
         phases["reference log-probs (forward)"] = (forward, "time/ref_logprobs_s", "batch")
-    micro_rows = max(1, int(tr.get("micro_batch_size", batch) * (completion + (prompt_len if not share else prompt_len / group))))
+    micro_rows = max(
+        1, int(tr.get("micro_batch_size", batch) * (completion + (prompt_len if not share else prompt_len / group)))
+    )
     shapes = weight_shapes(d)
     peak = {"decode": gemm_rate(shapes, batch), "batch": gemm_rate(shapes, micro_rows)}
     rows_out = []
@@ -149,27 +167,47 @@ def main() -> None:
         rate = flops / seconds if seconds > 0 else float("nan")
         total_flops += flops
         total_time += seconds
-        rows_out.append([name, f"{flops / 1e9:.1f}", f"{seconds:.2f}", f"{rate / 1e9:.1f}",
-                         f"{peak[kind] / 1e9:.1f} ({'%d x hidden' % batch if kind == 'decode' else '%d x hidden' % micro_rows})",
-                         f"{rate / peak[kind]:.2f}", f"{peak[kind] * seconds / flops:.1f}x"])
+        rows_out.append(
+            [
+                name,
+                f"{flops / 1e9:.1f}",
+                f"{seconds:.2f}",
+                f"{rate / 1e9:.1f}",
+                f"{peak[kind] / 1e9:.1f} ({'%d x hidden' % batch if kind == 'decode' else '%d x hidden' % micro_rows})",
+                f"{rate / peak[kind]:.2f}",
+                f"{peak[kind] * seconds / flops:.1f}x",
+            ]
+        )
     step_s = statistics.median(s["time/step_s"] for s in steps)
     load = os.getloadavg()
-    text = "\n".join([
-        f"### Roofline of the RL step: {run.name} (float32, {torch.get_num_threads()} threads)",
-        "",
-        f"Run: `{run}`, {len(steps)} steps (after the first {args.skip}), medians. Model: {model_path} "
-        f"({d['layers']} layers, hidden {d['hidden']}, vocabulary {d['vocab']:,}{f', LoRA r {r}' if r else ''}). "
-        f"Batch: {prompts} prompts x {group} samples, prompt {prompt_len:.0f} tokens (chat template included), "
-        f"completion {completion:.1f} tokens (mean); prompt sharing {'on' if share else 'off'}. GEMM rates measured "
-        f"now on {os.cpu_count()} logical cores, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
-        f"(1 / 5 / 15 min); the run's own times carry the load it ran under.",
-        "",
-        table(["phase", "model GFLOP", "time (s)", "achieved GFLOP/s", "GEMM rate at its shape, GFLOP/s",
-               "of that rate", "time / GEMM-bound time"], rows_out),
-        "",
-        f"Whole step: {total_flops / 1e9:.1f} GFLOP in {step_s:.1f} s (median `time/step_s`; the phases above sum to "
-        f"{total_time:.1f} s), {total_flops / step_s / 1e9:.1f} GFLOP/s.",
-    ])
+    text = "\n".join(
+        [
+            f"### Roofline of the RL step: {run.name} (float32, {torch.get_num_threads()} threads)",
+            "",
+            f"Run: `{run}`, {len(steps)} steps (after the first {args.skip}), medians. Model: {model_path} "
+            f"({d['layers']} layers, hidden {d['hidden']}, vocabulary {d['vocab']:,}{f', LoRA r {r}' if r else ''}). "
+            f"Batch: {prompts} prompts x {group} samples, prompt {prompt_len:.0f} tokens (chat template included), "
+            f"completion {completion:.1f} tokens (mean); prompt sharing {'on' if share else 'off'}. GEMM rates measured "
+            f"now on {os.cpu_count()} logical cores, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
+            f"(1 / 5 / 15 min); the run's own times carry the load it ran under.",
+            "",
+            table(
+                [
+                    "phase",
+                    "model GFLOP",
+                    "time (s)",
+                    "achieved GFLOP/s",
+                    "GEMM rate at its shape, GFLOP/s",
+                    "of that rate",
+                    "time / GEMM-bound time",
+                ],
+                rows_out,
+            ),
+            "",
+            f"Whole step: {total_flops / 1e9:.1f} GFLOP in {step_s:.1f} s (median `time/step_s`; the phases above sum to "
+            f"{total_time:.1f} s), {total_flops / step_s / 1e9:.1f} GFLOP/s.",
+        ]
+    )
     emit(text, args.out)
 
 

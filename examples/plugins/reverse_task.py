@@ -41,8 +41,9 @@ class ReverseTask:
                 example = Example(id=f"reverse-{i}", prompt=prompt, answer=row["reversed"])
                 self._splits[split_of(self.name, prompt, self.test_fraction)].append(example)
 
-    def examples(self, split: str, n: int | None = None, *, seed: int | None = None,
-                 unique: bool = True) -> list[Example]:
+    def examples(
+        self, split: str, n: int | None = None, *, seed: int | None = None, unique: bool = True
+    ) -> list[Example]:
         pool = self._splits[split]
         rng = random.Random(f"{split}:{seed}")
         if n is None:

@@ -32,22 +32,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="create a tiny random model under --output-dir instead")
     p.add_argument("--objective", default="rpg_fkl", help="preset or objective name, or a JSON mapping")
     p.add_argument("--task", default="arithmetic", help="a tether task (arithmetic, countdown, math)")
-    p.add_argument("--task-args", default="{}",
-                   help="the task's arguments as JSON, as data.task_args (math: train, test, template)")
+    p.add_argument(
+        "--task-args",
+        default="{}",
+        help="the task's arguments as JSON, as data.task_args (math: train, test, template)",
+    )
     p.add_argument("--n-train", type=int, default=2000, help="training prompts drawn from the task")
     p.add_argument("--output-dir", default="runs/trl")
     p.add_argument("--max-steps", type=int, default=200, help="optimiser steps")
     p.add_argument("--num-generations", type=int, default=8, help="samples per prompt (G)")
     p.add_argument("--per-device-batch", type=int, default=16, help="rows per micro-batch per process")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimiser step")
-    p.add_argument("--steps-per-generation", type=int, default=None,
-                   help="micro-batches per generation batch (default: --grad-accum)")
-    p.add_argument("--num-iterations", type=int, default=2,
-                   help="passes over each generation batch (default 2: the second is off-policy, so the trust "
-                        "region acts; 1 with the default --steps-per-generation leaves it inactive)")
+    p.add_argument(
+        "--steps-per-generation",
+        type=int,
+        default=None,
+        help="micro-batches per generation batch (default: --grad-accum)",
+    )
+    p.add_argument(
+        "--num-iterations",
+        type=int,
+        default=2,
+        help="passes over each generation batch (default 2: the second is off-policy, so the trust "
+        "region acts; 1 with the default --steps-per-generation leaves it inactive)",
+    )
     p.add_argument("--max-completion-length", type=int, default=16)
-    p.add_argument("--lr", type=float, default=None,
-                   help="learning rate (default 1e-5; 1e-3 with --tiny, a step that moves the ratio in a few steps)")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="learning rate (default 1e-5; 1e-3 with --tiny, a step that moves the ratio in a few steps)",
+    )
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--use-vllm", action="store_true", help="generate with vLLM (colocated)")
     return p.parse_args(argv)
@@ -101,8 +116,9 @@ def main(argv=None):
     )
     # task_reward: the task's verifier as tether's trainer builds it (strict \boxed{} extraction when the
     # template asks for a box).
-    trainer = make_trainer(model, reward_func(task_reward(task), name=task.reward), train, objective=objective,
-                           args=config)
+    trainer = make_trainer(
+        model, reward_func(task_reward(task), name=task.reward), train, objective=objective, args=config
+    )
     trainer.train()
     trainer.save_model()
     return trainer

@@ -22,13 +22,16 @@ def rows(split: str, n: int) -> list[dict]:
     from tether.tasks import get_task
 
     task = get_task("arithmetic")
-    return [{
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": INSTRUCTION.format(question=ex.prompt)}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": ex.answer},
-        "extra_info": {"split": split, "index": i, "id": ex.id},
-    } for i, ex in enumerate(task.examples(split, n))]
+    return [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": INSTRUCTION.format(question=ex.prompt)}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": ex.answer},
+            "extra_info": {"split": split, "index": i, "id": ex.id},
+        }
+        for i, ex in enumerate(task.examples(split, n))
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

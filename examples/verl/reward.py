@@ -14,8 +14,9 @@ from typing import Any, Optional
 _MATH = None
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict] = None,
-                  **kwargs: Any) -> float:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict] = None, **kwargs: Any
+) -> float:
     global _MATH
     from tether.rewards.math_verifier import Math
     from tether.tasks import Example

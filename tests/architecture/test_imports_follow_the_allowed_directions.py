@@ -15,16 +15,37 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
 
-HEAVY = {"torch", "transformers", "huggingface_hub", "tokenizers", "safetensors", "vllm", "peft", "matplotlib",
-         "wandb", "trl", "verl", "accelerate", "datasets", "gguf", "math_verify", "numpy", "pyarrow", "pandas",
-         "packaging", "rich", "mpmath", "ray"}
+HEAVY = {
+    "torch",
+    "transformers",
+    "huggingface_hub",
+    "tokenizers",
+    "safetensors",
+    "vllm",
+    "peft",
+    "matplotlib",
+    "wandb",
+    "trl",
+    "verl",
+    "accelerate",
+    "datasets",
+    "gguf",
+    "math_verify",
+    "numpy",
+    "pyarrow",
+    "pandas",
+    "packaging",
+    "rich",
+    "mpmath",
+    "ray",
+}
 """Third-party packages a function may import where it needs them: an optional extra (vllm, peft, trl, verl,
 wandb, gguf, datasets, ...) or one whose import costs seconds (torch, transformers), which a config error, `tether
 list` and `tether report` never pay."""
 
 LAZY_MODULES = {
     "tether.cli": "each command imports what it runs after its arguments and config are checked, so `tether list`, "
-                  "`--help-config` and a config error never import torch (docs/performance.md, 'Time to an error')",
+    "`--help-config` and a config error never import torch (docs/performance.md, 'Time to an error')",
 }
 
 
@@ -157,8 +178,11 @@ def _graph():
 
 def test_every_package_and_top_level_module_has_a_row_in_the_table():
     table = allowed_table()
-    units = {p.stem if p.is_file() else p.name for p in (ROOT / "tether").iterdir()
-             if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    units = {
+        p.stem if p.is_file() else p.name
+        for p in (ROOT / "tether").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
+    }
     assert units <= set(table), f"place these in docs/architecture.md's table: {sorted(units - set(table))}"
 
 
@@ -171,8 +195,11 @@ def test_there_is_no_import_circle_between_modules_or_packages():
     mods, edges, _ = _graph()
     assert circles(list(mods), edges) == []
     table = allowed_table()
-    units = [(unit_of(a, table) or a, unit_of(b, table) or b, line) for a, b, line in edges
-             if b != "tether" and unit_of(a, table) != unit_of(b, table)]
+    units = [
+        (unit_of(a, table) or a, unit_of(b, table) or b, line)
+        for a, b, line in edges
+        if b != "tether" and unit_of(a, table) != unit_of(b, table)
+    ]
     # config.sections sits inside config: a package and its own part are not a circle
     units = [(a, b, line) for a, b, line in units if {a, b} != {"config", "config.sections"}]
     assert circles(sorted({u for a, b, _ in units for u in (a, b)}), units) == []
@@ -180,8 +207,11 @@ def test_there_is_no_import_circle_between_modules_or_packages():
 
 def test_a_function_local_import_says_why_it_is_local():
     _, _, local = _graph()
-    unjustified = [f"{name}:{line} imports {target}" for name, line, target, justified, third in local
-                   if not justified and third not in HEAVY and name not in LAZY_MODULES]
+    unjustified = [
+        f"{name}:{line} imports {target}"
+        for name, line, target, justified, third in local
+        if not justified and third not in HEAVY and name not in LAZY_MODULES
+    ]
     assert unjustified == [], "import at the module top, or add `# lazy: REASON` (a cycle, an optional or slow package)"
 
 
@@ -189,6 +219,7 @@ def test_the_checks_catch_a_forbidden_arrow_and_a_circle():
     table = {"core": set(), "model": {"core"}, "trainer": {"core", "model"}}
     assert forbidden_arrows([("tether.model.x", "tether.core.y", 1)], table) == []
     assert forbidden_arrows([("tether.core.y", "tether.model.x", 3)], table) == [
-        "tether.core.y:3 imports tether.model.x: core -> model is not an allowed direction"]
+        "tether.core.y:3 imports tether.model.x: core -> model is not an allowed direction"
+    ]
     assert circles(["a", "b", "c"], [("a", "b", 1), ("b", "c", 1), ("c", "a", 1)]) == [["a", "b", "c"]]
     assert circles(["a", "b"], [("a", "b", 1)]) == []

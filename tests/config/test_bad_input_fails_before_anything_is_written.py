@@ -27,14 +27,20 @@ def _jsonl(path: Path, lines: list[str]) -> Path:
 GOOD = json.dumps({"problem": "1+1?", "answer": "2"})
 
 
-@pytest.mark.parametrize("lines, match", [
-    ([GOOD, '{"problem": "2+2?", "answer": "4"', GOOD], r"bad\.jsonl:2: not valid JSON"),
-    ([GOOD, GOOD, json.dumps({"question": "3+3?", "answer": "6"})], r"bad\.jsonl:3: row has no .*'problem'.*question"),
-    ([GOOD, json.dumps({"problem": "3+3?", "answer": ""})], r"bad\.jsonl:2: row has no \(or an empty\) 'answer'"),
-    ([GOOD, json.dumps({"problem": "3+3?", "answer": None})], r"bad\.jsonl:2: .*'answer'"),
-    (["", GOOD, "[1, 2]"], r"bad\.jsonl:3: expected a JSON object"),  # blank lines still count
-    ([], r"bad\.jsonl: no rows"),
-])
+@pytest.mark.parametrize(
+    "lines, match",
+    [
+        ([GOOD, '{"problem": "2+2?", "answer": "4"', GOOD], r"bad\.jsonl:2: not valid JSON"),
+        (
+            [GOOD, GOOD, json.dumps({"question": "3+3?", "answer": "6"})],
+            r"bad\.jsonl:3: row has no .*'problem'.*question",
+        ),
+        ([GOOD, json.dumps({"problem": "3+3?", "answer": ""})], r"bad\.jsonl:2: row has no \(or an empty\) 'answer'"),
+        ([GOOD, json.dumps({"problem": "3+3?", "answer": None})], r"bad\.jsonl:2: .*'answer'"),
+        (["", GOOD, "[1, 2]"], r"bad\.jsonl:3: expected a JSON object"),  # blank lines still count
+        ([], r"bad\.jsonl: no rows"),
+    ],
+)
 def test_bad_rows_are_reported_with_file_and_line(tmp_path, lines, match):
     with pytest.raises(DataError, match=match):
         load_math_dataset(_jsonl(tmp_path / "bad.jsonl", lines))
@@ -62,17 +68,28 @@ def no_model_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    for module in (tether.model.loading, tether.trainer.setup, tether.trainer.warmstart):  # where it is defined and used
+    for module in (
+        tether.model.loading,
+        tether.trainer.setup,
+        tether.trainer.warmstart,
+    ):  # where it is defined and used
         monkeypatch.setattr(module, "load_model", refuse)
     for module in (tether.trainer.warmstart, tether.trainer.setup):
         monkeypatch.setattr(module, "initial_model", refuse)
 
 
 def _math_cfg(tmp_path, train_file, *extra):
-    return load_config(None, [
-        "model.name_or_path=tiny", f"output_dir={tmp_path / 'run'}", "data.task=math",
-        f"data.task_args.train={train_file}", "trainer.progress=false", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            "model.name_or_path=tiny",
+            f"output_dir={tmp_path / 'run'}",
+            "data.task=math",
+            f"data.task_args.train={train_file}",
+            "trainer.progress=false",
+            *extra,
+        ],
+    )
 
 
 def test_bad_data_fails_before_any_model_is_loaded(tmp_path, no_model_loading):
@@ -88,22 +105,37 @@ def test_bad_data_fails_before_any_model_is_loaded(tmp_path, no_model_loading):
 @pytest.mark.slow
 def test_cli_reports_data_errors_without_a_traceback(tmp_path):
     bad = _jsonl(tmp_path / "bad.jsonl", [GOOD, GOOD, "{oops"])
-    proc = subprocess.run([sys.executable, "-m", "tether.cli", "train", "model.name_or_path=tiny",
-                           "data.task=math", f"data.task_args.train={bad}", f"output_dir={tmp_path / 'run'}"],
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether.cli",
+            "train",
+            "model.name_or_path=tiny",
+            "data.task=math",
+            f"data.task_args.train={bad}",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "bad.jsonl:3: not valid JSON" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("objective, updates, warns", [
-    ("atr_grpo", ["trainer.mini_batches=1"], True),
-    ("cispo", ["trainer.mini_batches=1"], True),
-    ("rpg_fkl", ["trainer.mini_batches=1"], True),
-    ("atr_grpo", ["trainer.mini_batches=2"], False),
-    ("atr_grpo", ["trainer.mini_batches=1", "trainer.ppo_epochs=2"], False),
-    ({"name": "reinforce"}, ["trainer.mini_batches=1"], False),
-    ({"name": "rpg", "clip": "none"}, ["trainer.mini_batches=1"], False),
-])
+@pytest.mark.parametrize(
+    "objective, updates, warns",
+    [
+        ("atr_grpo", ["trainer.mini_batches=1"], True),
+        ("cispo", ["trainer.mini_batches=1"], True),
+        ("rpg_fkl", ["trainer.mini_batches=1"], True),
+        ("atr_grpo", ["trainer.mini_batches=2"], False),
+        ("atr_grpo", ["trainer.mini_batches=1", "trainer.ppo_epochs=2"], False),
+        ({"name": "reinforce"}, ["trainer.mini_batches=1"], False),
+        ({"name": "rpg", "clip": "none"}, ["trainer.mini_batches=1"], False),
+    ],
+)
 def test_a_clip_that_can_never_act_is_warned_about(objective, updates, warns):
     cfg = load_config(None, updates)
     warnings = config_warnings(cfg.trainer, build(objective))
@@ -117,7 +149,9 @@ def test_the_trainer_logs_the_warning_first(tmp_path, no_model_loading):
     with pytest.raises(AssertionError, match="a model was loaded"):
         train(load_config(None, [f"output_dir={tmp_path / 'run'}", "trainer.mini_batches=1"]), log=logs.append)
     # Logged before any model is loaded (the run directory line comes first).
-    assert [line for line in logs if line.startswith("warning: ")][0].startswith("warning: objective 'divergence_clip' clips")
+    assert [line for line in logs if line.startswith("warning: ")][0].startswith(
+        "warning: objective 'divergence_clip' clips"
+    )
 
 
 def test_contradictory_settings_are_errors(tmp_path):
@@ -162,8 +196,15 @@ def _train_cli(tmp_path, capsys, *overrides):
     whether anything was written (the run directory, or a warm start in the cache)."""
     from tether.cli import main
 
-    code = main(["train", *overrides, f"output_dir={tmp_path / 'runs' / 'run'}",
-                 f"warm_start.cache_dir={tmp_path / 'cache'}", "trainer.progress=false"])
+    code = main(
+        [
+            "train",
+            *overrides,
+            f"output_dir={tmp_path / 'runs' / 'run'}",
+            f"warm_start.cache_dir={tmp_path / 'cache'}",
+            "trainer.progress=false",
+        ]
+    )
     out = capsys.readouterr()
     written = (tmp_path / "runs").exists() or (tmp_path / "cache").exists()
     return code, out.out, out.err, written
@@ -174,8 +215,10 @@ def test_math_without_its_train_file_names_the_missing_knob(tmp_path, capsys, mo
     monkeypatch.chdir(tmp_path)
     code, out, err, written = _train_cli(tmp_path, capsys, "data.task=math")
     assert code == 2 and not written and out == ""
-    assert err.startswith("error: data.task_args.train: task 'math' needs it (JSONL or Parquet file") and \
-        "set data.task_args.train=VALUE" in err
+    assert (
+        err.startswith("error: data.task_args.train: task 'math' needs it (JSONL or Parquet file")
+        and "set data.task_args.train=VALUE" in err
+    )
 
 
 def test_a_knob_value_the_task_refuses_is_a_config_error(tmp_path, capsys, monkeypatch):
@@ -187,31 +230,41 @@ def test_a_knob_value_the_task_refuses_is_a_config_error(tmp_path, capsys, monke
 
 @pytest.mark.slow
 def test_math_without_its_train_file_from_a_fresh_process(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tether.cli", "train", "data.task=math",
-                           f"output_dir={tmp_path / 'runs' / 'run'}"], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: data.task_args.train") and \
-        "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "tether.cli", "train", "data.task=math", f"output_dir={tmp_path / 'runs' / 'run'}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr.startswith("error: data.task_args.train")
+        and "Traceback" not in proc.stderr
+    )
     assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("task", ["arithmetic", "math"])
-@pytest.mark.parametrize("model, message", [
-    ("./modles/tiny", "model './modles/tiny' is neither an existing directory nor a Hugging Face hub id"),
-    ("models/tyni", "model 'models/tyni' does not exist, but models/ is a local directory: a mistyped path?"),
-    ("models", "model directory 'models' holds no config.json: it is not a saved model"),
-    ("models/weights.bin", "model 'models/weights.bin' is a file; pass the model's directory"),
-    ("nobody-xyz/no-such-model", "is not a local directory nor in the Hugging Face cache, and the hub is off"),
-])
-def test_a_mistyped_model_path_fails_before_anything_is_written(tmp_path, capsys, monkeypatch, task, model,
-                                                                 message):
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("./modles/tiny", "model './modles/tiny' is neither an existing directory nor a Hugging Face hub id"),
+        ("models/tyni", "model 'models/tyni' does not exist, but models/ is a local directory: a mistyped path?"),
+        ("models", "model directory 'models' holds no config.json: it is not a saved model"),
+        ("models/weights.bin", "model 'models/weights.bin' is a file; pass the model's directory"),
+        ("nobody-xyz/no-such-model", "is not a local directory nor in the Hugging Face cache, and the hub is off"),
+    ],
+)
+def test_a_mistyped_model_path_fails_before_anything_is_written(tmp_path, capsys, monkeypatch, task, model, message):
     # Was: with data.task=math a transformers OSError traceback; with the default task exit 2, but only
     # after the run directory and config.yaml were written and "warm start: ..." printed.
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no test reaches the network; the hub id case is read offline
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "weights.bin").write_bytes(b"\0")
-    data = _jsonl(tmp_path / "train.jsonl", [json.dumps({"problem": f"{i}+1?", "answer": str(i + 1)})
-                                             for i in range(40)])
+    data = _jsonl(
+        tmp_path / "train.jsonl", [json.dumps({"problem": f"{i}+1?", "answer": str(i + 1)}) for i in range(40)]
+    )
     args = ["data.task=math", f"data.task_args.train={data}"] if task == "math" else []
     code, out, err, written = _train_cli(tmp_path, capsys, f"model.name_or_path={model}", *args)
     assert code == 2 and not written and out == "", (err, out)  # no "run directory: ..." and no "warm start: ..."
@@ -225,17 +278,20 @@ def test_a_directory_with_an_unknown_architecture_fails_before_anything_is_writt
     (model / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
     code, out, err, written = _train_cli(tmp_path, capsys, f"model.name_or_path={model}")
     assert code == 2 and not written and out == ""
-    assert err.startswith(f"error: model.name_or_path: model '{model}' cannot be read: ") and \
-        "no_such_architecture" in err
+    assert (
+        err.startswith(f"error: model.name_or_path: model '{model}' cannot be read: ") and "no_such_architecture" in err
+    )
 
 
-@pytest.mark.parametrize("device, message", [
-    ("cuda", "error: trainer.device=cuda but no CUDA device is available; use trainer.device=cpu (or auto)"),
-    ("cuda:1", "error: trainer.device=cuda:1 but no CUDA device is available"),
-    ("gpu", "error: trainer.device='gpu' is not a device; expected auto, cpu, cuda or cuda:N"),
-])
-def test_a_device_the_machine_lacks_fails_before_anything_is_written(tmp_path, capsys, monkeypatch, device,
-                                                                     message):
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("cuda", "error: trainer.device=cuda but no CUDA device is available; use trainer.device=cpu (or auto)"),
+        ("cuda:1", "error: trainer.device=cuda:1 but no CUDA device is available"),
+        ("gpu", "error: trainer.device='gpu' is not a device; expected auto, cpu, cuda or cuda:N"),
+    ],
+)
+def test_a_device_the_machine_lacks_fails_before_anything_is_written(tmp_path, capsys, monkeypatch, device, message):
     # Was: RuntimeError traceback, exit 1.
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU machine, even on a GPU one
@@ -252,15 +308,26 @@ def test_a_gpu_index_past_the_last_one_is_named(monkeypatch):
     assert device_problem("cuda:1") == "" and device_problem("cpu") == ""
 
 
-@pytest.mark.parametrize("text, where", [
-    # Line 4 opens a flow sequence that line 5 breaks: the error is at 5:5, the sequence opened at 4:17.
-    ("trainer:\n  total_steps: 5\nrollout:\n  stop_strings: [a, b\ndata:\n  task: math\n",
-     "bad.yaml:5:5: not valid YAML: expected ',' or ']', but got ':' (while parsing a flow sequence, "
-     "opened at line 4, column 17)"),
-    ("trainer:\n  total_steps: 5\n    lr: 0.1\n", "bad.yaml:3:7: not valid YAML: mapping values are not allowed here"),
-    ("trainer: {lr: 'abc}\n", "bad.yaml:2:1: not valid YAML: found unexpected end of stream (while scanning a "
-                              "quoted scalar, opened at line 1, column 15)"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        # Line 4 opens a flow sequence that line 5 breaks: the error is at 5:5, the sequence opened at 4:17.
+        (
+            "trainer:\n  total_steps: 5\nrollout:\n  stop_strings: [a, b\ndata:\n  task: math\n",
+            "bad.yaml:5:5: not valid YAML: expected ',' or ']', but got ':' (while parsing a flow sequence, "
+            "opened at line 4, column 17)",
+        ),
+        (
+            "trainer:\n  total_steps: 5\n    lr: 0.1\n",
+            "bad.yaml:3:7: not valid YAML: mapping values are not allowed here",
+        ),
+        (
+            "trainer: {lr: 'abc}\n",
+            "bad.yaml:2:1: not valid YAML: found unexpected end of stream (while scanning a "
+            "quoted scalar, opened at line 1, column 15)",
+        ),
+    ],
+)
 def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path, capsys, monkeypatch, text, where):
     # Was: "not valid tether YAML (while parsing a flow sequence)", no line.
     from tether.cli import main
@@ -273,17 +340,32 @@ def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path, capsys, monkey
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("overrides, key, fix", [
-    # m2po against the sampler measures log(pi_old / pi_sampler): identically 0 when pi_old is pi_sampler
-    (("objective=m2po", "objective.against=sampler"), "objective.against", "set against: old"),
-    # rollout correction weighs by pi_old / pi_sampler: every weight 1 under the same anchoring
-    (("objective.rollout_correction.mode=mask",), "objective.rollout_correction",
-     "set trainer.old_logprobs: recompute, or drop rollout_correction"),
-    (("objective=m2po", "objective.rollout_correction.measure=kl3", "objective.rollout_correction.mode=mask",
-      "objective.rollout_correction.delta=0.01"), "objective.rollout_correction", "trainer.old_logprobs: recompute"),
-])
-def test_a_constraint_that_vanishes_under_bypass_anchoring_is_refused(tmp_path, capsys, monkeypatch, overrides, key,
-                                                                      fix):
+@pytest.mark.parametrize(
+    "overrides, key, fix",
+    [
+        # m2po against the sampler measures log(pi_old / pi_sampler): identically 0 when pi_old is pi_sampler
+        (("objective=m2po", "objective.against=sampler"), "objective.against", "set against: old"),
+        # rollout correction weighs by pi_old / pi_sampler: every weight 1 under the same anchoring
+        (
+            ("objective.rollout_correction.mode=mask",),
+            "objective.rollout_correction",
+            "set trainer.old_logprobs: recompute, or drop rollout_correction",
+        ),
+        (
+            (
+                "objective=m2po",
+                "objective.rollout_correction.measure=kl3",
+                "objective.rollout_correction.mode=mask",
+                "objective.rollout_correction.delta=0.01",
+            ),
+            "objective.rollout_correction",
+            "trainer.old_logprobs: recompute",
+        ),
+    ],
+)
+def test_a_constraint_that_vanishes_under_bypass_anchoring_is_refused(
+    tmp_path, capsys, monkeypatch, overrides, key, fix
+):
     # Was: m2po against=sampler under trainer.old_logprobs=sampler trained with masked_frac 0.0 at drifts of 2 nats,
     # an unconstrained importance-sampled policy gradient, without a word.
     monkeypatch.chdir(tmp_path)

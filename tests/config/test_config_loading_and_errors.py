@@ -23,22 +23,31 @@ def _tether(*args, cwd):
     return subprocess.run([sys.executable, str(RUNNER), *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("data.task=arithmatic", "data.task: unknown task 'arithmatic'. Did you mean 'arithmetic'?"),
-    ("data.task_args.digts=3", "data.task_args.digts: task 'arithmetic' has no knob 'digts'. Did you mean 'digits'?"),
-    ("data.task_args.digits=two", "data.task_args.digits: expected an integer, got 'two'"),
-    ("reward.name=exact_mach", "reward.name: unknown reward 'exact_mach'. Did you mean 'exact_match'?"),
-    ("reward.weights={exact_mach: 1.0}", "reward.weights: unknown reward 'exact_mach'"),
-    ("rollout.engine=sglang", "rollout.engine: unknown rollout engine 'sglang'. Valid: hf, vllm"),
-    # engines do not plug in by import path (a KeyError traceback before): the same unknown-name error
-    ("rollout.engine=mymod:Engine", "rollout.engine: unknown rollout engine 'mymod:Engine'. Valid: hf, vllm."),
-    ("reward.weights={overlong: {cach: 16, max_tokens: 16}}",
-     "reward.weights.overlong.cach: reward 'overlong' has no parameter 'cach'. Did you mean 'cache'?"),
-    ("objective=grpoo", "unknown objective or preset 'grpoo'. Did you mean 'grpo'"),
-    ("trainer.totl_steps=3", "unknown key 'trainer.totl_steps'. Did you mean 'total_steps'"),
-])
-def test_each_config_error_exits_2_with_its_message_and_writes_nothing(tmp_path, override, message, capsys,
-                                                                       monkeypatch):
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.task=arithmatic", "data.task: unknown task 'arithmatic'. Did you mean 'arithmetic'?"),
+        (
+            "data.task_args.digts=3",
+            "data.task_args.digts: task 'arithmetic' has no knob 'digts'. Did you mean 'digits'?",
+        ),
+        ("data.task_args.digits=two", "data.task_args.digits: expected an integer, got 'two'"),
+        ("reward.name=exact_mach", "reward.name: unknown reward 'exact_mach'. Did you mean 'exact_match'?"),
+        ("reward.weights={exact_mach: 1.0}", "reward.weights: unknown reward 'exact_mach'"),
+        ("rollout.engine=sglang", "rollout.engine: unknown rollout engine 'sglang'. Valid: hf, vllm"),
+        # engines do not plug in by import path (a KeyError traceback before): the same unknown-name error
+        ("rollout.engine=mymod:Engine", "rollout.engine: unknown rollout engine 'mymod:Engine'. Valid: hf, vllm."),
+        (
+            "reward.weights={overlong: {cach: 16, max_tokens: 16}}",
+            "reward.weights.overlong.cach: reward 'overlong' has no parameter 'cach'. Did you mean 'cache'?",
+        ),
+        ("objective=grpoo", "unknown objective or preset 'grpoo'. Did you mean 'grpo'"),
+        ("trainer.totl_steps=3", "unknown key 'trainer.totl_steps'. Did you mean 'total_steps'"),
+    ],
+)
+def test_each_config_error_exits_2_with_its_message_and_writes_nothing(
+    tmp_path, override, message, capsys, monkeypatch
+):
     from tether.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -59,12 +68,24 @@ def test_valid_names_are_listed_once():
 def test_the_objective_is_resolved_once_and_recorded_with_every_parameter(tiny_dir, tmp_path):
     from tether.trainer.loop import train
 
-    cfg = load_config(None, [
-        f"model.name_or_path={tiny_dir}", f"output_dir={tmp_path / 'run'}", "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
-        "trainer.total_steps=1", "data.eval_size=4", "trainer.progress=false", "trainer.plots=false",
-        "objective=etr", "objective.alpha=0.25",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_dir}",
+            f"output_dir={tmp_path / 'run'}",
+            "warm_start.enabled=false",
+            f"reward.name={DIGIT_REWARD}",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=4",
+            "trainer.total_steps=1",
+            "data.eval_size=4",
+            "trainer.progress=false",
+            "trainer.plots=false",
+            "objective=etr",
+            "objective.alpha=0.25",
+        ],
+    )
     assert cfg.objective == objectives.resolve({"preset": "etr", "alpha": 0.25}, max_len=4)
     run = train(cfg, log=lambda *_: None)
     saved = yaml.safe_load((run / "config.yaml").read_text())
@@ -78,10 +99,20 @@ def test_the_objective_is_resolved_once_and_recorded_with_every_parameter(tiny_d
 @pytest.mark.slow
 def test_a_resume_that_changes_the_objective_is_refused_and_rewrites_nothing(tiny_dir, tmp_path):
     run = tmp_path / "run"
-    base = [f"model.name_or_path={tiny_dir}", f"output_dir={run}", "warm_start.enabled=false",
-            f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=2", "rollout.group_size=2",
-            "rollout.max_new_tokens=4", "trainer.total_steps=2", "data.eval_size=4", "trainer.plots=false",
-            "objective=etr", "trainer.threads=1"]
+    base = [
+        f"model.name_or_path={tiny_dir}",
+        f"output_dir={run}",
+        "warm_start.enabled=false",
+        f"reward.name={DIGIT_REWARD}",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "trainer.total_steps=2",
+        "data.eval_size=4",
+        "trainer.plots=false",
+        "objective=etr",
+        "trainer.threads=1",
+    ]
     assert _tether("train", *base, cwd=tmp_path).returncode == 0
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     proc = _tether("train", "--resume", str(run), "objective=dapo", cwd=tmp_path)
@@ -105,8 +136,18 @@ def test_a_missing_data_file_names_the_key_to_change(tmp_path, capsys, monkeypat
     from tether.cli import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "data.task=math", f"data.task_args.train={tmp_path / 'nope.jsonl'}",
-                 f"output_dir={tmp_path / 'run'}", "model.name_or_path=tiny"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "data.task=math",
+                f"data.task_args.train={tmp_path / 'nope.jsonl'}",
+                f"output_dir={tmp_path / 'run'}",
+                "model.name_or_path=tiny",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "data.task_args.train" in err and "nope.jsonl" in err and "does not exist" in err
     assert not (tmp_path / "run").exists()  # nothing written
@@ -120,8 +161,11 @@ def test_building_a_config_imports_no_plugin_reads_no_file_and_checks_no_package
     from tether.config.loading import check_config
     from tether.config.sections import Config, DataConfig, ModelConfig, RolloutConfig
 
-    cfg = Config(data=DataConfig(task="no_such_module_for_tether:task"),
-                 model=ModelConfig(name_or_path=str(tmp_path / "missing")), rollout=RolloutConfig(engine="vllm"))
+    cfg = Config(
+        data=DataConfig(task="no_such_module_for_tether:task"),
+        model=ModelConfig(name_or_path=str(tmp_path / "missing")),
+        rollout=RolloutConfig(engine="vllm"),
+    )
     assert cfg.objective == "atr_grpo" and "no_such_module_for_tether" not in sys.modules
     with pytest.raises(ConfigError, match="data.task"):
         check_config(cfg)

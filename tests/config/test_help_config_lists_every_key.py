@@ -16,8 +16,10 @@ from tether.tasks import TASKS
 TASK_FIELDS = [(name, f.name) for name in TASKS.names() for f in dataclasses.fields(TASKS.get(name)) if f.init]
 REWARD_FIELDS = [
     (name, f.name)
-    for name in REWARDS.names() if isinstance(REWARDS.get(name), type)
-    for f in dataclasses.fields(REWARDS.get(name)) if f.init
+    for name in REWARDS.names()
+    if isinstance(REWARDS.get(name), type)
+    for f in dataclasses.fields(REWARDS.get(name))
+    if f.init
 ]
 
 
@@ -38,8 +40,13 @@ def test_the_registries_have_the_knobs_this_file_checks():
     # Guards against a vacuous pass: tether's own tasks and parametrised rewards are here.
     assert {"arithmetic", "countdown", "math"} <= {t for t, _ in TASK_FIELDS}
     assert {("math", "train"), ("arithmetic", "digits"), ("countdown", "min_used")} <= set(TASK_FIELDS)
-    assert {("format", "pattern"), ("overlong", "max_tokens"), ("overlong", "cache"),
-            ("math", "timeout_s"), ("math", "strict")} <= set(REWARD_FIELDS)
+    assert {
+        ("format", "pattern"),
+        ("overlong", "max_tokens"),
+        ("overlong", "cache"),
+        ("math", "timeout_s"),
+        ("math", "strict"),
+    } <= set(REWARD_FIELDS)
 
 
 @pytest.mark.parametrize("task, knob", TASK_FIELDS)
@@ -88,8 +95,15 @@ def test_reward_parameters_are_set_the_way_the_help_says(tmp_path):
     from tether.rewards import task_reward
     from tether.tasks import get_task
 
-    cfg = load_config(None, ["reward.weights.exact_match=1.0", "reward.weights.overlong.weight=0.5",
-                             "reward.weights.overlong.max_tokens=64", "reward.weights.overlong.cache=16"])
+    cfg = load_config(
+        None,
+        [
+            "reward.weights.exact_match=1.0",
+            "reward.weights.overlong.weight=0.5",
+            "reward.weights.overlong.max_tokens=64",
+            "reward.weights.overlong.cache=16",
+        ],
+    )
     r = cfg.reward
     combined = task_reward(get_task("arithmetic"), r.name, r.weights, r.timeout_s, r.strict)
     (_, w_exact, _), (_, w_overlong, overlong) = combined.parts

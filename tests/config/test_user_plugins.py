@@ -17,18 +17,30 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 
 
 def _small(tiny_dir, out, steps=2):
-    return [f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
-            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
-            "data.eval_size=4", "trainer.progress=false", "trainer.plots=false", "trainer.tensorboard=false",
-            "trainer.threads=1", f"trainer.total_steps={steps}", "trainer.save_every=1"]
+    return [
+        f"model.name_or_path={tiny_dir}",
+        f"output_dir={out}",
+        "warm_start.enabled=false",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "data.eval_size=4",
+        "trainer.progress=false",
+        "trainer.plots=false",
+        "trainer.tensorboard=false",
+        "trainer.threads=1",
+        f"trainer.total_steps={steps}",
+        "trainer.save_every=1",
+    ]
 
 
 def _tether(*args, cwd, pythonpath=None):
     """`tether ARGS` in a fresh process run from `cwd`. `-P` keeps the current directory off
     sys.path, as the installed `tether` command does, so finding a module there is tether's doing."""
     env = {**os.environ, "PYTHONPATH": pythonpath or ""}
-    return subprocess.run([sys.executable, "-P", "-m", "tether.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "tether.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _rows(run):
@@ -61,14 +73,25 @@ def test_the_documented_example_task_and_reward_run(tiny_dir, tmp_path):
     then a reward function (my_rewards.py) on the arithmetic task, each module on PYTHONPATH."""
     data = shutil.copy(EXAMPLES / "reverse.jsonl", tmp_path)
     run = tmp_path / "reverse"
-    proc = _tether("train", "data.task=reverse_task:ReverseTask", f"data.task_args.path={data}",
-                   *_small(tiny_dir, run), cwd=tmp_path, pythonpath=str(EXAMPLES))
+    proc = _tether(
+        "train",
+        "data.task=reverse_task:ReverseTask",
+        f"data.task_args.path={data}",
+        *_small(tiny_dir, run),
+        cwd=tmp_path,
+        pythonpath=str(EXAMPLES),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert yaml.safe_load((run / "config.yaml").read_text())["data"]["task"] == "reverse_task:ReverseTask"
     assert _rows(run)[0]["eval/accuracy"] == 0.0  # an untrained model reverses no word
     run = tmp_path / "near"
-    proc = _tether("train", "reward.name=my_rewards:near_miss", *_small(tiny_dir, run, steps=1),
-                   cwd=tmp_path, pythonpath=str(EXAMPLES))
+    proc = _tether(
+        "train",
+        "reward.name=my_rewards:near_miss",
+        *_small(tiny_dir, run, steps=1),
+        cwd=tmp_path,
+        pythonpath=str(EXAMPLES),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -86,7 +109,7 @@ def test_the_example_verifiers_score_what_they_say(monkeypatch):
     train, test = task.examples("train"), task.examples("test")
     assert len(train) + len(test) == 400 and not {e.prompt for e in train} & {e.prompt for e in test}
     ex = test[0]
-    word = ex.prompt[len("reverse "):-1]  # "reverse WORD="
+    word = ex.prompt[len("reverse ") : -1]  # "reverse WORD="
     assert task.reward(word[::-1], ex) == 1.0 and task.reward(word, ex) == 0.0
 
 
@@ -127,39 +150,63 @@ MODULES = {
 }
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["reward.name=nowhere_xyz:score"],
-     "reward.name='nowhere_xyz:score': no module named 'nowhere_xyz' (searched the current directory"),
-    (["reward.name=u_one_arg:scor"], "module 'u_one_arg' ("),  # a typo: the names it does define follow
-    (["reward.name=u_one_arg:score"], "reward 'u_one_arg:score' cannot be called with 2 argument(s): too many "
-                                      "positional arguments (its signature is score(completion)); expected a "
-                                      "function (completion: str, example"),
-    (["reward.name=u_not_callable:score"], "reward.name='u_not_callable:score' is a float, not callable"),
-    (["reward.name=u_syntax:score"], "reward.name='u_syntax:score': importing 'u_syntax' failed: SyntaxError"),
-    (["reward.name=u_needs_dep:score"], "importing 'u_needs_dep' failed: ModuleNotFoundError: No module named "
-                                      "'no_such_dependency_xyz'"),
-    (["reward.name=u_returns_text:score"], "reward u_returns_text:score returned str 'yes'; expected a float or a "
-                                         "RewardResult (called on an empty completion before training)"),
-    (["reward.name=bad path:score"], "an import path is MODULE:NAME"),
-    (["reward.weights={u_params:Near: 1.0}"], "reward.weights.u_params:Near: reward 'u_params:Near' needs parameter(s) "
-                                            "['tolerance']"),
-    (["reward.weights.u_params:Near.tolerans=0.1"], "reward 'u_params:Near' has no parameter 'tolerans'. Did you mean "
-                                                  "'tolerance'?"),
-    (["data.task=nowhere_xyz:Task"], "data.task='nowhere_xyz:Task': no module named 'nowhere_xyz'"),
-    (["data.task=u_tasks:NoExamples"], "data.task_args.path: task 'u_tasks:NoExamples' needs it"),
-    (["data.task=u_tasks:NoExamples", "data.task_args.path=x", "data.task_args.size=2"],
-     "data.task_args.size: task 'u_tasks:NoExamples' has no knob 'size'. Valid knobs: path."),
-    (["data.task=u_tasks:NoExamples", "data.task_args.path=x"],
-     "data.task='u_tasks:NoExamples': the object it built (NoExamples) has no examples"),
-    (["data.task=u_tasks:make"], "the object it built (object) has no reward, examples"),
-    (["data.task=u_tasks:TypoReward", "warm_start.enabled=false"],
-     "error: data.task=u_tasks:TypoReward: its reward 'exact_mach': unknown reward 'exact_mach'. Did you mean "
-     "'exact_match'?"),
-    (["data.task=u_tasks:NoSolution"],
-     "has no solution (the warm start trains on it; or set warm_start.enabled=false)"),
-])
-def test_a_wrong_import_path_is_an_error_before_anything_is_written(tmp_path, monkeypatch, capsys, overrides,
-                                                                      message):
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["reward.name=nowhere_xyz:score"],
+            "reward.name='nowhere_xyz:score': no module named 'nowhere_xyz' (searched the current directory",
+        ),
+        (["reward.name=u_one_arg:scor"], "module 'u_one_arg' ("),  # a typo: the names it does define follow
+        (
+            ["reward.name=u_one_arg:score"],
+            "reward 'u_one_arg:score' cannot be called with 2 argument(s): too many "
+            "positional arguments (its signature is score(completion)); expected a "
+            "function (completion: str, example",
+        ),
+        (["reward.name=u_not_callable:score"], "reward.name='u_not_callable:score' is a float, not callable"),
+        (["reward.name=u_syntax:score"], "reward.name='u_syntax:score': importing 'u_syntax' failed: SyntaxError"),
+        (
+            ["reward.name=u_needs_dep:score"],
+            "importing 'u_needs_dep' failed: ModuleNotFoundError: No module named 'no_such_dependency_xyz'",
+        ),
+        (
+            ["reward.name=u_returns_text:score"],
+            "reward u_returns_text:score returned str 'yes'; expected a float or a "
+            "RewardResult (called on an empty completion before training)",
+        ),
+        (["reward.name=bad path:score"], "an import path is MODULE:NAME"),
+        (
+            ["reward.weights={u_params:Near: 1.0}"],
+            "reward.weights.u_params:Near: reward 'u_params:Near' needs parameter(s) ['tolerance']",
+        ),
+        (
+            ["reward.weights.u_params:Near.tolerans=0.1"],
+            "reward 'u_params:Near' has no parameter 'tolerans'. Did you mean 'tolerance'?",
+        ),
+        (["data.task=nowhere_xyz:Task"], "data.task='nowhere_xyz:Task': no module named 'nowhere_xyz'"),
+        (["data.task=u_tasks:NoExamples"], "data.task_args.path: task 'u_tasks:NoExamples' needs it"),
+        (
+            ["data.task=u_tasks:NoExamples", "data.task_args.path=x", "data.task_args.size=2"],
+            "data.task_args.size: task 'u_tasks:NoExamples' has no knob 'size'. Valid knobs: path.",
+        ),
+        (
+            ["data.task=u_tasks:NoExamples", "data.task_args.path=x"],
+            "data.task='u_tasks:NoExamples': the object it built (NoExamples) has no examples",
+        ),
+        (["data.task=u_tasks:make"], "the object it built (object) has no reward, examples"),
+        (
+            ["data.task=u_tasks:TypoReward", "warm_start.enabled=false"],
+            "error: data.task=u_tasks:TypoReward: its reward 'exact_mach': unknown reward 'exact_mach'. Did you mean "
+            "'exact_match'?",
+        ),
+        (
+            ["data.task=u_tasks:NoSolution"],
+            "has no solution (the warm start trains on it; or set warm_start.enabled=false)",
+        ),
+    ],
+)
+def test_a_wrong_import_path_is_an_error_before_anything_is_written(tmp_path, monkeypatch, capsys, overrides, message):
     from tether.cli import main
 
     for name, text in MODULES.items():
@@ -168,8 +215,9 @@ def test_a_wrong_import_path_is_an_error_before_anything_is_written(tmp_path, mo
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     for name in MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
-    code = main(["train", *overrides, "model.name_or_path=tiny", f"output_dir={tmp_path / 'run'}",
-                 "trainer.progress=false"])
+    code = main(
+        ["train", *overrides, "model.name_or_path=tiny", f"output_dir={tmp_path / 'run'}", "trainer.progress=false"]
+    )
     out = capsys.readouterr()
     assert code == 2 and out.err.startswith("error: ") and message in out.err, out.err
     assert not (tmp_path / "run").exists() and out.out == ""  # nothing written, nothing loaded

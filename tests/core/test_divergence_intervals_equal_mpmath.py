@@ -45,5 +45,6 @@ def test_kl3_closed_form_equals_mpmaths_lambert_w_on_both_branches():
         for branch in (0, -1):
             assert lambertw(x, branch) == pytest.approx(float(mpmath.lambertw(x, branch).real), rel=1e-12)
         low, high = interval("kl3", delta)
-        assert (low, high) == pytest.approx((-float(mpmath.lambertw(x, 0).real), -float(mpmath.lambertw(x, -1).real)),
-                                            rel=1e-12)
+        assert (low, high) == pytest.approx(
+            (-float(mpmath.lambertw(x, 0).real), -float(mpmath.lambertw(x, -1).real)), rel=1e-12
+        )

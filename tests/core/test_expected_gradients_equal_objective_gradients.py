@@ -102,7 +102,9 @@ def test_normalised_and_unnormalised_variants_share_the_expected_gradient(pair):
     lp_old = torch.log_softmax(theta_old, -1)
     log_q = (torch.log_softmax(theta_ref, -1) - lp_old)[:, None]
     grads = [
-        _expected_loss_grad(lambda lp: rpg.rpg_reinforce(k, lp, lp_old[:, None], reward, BETA, log_q).loss, theta, lp_old)
+        _expected_loss_grad(
+            lambda lp: rpg.rpg_reinforce(k, lp, lp_old[:, None], reward, BETA, log_q).loss, theta, lp_old
+        )
         for k in pair
     ]
     torch.testing.assert_close(grads[0], grads[1], **TOL)
@@ -126,9 +128,7 @@ def test_k3_is_nonnegative_and_zero_only_at_one():
 
 
 def _penalty_grad(estimator, theta, lp_old, lp_ref):
-    return _expected_loss_grad(
-        lambda lp: getattr(K, estimator)(lp, lp_ref[:, None], lp_old[:, None]), theta, lp_old
-    )
+    return _expected_loss_grad(lambda lp: getattr(K, estimator)(lp, lp_ref[:, None], lp_old[:, None]), theta, lp_old)
 
 
 def _kl_grad(theta, lp_ref, direction):
@@ -163,16 +163,16 @@ def test_k3_iw_is_urkl_with_the_reference_as_anchor():
     theta, theta_old, theta_ref, _ = _bandit(8)
     lp = torch.log_softmax(theta, -1)[:, None]
     lp_old, lp_ref = torch.log_softmax(theta_old, -1)[:, None], torch.log_softmax(theta_ref, -1)[:, None]
-    torch.testing.assert_close(
-        K.k3_iw(lp, lp_ref, lp_old), rpg.kl_term("urkl", lp, lp_old, lp_ref - lp_old), **TOL
-    )
+    torch.testing.assert_close(K.k3_iw(lp, lp_ref, lp_old), rpg.kl_term("urkl", lp, lp_old, lp_ref - lp_old), **TOL)
 
 
 def test_k2_on_policy_gives_reverse_kl_and_k1_gives_nothing():
     theta, _, theta_ref, _ = _bandit(9)
     lp_on, lp_ref = torch.log_softmax(theta, -1), torch.log_softmax(theta_ref, -1)
     torch.testing.assert_close(_penalty_grad("k2", theta, lp_on, lp_ref), _kl_grad(theta, lp_ref, "reverse"), **TOL)
-    torch.testing.assert_close(_penalty_grad("k1", theta, lp_on, lp_ref), torch.zeros(NUM_ACTIONS, dtype=torch.float64), **TOL)
+    torch.testing.assert_close(
+        _penalty_grad("k1", theta, lp_on, lp_ref), torch.zeros(NUM_ACTIONS, dtype=torch.float64), **TOL
+    )
 
 
 # ---------------------------------------------------------------- RPG-Style Clip
@@ -226,8 +226,12 @@ def test_rpg_style_clip_inside_the_trust_region_is_the_exact_reinforce_form(kl):
     theta_old = theta + 0.05 * torch.randn(NUM_ACTIONS, dtype=torch.float64)  # every w within (0.8, 1.28)
     lp_old = torch.log_softmax(theta_old, -1)
     log_q = (torch.log_softmax(theta_ref, -1) - lp_old)[:, None]
-    clip = _expected_loss_grad(lambda lp: rpg.rpg_style_clip(kl, lp, lp_old[:, None], reward - 0.5, BETA, log_q).loss, theta, lp_old)
-    plain = _expected_loss_grad(lambda lp: rpg.rpg_reinforce(kl, lp, lp_old[:, None], reward - 0.5, BETA, log_q).loss, theta, lp_old)
+    clip = _expected_loss_grad(
+        lambda lp: rpg.rpg_style_clip(kl, lp, lp_old[:, None], reward - 0.5, BETA, log_q).loss, theta, lp_old
+    )
+    plain = _expected_loss_grad(
+        lambda lp: rpg.rpg_reinforce(kl, lp, lp_old[:, None], reward - 0.5, BETA, log_q).loss, theta, lp_old
+    )
     torch.testing.assert_close(clip, plain, **TOL)
 
 

@@ -49,7 +49,10 @@ def test_cispo_hand_case():
     # lp_old = log 0.4, lp = log 0.6: w = 1.5, truncated to 1 + 0.28 = 1.28.
     # loss = -1.28 * A * lp = -1.28 * 2 * log(0.6) = 1.30770...; d/dlp = -1.28 * 2 = -2.56 (gradient kept).
     lp_old = torch.log(torch.tensor([[0.4]], dtype=D))
-    out, g = _grad(lambda lp: S.cispo(lp, lp_old, torch.tensor([2.0], dtype=D), 1.0, 0.28), torch.log(torch.tensor([[0.6]], dtype=D)))
+    out, g = _grad(
+        lambda lp: S.cispo(lp, lp_old, torch.tensor([2.0], dtype=D), 1.0, 0.28),
+        torch.log(torch.tensor([[0.6]], dtype=D)),
+    )
     assert out.loss.item() == pytest.approx(-1.28 * 2 * math.log(0.6), rel=1e-12)
     assert g.item() == pytest.approx(-2.56, rel=1e-12)
     assert out.clip_high.item()
@@ -122,7 +125,9 @@ def test_clipped_differentiable_form_clamps_the_kl_term():
     lp_old = torch.tensor([[-6.0]], dtype=D)
     lp0 = lp_old + 5.0
     log_q = torch.full((1, 1), -10.0, dtype=D)
-    out, g = _grad(lambda lp: rpg.rpg_clipped_differentiable("rkl", lp, lp_old, torch.ones(1, dtype=D), 0.5, log_q), lp0)
+    out, g = _grad(
+        lambda lp: rpg.rpg_clipped_differentiable("rkl", lp, lp_old, torch.ones(1, dtype=D), 0.5, log_q), lp0
+    )
     # PPO part: A > 0 and w = e^5 > 1.28 -> -1.28 (no gradient); KL part 0.5 * 10 (clamped, no gradient).
     assert out.loss.item() == pytest.approx(-1.28 + 5.0)
     assert g.item() == 0.0
@@ -130,12 +135,20 @@ def test_clipped_differentiable_form_clamps_the_kl_term():
 
 RPG_KLS = ("fkl", "ufkl", "rkl", "urkl")
 RPG_FORMS = (  # (form, clip) -> the surrogate function with its trust region off or on
-    ("differentiable", "none"), ("differentiable", "rpg"), ("reinforce", "none"), ("reinforce", "rpg"))
+    ("differentiable", "none"),
+    ("differentiable", "rpg"),
+    ("reinforce", "none"),
+    ("reinforce", "rpg"),
+)
 
 
 def _rpg_surrogate(form, clip):
-    return {("differentiable", "none"): rpg.rpg_differentiable, ("differentiable", "rpg"): rpg.rpg_clipped_differentiable,
-            ("reinforce", "none"): rpg.rpg_reinforce, ("reinforce", "rpg"): rpg.rpg_style_clip}[(form, clip)]
+    return {
+        ("differentiable", "none"): rpg.rpg_differentiable,
+        ("differentiable", "rpg"): rpg.rpg_clipped_differentiable,
+        ("reinforce", "none"): rpg.rpg_reinforce,
+        ("reinforce", "rpg"): rpg.rpg_style_clip,
+    }[(form, clip)]
 
 
 @pytest.mark.parametrize("kl", RPG_KLS)
@@ -166,8 +179,11 @@ def test_fkl_clipped_differentiable_gradient_is_minus_beta_q_over_n_even_at_very
 
     obj = objectives.build({"name": "rpg", "kl": "fkl", "form": "differentiable", "clip": "rpg", "beta": 1.0})
     lp = torch.tensor([[-0.5, -3.0, -9.0, -12.0, -15.0]], dtype=D, requires_grad=True)
-    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=lp.detach(), advantages=torch.zeros(1, dtype=D),
-                                    mask=torch.ones(1, 5, dtype=D)))
+    out = obj(
+        objectives.TokenBatch(
+            logprobs=lp, old_logprobs=lp.detach(), advantages=torch.zeros(1, dtype=D), mask=torch.ones(1, 5, dtype=D)
+        )
+    )
     out.loss.backward()
     torch.testing.assert_close(lp.grad, torch.full((1, 5), -0.2, dtype=D), rtol=1e-12, atol=1e-12)
     assert out.loss.item() == pytest.approx(0.0, abs=1e-15)  # -q log rho = 0 on-policy
@@ -182,8 +198,12 @@ def test_rpg_style_clip_branch_on_advantage_sends_a_zero_advantage_to_the_negati
     #   w = 1.1: kept, gradient -C_KL(1.1) = 0.1 * 1.1 log 1.1
     lp_old = torch.full((1, 3), -1.0, dtype=D)
     w = torch.tensor([[1.5, 0.7, 1.1]], dtype=D)
-    out, g = _grad(lambda lp: rpg.rpg_style_clip("urkl", lp, lp_old, torch.zeros(1, dtype=D), 0.1,
-                                                 torch.zeros(1, 3, dtype=D), branch_on="advantage"), lp_old + w.log())
+    out, g = _grad(
+        lambda lp: rpg.rpg_style_clip(
+            "urkl", lp, lp_old, torch.zeros(1, dtype=D), 0.1, torch.zeros(1, 3, dtype=D), branch_on="advantage"
+        ),
+        lp_old + w.log(),
+    )
     want = torch.tensor([[0.1 * 1.28 * math.log(1.28), 0.0, 0.1 * 1.1 * math.log(1.1)]], dtype=D)
     torch.testing.assert_close(g, want, rtol=1e-12, atol=1e-15)
     assert out.clip_low.tolist() == [[False, True, False]] and not out.clip_high.any()
@@ -205,8 +225,9 @@ def test_etr_bounds_hand_case():
     torch.testing.assert_close(stats.pass_rate, torch.tensor([0.5] * 4 + [0.25] * 4, dtype=D))
     # The statistics of a subset of rows are the whole batch's, selected: group 1 alone keeps its
     # macro factor 0.9375 (a micro-batch holding only group 1 would have had nu_bar = nu_1, factor 1).
-    sub = E.etr_bounds(adv[4:], stats.select(torch.arange(4, 8)), 0.2, 0.28, alpha=0.5, eta=0.5, eps_min=0.0,
-                       eps_max=10.0)
+    sub = E.etr_bounds(
+        adv[4:], stats.select(torch.arange(4, 8)), 0.2, 0.28, alpha=0.5, eta=0.5, eps_min=0.0, eps_max=10.0
+    )
     torch.testing.assert_close(sub.eps_low, b.eps_low[4:], rtol=0, atol=0)
     # Every factor can be switched off: alpha = eta = 0 gives the base eps everywhere.
     flat = E.etr_bounds(adv, stats, 0.2, 0.28, alpha=0.0, eta=0.0, eps_min=0.0, eps_max=10.0)
@@ -222,7 +243,16 @@ def test_etr_implicit_mode_uses_unnormalised_deviation():
     rewards = torch.tensor([1.0, 0, 1, 0, 1, 0, 0, 0], dtype=D)
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     adv = torch.full((8,), 100.0, dtype=D)
-    b = E.etr_bounds(adv, E.etr_group_stats(rewards, groups), 0.2, 0.28, alpha=0.5, eta=0.5, eps_min=0.0,
-                     eps_max=10.0, macro="implicit")
+    b = E.etr_bounds(
+        adv,
+        E.etr_group_stats(rewards, groups),
+        0.2,
+        0.28,
+        alpha=0.5,
+        eta=0.5,
+        eps_min=0.0,
+        eps_max=10.0,
+        macro="implicit",
+    )
     assert b.eps_high[4].item() == pytest.approx(0.28 * (1 + 0.5 * math.tanh(0.75)), rel=1e-12)
     assert b.eps_high[0].item() == pytest.approx(0.28 * (1 + 0.5 * math.tanh(0.5)), rel=1e-12)

@@ -26,22 +26,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
-FENCE = re.compile(r"(?:^<!-- docs-test: (?P<marker>[^>]*?) -->\n)?^```(?P<lang>python|bash)\n(?P<code>.*?)^```",
-                   re.M | re.S)
+FENCE = re.compile(
+    r"(?:^<!-- docs-test: (?P<marker>[^>]*?) -->\n)?^```(?P<lang>python|bash)\n(?P<code>.*?)^```", re.M | re.S
+)
 
 
 def blocks(path: Path) -> list[tuple[int, str, str, str]]:
     """(line, language, marker, code) of each python/bash block of `path`."""
     text = path.read_text()
-    return [(text[: m.start("code")].count("\n"), m["lang"], (m["marker"] or "").strip(), m["code"])
-            for m in FENCE.finditer(text)]
+    return [
+        (text[: m.start("code")].count("\n"), m["lang"], (m["marker"] or "").strip(), m["code"])
+        for m in FENCE.finditer(text)
+    ]
 
 
 ALL = [(path, *b) for path in DOCS for b in blocks(path)]
 # What a doc's blocks must have shown, beyond running: (check of the namespace, what it proves).
 EXPECT = {
-    "trl.md": (lambda ns: ns["clipped"][0] == 0 and ns["clipped"][-1] > 0,
-               "num_iterations=2: the first pass is on-policy, the second clips (issue 24, item 19)"),
+    "trl.md": (
+        lambda ns: ns["clipped"][0] == 0 and ns["clipped"][-1] > 0,
+        "num_iterations=2: the first pass is on-policy, the second clips (issue 24, item 19)",
+    ),
 }
 
 
@@ -59,8 +64,14 @@ def test_every_marker_is_known_and_every_skip_says_why():
 
 def _python_files():
     files = sorted({path for path, _, lang, marker, _ in ALL if lang == "python" and not marker.startswith("skip")})
-    return [pytest.param(p, id=_id(p), marks=[pytest.mark.slow] * any(
-        m == "slow" for q, _, lang, m, _ in ALL if q == p and lang == "python")) for p in files]
+    return [
+        pytest.param(
+            p,
+            id=_id(p),
+            marks=[pytest.mark.slow] * any(m == "slow" for q, _, lang, m, _ in ALL if q == p and lang == "python"),
+        )
+        for p in files
+    ]
 
 
 @pytest.mark.parametrize("path", _python_files())
@@ -83,8 +94,11 @@ def _bash_params():
     out = []
     for path, line, lang, marker, code in ALL:
         if lang == "bash" and not marker.startswith("skip"):
-            out.append(pytest.param(path, marker, code, id=f"{_id(path)}:{line}",
-                                    marks=[pytest.mark.slow] * (marker == "slow")))
+            out.append(
+                pytest.param(
+                    path, marker, code, id=f"{_id(path)}:{line}", marks=[pytest.mark.slow] * (marker == "slow")
+                )
+            )
     return out
 
 
@@ -122,8 +136,9 @@ def test_a_bash_block_runs(path, marker, code, tmp_path):
             _config_check(line)
         return
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "-e", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        ["bash", "-e", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -125,8 +125,16 @@ def test_maj_at_k_votes_on_the_lenient_verifiers_plain_text_answer(tmp_path):
     path.write_text(json.dumps({"id": "a", "problem": "What is 3 + 4?", "answer": "7"}) + "\n")
     [problem] = load_eval_data(str(path), None, "{problem}\nAnswer with the number only.")
     engine = ScriptedEngine({problem.prompt: [("7", "stop"), ("It is 7.", "stop"), ("8", "stop")]})
-    results = evaluate("scripted", [str(path)], n=3, ks=(1, 3), out_dir=tmp_path / "out", progress=False,
-                       engine=engine, template="{problem}\nAnswer with the number only.")
+    results = evaluate(
+        "scripted",
+        [str(path)],
+        n=3,
+        ks=(1, 3),
+        out_dir=tmp_path / "out",
+        progress=False,
+        engine=engine,
+        template="{problem}\nAnswer with the number only.",
+    )
     assert results["settings"]["extraction"] == "lenient"
     summary = results["summary"]["p"]
     assert summary["avg@3"] == pytest.approx(2 / 3) and summary["maj@3"] == 1.0  # "7" twice against "8" once
@@ -229,9 +237,12 @@ class ScriptedEngine:
         width = max(lengths)
         mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
         return RolloutBatch(
-            prompt_ids=[[0]] * len(samples), completion_ids=torch.zeros(len(samples), width, dtype=torch.long),
-            sampler_logprobs=torch.zeros(len(samples), width), mask=mask,
-            finish_reasons=[f for _, f in samples], completions=[t for t, _ in samples],
+            prompt_ids=[[0]] * len(samples),
+            completion_ids=torch.zeros(len(samples), width, dtype=torch.long),
+            sampler_logprobs=torch.zeros(len(samples), width),
+            mask=mask,
+            finish_reasons=[f for _, f in samples],
+            completions=[t for t, _ in samples],
             prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
         )
 
@@ -257,8 +268,18 @@ def test_metrics_of_a_scripted_model(tmp_path):
     script.update({ex.prompt: [(ex.meta["solution"], "stop")] * 4 for ex in countdown})
     engine = ScriptedEngine(script)
     out = tmp_path / "eval"
-    results = evaluate("scripted", ["task:arithmetic", "task:countdown"], n=4, ks=(1, 2, 4, 16),
-                       max_new_tokens=8, out_dir=out, progress=False, engine=engine, batch_prompts=3, limit=4)
+    results = evaluate(
+        "scripted",
+        ["task:arithmetic", "task:countdown"],
+        n=4,
+        ks=(1, 2, 4, 16),
+        max_new_tokens=8,
+        out_dir=out,
+        progress=False,
+        engine=engine,
+        batch_prompts=3,
+        limit=4,
+    )
     assert results["ks"] == [1, 2, 4]  # 16 > n is dropped
     a = results["summary"]["arithmetic"]
     assert a["problems"] == 4
@@ -286,8 +307,9 @@ def test_metrics_of_a_scripted_model(tmp_path):
     assert (p3["c"], p3["maj_answer"], p3["maj_correct"]) == (0, arith[3].answer + "1", False)
 
     assert results["out_dir"] == str(out)
-    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(
-        {k: v for k, v in results.items() if k != "out_dir"}))
+    assert json.loads((out / "results.json").read_text()) == json.loads(
+        json.dumps({k: v for k, v in results.items() if k != "out_dir"})
+    )
     md = (out / "results.md").read_text()
     assert "## Summary" in md and "## Problems" in md
     assert "| arithmetic | 4 | 0.625 | 0.625 | 0.708 | 0.750 | 0.500 | 0.500 | 0.750 |" in md
@@ -298,18 +320,20 @@ def test_metrics_of_a_scripted_model(tmp_path):
 
 def test_math_data_uses_math_verify(tmp_path):
     path = tmp_path / "tiny.jsonl"
-    rows = [{"id": "q1", "problem": "1+1?", "answer": "2"},
-            {"id": "q2", "problem": "half?", "answer": "\\frac{1}{2}"}]
+    rows = [{"id": "q1", "problem": "1+1?", "answer": "2"}, {"id": "q2", "problem": "half?", "answer": "\\frac{1}{2}"}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     examples = load_eval_data(str(path), None, "boxed")
-    engine = ScriptedEngine({
-        examples[0].prompt: [("so \\boxed{2}", "stop"), ("\\boxed{ 2 }", "stop"), ("\\boxed{3}", "stop")],
-        examples[1].prompt: [
-            ("\\boxed{3}", "stop"), ("$\\boxed{\\dfrac{1}{2}}$", "stop"), ("\\boxed{\\frac{1}{2}}", "stop"),
-        ],
-    })
-    results = evaluate("scripted", [str(path)], n=3, ks=(1, 3), out_dir=tmp_path / "out",
-                       progress=False, engine=engine)
+    engine = ScriptedEngine(
+        {
+            examples[0].prompt: [("so \\boxed{2}", "stop"), ("\\boxed{ 2 }", "stop"), ("\\boxed{3}", "stop")],
+            examples[1].prompt: [
+                ("\\boxed{3}", "stop"),
+                ("$\\boxed{\\dfrac{1}{2}}$", "stop"),
+                ("\\boxed{\\frac{1}{2}}", "stop"),
+            ],
+        }
+    )
+    results = evaluate("scripted", [str(path)], n=3, ks=(1, 3), out_dir=tmp_path / "out", progress=False, engine=engine)
     s = results["summary"]["tiny"]
     assert s["avg@3"] == pytest.approx(4 / 6)  # q1: 2 of 3, q2: 2 of 3
     assert s["maj@1"] == pytest.approx(1 / 2)  # q1 right, q2's first sample (3) wrong
@@ -327,8 +351,9 @@ def test_math_extraction_is_strict_by_default_and_stated(tmp_path):
     for name, kwargs in (("strict", {}), ("lenient", {"strict": False}), ("plain", {"template": "plain"})):
         examples = load_eval_data(str(path), None, kwargs.get("template", "boxed"))
         engine = ScriptedEngine({examples[0].prompt: samples})
-        runs[name] = evaluate("scripted", [str(path)], n=3, ks=(1,), out_dir=tmp_path / name,
-                              progress=False, engine=engine, **kwargs)
+        runs[name] = evaluate(
+            "scripted", [str(path)], n=3, ks=(1,), out_dir=tmp_path / name, progress=False, engine=engine, **kwargs
+        )
     assert runs["strict"]["settings"]["extraction"] == "strict"
     assert runs["strict"]["problems"][0]["c"] == 1  # only the boxed sample counts
     assert runs["lenient"]["settings"]["extraction"] == "lenient"
@@ -343,8 +368,13 @@ def test_cli_states_the_extraction_first(tmp_path, capsys, monkeypatch):
     def fake_evaluate(*args, **kwargs):
         print("eval: 40 problems")  # what evaluate's progress prints first
         calls.append(kwargs["strict"])
-        return {"settings": {"extraction": "strict" if kwargs["strict"] else "lenient"}, "ks": [1],
-                "summary": {}, "problems": [], "out_dir": kwargs["out_dir"]}
+        return {
+            "settings": {"extraction": "strict" if kwargs["strict"] else "lenient"},
+            "ks": [1],
+            "summary": {},
+            "problems": [],
+            "out_dir": kwargs["out_dir"],
+        }
 
     monkeypatch.setattr(ev, "evaluate", fake_evaluate)
     monkeypatch.setattr(ev, "summary_markdown", lambda results: "")
@@ -360,8 +390,17 @@ def test_settings_json_is_exactly_the_settings_object_the_run_passes(tmp_path):
     """Issue 25: what settings.json records is the frozen EvalSettings, field for field, in order."""
     arith = load_eval_data("task:arithmetic", limit=1)
     engine = ScriptedEngine({arith[0].prompt: [(arith[0].answer, "stop")]})
-    results = evaluate("m", ["task:arithmetic"], n=1, ks=(1,), limit=1, out_dir=tmp_path, progress=False,
-                       engine=engine, stop_strings=("\n",))
+    results = evaluate(
+        "m",
+        ["task:arithmetic"],
+        n=1,
+        ks=(1,),
+        limit=1,
+        out_dir=tmp_path,
+        progress=False,
+        engine=engine,
+        stop_strings=("\n",),
+    )
     recorded = json.loads((tmp_path / "settings.json").read_text())
     fields = [f.name for f in dataclasses.fields(EvalSettings)]
     assert list(recorded) == [f for f in fields if f != "engine"]  # the engine only when it is not hf
@@ -399,8 +438,17 @@ def test_non_binary_reward_is_refused(tmp_path):
     arith = load_eval_data("task:arithmetic", limit=1)
     engine = ScriptedEngine({arith[0].prompt: [(arith[0].answer, "stop")]})
     with pytest.raises(ValueError, match="0/1 verifier"):
-        evaluate("scripted", ["task:arithmetic"], n=1, ks=(1,), limit=1, out_dir=tmp_path, progress=False,
-                 engine=engine, reward=half_credit)
+        evaluate(
+            "scripted",
+            ["task:arithmetic"],
+            n=1,
+            ks=(1,),
+            limit=1,
+            out_dir=tmp_path,
+            progress=False,
+            engine=engine,
+            reward=half_credit,
+        )
 
 
 def half_credit(completion, example):
@@ -451,8 +499,7 @@ class DiesAfter:
 def test_killed_and_resumed_matches_uninterrupted(tiny_model, tmp_path):
     model, tok = load_model(tiny_model)
     engine = get_engine("hf", model=model, tokenizer=tok)
-    kwargs = dict(n=2, ks=(1, 2), temperature=1.0, max_new_tokens=6, limit=5, batch_prompts=2,
-                  progress=False)
+    kwargs = dict(n=2, ks=(1, 2), temperature=1.0, max_new_tokens=6, limit=5, batch_prompts=2, progress=False)
     whole = evaluate(tiny_model, ["task:arithmetic"], out_dir=tmp_path / "a", engine=engine, **kwargs)
     with pytest.raises(RuntimeError, match="killed"):
         evaluate(tiny_model, ["task:arithmetic"], out_dir=tmp_path / "b", engine=DiesAfter(engine, 1), **kwargs)
@@ -483,8 +530,22 @@ def test_cli_defaults_and_bad_k():
 
 def test_cli_end_to_end_on_a_tiny_model(tiny_model, tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["eval", str(tiny_model), "task:arithmetic", "--n", "2", "--k", "1,2", "--limit", "3",
-            "--max-new-tokens", "6", "--out", str(out), "--no-progress"]
+    argv = [
+        "eval",
+        str(tiny_model),
+        "task:arithmetic",
+        "--n",
+        "2",
+        "--k",
+        "1,2",
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "6",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     args = eval_parser().parse_args(argv)
     assert args.func(args) == 0
     assert "| arithmetic | 3 |" in capsys.readouterr().out

@@ -56,9 +56,19 @@ def odd_chars(completions, **_):
 
 def _args(tmp_path, **overrides):
     base = dict(
-        output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, fp16=False, max_steps=2,
-        logging_steps=1, save_strategy="no", learning_rate=1e-2, max_completion_length=8,
-        per_device_train_batch_size=4, num_generations=4, seed=0,
+        output_dir=str(tmp_path),
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-2,
+        max_completion_length=8,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        seed=0,
     )
     return GRPOConfig(**{**base, **overrides})
 
@@ -71,8 +81,14 @@ def _train(tiny_dir, tmp_path, objective, **overrides):
         records.append(_record(trainer, inputs, batch, out))
 
     args = _args(tmp_path, **overrides)
-    trainer = make_trainer(str(tiny_dir), odd_chars, Dataset.from_dict({"prompt": PROMPTS}), objective=objective,
-                           args=args, on_objective=hook)
+    trainer = make_trainer(
+        str(tiny_dir),
+        odd_chars,
+        Dataset.from_dict({"prompt": PROMPTS}),
+        objective=objective,
+        args=args,
+        on_objective=hook,
+    )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     assert args.beta == 0.0 and trainer.args is not args  # the adapter sets beta on its own copy
@@ -126,16 +142,22 @@ def _check_batch_source(recs, obj, group_size):
     expected = obj.advantages(_cat(recs, "rewards"), groups, _cat(recs, "completion_mask").sum(1).float())
     torch.testing.assert_close(_cat(recs, "advantages"), expected, rtol=1e-5, atol=1e-6)
     for r in recs:  # TRL's helper gives the log-prob of each completion token (no off-by-one)
-        torch.testing.assert_close(r["lp"], torch.where(r["completion_mask"].bool(), r["lp_plain"], r["lp"]),
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            r["lp"], torch.where(r["completion_mask"].bool(), r["lp_plain"], r["lp"]), rtol=1e-4, atol=1e-4
+        )
 
 
 def _objective_on(obj, recs, old, ref=None, loss_norm=None):
     """tether's objective on the rows of `recs`, rebuilt from TRL's tensors."""
     batch = objectives.TokenBatch(
-        logprobs=_cat(recs, "lp"), old_logprobs=old, advantages=_cat(recs, "advantages"),
-        mask=_cat(recs, "completion_mask").float(), ref_logprobs=ref, group_ids=_cat(recs, "groups"),
-        rewards=_cat(recs, "rewards"), loss_norm=loss_norm,
+        logprobs=_cat(recs, "lp"),
+        old_logprobs=old,
+        advantages=_cat(recs, "advantages"),
+        mask=_cat(recs, "completion_mask").float(),
+        ref_logprobs=ref,
+        group_ids=_cat(recs, "groups"),
+        rewards=_cat(recs, "rewards"),
+        loss_norm=loss_norm,
     )
     return obj(batch)
 
@@ -189,8 +211,15 @@ def test_rpg_with_reference_anchor_gets_reference_logprobs(tiny_dir, tmp_path):
 def test_etr_micro_batches_get_the_whole_generation_batchs_group_statistics(tiny_dir, tmp_path):
     # 4 prompts x 2 samples per generation batch, shuffled by TRL and split into micro-batches of 2
     # rows, so groups are split: each micro-batch's ETR statistics are still the whole batch's.
-    trainer, recs, before = _train(tiny_dir, tmp_path, "etr", num_generations=2, per_device_train_batch_size=2,
-                                   gradient_accumulation_steps=4, num_iterations=2)
+    trainer, recs, before = _train(
+        tiny_dir,
+        tmp_path,
+        "etr",
+        num_generations=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=4,
+        num_iterations=2,
+    )
     obj = trainer.tether_objective
     assert _changed(trainer, before)
     for step in (recs[:4], recs[4:]):
@@ -202,8 +231,14 @@ def test_etr_micro_batches_get_the_whole_generation_batchs_group_statistics(tiny
             rows = torch.arange(start, start + len(r["groups"]))
             start += len(r["groups"])
             torch.testing.assert_close(r["stats"].nu_shift, stats.nu_shift[rows], rtol=0, atol=1e-7)
-            batch = objectives.TokenBatch(r["lp"], r["trl_old"], r["advantages"], r["completion_mask"].float(),
-                                          loss_norm=norm, group_stats=stats.select(rows))
+            batch = objectives.TokenBatch(
+                r["lp"],
+                r["trl_old"],
+                r["advantages"],
+                r["completion_mask"].float(),
+                loss_norm=norm,
+                group_stats=stats.select(rows),
+            )
             torch.testing.assert_close(r["loss"], obj(batch).loss, rtol=1e-5, atol=1e-7)
     assert any(len(set(r["groups"].tolist())) == 2 for r in recs)  # some micro-batch split two groups
     assert any(k.startswith("etr/") for k in trainer.state.log_history[0])
@@ -221,7 +256,11 @@ def test_only_trl_compat_touches_trls_private_members():
 
     private = {k for k in vars(GRPOTrainer) if k.startswith("_") and not k.startswith("__")}
     assert private & set(vars(trl_compat.GRPOTrainerHooks)) == {
-        "_calculate_rewards", "_generate_and_score_completions", "_prepare_inputs", "_compute_loss"}
+        "_calculate_rewards",
+        "_generate_and_score_completions",
+        "_prepare_inputs",
+        "_compute_loss",
+    }
     assert not private & set(vars(TetherGRPOTrainer))
     source = inspect.getsource(adapter)
     assert not re.search(r"self\.(_step|_buffered_inputs|_metrics|_get_per_token_logps_and_entropies)\b", source)
@@ -234,8 +273,11 @@ def test_unknown_objective_fails_before_loading_the_model():
 
 @pytest.mark.parametrize(
     "setting, message",
-    [({"top_entropy_quantile": 0.5}, "top_entropy_quantile"), ({"entropy_coef": 0.01}, "entropy_coef"),
-     ({"sync_ref_model": True}, "sync_ref_model")],
+    [
+        ({"top_entropy_quantile": 0.5}, "top_entropy_quantile"),
+        ({"entropy_coef": 0.01}, "entropy_coef"),
+        ({"sync_ref_model": True}, "sync_ref_model"),
+    ],
 )
 def test_settings_tether_cannot_honour_are_refused(tmp_path, setting, message):
     with pytest.raises(ConfigError, match=message):
@@ -263,11 +305,21 @@ def test_gdpo_advantages_are_tethers_and_trls_normalize_then_sum(tiny_dir, tmp_p
     followed by TRL's per-sequence batch step (R - mean_B) / (std_B + 1e-4)."""
     records = []
     weights = [1.0, 0.5]
-    args = _args(tmp_path, gradient_accumulation_steps=2, reward_weights=weights,
-                 multi_objective_aggregation="normalize_then_sum")
-    trainer = make_trainer(str(tiny_dir), [odd_chars, digit_share], Dataset.from_dict({"prompt": PROMPTS}),
-                           objective="gdpo", args=args, advantages=mode,
-                           on_objective=lambda i, b, o: records.append(_record(trainer, i, b, o)))
+    args = _args(
+        tmp_path,
+        gradient_accumulation_steps=2,
+        reward_weights=weights,
+        multi_objective_aggregation="normalize_then_sum",
+    )
+    trainer = make_trainer(
+        str(tiny_dir),
+        [odd_chars, digit_share],
+        Dataset.from_dict({"prompt": PROMPTS}),
+        objective="gdpo",
+        args=args,
+        advantages=mode,
+        on_objective=lambda i, b, o: records.append(_record(trainer, i, b, o)),
+    )
     trainer.train()
     recs = records[:2]  # the first generation batch: 2 prompts x 4, one optimiser step of 2 micro-batches
     texts = [t for r in recs for t in r["texts"]]
@@ -290,9 +342,15 @@ def test_grpo_batch_std_is_trls_scale_rewards_batch(tiny_dir, tmp_path):
     std_B + 1e-4, tether by std_B + 1e-6 (tether.core.advantages, grpo_batch_std departure 1)."""
     records = []
     args = _args(tmp_path, gradient_accumulation_steps=2, scale_rewards="batch")
-    trainer = make_trainer(str(tiny_dir), odd_chars, Dataset.from_dict({"prompt": PROMPTS}),
-                           objective={"preset": "dapo", "advantage": "grpo_batch_std"}, args=args, advantages="trl",
-                           on_objective=lambda i, b, o: records.append(_record(trainer, i, b, o)))
+    trainer = make_trainer(
+        str(tiny_dir),
+        odd_chars,
+        Dataset.from_dict({"prompt": PROMPTS}),
+        objective={"preset": "dapo", "advantage": "grpo_batch_std"},
+        args=args,
+        advantages="trl",
+        on_objective=lambda i, b, o: records.append(_record(trainer, i, b, o)),
+    )
     trainer.train()
     recs = records[:2]  # the first generation batch, 2 prompts x 4
     rewards = torch.tensor(odd_chars([t for r in recs for t in r["texts"]]), dtype=torch.float64)
@@ -303,12 +361,15 @@ def test_grpo_batch_std_is_trls_scale_rewards_batch(tiny_dir, tmp_path):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("setting, warns", [
-    ({}, True),  # TRL's defaults: every generation batch within one optimiser step
-    ({"gradient_accumulation_steps": 2}, True),
-    ({"num_iterations": 2}, False),
-    ({"gradient_accumulation_steps": 2, "steps_per_generation": 4}, False),
-])
+@pytest.mark.parametrize(
+    "setting, warns",
+    [
+        ({}, True),  # TRL's defaults: every generation batch within one optimiser step
+        ({"gradient_accumulation_steps": 2}, True),
+        ({"num_iterations": 2}, False),
+        ({"gradient_accumulation_steps": 2, "steps_per_generation": 4}, False),
+    ],
+)
 def test_an_inactive_trust_region_is_warned_about(tmp_path, setting, warns):
     # Issue 13, item 7: with on-policy updates DAPO's clip reduces to plain policy gradient.
     args = _args(tmp_path, **setting)
@@ -345,8 +406,11 @@ def test_reinforce_pp_advantages_are_the_trainers_whitened_over_tokens():
     trainer = obj.advantages(rewards, groups, lengths)  # what tether's trainer computes (train.py)
     torch.testing.assert_close(trainer, expected, rtol=1e-12, atol=0)
     torch.testing.assert_close(group_advantages(obj, rewards, groups, lengths), expected, rtol=1e-12, atol=0)
-    assert torch.allclose(expected, torch.tensor([1.561, -0.689, -0.689, 1.561, 0.999, 0.999, -1.251, 0.999],
-                                                 dtype=torch.float64), atol=5e-4)
+    assert torch.allclose(
+        expected,
+        torch.tensor([1.561, -0.689, -0.689, 1.561, 0.999, 0.999, -1.251, 0.999], dtype=torch.float64),
+        atol=5e-4,
+    )
     # Per sequence (all weights 1; the adapter before): mean 0, var = 1.75 / 7 = .25, A = 2a.
     torch.testing.assert_close(group_advantages(obj, rewards, groups), 2 * a, rtol=1e-6, atol=0)
     # An unscorable row leaves the baseline and the batch statistics, its length with it.
@@ -361,8 +425,14 @@ def test_reward_func_scores_tether_examples_with_a_tether_verifier():
     data = to_dataset([Example("a", "1+1=", "2"), Example("b", "2+3=", "5")])
     score = reward_func("exact_match")
     rows = data[:]
-    assert score(prompts=rows["prompt"], completions=["2", "6"], answer=rows["answer"], id=rows["id"],
-                 meta=rows["meta"], trainer_state=None) == [1.0, 0.0]
+    assert score(
+        prompts=rows["prompt"],
+        completions=["2", "6"],
+        answer=rows["answer"],
+        id=rows["id"],
+        meta=rows["meta"],
+        trainer_state=None,
+    ) == [1.0, 0.0]
     assert score.__name__ == "exact_match"
 
 
@@ -374,8 +444,10 @@ def test_the_adapter_trains_on_cuda_in_bf16(tiny_dir, tmp_path):
     assert all(torch.isfinite(r["loss"]) for r in recs)
 
 
-@pytest.mark.parametrize("objective", slow_after_first(["dppo_tv", "sapo", "gmpo", "clip_cov", "kl_cov",
-                                                        "reinforce_pp", "vespo", "luspo", "dro"]))
+@pytest.mark.parametrize(
+    "objective",
+    slow_after_first(["dppo_tv", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp", "vespo", "luspo", "dro"]),
+)
 def test_every_objective_trains_off_policy_in_the_adapter(tiny_dir, tmp_path, objective):
     # Issue 18: every objective is usable in the TRL adapter (here off-policy: num_iterations=2).
     trainer, recs, before = _train(tiny_dir, tmp_path, objective, num_iterations=2)
@@ -402,9 +474,14 @@ def _train_on_injected_sampler_logprobs(tiny_dir, tmp_path, spec, seed):
             return out
 
     records = []
-    trainer = Injected(str(tiny_dir), odd_chars, _args(tmp_path, num_iterations=2),
-                       train_dataset=Dataset.from_dict({"prompt": PROMPTS}), objective=spec,
-                       on_objective=lambda inputs, batch, out: records.append((inputs, batch, out)))
+    trainer = Injected(
+        str(tiny_dir),
+        odd_chars,
+        _args(tmp_path, num_iterations=2),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        objective=spec,
+        on_objective=lambda inputs, batch, out: records.append((inputs, batch, out)),
+    )
     trainer.train()
     return trainer, records
 
@@ -417,8 +494,9 @@ def test_rollout_correction_reads_injected_sampler_logprobs(tiny_dir, tmp_path):
         assert torch.equal(batch.sampler_logprobs, inputs["sampling_per_token_logps"])
         assert out.metrics["rollout_correction/mismatch_k3"] > 0
         assert 0 < out.metrics["rollout_correction/truncated_frac"] < 1
-        plain = objectives.build("dapo")(objectives.TokenBatch(batch.logprobs.detach(), batch.old_logprobs,
-                                                                batch.advantages, batch.mask))
+        plain = objectives.build("dapo")(
+            objectives.TokenBatch(batch.logprobs.detach(), batch.old_logprobs, batch.advantages, batch.mask)
+        )
         assert not torch.isclose(out.loss.detach(), plain.loss)  # the correction changed the loss
 
 
@@ -451,11 +529,32 @@ def one_and_two_processes(tiny_dir, tmp_path_factory):
     """The script's runs in one process and in two (`accelerate launch`), side by side; their output dirs."""
     one, two = tmp_path_factory.mktemp("one_process"), tmp_path_factory.mktemp("two_processes")
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1"}
-    single = subprocess.Popen([sys.executable, str(TWO_PROCESS_SCRIPT), str(tiny_dir), str(one)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(_free_port()), str(TWO_PROCESS_SCRIPT), str(tiny_dir), str(two)]
+    single = subprocess.Popen(
+        [sys.executable, str(TWO_PROCESS_SCRIPT), str(tiny_dir), str(one)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        str(TWO_PROCESS_SCRIPT),
+        str(tiny_dir),
+        str(two),
+    ]
     try:
         double = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=900)
         single_log = single.communicate(timeout=900)[0]
@@ -489,8 +588,9 @@ def test_two_processes_train_exactly_as_one(one_and_two_processes, tiny_dir, nam
     rows_one = sorted(row for r in one["records"] if r["step"] == 0 for row in r["rows"])
     rows_two = sorted(row for rank in two for r in rank["records"] if r["step"] == 0 for row in r["rows"])
     assert len(rows_one) == len(rows_two) == 12
-    torch.testing.assert_close(torch.tensor(rows_two, dtype=torch.float64),
-                               torch.tensor(rows_one, dtype=torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(rows_two, dtype=torch.float64), torch.tensor(rows_one, dtype=torch.float64), rtol=0, atol=1e-6
+    )
     # Group 1 is split between the processes (rows 4-5 on rank 0, 6-7 on rank 1).
     assert all(1 in {row[0] for r in rank["records"] for row in r["rows"]} for rank in two)
     for step in (0, 1):
@@ -534,11 +634,35 @@ def two_machines(tiny_dir, tmp_path_factory):
 
     def machine(rank: int) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
-             "--num_processes", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
-             "--main_process_port", port, "--mixed_precision", "no", "--dynamo_backend", "no",
-             str(TWO_PROCESS_SCRIPT), str(tiny_dir), str(out), "etr"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--multi_gpu",
+                "--num_machines",
+                "2",
+                "--num_processes",
+                "2",
+                "--machine_rank",
+                str(rank),
+                "--main_process_ip",
+                "127.0.0.1",
+                "--main_process_port",
+                port,
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                str(TWO_PROCESS_SCRIPT),
+                str(tiny_dir),
+                str(out),
+                "etr",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     machines = [machine(0), machine(1)]
     logs = []
@@ -586,8 +710,19 @@ def test_the_example_defaults_make_the_trust_region_act(tmp_path):
     spec = importlib.util.spec_from_file_location("train_grpo", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    trainer = example.main(["--tiny", "--max-steps", "2", "--per-device-batch", "8", "--num-generations", "4",
-                            "--output-dir", str(tmp_path)])
+    trainer = example.main(
+        [
+            "--tiny",
+            "--max-steps",
+            "2",
+            "--per-device-batch",
+            "8",
+            "--num-generations",
+            "4",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     logs = [h for h in trainer.state.log_history if "policy/ratio_max" in h]
     assert len(logs) == 2
     # optimiser step 1: first pass, on-policy (ratio exactly 1, nothing clipped); step 2: second pass
@@ -606,10 +741,16 @@ def _adapters_loss(objective, lp, old, adv, mask, max_len, train=True):
 
     leaf = lp.clone().requires_grad_()
     stub = SimpleNamespace(
-        tether_objective=objectives.build(objective, max_len=max_len), beta=0.0, on_objective=None,
-        model=SimpleNamespace(training=train), current_gradient_accumulation_steps=1, num_iterations=1, micro_step=0,
+        tether_objective=objectives.build(objective, max_len=max_len),
+        beta=0.0,
+        on_objective=None,
+        model=SimpleNamespace(training=train),
+        current_gradient_accumulation_steps=1,
+        num_iterations=1,
+        micro_step=0,
         args=SimpleNamespace(steps_per_generation=1, gradient_accumulation_steps=1),
-        accelerator=SimpleNamespace(reduce=lambda x, **_: x, num_processes=1), _log_objective=lambda *a: None,
+        accelerator=SimpleNamespace(reduce=lambda x, **_: x, num_processes=1),
+        _log_objective=lambda *a: None,
     )
     for name in ("on_new_buffer", "_step_normalizer", "_token_batch"):
         setattr(stub, name, MethodType(getattr(TetherGRPOTrainer, name), stub))
@@ -638,12 +779,15 @@ def test_an_empty_row_counts_in_the_normaliser_as_in_trl_hand_computed():
             loss, _ = _adapters_loss(spec, lp, lp, adv, mask, 3, train)
             assert loss.item() == pytest.approx(expected, rel=1e-6), (spec, train)
     # tether's own trainer keeps verl's convention: the empty row does not count
-    assert objectives.build(GRPO_SAME_AS_TRL)(objectives.TokenBatch(lp, lp, adv, mask.float())).loss.item() == \
-        pytest.approx(-0.2, rel=1e-6)
+    assert objectives.build(GRPO_SAME_AS_TRL)(
+        objectives.TokenBatch(lp, lp, adv, mask.float())
+    ).loss.item() == pytest.approx(-0.2, rel=1e-6)
 
 
-@pytest.mark.parametrize("loss_type, spec", [("grpo", GRPO_SAME_AS_TRL), ("dr_grpo", DR_GRPO),
-                                             ("bnpo", {"name": "ppo_clip", "aggregation": "token-mean"})])
+@pytest.mark.parametrize(
+    "loss_type, spec",
+    [("grpo", GRPO_SAME_AS_TRL), ("dr_grpo", DR_GRPO), ("bnpo", {"name": "ppo_clip", "aggregation": "token-mean"})],
+)
 @pytest.mark.parametrize("seed", range(3))
 def test_the_adapters_loss_and_gradient_are_trls_own_with_empty_rows(loss_type, spec, seed):
     g = torch.Generator().manual_seed(seed)

@@ -35,23 +35,33 @@ DRIVER = TESTS / "verl_actor_cpu.py"
 G, PROMPTS, P, T = 4, 2, 4, 6  # samples per prompt, prompts, prompt and response widths
 LR = 1.0
 
+
 # verl overrides every case shares: the tiny model, sdpa attention and no remove-padding (both
 # need flash-attention otherwise), float32 FSDP2, SGD, no gradient clipping (verl 0.9.1 clips with
 # optim.clip_grad; actor.grad_clip is not read by its engine), one mini-batch of the
 # whole batch in micro-batches of 2 rows, no shuffling.
 def _common(model_dir: Path) -> list[str]:
     return [
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.use_remove_padding=False",
+        f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.model.use_remove_padding=False",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
-        f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}",
-        f"actor_rollout_ref.rollout.n={G}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.use_dynamic_bsz=False",
-        "actor_rollout_ref.actor.shuffle=False", "actor_rollout_ref.actor.optim.optimizer=SGD",
-        f"actor_rollout_ref.actor.optim.lr={LR}", "actor_rollout_ref.actor.optim.weight_decay=0",
-        "actor_rollout_ref.actor.optim.clip_grad=1e9", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-        "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.use_kl_loss=False",
+        f"data.train_batch_size={PROMPTS}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}",
+        f"actor_rollout_ref.rollout.n={G}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.use_dynamic_bsz=False",
+        "actor_rollout_ref.actor.shuffle=False",
+        "actor_rollout_ref.actor.optim.optimizer=SGD",
+        f"actor_rollout_ref.actor.optim.lr={LR}",
+        "actor_rollout_ref.actor.optim.weight_decay=0",
+        "actor_rollout_ref.actor.optim.clip_grad=1e9",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.use_kl_loss=False",
     ]
 
 
@@ -60,15 +70,30 @@ LOSS = "actor_rollout_ref.actor.policy_loss"
 # name -> (verl overrides, the tether objective spec tether's trainer runs)
 CASES = {
     "atr_grpo": ([f"{LOSS}.loss_mode=tether_atr_grpo"], "atr_grpo"),
-    "dapo": ([TETHER_TARGET, f"{LOSS}.loss_mode=tether_dapo", f"+{LOSS}.overrides={{dual_clip_c:3.0}}"],
-             {"preset": "dapo", "dual_clip_c": 3.0}),
-    "vanilla": ([f"{LOSS}.loss_mode=vanilla", "actor_rollout_ref.actor.clip_ratio_low=0.2",
-                 "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.clip_ratio_c=3.0"],
-                {"preset": "dapo", "dual_clip_c": 3.0}),
+    "dapo": (
+        [TETHER_TARGET, f"{LOSS}.loss_mode=tether_dapo", f"+{LOSS}.overrides={{dual_clip_c:3.0}}"],
+        {"preset": "dapo", "dual_clip_c": 3.0},
+    ),
+    "vanilla": (
+        [
+            f"{LOSS}.loss_mode=vanilla",
+            "actor_rollout_ref.actor.clip_ratio_low=0.2",
+            "actor_rollout_ref.actor.clip_ratio_high=0.28",
+            "actor_rollout_ref.actor.clip_ratio_c=3.0",
+        ],
+        {"preset": "dapo", "dual_clip_c": 3.0},
+    ),
     # verl puts ref_log_prob in the micro-batch with use_kl_loss; kl_loss_coef=0 keeps its own KL term out.
-    "rpg_ref": ([TETHER_TARGET, f"{LOSS}.loss_mode=tether_rpg_urkl", f"+{LOSS}.overrides={{anchor:ref,beta:0.05}}",
-                 "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0"],
-                {"preset": "rpg_urkl", "anchor": "ref", "beta": 0.05}),
+    "rpg_ref": (
+        [
+            TETHER_TARGET,
+            f"{LOSS}.loss_mode=tether_rpg_urkl",
+            f"+{LOSS}.overrides={{anchor:ref,beta:0.05}}",
+            "actor_rollout_ref.actor.use_kl_loss=True",
+            "actor_rollout_ref.actor.kl_loss_coef=0",
+        ],
+        {"preset": "rpg_urkl", "anchor": "ref", "beta": 0.05},
+    ),
     "etr": ([f"{LOSS}.loss_mode=tether_etr"], "etr"),
 }
 
@@ -93,8 +118,9 @@ def _batch(model_dir: Path) -> dict:
     prompts = torch.randint(3, V, (PROMPTS, P), generator=g).repeat_interleave(G, 0) * prompt_mask
     responses = torch.randint(3, V, (N, T), generator=g) * resp_mask
     attention = torch.cat([prompt_mask, resp_mask], 1).long()
-    tokens = Tokens(torch.cat([prompts, responses], 1), attention, positions(attention), responses,
-                    resp_mask.float(), P)
+    tokens = Tokens(
+        torch.cat([prompts, responses], 1), attention, positions(attention), responses, resp_mask.float(), P
+    )
     with torch.no_grad():
         lp, _ = token_logprobs(model, tokens, LogProbSettings(share_prompts=False))
     old = (lp + 0.5 * (torch.rand(N, T, generator=g) - 0.5)) * resp_mask
@@ -107,13 +133,25 @@ def _batch(model_dir: Path) -> dict:
 
     uids = [f"prompt-{i // G}" for i in range(N)]
     adv, returns = core_algos.get_adv_estimator_fn("tether_grpo")(
-        token_level_rewards=token_rewards, response_mask=resp_mask, index=uids)
-    return {"input_ids": tokens.input_ids, "attention_mask": attention, "position_ids": tokens.position_ids,
-            "prompts": prompts, "responses": responses, "response_mask": resp_mask.long(),
-            "old_log_probs": old.float(), "advantages": adv.float(), "ref_log_prob": ref.float(),
-            "returns": returns.float(), "token_level_rewards": token_rewards,
-            # tether's side only (not sent to verl):
-            "_rewards": rewards, "_groups": torch.arange(N) // G, "_tokens": tokens}
+        token_level_rewards=token_rewards, response_mask=resp_mask, index=uids
+    )
+    return {
+        "input_ids": tokens.input_ids,
+        "attention_mask": attention,
+        "position_ids": tokens.position_ids,
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": resp_mask.long(),
+        "old_log_probs": old.float(),
+        "advantages": adv.float(),
+        "ref_log_prob": ref.float(),
+        "returns": returns.float(),
+        "token_level_rewards": token_rewards,
+        # tether's side only (not sent to verl):
+        "_rewards": rewards,
+        "_groups": torch.arange(N) // G,
+        "_tokens": tokens,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -123,18 +161,35 @@ def verl_updates(tmp_path_factory):
     model_dir = init_model(tmp / "tiny", hidden_size=32, num_layers=2, num_heads=2, seed=0)
     batch = _batch(model_dir)
     torch.save({k: v for k, v in batch.items() if not k.startswith("_")}, tmp / "batch.pt")
-    (tmp / "cases.json").write_text(json.dumps({"common": _common(model_dir),
-                                                "cases": {k: v[0] for k, v in CASES.items()}}))
+    (tmp / "cases.json").write_text(
+        json.dumps({"common": _common(model_dir), "cases": {k: v[0] for k, v in CASES.items()}})
+    )
     repo = str(TESTS.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           # verl's hooks: import the CPU platform with verl and select it; the FSDP engine class that
-           # verl registers for "cuda" is the one it builds (VERL_ENGINE_DEVICE picks the registration).
-           "VERL_USE_EXTERNAL_MODULES": "verl_0_9_cpu_platform", "VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda",
-           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "CUDA_VISIBLE_DEVICES": "",
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    out = subprocess.run([sys.executable, str(DRIVER), str(tmp / "batch.pt"), str(tmp / "out"), str(tmp / "cases.json")],
-                         capture_output=True, text=True, env=env, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([repo, str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        # verl's hooks: import the CPU platform with verl and select it; the FSDP engine class that
+        # verl registers for "cuda" is the one it builds (VERL_ENGINE_DEVICE picks the registration).
+        "VERL_USE_EXTERNAL_MODULES": "verl_0_9_cpu_platform",
+        "VERL_PLATFORM": "cpu",
+        "VERL_ENGINE_DEVICE": "cuda",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    out = subprocess.run(
+        [sys.executable, str(DRIVER), str(tmp / "batch.pt"), str(tmp / "out"), str(tmp / "cases.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     return batch, model_dir, {k: torch.load(tmp / "out" / f"{k}.pt", weights_only=False) for k in CASES}
 
@@ -146,14 +201,34 @@ def _tether_update(model_dir: Path, batch: dict, spec) -> tuple[dict, dict]:
 
     model, _ = load_model(str(model_dir), dtype="float32")
     obj = objectives.build(spec)
-    cfg = load_config(None, [f"model.name_or_path={model_dir}", "trainer.ppo_epochs=1", "trainer.mini_batches=1",
-                             f"trainer.micro_batch_size={G}", "trainer.max_grad_norm=0"])
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={model_dir}",
+            "trainer.ppo_epochs=1",
+            "trainer.mini_batches=1",
+            f"trainer.micro_batch_size={G}",
+            "trainer.max_grad_norm=0",
+        ],
+    )
     sgd = torch.optim.SGD(model.parameters(), lr=LR)
-    ub = UpdateBatch(tokens=batch["_tokens"], advantages=batch["advantages"], rewards=batch["_rewards"],
-                     group_ids=batch["_groups"], old_logprobs=batch["old_log_probs"],
-                     ref_logprobs=batch["ref_log_prob"] if obj.uses_reference() else None)
-    done = update(Optimiser(model, sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0)), obj, ub, cfg.trainer,
-                  torch.Generator().manual_seed(0), LogProbSettings(share_prompts=False), Precision.of("off", torch.device("cpu")))
+    ub = UpdateBatch(
+        tokens=batch["_tokens"],
+        advantages=batch["advantages"],
+        rewards=batch["_rewards"],
+        group_ids=batch["_groups"],
+        old_logprobs=batch["old_log_probs"],
+        ref_logprobs=batch["ref_log_prob"] if obj.uses_reference() else None,
+    )
+    done = update(
+        Optimiser(model, sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0)),
+        obj,
+        ub,
+        cfg.trainer,
+        torch.Generator().manual_seed(0),
+        LogProbSettings(share_prompts=False),
+        Precision.of("off", torch.device("cpu")),
+    )
     return done.metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -161,8 +236,9 @@ def _assert_same_update(verl_result: dict, tether_after: dict, before: dict) -> 
     # float32 weights near 1 (the norms) carry ~1e-7 of rounding in (after - before); the updates are
     # 5e-4 to 0.16 here, and gradient clipping at verl's default (1.0) would shrink them all by 16%.
     for name, start in before.items():
-        torch.testing.assert_close(verl_result["after"][name] - start, tether_after[name] - start, rtol=1e-4,
-                                   atol=1e-6, msg=name)
+        torch.testing.assert_close(
+            verl_result["after"][name] - start, tether_after[name] - start, rtol=1e-4, atol=1e-6, msg=name
+        )
 
 
 @pytest.mark.slow
@@ -194,7 +270,8 @@ def test_verl_actor_tether_dapo_equals_verls_native_vanilla(verl_updates):
     _, _, results = verl_updates
     ours, theirs = results["dapo"], results["vanilla"]
     assert ours["policy_loss_class"] == "TetherPolicyLossConfig" and ours["policy_loss"]["overrides"] == {
-        "dual_clip_c": 3.0}
+        "dual_clip_c": 3.0
+    }
     assert theirs["policy_loss"]["loss_mode"] == "vanilla"
     assert ours["metrics"]["actor/pg_loss"] == pytest.approx(theirs["metrics"]["actor/pg_loss"], rel=1e-6)
     for key in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"):

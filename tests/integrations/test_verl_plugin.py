@@ -56,14 +56,28 @@ def _data(N=12, T=6, seed=0):
     token_rewards[torch.arange(N), lengths - 1] = rewards
     uids = np.array([f"prompt-{int(i)}" for i in groups], dtype=object)
     weights = 0.5 + torch.rand(N, T, generator=g, dtype=D)
-    return dict(lp=lp, old=old, ref=ref, mask=mask, groups=groups, rewards=rewards, token_rewards=token_rewards,
-                uids=uids, weights=weights)
+    return dict(
+        lp=lp,
+        old=old,
+        ref=ref,
+        mask=mask,
+        groups=groups,
+        rewards=rewards,
+        token_rewards=token_rewards,
+        uids=uids,
+        weights=weights,
+    )
 
 
 def _actor_config(policy_loss=None, **kw):
     """verl's own actor config, as its workers build it."""
-    return FSDPActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=2,
-                           **({"policy_loss": policy_loss} if policy_loss is not None else {}), **kw)
+    return FSDPActorConfig(
+        strategy="fsdp",
+        rollout_n=G,
+        ppo_micro_batch_size_per_gpu=2,
+        **({"policy_loss": policy_loss} if policy_loss is not None else {}),
+        **kw,
+    )
 
 
 def _verl_loss(loss_mode, d, config, agg, weights=None, fields=None):
@@ -72,8 +86,15 @@ def _verl_loss(loss_mode, d, config, agg, weights=None, fields=None):
     adv, returns = d["adv_tok"], d["returns"]
     fn = core_algos.get_policy_loss_fn(loss_mode)
     with tv.micro_batch(fields if fields is not None else {"ref_log_prob": d["ref"], "returns": returns}):
-        loss, metrics = fn(old_log_prob=d["old"], log_prob=lp, advantages=adv, response_mask=d["mask"],
-                           loss_agg_mode=agg, config=config, rollout_is_weights=weights)
+        loss, metrics = fn(
+            old_log_prob=d["old"],
+            log_prob=lp,
+            advantages=adv,
+            response_mask=d["mask"],
+            loss_agg_mode=agg,
+            config=config,
+            rollout_is_weights=weights,
+        )
     loss.backward()
     return loss.detach(), lp.grad, metrics
 
@@ -230,10 +251,18 @@ def _both_sides(loss_mode, objective, overrides, d, batch_info=None, loss_norm=N
     v_loss, v_grad, metrics = _verl_loss(loss_mode, d, config, agg)
 
     lp = d["lp"].clone().requires_grad_()
-    out = obj(objectives.TokenBatch(
-        logprobs=lp, old_logprobs=d["old"], advantages=obj.advantages(d["rewards"], d["groups"]), mask=d["mask"],
-        ref_logprobs=d["ref"], group_ids=d["groups"], rewards=d["rewards"], loss_norm=loss_norm,
-    ))
+    out = obj(
+        objectives.TokenBatch(
+            logprobs=lp,
+            old_logprobs=d["old"],
+            advantages=obj.advantages(d["rewards"], d["groups"]),
+            mask=d["mask"],
+            ref_logprobs=d["ref"],
+            group_ids=d["groups"],
+            rewards=d["rewards"],
+            loss_norm=loss_norm,
+        )
+    )
     out.loss.backward()
     return (v_loss, v_grad, metrics), (out.loss.detach(), lp.grad, out.metrics), agg
 
@@ -248,8 +277,15 @@ def test_verl_loss_equals_tether_objective(loss_mode, objective, overrides):
     torch.testing.assert_close(v_loss, t_loss, **tol)
     torch.testing.assert_close(v_grad, t_grad, **tol)
     # Metrics: tether's under actor/tether/, verl's three keys by verl's definitions.
-    for key in ("policy/clipfrac_low", "policy/clipfrac_high", "policy/clipfrac_dual", "policy/ratio_mean",
-                "policy/ratio_max", "policy/kl_old", "kl/ref"):
+    for key in (
+        "policy/clipfrac_low",
+        "policy/clipfrac_high",
+        "policy/clipfrac_dual",
+        "policy/ratio_mean",
+        "policy/ratio_max",
+        "policy/kl_old",
+        "kl/ref",
+    ):
         assert vm[f"actor/tether/{key}"] == pytest.approx(float(tm[key]), rel=1e-6, abs=1e-9), key
     clipped = float(tm["policy/clipfrac_low"] + tm["policy/clipfrac_high"])  # disjoint: they need A < 0 and A > 0
     assert vm["actor/pg_clipfrac"] == pytest.approx(clipped, abs=1e-6)
@@ -271,7 +307,8 @@ def test_global_batch_info_normalises_like_tethers_minibatch_normaliser(agg):
     info = {"dp_size": 2, "batch_num_tokens": 3 * n_tok, "global_batch_size": 3 * n_seq, "loss_scale_factor": None}
     norm = {"token-mean": 3 * n_tok, "seq-mean-token-sum-norm": 3 * n_seq * t_max}.get(agg, 3 * n_seq) / 2
     (v_loss, v_grad, _), (t_loss, t_grad, _), _ = _both_sides(
-        "tether_ppo_clip", "dapo", {"aggregation": agg}, d, info, norm)
+        "tether_ppo_clip", "dapo", {"aggregation": agg}, d, info, norm
+    )
     assert obj.config.aggregation == agg
     tol = dict(rtol=1e-7, atol=1e-9) if agg == "seq-mean-token-mean" else dict(rtol=1e-11, atol=1e-13)
     torch.testing.assert_close(v_loss, t_loss, **tol)
@@ -283,25 +320,37 @@ def test_global_batch_info_normalises_like_tethers_minibatch_normaliser(agg):
 # tether losses whose math verl also ships: same loss, gradient and standard metrics, with
 # rollout importance weights and global batch info, under every aggregation mode.
 SAME_AS_VERL = [
-    ("vanilla", dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
-     "tether_ppo_clip", "ppo_clip", {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0}),
-    ("cispo", dict(clip_ratio_low=0.2, clip_ratio_high=0.28),
-     "tether_cispo", "cispo", {"eps_low": 0.2, "eps_high": 0.28}),
+    (
+        "vanilla",
+        dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
+        "tether_ppo_clip",
+        "ppo_clip",
+        {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0},
+    ),
+    (
+        "cispo",
+        dict(clip_ratio_low=0.2, clip_ratio_high=0.28),
+        "tether_cispo",
+        "cispo",
+        {"eps_low": 0.2, "eps_high": 0.28},
+    ),
     ("gspo", dict(clip_ratio_low=3e-4, clip_ratio_high=4e-4), "tether_gspo", "gspo", {}),
 ]
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-@pytest.mark.parametrize("verl_mode,verl_kw,loss_mode,objective,overrides", SAME_AS_VERL,
-                         ids=[c[0] for c in SAME_AS_VERL])
+@pytest.mark.parametrize(
+    "verl_mode,verl_kw,loss_mode,objective,overrides", SAME_AS_VERL, ids=[c[0] for c in SAME_AS_VERL]
+)
 def test_matches_verls_own_loss(verl_mode, verl_kw, loss_mode, objective, overrides, agg):
     d = _data(seed=2)
     d["adv_tok"] = torch.randn(d["mask"].shape[0], 1, dtype=D) * d["mask"]
     d["returns"] = d["adv_tok"]
     info = {"dp_size": 2, "batch_num_tokens": 40, "global_batch_size": 20, "loss_scale_factor": 9}
     overrides = {**overrides, "aggregation": agg}
-    ours = _actor_config(tv.TetherPolicyLossConfig(loss_mode=loss_mode, objective=objective, overrides=overrides),
-                         loss_agg_mode=agg)
+    ours = _actor_config(
+        tv.TetherPolicyLossConfig(loss_mode=loss_mode, objective=objective, overrides=overrides), loss_agg_mode=agg
+    )
     theirs = _actor_config(loss_agg_mode=agg, **verl_kw)
     for c in (ours, theirs):
         c.global_batch_info.update(info)
@@ -327,8 +376,9 @@ def test_estimators_equal_tethers_and_verls():
         "tether_rloo": lambda: core_algos.compute_rloo_outcome_advantage(r, m, uids),
     }
     for name in sorted(set(A.ADVANTAGES.names()) - A.BATCH_WEIGHTED):  # reinforce_pp: test_reinforce_pp_* below
-        adv, returns = core_algos.get_adv_estimator_fn(f"tether_{name}")(token_level_rewards=r, response_mask=m,
-                                                                          index=uids, config=None)
+        adv, returns = core_algos.get_adv_estimator_fn(f"tether_{name}")(
+            token_level_rewards=r, response_mask=m, index=uids, config=None
+        )
         expected = A.compute_advantages(name, d["rewards"], d["groups"])[:, None] * m
         torch.testing.assert_close(adv, expected, rtol=1e-12, atol=1e-12)
         if f"tether_{name}" in verl_twin:  # maxrl: verl has none (SkyRL's and prime-rl's: test_maxrl_gdpo.py)
@@ -355,24 +405,35 @@ def _micro_batch_td(d, P=3):
     N, T = d["mask"].shape
     lengths = d["mask"].sum(-1)
     attn = torch.cat([torch.ones(N, P, dtype=torch.long), d["mask"].long()], dim=1)
-    td = TensorDict({
-        "prompts": torch.ones(N, P, dtype=torch.long), "responses": torch.ones(N, T, dtype=torch.long),
-        "attention_mask": attn, "response_mask": d["mask"], "old_log_probs": d["old"],
-        "advantages": d["adv_tok"], "returns": d["returns"], "ref_log_prob": d["ref"],
-    }, batch_size=[N])
+    td = TensorDict(
+        {
+            "prompts": torch.ones(N, P, dtype=torch.long),
+            "responses": torch.ones(N, T, dtype=torch.long),
+            "attention_mask": attn,
+            "response_mask": d["mask"],
+            "old_log_probs": d["old"],
+            "advantages": d["adv_tok"],
+            "returns": d["returns"],
+            "ref_log_prob": d["ref"],
+        },
+        batch_size=[N],
+    )
     tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=None, global_batch_size=None)
     # The model's log-prob of response token t sits at flat position (seq start + P - 1 + t).
     starts = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long), (P + lengths)[:-1]]), 0)
     flat = torch.zeros(int(attn.sum()), dtype=D)
     for i in range(N):
-        flat[starts[i] + P - 1: starts[i] + P - 1 + lengths[i]] = d["lp"][i, : lengths[i]]
+        flat[starts[i] + P - 1 : starts[i] + P - 1 + lengths[i]] = d["lp"][i, : lengths[i]]
     return td, flat
 
 
-@pytest.mark.parametrize("loss_mode,objective,overrides", [
-    ("tether_rpg", "rpg_urkl", {"anchor": "ref", "beta": 0.05}),  # needs ref_log_prob
-    ("tether_etr", "etr", {}),  # needs returns
-])
+@pytest.mark.parametrize(
+    "loss_mode,objective,overrides",
+    [
+        ("tether_rpg", "rpg_urkl", {"anchor": "ref", "beta": 0.05}),  # needs ref_log_prob
+        ("tether_etr", "etr", {}),  # needs returns
+    ],
+)
 def test_ppo_loss_hook_carries_the_micro_batch(loss_mode, objective, overrides):
     from verl.workers.utils import losses
 
@@ -388,10 +449,17 @@ def test_ppo_loss_hook_carries_the_micro_batch(loss_mode, objective, overrides):
     assert float(metrics["actor/pg_loss"].aggregate()) == pytest.approx(float(loss.detach()))
 
     lp = d["lp"].clone()
-    t = obj(objectives.TokenBatch(
-        logprobs=lp, old_logprobs=d["old"], advantages=obj.advantages(d["rewards"], d["groups"]), mask=d["mask"],
-        ref_logprobs=d["ref"], group_ids=d["groups"], rewards=d["rewards"],
-    ))
+    t = obj(
+        objectives.TokenBatch(
+            logprobs=lp,
+            old_logprobs=d["old"],
+            advantages=obj.advantages(d["rewards"], d["groups"]),
+            mask=d["mask"],
+            ref_logprobs=d["ref"],
+            group_ids=d["groups"],
+            rewards=d["rewards"],
+        )
+    )
     torch.testing.assert_close(loss.detach(), t.loss, rtol=1e-11, atol=1e-13)
     # Outside ppo_loss nothing is published, so the same loss now fails with a clear message.
     with pytest.raises(ValueError, match="ref_log_prob|returns"):
@@ -437,8 +505,13 @@ def test_example_overrides_fit_verls_schema(objective):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    out = subprocess.run(["bash", str(EXAMPLE)], capture_output=True, text=True, timeout=30,
-                         env={**os.environ, "DRY_RUN": "1", "OBJECTIVE": objective})
+    out = subprocess.run(
+        ["bash", str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "DRY_RUN": "1", "OBJECTIVE": objective},
+    )
     assert out.returncode == 0, out.stderr
     overrides = out.stdout.splitlines()
     cfg = _compose(overrides)  # Hydra rejects a key that verl's schema lacks (without '+')
@@ -456,12 +529,14 @@ def test_example_overrides_fit_verls_schema(objective):
 def test_hydra_errors_surface_when_verl_builds_the_actor_config():
     from verl.utils.config import omega_conf_to_dataclass
 
-    cfg = _compose([
-        "actor_rollout_ref.actor.policy_loss._target_=tether.integrations.verl.TetherPolicyLossConfig",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=tether_rpg",
-        "+actor_rollout_ref.actor.policy_loss.objective=rpg_urk",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    ])
+    cfg = _compose(
+        [
+            "actor_rollout_ref.actor.policy_loss._target_=tether.integrations.verl.TetherPolicyLossConfig",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=tether_rpg",
+            "+actor_rollout_ref.actor.policy_loss.objective=rpg_urk",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        ]
+    )
     with pytest.raises(Exception, match="Did you mean 'rpg_urkl'"):
         omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
 
@@ -526,8 +601,9 @@ def test_default_objective_when_verl_passes_another_config():
     d["returns"] = d["adv_tok"]
     loss, _, _ = _verl_loss("tether_cispo", d, None, "token-mean")
     lp = d["lp"].clone()
-    t = objectives.build("cispo")(objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"],
-                                                        mask=d["mask"]))
+    t = objectives.build("cispo")(
+        objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"], mask=d["mask"])
+    )
     torch.testing.assert_close(loss, t.loss)
 
 
@@ -538,7 +614,10 @@ def test_verl_kl_loss_on_top_of_a_tether_kl_is_refused_naming_the_key():
     d = _data(seed=5)
     d["adv_tok"], d["returns"] = d["token_rewards"], d["token_rewards"]
     pl = tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="rpg_urkl", overrides={"anchor": "ref"})
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.kl_loss_coef=0\.001.*set actor_rollout_ref\.actor\.kl_loss_coef=0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"actor_rollout_ref\.actor\.kl_loss_coef=0\.001.*set actor_rollout_ref\.actor\.kl_loss_coef=0",
+    ):
         _verl_loss("tether_rpg", d, _actor_config(pl, use_kl_loss=True), "token-mean")
     _verl_loss("tether_rpg", d, _actor_config(pl, use_kl_loss=True, kl_loss_coef=0.0), "token-mean")  # the fix works
     # An objective without a reference: verl's KL loss is the user's own choice, not hidden.
@@ -552,10 +631,18 @@ def test_verl_kl_in_reward_under_a_tether_estimator_is_refused_naming_the_key():
     d = _data(seed=6)
     est = core_algos.get_adv_estimator_fn("tether_grpo")
     with pytest.raises(ConfigError, match=r"algorithm\.kl_ctrl\.kl_coef=0\.001.*set algorithm\.kl_ctrl\.kl_coef=0"):
-        est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"],
-            config=AlgoConfig(use_kl_in_reward=True))
-    adv, _ = est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"],
-                 config=AlgoConfig(use_kl_in_reward=True, kl_ctrl=KLControlConfig(kl_coef=0.0)))
+        est(
+            token_level_rewards=d["token_rewards"],
+            response_mask=d["mask"],
+            index=d["uids"],
+            config=AlgoConfig(use_kl_in_reward=True),
+        )
+    adv, _ = est(
+        token_level_rewards=d["token_rewards"],
+        response_mask=d["mask"],
+        index=d["uids"],
+        config=AlgoConfig(use_kl_in_reward=True, kl_ctrl=KLControlConfig(kl_coef=0.0)),
+    )
     assert torch.isfinite(adv).all()
 
 
@@ -570,23 +657,62 @@ from tether.core.masked import group_summary  # noqa: E402
 # the covariance selection; verl's `sapo` and `geo_mean` aggregate their own way whatever loss_agg_mode says.
 ALL_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 VERL_OWN = [
-    ("dppo_tv", dict(clip_ratio=0.15, clip_ratio_low=0.1, clip_ratio_high=0.15, clip_ratio_c=1.5), {},
-     {"name": "dppo", "measure": "binary_tv", "delta_low": 0.1, "delta_high": 0.15, "truncation_c": 1.5}, ALL_AGG),
-    ("dppo_kl", dict(clip_ratio=0.05, clip_ratio_low=0.05, clip_ratio_high=0.03, clip_ratio_c=1.5), {},
-     {"name": "dppo", "measure": "binary_kl", "delta_low": 0.05, "delta_high": 0.03, "truncation_c": 1.5}, ALL_AGG),
-    ("sapo", dict(tau_pos=1.0, tau_neg=1.05), {}, {"name": "sapo", "tau_pos": 1.0, "tau_neg": 1.05},
-     ("seq-mean-token-mean",)),
-    ("sapo", dict(tau_pos=2.0, tau_neg=3.0), {}, {"name": "sapo", "tau_pos": 2.0, "tau_neg": 3.0},
-     ("seq-mean-token-mean",)),
-    ("geo_mean", dict(clip_ratio=0.4, clip_ratio_low=0.4, clip_ratio_high=0.3), {},
-     {"name": "gmpo", "eps_low": 0.4, "eps_high": 0.3}, ("seq-mean-token-mean",)),
-    ("clip_cov", dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28),
-     dict(clip_cov_ratio=1.0, clip_cov_lb=0.05, clip_cov_ub=5.0),  # k >= candidates: verl's draw is forced
-     {"name": "clip_cov", "eps_low": 0.2, "eps_high": 0.28, "select_frac": 1.0, "cov_lb": 0.05, "cov_ub": 5.0}, ALL_AGG),
-    ("kl_cov", {}, dict(kl_cov_ratio=0.1, ppo_kl_coef=1.0), {"name": "kl_cov", "select_frac": 0.1, "kl_coef": 1.0},
-     ALL_AGG),
-    ("kl_cov", {}, dict(kl_cov_ratio=2e-3, ppo_kl_coef=0.1), {"name": "kl_cov", "select_frac": 2e-3, "kl_coef": 0.1},
-     ("token-mean",)),
+    (
+        "dppo_tv",
+        dict(clip_ratio=0.15, clip_ratio_low=0.1, clip_ratio_high=0.15, clip_ratio_c=1.5),
+        {},
+        {"name": "dppo", "measure": "binary_tv", "delta_low": 0.1, "delta_high": 0.15, "truncation_c": 1.5},
+        ALL_AGG,
+    ),
+    (
+        "dppo_kl",
+        dict(clip_ratio=0.05, clip_ratio_low=0.05, clip_ratio_high=0.03, clip_ratio_c=1.5),
+        {},
+        {"name": "dppo", "measure": "binary_kl", "delta_low": 0.05, "delta_high": 0.03, "truncation_c": 1.5},
+        ALL_AGG,
+    ),
+    (
+        "sapo",
+        dict(tau_pos=1.0, tau_neg=1.05),
+        {},
+        {"name": "sapo", "tau_pos": 1.0, "tau_neg": 1.05},
+        ("seq-mean-token-mean",),
+    ),
+    (
+        "sapo",
+        dict(tau_pos=2.0, tau_neg=3.0),
+        {},
+        {"name": "sapo", "tau_pos": 2.0, "tau_neg": 3.0},
+        ("seq-mean-token-mean",),
+    ),
+    (
+        "geo_mean",
+        dict(clip_ratio=0.4, clip_ratio_low=0.4, clip_ratio_high=0.3),
+        {},
+        {"name": "gmpo", "eps_low": 0.4, "eps_high": 0.3},
+        ("seq-mean-token-mean",),
+    ),
+    (
+        "clip_cov",
+        dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28),
+        dict(clip_cov_ratio=1.0, clip_cov_lb=0.05, clip_cov_ub=5.0),  # k >= candidates: verl's draw is forced
+        {"name": "clip_cov", "eps_low": 0.2, "eps_high": 0.28, "select_frac": 1.0, "cov_lb": 0.05, "cov_ub": 5.0},
+        ALL_AGG,
+    ),
+    (
+        "kl_cov",
+        {},
+        dict(kl_cov_ratio=0.1, ppo_kl_coef=1.0),
+        {"name": "kl_cov", "select_frac": 0.1, "kl_coef": 1.0},
+        ALL_AGG,
+    ),
+    (
+        "kl_cov",
+        {},
+        dict(kl_cov_ratio=2e-3, ppo_kl_coef=0.1),
+        {"name": "kl_cov", "select_frac": 2e-3, "kl_coef": 0.1},
+        ("token-mean",),
+    ),
     ("dro", {}, dict(dro_beta=0.1), {"name": "dro", "beta": 0.1}, ALL_AGG),
 ]
 VERL_OWN_IDS = [f"{c[0]}-{i}" for i, c in enumerate(VERL_OWN)]
@@ -643,9 +769,19 @@ def test_dppo_equals_verls_dppo_at_verls_default_config(mode, measure):
     # (not 20: that is only verl's fallback for a config without the key), loss_agg_mode token-mean.
     config = _actor_config(PolicyLossConfig(loss_mode=mode))
     assert (config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c, config.loss_agg_mode) == (
-        0.2, 0.2, 3.0, "token-mean")
-    spec = {"name": "dppo", "measure": measure, "delta_low": 0.2, "delta_high": 0.2, "truncation_c": 3.0,
-            "aggregation": "token-mean"}
+        0.2,
+        0.2,
+        3.0,
+        "token-mean",
+    )
+    spec = {
+        "name": "dppo",
+        "measure": measure,
+        "delta_low": 0.2,
+        "delta_high": 0.2,
+        "truncation_c": 3.0,
+        "aggregation": "token-mean",
+    }
     # Rare tokens (p_old ~ 0.02-0.05) with log-ratios scaled by 3: w up to ~5.5, so the cap at 3 acts.
     d = _own_data(seed=3)
     d["lp"], d["old"] = d["old"] - 3.0 + 3.0 * (d["lp"] - d["old"]), d["old"] - 3.0
@@ -656,15 +792,20 @@ def test_dppo_equals_verls_dppo_at_verls_default_config(mode, measure):
     assert tm["dppo/truncfrac"] > 0 and vm["actor/pg_clipfrac_lower"] == pytest.approx(float(tm["dppo/truncfrac"]))
     # The audit's token: p_old = e^-5, w = e^2, A = 1, one of 2 counted tokens. verl: -min(e^2, 3) / 2 = -1.5;
     # tether's default (no cap, the authors'): -e^2 / 2 = -3.695.
-    one = {"old": torch.tensor([[-5.0, -1.0]], dtype=D), "lp": torch.tensor([[-3.0, -1.1]], dtype=D),
-           "mask": torch.ones(1, 2, dtype=torch.bool), "ref": torch.zeros(1, 2, dtype=D)}
+    one = {
+        "old": torch.tensor([[-5.0, -1.0]], dtype=D),
+        "lp": torch.tensor([[-3.0, -1.1]], dtype=D),
+        "mask": torch.ones(1, 2, dtype=torch.bool),
+        "ref": torch.zeros(1, 2, dtype=D),
+    }
     one["adv_tok"] = one["returns"] = torch.ones(1, 2, dtype=D)
     _, v_grad, _ = _verl_loss(mode, one, config, "token-mean")
     _, t_grad, _ = _tether_own(spec, one, "token-mean")
     assert v_grad[0, 0].item() == pytest.approx(-1.5, rel=1e-15)
     torch.testing.assert_close(t_grad, v_grad, rtol=0, atol=1e-15)
-    _, t_default, _ = _tether_own({"name": "dppo", "measure": measure, "delta_low": 0.2, "delta_high": 0.2}, one,
-                                  "token-mean")
+    _, t_default, _ = _tether_own(
+        {"name": "dppo", "measure": measure, "delta_low": 0.2, "delta_high": 0.2}, one, "token-mean"
+    )
     assert t_default[0, 0].item() == pytest.approx(-math.exp(2.0) / 2, rel=1e-15)
 
 
@@ -699,8 +840,9 @@ def test_clip_cov_random_choice_equals_verls_given_the_same_draw(monkeypatch):
     spec = {"name": "clip_cov", "eps_low": 0.2, "eps_high": 0.28, "select_frac": 0.1, "cov_lb": 0.02, "cov_ub": 5.0}
     lp, m = d["lp"], d["mask"]
     torch.manual_seed(11)
-    chosen = C.clip_cov(torch.where(m, lp, 0 * lp), torch.where(m, d["old"], 0 * lp), d["adv_tok"], m, 0.2, 0.28,
-                        0.1, 0.02, 5.0)
+    chosen = C.clip_cov(
+        torch.where(m, lp, 0 * lp), torch.where(m, d["old"], 0 * lp), d["adv_tok"], m, 0.2, 0.28, 0.1, 0.02, 5.0
+    )
     n_cand, n_sel = int(chosen.candidates.sum()), int(chosen.selected.sum())
     assert n_sel == max(int(0.1 * int(m.sum())), 1) and n_cand > n_sel  # a real choice
     torch.manual_seed(11)
@@ -710,8 +852,13 @@ def test_clip_cov_random_choice_equals_verls_given_the_same_draw(monkeypatch):
     first = [i for i in range(n_cand) if chosen.selected[tuple(cand_idx[i])]]
     perm = torch.tensor(first + [i for i in range(n_cand) if i not in first])
     monkeypatch.setattr(torch, "randperm", lambda n, *a, **k: perm if n == n_cand else torch.arange(n))
-    v_loss, v_grad, _ = _verl_own("clip_cov", d, "token-mean", dict(clip_ratio_low=0.2, clip_ratio_high=0.28),
-                                  dict(clip_cov_ratio=0.1, clip_cov_lb=0.02, clip_cov_ub=5.0))
+    v_loss, v_grad, _ = _verl_own(
+        "clip_cov",
+        d,
+        "token-mean",
+        dict(clip_ratio_low=0.2, clip_ratio_high=0.28),
+        dict(clip_cov_ratio=0.1, clip_cov_lb=0.02, clip_cov_ub=5.0),
+    )
     torch.testing.assert_close(t_loss, v_loss, rtol=0, atol=1e-12)
     torch.testing.assert_close(t_grad, v_grad, rtol=0, atol=1e-12)
 
@@ -719,10 +866,12 @@ def test_clip_cov_random_choice_equals_verls_given_the_same_draw(monkeypatch):
 def test_reinforce_pp_equals_verls_reinforce_plus_plus_baseline():
     d = _data(seed=3)
     r, m, uids = d["token_rewards"], d["mask"], d["uids"]
-    ours, returns = core_algos.get_adv_estimator_fn("tether_reinforce_pp")(token_level_rewards=r, response_mask=m,
-                                                                           index=uids, config=None)
-    theirs, _ = core_algos.get_adv_estimator_fn("reinforce_plus_plus_baseline")(token_level_rewards=r.clone(),
-                                                                               response_mask=m, index=uids)
+    ours, returns = core_algos.get_adv_estimator_fn("tether_reinforce_pp")(
+        token_level_rewards=r, response_mask=m, index=uids, config=None
+    )
+    theirs, _ = core_algos.get_adv_estimator_fn("reinforce_plus_plus_baseline")(
+        token_level_rewards=r.clone(), response_mask=m, index=uids
+    )
     lengths = m.sum(-1).to(D)
     expected = A.compute_advantages("reinforce_pp", d["rewards"], d["groups"], weights=lengths)
     torch.testing.assert_close(ours, expected[:, None] * m, rtol=0, atol=1e-15)
@@ -739,14 +888,19 @@ def test_reinforce_pp_equals_verls_reinforce_plus_plus_baseline():
     mean = (a[m]).sum() / n
     var_pop = ((a[m] - mean) ** 2).sum() / n
     assert live.sum() > 0 and flat[0].any() and bessel32 != n / (n - 1)
-    torch.testing.assert_close(theirs[live], (a[live] - mean) * torch.rsqrt(var_pop * bessel32 + 1e-8), rtol=0, atol=1e-12)
-    torch.testing.assert_close(ours[live], (a[live] - mean) * torch.rsqrt(var_pop * n / (n - 1) + 1e-8), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        theirs[live], (a[live] - mean) * torch.rsqrt(var_pop * bessel32 + 1e-8), rtol=0, atol=1e-12
+    )
+    torch.testing.assert_close(
+        ours[live], (a[live] - mean) * torch.rsqrt(var_pop * n / (n - 1) + 1e-8), rtol=0, atol=1e-12
+    )
     torch.testing.assert_close(ours[live], theirs[live], rtol=3e-8, atol=0)
     # Zero-variance groups (group 0, all correct, and here group 2): tether 0 (SPEC 4); verl (0 - mean_B) / std_B,
     # with token-weighted batch statistics (advantages.py, departure 1).
     assert ours[flat].abs().max() == 0
-    torch.testing.assert_close(theirs[flat], (-mean * torch.rsqrt(var_pop * bessel32 + 1e-8)).expand(int(flat.sum())),
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        theirs[flat], (-mean * torch.rsqrt(var_pop * bessel32 + 1e-8)).expand(int(flat.sum())), rtol=0, atol=1e-12
+    )
 
 
 # ---------------------------------------------------------------- issue 22: rollout correction as verl defines it
@@ -792,8 +946,11 @@ def test_vespo_folds_verls_rollout_is_weights_into_its_sequence_ratio():
     o_loss, o_grad, _ = _verl_loss("tether_vespo", d, config, "token-mean", weights=d["weights"])
     _, t_grad, _ = _tether_own({"name": "vespo"}, {**d}, "token-mean")  # without the weights: must differ
     lp = d["lp"].clone().requires_grad_()
-    out = objectives.build("vespo")(objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"],
-                                                           mask=d["mask"], rollout_weights=d["weights"]))
+    out = objectives.build("vespo")(
+        objectives.TokenBatch(
+            logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"], mask=d["mask"], rollout_weights=d["weights"]
+        )
+    )
     out.loss.backward()
     torch.testing.assert_close(o_loss, out.loss.detach(), rtol=0, atol=1e-12)
     torch.testing.assert_close(o_grad, lp.grad, rtol=0, atol=1e-12)
@@ -840,8 +997,9 @@ def test_a_preset_loss_mode_equals_its_objective_mode_told_the_preset(preset):
     d["adv_tok"], d["returns"] = est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"])
     agg = obj.config.aggregation
     by_name = _actor_config(PolicyLossConfig(loss_mode=f"tether_{preset}"), loss_agg_mode=agg)
-    by_key = _actor_config(tv.TetherPolicyLossConfig(loss_mode=f"tether_{obj.name}", objective=preset),
-                           loss_agg_mode=agg)
+    by_key = _actor_config(
+        tv.TetherPolicyLossConfig(loss_mode=f"tether_{obj.name}", objective=preset), loss_agg_mode=agg
+    )
     torch.manual_seed(0)  # clip_cov's random choice draws the same on both sides
     n_loss, n_grad, n_metrics = _verl_loss(f"tether_{preset}", d, by_name, agg)
     torch.manual_seed(0)
@@ -857,8 +1015,11 @@ def test_preset_loss_modes_through_verls_hydra_config():
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    base = ["algorithm.adv_estimator=tether_grpo", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"]
+    base = [
+        "algorithm.adv_estimator=tether_grpo",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    ]
     loss = "actor_rollout_ref.actor.policy_loss"
     # The name alone, verl's own policy-loss config: validated and built as verl's driver and workers do.
     cfg = _compose([*base, f"{loss}.loss_mode=tether_atr_grpo"])
@@ -867,14 +1028,26 @@ def test_preset_loss_modes_through_verls_hydra_config():
     assert type(actor.policy_loss) is PolicyLossConfig
     assert tv._objective_for(actor, "tether_atr_grpo").label == "atr_grpo"
     # With overrides, through TetherPolicyLossConfig.
-    cfg = _compose([*base, f"{loss}._target_=tether.integrations.verl.TetherPolicyLossConfig",
-                    f"{loss}.loss_mode=tether_atr_grpo", f"+{loss}.overrides={{delta:0.0331}}"])
+    cfg = _compose(
+        [
+            *base,
+            f"{loss}._target_=tether.integrations.verl.TetherPolicyLossConfig",
+            f"{loss}.loss_mode=tether_atr_grpo",
+            f"+{loss}.overrides={{delta:0.0331}}",
+        ]
+    )
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     obj = tv._objective_for(actor, "tether_atr_grpo")
     assert (obj.label, obj.config.delta, obj.config.measure) == ("atr_grpo", 0.0331, "kl3")
     # An objective key that names another objective: the error names the loss mode to set.
-    cfg = _compose([*base, f"{loss}._target_=tether.integrations.verl.TetherPolicyLossConfig",
-                    f"{loss}.loss_mode=tether_atr_grpo", f"+{loss}.objective=rpg_urkl"])
+    cfg = _compose(
+        [
+            *base,
+            f"{loss}._target_=tether.integrations.verl.TetherPolicyLossConfig",
+            f"{loss}.loss_mode=tether_atr_grpo",
+            f"+{loss}.objective=rpg_urkl",
+        ]
+    )
     with pytest.raises(Exception, match="set loss_mode=tether_rpg_urkl"):
         omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
 
@@ -882,7 +1055,7 @@ def test_preset_loss_modes_through_verls_hydra_config():
 def _docs_preset_rows() -> list[list[str]]:
     """The rows of docs/verl.md's preset table: loss_mode, preset, objective, adv_estimator, loss_agg_mode."""
     text = DOCS.read_text()
-    table = text[text.index("| verl `policy_loss.loss_mode` | tether preset |"):].split("\n\n")[0]
+    table = text[text.index("| verl `policy_loss.loss_mode` | tether preset |") :].split("\n\n")[0]
     return [[c.strip().strip("`") for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
 
 
@@ -908,10 +1081,20 @@ def test_one_gpu_example_overrides_fit_verls_schema(preset, tmp_path):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    env = {**os.environ, "DRY_RUN": "1", "OBJECTIVE": preset, "PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join([str(EXAMPLE.parents[2]), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run(["bash", str(ONE_GPU), str(tmp_path / "model"), str(tmp_path / "run")], capture_output=True,
-                         text=True, timeout=120, env=env)
+    env = {
+        **os.environ,
+        "DRY_RUN": "1",
+        "OBJECTIVE": preset,
+        "PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join([str(EXAMPLE.parents[2]), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        ["bash", str(ONE_GPU), str(tmp_path / "model"), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     cfg = _compose(out.stdout.splitlines())  # Hydra rejects a key that verl's schema lacks (without '+')
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
@@ -926,8 +1109,9 @@ def test_one_gpu_example_overrides_fit_verls_schema(preset, tmp_path):
 
 
 def test_one_gpu_example_refuses_a_missing_model_and_downloads_nothing(tmp_path):
-    out = subprocess.run(["bash", str(ONE_GPU), "Qwen/Qwen2.5-0.5B-Instruct", str(tmp_path)], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", str(ONE_GPU), "Qwen/Qwen2.5-0.5B-Instruct", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2 and "not a local model directory" in out.stderr
     assert not list(tmp_path.iterdir())
 

@@ -19,9 +19,15 @@ def test_left_pad_puts_every_prompt_against_column_p_and_counts_positions_from_i
 def test_to_tokens_lays_out_a_rollout_with_the_same_padding():
     completion = torch.tensor([[9, 2, 0], [9, 9, 2]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]]).bool()
-    rollout = RolloutBatch(prompt_ids=[[5, 6, 7], [8]], completion_ids=completion, mask=mask,
-                           sampler_logprobs=torch.zeros(2, 3), prompt_index=[0, 1], completions=["", ""],
-                           finish_reasons=["stop", "stop"])
+    rollout = RolloutBatch(
+        prompt_ids=[[5, 6, 7], [8]],
+        completion_ids=completion,
+        mask=mask,
+        sampler_logprobs=torch.zeros(2, 3),
+        prompt_index=[0, 1],
+        completions=["", ""],
+        finish_reasons=["stop", "stop"],
+    )
     tok = to_tokens(rollout, pad_id=0, device=torch.device("cpu"))
     ids, pmask, _ = left_pad(rollout.prompt_ids, 0)
     assert tok.prompt_len == 3

@@ -72,8 +72,9 @@ def test_two_token_hand_computed():
 def test_values_and_gradients_match_naive(chunk, vocab_chunk, temperature):
     # 14 tokens and 11 vocabulary entries: tiles of 3 and 4 leave a remainder in both directions.
     hidden, weight, targets, g_lp, g_ent = inputs()
-    lp, ent = token_logprobs_and_entropy(hidden, weight, targets, temperature=temperature, chunk_size=chunk,
-                                         vocab_chunk_size=vocab_chunk)
+    lp, ent = token_logprobs_and_entropy(
+        hidden, weight, targets, temperature=temperature, chunk_size=chunk, vocab_chunk_size=vocab_chunk
+    )
     ref_lp, ref_ent = naive(hidden, weight, targets, temperature)
     assert lp.dtype == ent.dtype == torch.float64
     torch.testing.assert_close(lp, ref_lp, rtol=1e-12, atol=1e-12)
@@ -157,8 +158,8 @@ def test_only_one_input_needs_grad():
 
 # ---------------------------------------------------------------- bfloat16 against a rounding bound
 
-U_BF16 = 2.0 ** -8  # unit roundoff of bfloat16: 8 significand bits, round to nearest
-EPS32 = 2.0 ** -24  # unit roundoff of float32
+U_BF16 = 2.0**-8  # unit roundoff of bfloat16: 8 significand bits, round to nearest
+EPS32 = 2.0**-24  # unit roundoff of float32
 
 
 def gamma(n):
@@ -205,8 +206,11 @@ def bf16_reference_and_bound(h, w, targets, tau, g_lp, g_ent):
     g, e = g_lp.double() * s, g_ent.double() * s
     onehot = torch.zeros_like(z).scatter_(1, targets[:, None], 1.0)
     G = g[:, None] * (onehot - p) - e[:, None] * p * (logp + ent[:, None])  # (M, V)
-    D = (p * (eta + (eta_bar + sigma)[:, None]) * (g.abs()[:, None] + e.abs()[:, None] * (lp_h + 1))
-         + (e.abs() * b_ent)[:, None] * p + (U_BF16 + 8 * EPS32) * G.abs())
+    D = (
+        p * (eta + (eta_bar + sigma)[:, None]) * (g.abs()[:, None] + e.abs()[:, None] * (lp_h + 1))
+        + (e.abs() * b_ent)[:, None] * p
+        + (U_BF16 + 8 * EPS32) * G.abs()
+    )
     gh, gw = G @ w, G.t() @ h
     b_gh = D @ w.abs() + (U_BF16 + gamma(V)) * (G.abs() @ w.abs()) + U_BF16 * gh.abs()
     b_gw = D.t() @ h.abs() + (U_BF16 + gamma(M)) * (G.abs().t() @ h.abs()) + U_BF16 * gw.abs()
@@ -217,7 +221,7 @@ def bf16_case(seed=0, M=256, H=64, V=4096):
     """bf16 hidden states and weight with logits of O(1) and a few frequent targets (16 distinct)."""
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(M, H, generator=g).bfloat16()
-    w = (torch.randn(V, H, generator=g) * H ** -0.5).bfloat16()
+    w = (torch.randn(V, H, generator=g) * H**-0.5).bfloat16()
     targets = torch.randint(0, 16, (M,), generator=g)
     return h, w, targets, torch.randn(M, generator=g), torch.randn(M, generator=g)
 
@@ -251,8 +255,9 @@ def matmul_path(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("tiles", [{}, {"chunk_size": 8, "vocab_chunk_size": 64},
-                                   {"chunk_size": 100, "vocab_chunk_size": 1000}])
+@pytest.mark.parametrize(
+    "tiles", [{}, {"chunk_size": 8, "vocab_chunk_size": 64}, {"chunk_size": 100, "vocab_chunk_size": 1000}]
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bfloat16_is_within_the_rounding_bound(matmul_path, tiles, seed):
     h, w, targets, g_lp, g_ent = bf16_case(seed)
@@ -298,8 +303,10 @@ def test_mixed_dtypes_compute_in_the_wider_one():
     # A float32 hidden state on a bf16 head (and the reverse) is computed in float32: exact to
     # float32 rounding against float64 on the same values.
     hidden, weight, targets, g_lp, g_ent = inputs(N=2, T=6, H=16, V=50, dtype=torch.float32, seed=7)
-    for h, w in ((hidden, weight.detach().bfloat16().requires_grad_()),
-                 (hidden.detach().bfloat16().requires_grad_(), weight)):
+    for h, w in (
+        (hidden, weight.detach().bfloat16().requires_grad_()),
+        (hidden.detach().bfloat16().requires_grad_(), weight),
+    ):
         lp, ent = token_logprobs_and_entropy(h, w, targets, chunk_size=5, vocab_chunk_size=16)
         ref_lp, ref_ent = naive(h.detach().double(), w.detach().double(), targets)
         torch.testing.assert_close(lp.double(), ref_lp, rtol=1e-5, atol=1e-5)
@@ -344,7 +351,7 @@ def rollout_tokens(N=4, P=5, T=6, V=37, seed=0):
     ids = torch.randint(1, V, (N, P + T), generator=g)
     attention = torch.zeros(N, P + T, dtype=torch.long)
     for i in range(N):
-        attention[i, P - prompt_lens[i]: P + comp_lens[i]] = 1
+        attention[i, P - prompt_lens[i] : P + comp_lens[i]] = 1
     ids = ids.masked_fill(attention == 0, 0)
     position = (attention.cumsum(1) - 1).clamp(min=0)
     mask = attention[:, P:].double()
@@ -360,16 +367,22 @@ def helper(model, tok, temperature, mask=None, with_entropy=True, **kw):
 def model_naive(model, tok, temperature):
     """train.token_logprobs without its float32 cast: the full model's logits, in float64."""
     T = tok.completion_ids.shape[1]
-    logits = model(input_ids=tok.input_ids, attention_mask=tok.attention_mask, position_ids=tok.position_ids,
-                   use_cache=False).logits[:, tok.prompt_len - 1: tok.prompt_len - 1 + T]
+    logits = model(
+        input_ids=tok.input_ids, attention_mask=tok.attention_mask, position_ids=tok.position_ids, use_cache=False
+    ).logits[:, tok.prompt_len - 1 : tok.prompt_len - 1 + T]
     return naive_logits(logits / (temperature if temperature > 0 else 1.0), tok.completion_ids)
 
 
 def logits_float32(model, tok, temperature):
     """The model-logits path in float32 (trainer.fused_logprobs=false, without zeroing padding)."""
     T = tok.completion_ids.shape[1]
-    logits = model(input_ids=tok.input_ids, attention_mask=tok.attention_mask, position_ids=tok.position_ids,
-                   use_cache=False).logits[:, tok.prompt_len - 1: tok.prompt_len - 1 + T].float()
+    logits = (
+        model(
+            input_ids=tok.input_ids, attention_mask=tok.attention_mask, position_ids=tok.position_ids, use_cache=False
+        )
+        .logits[:, tok.prompt_len - 1 : tok.prompt_len - 1 + T]
+        .float()
+    )
     return naive_logits(logits / (temperature if temperature > 0 else 1.0), tok.completion_ids)
 
 
@@ -516,8 +529,7 @@ def test_cuda_bfloat16_is_within_the_rounding_bound(tiles):
 def test_cuda_float64_matches_naive():
     hidden, weight, targets, g_lp, g_ent = (x.cuda() for x in inputs(N=2, T=300, H=16, V=1000, seed=8))
     hidden, weight = hidden.detach().requires_grad_(), weight.detach().requires_grad_()
-    lp, ent = token_logprobs_and_entropy(hidden, weight, targets, temperature=0.8, chunk_size=128,
-                                         vocab_chunk_size=300)
+    lp, ent = token_logprobs_and_entropy(hidden, weight, targets, temperature=0.8, chunk_size=128, vocab_chunk_size=300)
     ref_lp, ref_ent = naive(hidden, weight, targets, 0.8)
     torch.testing.assert_close(lp, ref_lp, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ent, ref_ent, rtol=1e-12, atol=1e-12)

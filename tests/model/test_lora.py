@@ -19,14 +19,30 @@ from conftest import DIGIT_REWARD, untimed  # noqa: E402
 
 
 def _cfg(tiny_dir, out, *extra):
-    return load_config(None, [
-        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "rollout.max_new_tokens=6", "trainer.mini_batches=2", "trainer.micro_batch_size=8", "trainer.lr=1e-2",
-        "data.eval_size=8", "trainer.eval_every=2", "trainer.progress=false", "trainer.plots=false",
-        "trainer.threads=1", "trainer.save_every=1", "model.lora={r: 4, alpha: 8}",
-        "objective={preset: rpg_urkl, anchor: ref, beta: 0.05}", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_dir}",
+            f"output_dir={out}",
+            "warm_start.enabled=false",
+            f"reward.name={DIGIT_REWARD}",
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=6",
+            "trainer.mini_batches=2",
+            "trainer.micro_batch_size=8",
+            "trainer.lr=1e-2",
+            "data.eval_size=8",
+            "trainer.eval_every=2",
+            "trainer.progress=false",
+            "trainer.plots=false",
+            "trainer.threads=1",
+            "trainer.save_every=1",
+            "model.lora={r: 4, alpha: 8}",
+            "objective={preset: rpg_urkl, anchor: ref, beta: 0.05}",
+            *extra,
+        ],
+    )
 
 
 def _rows(run):
@@ -66,11 +82,11 @@ def test_lora_training_checkpoints_the_adapter_and_resumes_exactly(tiny_dir, tmp
     rows = _rows(full)
     assert all(math.isfinite(r["kl/ref"]) for r in rows[1:]) and rows[-1]["kl/ref"] > 0  # the policy moved off the base
     part = train(_cfg(tiny_dir, tmp_path / "part", "trainer.total_steps=2"), log=lambda *_: None)
-    resumed = train(_cfg(tiny_dir, tmp_path / "part", "trainer.total_steps=3"), resume_dir=str(part),
-                    log=lambda *_: None)
+    resumed = train(
+        _cfg(tiny_dir, tmp_path / "part", "trainer.total_steps=3"), resume_dir=str(part), log=lambda *_: None
+    )
     for a, b in zip(_rows(full), _rows(resumed)):  # time/*: wall clock
-        assert untimed(a) == \
-            untimed(b)
+        assert untimed(a) == untimed(b)
 
 
 def test_lora_cannot_refresh_its_reference():

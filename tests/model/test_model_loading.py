@@ -26,9 +26,7 @@ def test_load_local_dir_and_forward_shape(llama_dir):
     assert torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize(
-    "text", ["12+3=15", "9,8,7=016:(9-7)*8", "What is 2 + 2?\n\\boxed{4}", "a  b\n\nc !?"]
-)
+@pytest.mark.parametrize("text", ["12+3=15", "9,8,7=016:(9-7)*8", "What is 2 + 2?\n\\boxed{4}", "a  b\n\nc !?"])
 def test_tokenizer_round_trip_is_exact(llama_dir, text):
     _, tok = load_model(llama_dir)
     ids = tok.encode(text)
@@ -66,7 +64,9 @@ def test_qwen2_arch_and_custom_charset(tmp_path):
 
 
 def test_a_real_vocabulary_size_pads_with_fillers_that_text_never_encodes_to(tmp_path):
-    path = init_model(tmp_path / "v", hidden_size=32, num_layers=1, num_heads=2, charset="0123456789+=", vocab_size=5000)
+    path = init_model(
+        tmp_path / "v", hidden_size=32, num_layers=1, num_heads=2, charset="0123456789+=", vocab_size=5000
+    )
     model, tok = load_model(path)
     assert len(tok) == model.config.vocab_size == model.get_output_embeddings().weight.shape[0] == 5000
     assert tok.encode("1+1=2") == [5, 14, 5, 15, 6]  # the characters keep their ids

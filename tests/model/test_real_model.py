@@ -29,16 +29,26 @@ pytestmark = [pytest.mark.slow, needs_real_model]
 
 
 def _tether(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tether.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "tether.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 @pytest.fixture(scope="module")
 def smollm2():
     pytest.importorskip("gguf")
     pytest.importorskip("peft")
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "get_model.sh"), "smollm2-135m"], capture_output=True,
-                          text=True, cwd=ROOT, env={**os.environ, "PYTHON": sys.executable})
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "get_model.sh"), "smollm2-135m"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return Path(done.stdout.strip())
 
@@ -50,20 +60,59 @@ def test_smollm2_evaluates_trains_two_lora_steps_and_its_logprobs_are_transforme
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
 
-    ev = _tether("eval", str(smollm2), str(DATA / "sum1_test.jsonl"), "--n", "1", "--k", "1", "--temperature", "0",
-                 "--top-p", "1", "--max-new-tokens", "16", "--lenient", "--limit", "4", "--template", TEMPLATE,
-                 "--threads", "2", "--out", str(tmp_path / "eval"), "--no-progress")
+    ev = _tether(
+        "eval",
+        str(smollm2),
+        str(DATA / "sum1_test.jsonl"),
+        "--n",
+        "1",
+        "--k",
+        "1",
+        "--temperature",
+        "0",
+        "--top-p",
+        "1",
+        "--max-new-tokens",
+        "16",
+        "--lenient",
+        "--limit",
+        "4",
+        "--template",
+        TEMPLATE,
+        "--threads",
+        "2",
+        "--out",
+        str(tmp_path / "eval"),
+        "--no-progress",
+    )
     assert ev.returncode == 0, ev.stderr[-2000:]
     assert json.loads((tmp_path / "eval" / "results.json").read_text())["summary"]["sum1_test"]["problems"] == 4
 
     run = tmp_path / "run"
-    tr = _tether("train", f"model.name_or_path={smollm2}", f"output_dir={run}", "warm_start.enabled=false",
-                 "model.lora={r: 8}", "data.task=math",
-                 f"data.task_args={{train: {DATA / 'sum1_train.jsonl'}, test: {DATA / 'sum1_test.jsonl'}}}",
-                 f"data.task_args.template={TEMPLATE}", "data.eval_size=4", "rollout.prompts_per_step=2",
-                 "rollout.group_size=2", "rollout.max_new_tokens=16", "trainer.total_steps=2", "trainer.mini_batches=1",
-                 "trainer.eval_every=2", "trainer.save_every=2", "trainer.threads=2", "trainer.lr=1e-4",
-                 "trainer.progress=false", "trainer.plots=false", "trainer.tensorboard=false", "objective=dapo")
+    tr = _tether(
+        "train",
+        f"model.name_or_path={smollm2}",
+        f"output_dir={run}",
+        "warm_start.enabled=false",
+        "model.lora={r: 8}",
+        "data.task=math",
+        f"data.task_args={{train: {DATA / 'sum1_train.jsonl'}, test: {DATA / 'sum1_test.jsonl'}}}",
+        f"data.task_args.template={TEMPLATE}",
+        "data.eval_size=4",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=16",
+        "trainer.total_steps=2",
+        "trainer.mini_batches=1",
+        "trainer.eval_every=2",
+        "trainer.save_every=2",
+        "trainer.threads=2",
+        "trainer.lr=1e-4",
+        "trainer.progress=false",
+        "trainer.plots=false",
+        "trainer.tensorboard=false",
+        "objective=dapo",
+    )
     assert tr.returncode == 0, tr.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2] and all("time/sample_s" in r for r in rows[1:])
@@ -74,18 +123,24 @@ def test_smollm2_evaluates_trains_two_lora_steps_and_its_logprobs_are_transforme
     policy = peft.get_base_model()
     assert any(p.abs().max() > 0 for n, p in policy.named_parameters() if "lora_B" in n)  # it trained
     policy.eval()
-    prompts = [tok.apply_chat_template([{"role": "user", "content": TEMPLATE.replace("{problem}", p)}],
-                                       tokenize=False, add_generation_prompt=True) for p in ("What is 3 + 4?", "What is 12 + 9?")]
-    batch = get_engine("hf", model=policy, tokenizer=tok).generate(prompts, n=2, params=SamplingParams(max_new_tokens=12),
-                                                                  seed=0)
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": TEMPLATE.replace("{problem}", p)}], tokenize=False, add_generation_prompt=True
+        )
+        for p in ("What is 3 + 4?", "What is 12 + 9?")
+    ]
+    batch = get_engine("hf", model=policy, tokenizer=tok).generate(
+        prompts, n=2, params=SamplingParams(max_new_tokens=12), seed=0
+    )
     tokens = to_tokens(batch, tok.pad_token_id, torch.device("cpu"))
     with torch.no_grad():
         ours, _ = token_logprobs(policy, tokens, LogProbSettings(), with_entropy=False)  # the trainer's path
         merged = peft.merge_and_unload()
-        logits = merged(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
-                        position_ids=tokens.position_ids).logits.float()
+        logits = merged(
+            input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, position_ids=tokens.position_ids
+        ).logits.float()
     P = tokens.prompt_len
-    plain = logits[:, P - 1:-1].log_softmax(-1).gather(-1, tokens.completion_ids[..., None])[..., 0] * tokens.mask
+    plain = logits[:, P - 1 : -1].log_softmax(-1).gather(-1, tokens.completion_ids[..., None])[..., 0] * tokens.mask
     torch.testing.assert_close(ours * tokens.mask, plain, atol=2e-4, rtol=0)
     torch.testing.assert_close(batch.sampler_logprobs * tokens.mask, plain, atol=2e-4, rtol=0)
 
@@ -102,21 +157,56 @@ def test_everything_a_user_touches_works_with_smollm2(smollm2, tmp_path):
     has_vllm = importlib.util.find_spec("vllm") is not None
     files = [MATH_DATA / "gsm8k_test.jsonl", MATH_DATA / "math500.jsonl"]
     if all(f.exists() for f in files):  # ../shared beside the checkout (CI has it)
-        ev = _tether("eval", str(smollm2), *map(str, files), "--n", "1", "--k", "1", "--temperature", "0",
-                     "--max-new-tokens", "24", "--limit", "2", "--threads", "2", "--out", str(tmp_path / "eval"),
-                     "--no-progress")
+        ev = _tether(
+            "eval",
+            str(smollm2),
+            *map(str, files),
+            "--n",
+            "1",
+            "--k",
+            "1",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "24",
+            "--limit",
+            "2",
+            "--threads",
+            "2",
+            "--out",
+            str(tmp_path / "eval"),
+            "--no-progress",
+        )
         assert ev.returncode == 0, ev.stderr[-2000:]
         summary = json.loads((tmp_path / "eval" / "results.json").read_text())["summary"]
         assert {k: v["problems"] for k, v in summary.items()} == {"gsm8k_test": 2, "math500": 2}
 
     run = tmp_path / "run"
-    train = [f"model.name_or_path={smollm2}", f"output_dir={run}", "warm_start.enabled=false", "model.lora={r: 8}",
-             "data.task=math", f"data.task_args={{train: {DATA / 'word1_train.jsonl'}, test: {DATA / 'word1_test.jsonl'}}}",
-             f"data.task_args.template={TEMPLATE}", "data.eval_size=2", "rollout.prompts_per_step=2",
-             "rollout.group_size=2", "rollout.max_new_tokens=12", "trainer.total_steps=3", "trainer.mini_batches=1",
-             "trainer.eval_every=3", "trainer.save_every=1", "trainer.threads=2", "trainer.lr=1e-4",
-             "trainer.progress=false", "trainer.plots=false", "trainer.tensorboard=false", "objective=dapo",
-             "trainer.staleness=1", f"rollout.engine={'vllm' if has_vllm else 'hf'}"]
+    train = [
+        f"model.name_or_path={smollm2}",
+        f"output_dir={run}",
+        "warm_start.enabled=false",
+        "model.lora={r: 8}",
+        "data.task=math",
+        f"data.task_args={{train: {DATA / 'word1_train.jsonl'}, test: {DATA / 'word1_test.jsonl'}}}",
+        f"data.task_args.template={TEMPLATE}",
+        "data.eval_size=2",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=12",
+        "trainer.total_steps=3",
+        "trainer.mini_batches=1",
+        "trainer.eval_every=3",
+        "trainer.save_every=1",
+        "trainer.threads=2",
+        "trainer.lr=1e-4",
+        "trainer.progress=false",
+        "trainer.plots=false",
+        "trainer.tensorboard=false",
+        "objective=dapo",
+        "trainer.staleness=1",
+        f"rollout.engine={'vllm' if has_vllm else 'hf'}",
+    ]
     killed = tether_child("train", *train, kill_at="logged:2", timeout=900)
     assert killed.returncode == -9, killed.stderr[-3000:]
     resumed = tether_child("train", "--resume", str(run), timeout=900)
@@ -131,16 +221,61 @@ def test_everything_a_user_touches_works_with_smollm2(smollm2, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(out)  # plain transformers: a full model, adapters merged
     assert not any("lora" in n for n, _ in model.named_parameters())
     if has_vllm:
-        ev = _tether("eval", str(out), str(DATA / "word1_test.jsonl"), "--engine", "vllm", "--n", "1", "--k", "1",
-                     "--temperature", "0", "--max-new-tokens", "12", "--limit", "2", "--lenient", "--template",
-                     TEMPLATE, "--out", str(tmp_path / "eval_vllm"), "--no-progress")
+        ev = _tether(
+            "eval",
+            str(out),
+            str(DATA / "word1_test.jsonl"),
+            "--engine",
+            "vllm",
+            "--n",
+            "1",
+            "--k",
+            "1",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "12",
+            "--limit",
+            "2",
+            "--lenient",
+            "--template",
+            TEMPLATE,
+            "--out",
+            str(tmp_path / "eval_vllm"),
+            "--no-progress",
+        )
         assert ev.returncode == 0, ev.stderr[-2000:]
 
     pytest.importorskip("trl")
     task_args = json.dumps({"train": str(DATA / "word1_train.jsonl"), "template": TEMPLATE})
-    trl = subprocess.run([sys.executable, str(ROOT / "examples" / "trl" / "train_grpo.py"), "--model", str(smollm2),
-                          "--task", "math", "--task-args", task_args, "--objective", "atr_grpo", "--max-steps", "1",
-                          "--num-generations", "2", "--per-device-batch", "2", "--max-completion-length", "8",
-                          "--n-train", "8", "--output-dir", str(tmp_path / "trl")],
-                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    trl = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "trl" / "train_grpo.py"),
+            "--model",
+            str(smollm2),
+            "--task",
+            "math",
+            "--task-args",
+            task_args,
+            "--objective",
+            "atr_grpo",
+            "--max-steps",
+            "1",
+            "--num-generations",
+            "2",
+            "--per-device-batch",
+            "2",
+            "--max-completion-length",
+            "8",
+            "--n-train",
+            "8",
+            "--output-dir",
+            str(tmp_path / "trl"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert trl.returncode == 0, trl.stderr[-3000:]

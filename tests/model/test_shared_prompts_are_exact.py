@@ -12,7 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tether.model.causal_lm import _SHARE_PROBED, LogProbSettings, Tokens, causal_lm_token_logprobs, shared_prompt_reason
+from tether.model.causal_lm import (
+    _SHARE_PROBED,
+    LogProbSettings,
+    Tokens,
+    causal_lm_token_logprobs,
+    shared_prompt_reason,
+)
 
 from conftest import param_grads
 from conftest import tiny_float64_lm as tiny
@@ -34,8 +40,9 @@ def float64_rms_norm(monkeypatch):
         monkeypatch.setattr(cls, "forward", forward)
 
 
-def grouped_tokens(prompt_lens=(5, 2, 4), group_sizes=(3, 1, 4), comp_lens=(6, 1, 3, 5, 2, 6, 4, 1), T=6, V=37,
-                   seed=0) -> Tokens:
+def grouped_tokens(
+    prompt_lens=(5, 2, 4), group_sizes=(3, 1, 4), comp_lens=(6, 1, 3, 5, 2, 6, 4, 1), T=6, V=37, seed=0
+) -> Tokens:
     """Left-padded prompts, each repeated for its group (one singleton), right-padded completions
     of different lengths: the layout tether.trainer.loop builds from a rollout."""
     g = torch.Generator().manual_seed(seed)
@@ -46,17 +53,18 @@ def grouped_tokens(prompt_lens=(5, 2, 4), group_sizes=(3, 1, 4), comp_lens=(6, 1
     ids = torch.zeros(N, P + T, dtype=torch.long)
     attention = torch.zeros(N, P + T, dtype=torch.long)
     for r, ((prompt, n), c) in enumerate(zip(rows, comp_lens)):
-        ids[r, P - n: P] = prompt
-        ids[r, P: P + c] = torch.randint(1, V, (c,), generator=g)
-        attention[r, P - n: P + c] = 1
+        ids[r, P - n : P] = prompt
+        ids[r, P : P + c] = torch.randint(1, V, (c,), generator=g)
+        attention[r, P - n : P + c] = 1
     position = (attention.cumsum(1) - 1).clamp(min=0)
     return Tokens(ids, attention, position, ids[:, P:], attention[:, P:].double(), P)
 
 
 def run(model, tok, temperature=1.0, share=True):
     """causal_lm_token_logprobs on a Tokens batch: (log-probs, entropy, fused)."""
-    return causal_lm_token_logprobs(model, tok, LogProbSettings(temperature=temperature, chunk_size=5,
-                                                                share_prompts=share))
+    return causal_lm_token_logprobs(
+        model, tok, LogProbSettings(temperature=temperature, chunk_size=5, share_prompts=share)
+    )
 
 
 def decoder_calls(model, tok, **kw):
@@ -147,11 +155,11 @@ def test_rows_with_equal_ids_but_different_padding_do_not_share():
     model = tiny()
     tok = grouped_tokens(prompt_lens=(3, 2), group_sizes=(2, 2), comp_lens=(4, 4, 4, 4), T=4)
     ids, attn = tok.input_ids.clone(), tok.attention_mask.clone()
-    ids[2:, :tok.prompt_len] = ids[0, :tok.prompt_len]  # same ids as the first group ...
+    ids[2:, : tok.prompt_len] = ids[0, : tok.prompt_len]  # same ids as the first group ...
     ids[2:, 0] = 0
     ids[:2, 0] = 0  # ... with the first column a real token 0 there and padding (id 0) here
     attn[:2, 0] = 1
     attn[2:, 0] = 0
     position = (attn.cumsum(1) - 1).clamp(min=0)
-    tok = Tokens(ids, attn, position, ids[:, tok.prompt_len:], attn[:, tok.prompt_len:].double(), tok.prompt_len)
+    tok = Tokens(ids, attn, position, ids[:, tok.prompt_len :], attn[:, tok.prompt_len :].double(), tok.prompt_len)
     assert_same(model, tok, run(model, tok), run(model, tok, share=False))

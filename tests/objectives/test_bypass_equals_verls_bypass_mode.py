@@ -38,21 +38,31 @@ def _batch():
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-@pytest.mark.parametrize("loss_type,spec", [
-    ("reinforce", {"name": "cispo", "eps_low": 1.0, "eps_high": 1.0}),
-    ("ppo_clip", {"name": "ppo_clip", "eps_low": 0.2, "eps_high": 0.2}),
-])
+@pytest.mark.parametrize(
+    "loss_type,spec",
+    [
+        ("reinforce", {"name": "cispo", "eps_low": 1.0, "eps_high": 1.0}),
+        ("ppo_clip", {"name": "ppo_clip", "eps_low": 0.2, "eps_high": 0.2}),
+    ],
+)
 def test_tether_under_bypass_anchoring_equals_verls_bypass_mode(loss_type, spec, agg):
     lp, rollout, adv, mask = _batch()
-    correction = RolloutCorrectionConfig(bypass_mode=True, loss_type=loss_type, rollout_is="token",
-                                         rollout_is_threshold=2.0)
-    config = FSDPActorConfig(strategy="fsdp", rollout_n=5, ppo_micro_batch_size_per_gpu=2, loss_agg_mode=agg,
-                             clip_ratio_low=0.2, clip_ratio_high=0.2,
-                             policy_loss=PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=correction))
-    theirs, _ = core_algos.get_policy_loss_fn("bypass_mode")(rollout, lp, adv[:, None].expand_as(lp), mask, agg,
-                                                              config)
+    correction = RolloutCorrectionConfig(
+        bypass_mode=True, loss_type=loss_type, rollout_is="token", rollout_is_threshold=2.0
+    )
+    config = FSDPActorConfig(
+        strategy="fsdp",
+        rollout_n=5,
+        ppo_micro_batch_size_per_gpu=2,
+        loss_agg_mode=agg,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.2,
+        policy_loss=PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=correction),
+    )
+    theirs, _ = core_algos.get_policy_loss_fn("bypass_mode")(rollout, lp, adv[:, None].expand_as(lp), mask, agg, config)
     ours = objectives.build({**spec, "aggregation": agg})(
-        objectives.TokenBatch(logprobs=lp, old_logprobs=rollout, advantages=adv, mask=mask)).loss
+        objectives.TokenBatch(logprobs=lp, old_logprobs=rollout, advantages=adv, mask=mask)
+    ).loss
     tol = dict(rtol=1e-7, atol=1e-9) if agg == "seq-mean-token-mean" else dict(rtol=1e-13, atol=1e-15)
     torch.testing.assert_close(ours, theirs, **tol)
     torch.testing.assert_close(torch.autograd.grad(ours, lp)[0], torch.autograd.grad(theirs, lp)[0], **tol)

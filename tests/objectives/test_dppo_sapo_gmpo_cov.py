@@ -137,7 +137,9 @@ def test_kl_cov_hand_computed():
     expected = (-math.exp(0.2) + 0.2 - 1 + math.exp(-0.3) + math.exp(0.1)) / 4
     assert expected == pytest.approx(-0.0438534, abs=1e-7)
     assert out.loss.item() == pytest.approx(expected, rel=1e-12)
-    torch.testing.assert_close(g, _t([-math.exp(0.2) + 1, -1.0], [math.exp(-0.3), math.exp(0.1)]) / 4, rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        g, _t([-math.exp(0.2) + 1, -1.0], [math.exp(-0.3), math.exp(0.1)]) / 4, rtol=1e-12, atol=0
+    )
     assert out.metrics["cov/selected_frac"].item() == 0.25
 
 
@@ -158,7 +160,9 @@ def test_reinforce_pp_hand_computed():
     # Bessel variance (0.25 + 0.25) / 3 = 1/6; A = a / sqrt(1/6 + 1e-8) = (1.2247449, -1.2247449, 0, 0).
     r, g = _t(1.0, 0.0, 0.0, 0.0), torch.tensor([0, 0, 1, 1])
     s = 1 / math.sqrt(1 / 6 + 1e-8)
-    torch.testing.assert_close(A.compute_advantages("reinforce_pp", r, g), _t(0.5 * s, -0.5 * s, 0, 0), rtol=1e-14, atol=0)
+    torch.testing.assert_close(
+        A.compute_advantages("reinforce_pp", r, g), _t(0.5 * s, -0.5 * s, 0, 0), rtol=1e-14, atol=0
+    )
     # Weights (2, 1, 1, 1) (token counts): mean (2 * 0.5 - 0.5) / 5 = 0.1;
     # var = (2 * 0.4^2 + 0.6^2 + 2 * 0.1^2) / 5 * 5/4 = 0.7 / 4 = 0.175; the flat group stays exactly 0.
     s = 1 / math.sqrt(0.175 + 1e-8)
@@ -185,8 +189,9 @@ def test_dppo_with_a_ratio_measure_has_the_divergence_clips_gradient(measure):
     m = (lambda w: (w - 1.0) ** 2 / (1.0 + w)) if measure == "user" else measure
     lp, old, adv = _random()
     for dl, dh in ((0.02, 0.02), (0.0231, 0.05)):
-        _, g_dppo = _run({"name": "dppo", "measure": m, "delta_low": dl, "delta_high": dh, "truncation_c": None},
-                         lp, old, adv)
+        _, g_dppo = _run(
+            {"name": "dppo", "measure": m, "delta_low": dl, "delta_high": dh, "truncation_c": None}, lp, old, adv
+        )
         lo, hi = Dv.interval(m, dl)[0], Dv.interval(m, dh)[1]
         ratio = torch.exp(lp - old)
         _, g_ppo = _run({"name": "ppo_clip", "eps_low": 1 - lo, "eps_high": hi - 1}, lp, old, adv)
@@ -223,8 +228,11 @@ def test_on_policy_sapo_kl_cov_and_dppo_are_the_policy_gradient():
     # all three give reinforce's gradient -A grad lp (aggregated alike).
     _, old, adv = _random(seed=3)
     _, g_pg = _run({"name": "reinforce", "aggregation": "seq-mean-token-mean"}, old, old, adv)
-    for spec in ({"name": "sapo"}, {"name": "kl_cov", "select_frac": 0.5, "aggregation": "seq-mean-token-mean"},
-                 {"preset": "dppo_tv", "aggregation": "seq-mean-token-mean"}):
+    for spec in (
+        {"name": "sapo"},
+        {"name": "kl_cov", "select_frac": 0.5, "aggregation": "seq-mean-token-mean"},
+        {"preset": "dppo_tv", "aggregation": "seq-mean-token-mean"},
+    ):
         _, g = _run(spec, old, old, adv)
         torch.testing.assert_close(g, g_pg, rtol=1e-12, atol=1e-15)
 
@@ -291,7 +299,13 @@ def test_train_runs_two_steps(tiny_dir, tmp_path, preset):
     rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(math.isfinite(r["loss/total"]) and math.isfinite(r["optim/grad_norm"]) for r in rows[1:])
-    key = {"dppo_tv": "dppo/truncfrac", "dppo_kl": "dppo/truncfrac", "sapo": "sapo/gate_slope_mean",
-           "gmpo": "gmpo/seq_ratio_mean", "clip_cov": "cov/selected_frac", "kl_cov": "cov/kl_abs_mean"}.get(preset)
+    key = {
+        "dppo_tv": "dppo/truncfrac",
+        "dppo_kl": "dppo/truncfrac",
+        "sapo": "sapo/gate_slope_mean",
+        "gmpo": "gmpo/seq_ratio_mean",
+        "clip_cov": "cov/selected_frac",
+        "kl_cov": "cov/kl_abs_mean",
+    }.get(preset)
     if key:
         assert all(key in r for r in rows[1:]), key

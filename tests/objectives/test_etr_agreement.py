@@ -44,7 +44,7 @@ def _rollout(seed=0):
 def _micro_batches(seed):
     """A shuffled order of the rows, split into 4 micro-batches of 6: groups split across them."""
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
-    return [perm[i:i + 6] for i in range(0, N, 6)]
+    return [perm[i : i + 6] for i in range(0, N, 6)]
 
 
 def _tether_trainer(obj, d, micro):
@@ -55,8 +55,11 @@ def _tether_trainer(obj, d, micro):
     lp = d["lp"].clone().requires_grad_()
     total = 0.0
     for idx in micro:
-        out = obj(objectives.TokenBatch(lp[idx], d["old"][idx], adv[idx], d["mask"][idx], loss_norm=norm,
-                                        group_stats=stats.select(idx)))
+        out = obj(
+            objectives.TokenBatch(
+                lp[idx], d["old"][idx], adv[idx], d["mask"][idx], loss_norm=norm, group_stats=stats.select(idx)
+            )
+        )
         out.loss.backward()
         total = total + out.loss.detach()
     return total, lp.grad
@@ -72,8 +75,16 @@ def _trl_adapter(obj, d, micro):
     total = 0.0
     for idx in micro:
         inputs = {k: v[idx] for k, v in columns.items()}
-        out = obj(objectives.TokenBatch(lp[idx], d["old"][idx], adv[idx], d["mask"][idx], loss_norm=norm,
-                                        group_stats=ttrl.group_stats_of(obj, inputs)))
+        out = obj(
+            objectives.TokenBatch(
+                lp[idx],
+                d["old"][idx],
+                adv[idx],
+                d["mask"][idx],
+                loss_norm=norm,
+                group_stats=ttrl.group_stats_of(obj, inputs),
+            )
+        )
         out.loss.backward()
         total = total + out.loss.detach()
     return total, lp.grad
@@ -84,9 +95,12 @@ def _verl_plugin(obj, d, micro, overrides):
     verl's global-batch normaliser and the hook publishing `returns`."""
     est = core_algos.get_adv_estimator_fn(f"tether_{obj.config.advantage}")
     adv, returns = est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"])
-    config = FSDPActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=6,
-                             policy_loss=tv.TetherPolicyLossConfig(loss_mode="tether_etr", objective="etr",
-                                                                   overrides=overrides))
+    config = FSDPActorConfig(
+        strategy="fsdp",
+        rollout_n=G,
+        ppo_micro_batch_size_per_gpu=6,
+        policy_loss=tv.TetherPolicyLossConfig(loss_mode="tether_etr", objective="etr", overrides=overrides),
+    )
     config.global_batch_info.update({"dp_size": 1, "batch_num_tokens": int(d["mask"].sum()), "global_batch_size": N})
     fn = core_algos.get_policy_loss_fn("tether_etr")
     lp = d["lp"].clone().requires_grad_()
@@ -94,8 +108,14 @@ def _verl_plugin(obj, d, micro, overrides):
     for idx in micro:
         lp_i = lp[idx]
         with tv.micro_batch({"returns": returns[idx]}):
-            loss, _ = fn(old_log_prob=d["old"][idx], log_prob=lp_i, advantages=adv[idx], response_mask=d["mask"][idx],
-                         loss_agg_mode="token-mean", config=config)
+            loss, _ = fn(
+                old_log_prob=d["old"][idx],
+                log_prob=lp_i,
+                advantages=adv[idx],
+                response_mask=d["mask"][idx],
+                loss_agg_mode="token-mean",
+                config=config,
+            )
         loss.backward()
         total = total + loss.detach()
     return total, lp.grad
@@ -107,14 +127,25 @@ def test_trainer_trl_and_verl_give_one_etr_loss_and_gradient(overrides):
     obj = tv.objective_from("tether_etr", "etr", overrides)
     # The reference: the whole rollout batch as one batch.
     lp = d["lp"].clone().requires_grad_()
-    ref = obj(objectives.TokenBatch(lp, d["old"], obj.advantages(d["rewards"], d["groups"]), d["mask"],
-                                    group_ids=d["groups"], rewards=d["rewards"]))
+    ref = obj(
+        objectives.TokenBatch(
+            lp,
+            d["old"],
+            obj.advantages(d["rewards"], d["groups"]),
+            d["mask"],
+            group_ids=d["groups"],
+            rewards=d["rewards"],
+        )
+    )
     ref.loss.backward()
     assert float(ref.metrics["policy/clipfrac_high"]) > 0 and float(ref.metrics["policy/clipfrac_low"]) > 0
     for seed in (0, 1):
         micro = _micro_batches(seed)
-        for name, (loss, grad) in {"trainer": _tether_trainer(obj, d, micro), "trl": _trl_adapter(obj, d, micro),
-                                   "verl": _verl_plugin(obj, d, micro, overrides)}.items():
+        for name, (loss, grad) in {
+            "trainer": _tether_trainer(obj, d, micro),
+            "trl": _trl_adapter(obj, d, micro),
+            "verl": _verl_plugin(obj, d, micro, overrides),
+        }.items():
             torch.testing.assert_close(loss, ref.loss.detach(), rtol=1e-12, atol=1e-14, msg=name)
             torch.testing.assert_close(grad, lp.grad, rtol=1e-12, atol=1e-14, msg=name)
 
@@ -124,12 +155,30 @@ def test_split_groups_with_per_micro_batch_statistics_would_differ():
     d = _rollout()
     obj = objectives.build("etr")
     lp = d["lp"].clone().requires_grad_()
-    ref = obj(objectives.TokenBatch(lp, d["old"], obj.advantages(d["rewards"], d["groups"]), d["mask"],
-                                    group_ids=d["groups"], rewards=d["rewards"]))
+    ref = obj(
+        objectives.TokenBatch(
+            lp,
+            d["old"],
+            obj.advantages(d["rewards"], d["groups"]),
+            d["mask"],
+            group_ids=d["groups"],
+            rewards=d["rewards"],
+        )
+    )
     adv, norm = obj.advantages(d["rewards"], d["groups"]), obj.normalizer(d["mask"])
-    total = sum(obj(objectives.TokenBatch(d["lp"][i], d["old"][i], adv[i], d["mask"][i], loss_norm=norm,
-                                          group_stats=obj.group_stats(d["rewards"][i], d["groups"][i]))).loss
-                for i in _micro_batches(0))
+    total = sum(
+        obj(
+            objectives.TokenBatch(
+                d["lp"][i],
+                d["old"][i],
+                adv[i],
+                d["mask"][i],
+                loss_norm=norm,
+                group_stats=obj.group_stats(d["rewards"][i], d["groups"][i]),
+            )
+        ).loss
+        for i in _micro_batches(0)
+    )
     assert abs(float(total.detach()) - float(ref.loss.detach())) > 1e-6
 
 
@@ -141,20 +190,31 @@ def test_a_micro_batch_without_group_stats_is_refused_naming_the_fix(macro):
     obj = objectives.build({"preset": "etr", "macro": macro})
     adv, norm = obj.advantages(d["rewards"], d["groups"]), obj.normalizer(d["mask"])
     i = _micro_batches(0)[0]
-    batch = objectives.TokenBatch(d["lp"][i], d["old"][i], adv[i], d["mask"][i], group_ids=d["groups"][i],
-                                  rewards=d["rewards"][i], loss_norm=norm)
-    with pytest.raises(ValueError, match=r"loss_norm set.*obj\.group_stats\(rewards, group_ids\).*"
-                                         r"TokenBatch\(group_stats=stats\.select\(idx\)\)"):
+    batch = objectives.TokenBatch(
+        d["lp"][i], d["old"][i], adv[i], d["mask"][i], group_ids=d["groups"][i], rewards=d["rewards"][i], loss_norm=norm
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"loss_norm set.*obj\.group_stats\(rewards, group_ids\).*"
+        r"TokenBatch\(group_stats=stats\.select\(idx\)\)",
+    ):
         obj(batch)
     with pytest.raises(ValueError, match=r"obj\.group_stats"):
         obj.terms(batch)  # the verl plugin's entry point too
     # The fix named by the error works, and a whole batch (no loss_norm) still computes its own statistics.
     stats = obj.group_stats(d["rewards"], d["groups"])
-    assert torch.isfinite(obj(objectives.TokenBatch(d["lp"][i], d["old"][i], adv[i], d["mask"][i], loss_norm=norm,
-                                                    group_stats=stats.select(i))).loss)
-    assert torch.isfinite(obj(objectives.TokenBatch(d["lp"], d["old"], adv, d["mask"], group_ids=d["groups"],
-                                                    rewards=d["rewards"])).loss)
+    assert torch.isfinite(
+        obj(
+            objectives.TokenBatch(
+                d["lp"][i], d["old"][i], adv[i], d["mask"][i], loss_norm=norm, group_stats=stats.select(i)
+            )
+        ).loss
+    )
+    assert torch.isfinite(
+        obj(objectives.TokenBatch(d["lp"], d["old"], adv, d["mask"], group_ids=d["groups"], rewards=d["rewards"])).loss
+    )
     # An objective that reads no group statistics is unaffected.
     off = objectives.build({"preset": "etr", "macro": "off"})
-    assert torch.isfinite(off(objectives.TokenBatch(d["lp"][i], d["old"][i], adv[i], d["mask"][i],
-                                                    loss_norm=norm)).loss)
+    assert torch.isfinite(
+        off(objectives.TokenBatch(d["lp"][i], d["old"][i], adv[i], d["mask"][i], loss_norm=norm)).loss
+    )

@@ -19,8 +19,13 @@ from tether import objectives  # noqa: E402
 from tether.core.kl import kl_penalty  # noqa: E402
 
 D = torch.float64
-VERL_NAMES = {"k1": ["kl", "k1"], "k2": ["mse", "k2"], "k3": ["low_var_kl", "k3"], "abs": ["abs"],
-              "k3_clamped": ["low_var_kl", "k3"]}
+VERL_NAMES = {
+    "k1": ["kl", "k1"],
+    "k2": ["mse", "k2"],
+    "k3": ["low_var_kl", "k3"],
+    "abs": ["abs"],
+    "k3_clamped": ["low_var_kl", "k3"],
+}
 
 
 def _logprobs(seed=0, n=5, t=6, spread=2.0):
@@ -92,7 +97,8 @@ def test_reinforce_equals_verls_gpg_loss(agg):
     mask[4, 5:] = 0
     adv = torch.tensor([1.0, -0.5, 0.25, 0.0, -1.0], dtype=D)
     ours = objectives.build({"name": "reinforce", "aggregation": agg})(
-        objectives.TokenBatch(logprobs=lp, old_logprobs=old.detach(), advantages=adv, mask=mask)).loss
+        objectives.TokenBatch(logprobs=lp, old_logprobs=old.detach(), advantages=adv, mask=mask)
+    ).loss
     config = FSDPActorConfig(strategy="fsdp", rollout_n=5, ppo_micro_batch_size_per_gpu=2, loss_agg_mode=agg)
     theirs, _ = core_algos.get_policy_loss_fn("gpg")(old, lp, adv[:, None].expand(5, 6), mask, agg, config)
     tol = dict(rtol=1e-7, atol=1e-9) if agg == "seq-mean-token-mean" else dict(rtol=1e-13, atol=1e-15)

@@ -107,8 +107,9 @@ def test_against_sampler_measures_old_against_the_sampler():
     sampler = old - _t([0.5, 0.1], [0.0, 0.0])
     lp = old.clone().requires_grad_()
     spec = {"preset": "m2po", "against": "sampler"}
-    out = objectives.build(spec)(objectives.TokenBatch(lp, old, _t(1.0, -1.0), torch.ones(2, 2),
-                                                       sampler_logprobs=sampler))
+    out = objectives.build(spec)(
+        objectives.TokenBatch(lp, old, _t(1.0, -1.0), torch.ones(2, 2), sampler_logprobs=sampler)
+    )
     out.loss.backward()
     torch.testing.assert_close(lp.grad, _t([0.0, -0.25], [0.25, 0.25]), rtol=1e-12, atol=0)
     with pytest.raises(ValueError, match="sampler_logprobs"):
@@ -195,7 +196,8 @@ def test_m2po_equals_areals_loss_and_gradient(seed, eps):
     torch.testing.assert_close(lp_t.grad, lp_a.grad, rtol=1e-12, atol=1e-14)
     kept = _areal_rule(behave - prox, m, 0.04).sum().item()
     paper = objectives.build({**spec, "normaliser": "all_tokens"})(
-        objectives.TokenBatch(lp0, prox, adv, m.to(D), sampler_logprobs=behave))
+        objectives.TokenBatch(lp0, prox, adv, m.to(D), sampler_logprobs=behave)
+    )
     assert paper.loss.item() == pytest.approx(ref.item() * kept / m.sum().item(), rel=1e-12, abs=1e-15)
 
 
@@ -205,18 +207,29 @@ def test_kept_tokens_over_micro_batches_is_areals_weighting():
     # mini-batch's token-mean normaliser sum to exactly that.
     g = torch.Generator().manual_seed(3)
     prox = -torch.rand(6, 5, generator=g, dtype=D) - 0.1
-    behave, lp = prox + 0.3 * torch.randn(6, 5, generator=g, dtype=D), prox + 0.1 * torch.randn(6, 5, generator=g,
-                                                                                                    dtype=D)
+    behave, lp = (
+        prox + 0.3 * torch.randn(6, 5, generator=g, dtype=D),
+        prox + 0.1 * torch.randn(6, 5, generator=g, dtype=D),
+    )
     adv, m = torch.randn(6, generator=g, dtype=D), torch.ones(6, 5, dtype=torch.bool)
     m[1, 3:] = m[4, 1:] = False
     obj = objectives.build({"preset": "m2po", "against": "sampler", "normaliser": "kept_tokens", "eps_low": 0.2})
     total, areal = 0.0, 0.0
     for rows in (slice(0, 2), slice(2, 6)):
-        b = objectives.TokenBatch(lp[rows], prox[rows], adv[rows], m[rows].to(D), sampler_logprobs=behave[rows],
-                                  loss_norm=obj.normalizer(m.to(D)))
+        b = objectives.TokenBatch(
+            lp[rows],
+            prox[rows],
+            adv[rows],
+            m[rows].to(D),
+            sampler_logprobs=behave[rows],
+            loss_norm=obj.normalizer(m.to(D)),
+        )
         total += obj(b).loss.item()
-        areal += _areal_m2po_loss(lp[rows], prox[rows], behave[rows], adv[rows], m[rows], 0.04, 0.2).item() * \
-            m[rows].sum().item() / m.sum().item()
+        areal += (
+            _areal_m2po_loss(lp[rows], prox[rows], behave[rows], adv[rows], m[rows], 0.04, 0.2).item()
+            * m[rows].sum().item()
+            / m.sum().item()
+        )
     assert total == pytest.approx(areal, rel=1e-12)
 
 
@@ -226,7 +239,8 @@ def test_m2po_clip_hand_computed():
     lp, prox, behave, adv, m = _issue30_case()
     lp = lp.clone().requires_grad_()
     out = objectives.build({"preset": "m2po", "eps_low": 0.2, "eps_high": 0.2})(
-        objectives.TokenBatch(lp, prox, adv, m.to(D)))
+        objectives.TokenBatch(lp, prox, adv, m.to(D))
+    )
     out.loss.backward()
     kept_sum = -(math.exp(-0.1) + math.exp(0.1)) + 0.5 * (0.8 + 1 + math.exp(0.2) + math.exp(0.1))
     assert out.loss.item() == pytest.approx(kept_sum / 7, rel=1e-12)
@@ -289,7 +303,8 @@ def test_a_nan_sampler_logprob_counts_as_no_drift_as_trl():
     keep_trl = trl_grpo.GRPOTrainer.get_off_policy_mask(adv[:, None], lp, sampler, m.to(D), 0.5)  # (B, 1), 1 = keep
     assert torch.equal(~masked[:, 0], keep_trl[:, 0].bool())
     out = objectives.build({"name": "ppo_clip", "aggregation": "token-mean", "off_policy_mask": 0.5})(
-        objectives.TokenBatch(lp.clone().requires_grad_(), lp, adv, m.to(D), sampler_logprobs=sampler))
+        objectives.TokenBatch(lp.clone().requires_grad_(), lp, adv, m.to(D), sampler_logprobs=sampler)
+    )
     assert out.loss.item() == pytest.approx(-1 / 13, rel=1e-12)  # -0.0769
 
 
@@ -328,8 +343,9 @@ def test_bad_values_name_the_key():
 # ---------------------------------------------------------------- 6. end to end
 
 
-@pytest.mark.parametrize("extra", slow_after_first([["objective=m2po"],
-                                                   ["objective=dapo", "objective.off_policy_mask=0.5"]]))
+@pytest.mark.parametrize(
+    "extra", slow_after_first([["objective=m2po"], ["objective=dapo", "objective.off_policy_mask=0.5"]])
+)
 def test_train_runs_two_steps(tiny_dir, tmp_path, extra):
     import json
     from pathlib import Path

@@ -62,8 +62,9 @@ def test_maxrl_edges_give_exactly_zero():
     assert torch.isfinite(adv).all() and (adv == 0).all()  # each group has mean <= 0, no spread, or one sample
     # A non-binary group with a positive mean: rewards (2, 0, -0.5), mean 0.5, A = (1.5, -0.5, -1) / 0.500001.
     r2, g2 = torch.tensor([2.0, 0, -0.5], dtype=D), torch.zeros(3, dtype=torch.long)
-    torch.testing.assert_close(A.maxrl(r2, g2), torch.tensor([1.5, -0.5, -1.0], dtype=D) / (0.5 + 1e-6),
-                               rtol=1e-14, atol=0)
+    torch.testing.assert_close(
+        A.maxrl(r2, g2), torch.tensor([1.5, -0.5, -1.0], dtype=D) / (0.5 + 1e-6), rtol=1e-14, atol=0
+    )
 
 
 # ---------------------------------------------------------------- MaxRL: the references
@@ -101,7 +102,7 @@ def _binary_groups(seed: int, n_groups: int = 6, size: int = 8):
     p = torch.rand(n_groups, 1, generator=g, dtype=D)
     r = (torch.rand(n_groups, size, generator=g, dtype=D) < p).to(D).flatten()
     r[:size] = 0.0  # one group with no success
-    r[size:2 * size] = 1.0  # one group all correct
+    r[size : 2 * size] = 1.0  # one group all correct
     return r, torch.arange(n_groups).repeat_interleave(size)
 
 
@@ -154,8 +155,9 @@ def test_normalize_then_sum_hand_values():
     expected = (R - R.mean()) / torch.sqrt(var + 1e-8)
     gdpo = objectives.build("gdpo")
     torch.testing.assert_close(gdpo.advantages(scores.sum(1), g, None, parts), expected, rtol=1e-12, atol=1e-15)
-    torch.testing.assert_close(expected, torch.tensor([2.5, 0.5, -1.5, -1.5], dtype=D) / (11 / 3) ** 0.5,
-                               rtol=5e-6, atol=0)  # the 1e-6 guards move it by a few parts in 1e6
+    torch.testing.assert_close(
+        expected, torch.tensor([2.5, 0.5, -1.5, -1.5], dtype=D) / (11 / 3) ** 0.5, rtol=5e-6, atol=0
+    )  # the 1e-6 guards move it by a few parts in 1e6
 
 
 def test_flat_parts_groups_of_one_and_nan_scores():
@@ -197,8 +199,9 @@ def test_reward_parts_are_the_weighted_rewards_own():
     torch.testing.assert_close(parts.scores, torch.tensor([[1.0, 0], [0, 1], [0, 0]], dtype=D), rtol=0, atol=0)
     torch.testing.assert_close(parts.weights, torch.tensor([1.0, 0.25], dtype=D), rtol=0, atol=0)
     # The weighted sum of the parts is the reward's score.
-    torch.testing.assert_close(M.weighted_sum(parts, torch.zeros(3)), torch.tensor([r.score for r in results],
-                               dtype=D), rtol=0, atol=0)
+    torch.testing.assert_close(
+        M.weighted_sum(parts, torch.zeros(3)), torch.tensor([r.score for r in results], dtype=D), rtol=0, atol=0
+    )
     single = reward_parts(get_reward("exact_match"), results[:1])
     assert single.scores.shape == (1, 1) and single.weights.tolist() == [1.0]
 
@@ -218,19 +221,26 @@ def test_gdpo_equals_verls_gdpo_estimator():
     correct = torch.randint(0, 2, (N,), generator=gen).float()
     fmt = torch.randint(0, 5, (N,), generator=gen).float() / 4
     correct[:Gs], fmt[:Gs] = 1.0, 0.5  # group 0: every part flat
-    correct[Gs:2 * Gs] = 0.0  # group 1: correctness flat, format live
+    correct[Gs : 2 * Gs] = 0.0  # group 1: correctness flat, format live
     weights = [1.0, 0.5]
     groups = torch.arange(N) // Gs
     index = np.array([f"uid-{int(k)}" for k in groups], dtype=object)
     total = correct * weights[0] + fmt * weights[1]
     token_rewards = torch.zeros(N, T)
     token_rewards[torch.arange(N), lengths - 1] = total
-    batch = {"prompts": torch.zeros(N, P, dtype=torch.long),
-             "attention_mask": torch.cat([torch.ones(N, P), mask], 1).long()}
+    batch = {
+        "prompts": torch.zeros(N, P, dtype=torch.long),
+        "attention_mask": torch.cat([torch.ones(N, P), mask], 1).long(),
+    }
     config = {"gdpo_reward_keys": ["correct", "format"], "gdpo_reward_weights": weights}
     theirs, _ = core_algos.get_adv_estimator_fn("gdpo")(
-        token_level_rewards=token_rewards, response_mask=mask, index=index, config=config,
-        non_tensor_batch={"correct": correct.numpy(), "format": fmt.numpy()}, batch=batch)
+        token_level_rewards=token_rewards,
+        response_mask=mask,
+        index=index,
+        config=config,
+        non_tensor_batch={"correct": correct.numpy(), "format": fmt.numpy()},
+        batch=batch,
+    )
     parts = RewardParts(torch.stack([correct, fmt], 1).to(D), torch.tensor(weights, dtype=D))
     ours = objectives.build("gdpo").advantages(total.to(D), groups, mask.sum(1).to(D), parts)
     ours_tok = ours[:, None] * mask.to(D)
@@ -273,8 +283,10 @@ def test_the_trainer_gives_gdpo_the_weighted_rewards_parts(tiny_dir, tmp_path, m
 
     monkeypatch.setattr(Objective, "advantages", spy)
     weights = f"reward.weights={{{DIGIT_REWARD}: 1.0, overlong: {{weight: 0.5, max_tokens: 6, cache: 4}}}}"
-    run = train(train_config(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "objective=gdpo", weights),
-                log=lambda *_: None)
+    run = train(
+        train_config(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "objective=gdpo", weights),
+        log=lambda *_: None,
+    )
     rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(math.isfinite(r["loss/total"]) for r in rows[1:])
@@ -304,16 +316,18 @@ def test_reinforce_pp_no_baseline_and_grpo_batch_std_hand_values():
     torch.testing.assert_close(A.reinforce_pp_no_baseline(r, g), expected, rtol=1e-14, atol=0)
     # grpo_batch_std: (R - group mean) / (sqrt(174/720) + 1e-6): (.5, -.5, 0, 0, .25, -.25) / 0.491596...
     std_b = (174 / 720) ** 0.5
-    torch.testing.assert_close(A.grpo_batch_std(r, g),
-                               torch.tensor([0.5, -0.5, 0, 0, 0.25, -0.25], dtype=D) / (std_b + 1e-6),
-                               rtol=1e-14, atol=0)
+    torch.testing.assert_close(
+        A.grpo_batch_std(r, g),
+        torch.tensor([0.5, -0.5, 0, 0, 0.25, -0.25], dtype=D) / (std_b + 1e-6),
+        rtol=1e-14,
+        atol=0,
+    )
     # Token weights (lengths 1, 3, 1, 1, 2, 2): mean = (1 + 1 + 1 + 1) / 10 = 0.4, Bessel over 10 tokens.
     w = torch.tensor([1.0, 3, 1, 1, 2, 2], dtype=D)
     var_w = (w * (r - 0.4) ** 2).sum() / 9  # (.36 + 3 * .16 + .36 + .36 + 2 * .01 + 2 * .16) / 9 = 1.9 / 9
     assert var_w.item() == pytest.approx(1.9 / 9, rel=1e-14)
     got = A.compute_advantages("reinforce_pp_no_baseline", r, g, weights=w)
-    torch.testing.assert_close(got, torch.where(g == 1, 0.0, (r - 0.4) / torch.sqrt(var_w + 1e-8)), rtol=1e-14,
-                               atol=0)
+    torch.testing.assert_close(got, torch.where(g == 1, 0.0, (r - 0.4) / torch.sqrt(var_w + 1e-8)), rtol=1e-14, atol=0)
 
 
 def test_reinforce_pp_no_baseline_equals_verls_reinforce_plus_plus():
@@ -330,7 +344,8 @@ def test_reinforce_pp_no_baseline_equals_verls_reinforce_plus_plus():
     token_rewards = torch.zeros(N, T, dtype=D)
     token_rewards[torch.arange(N), lengths - 1] = r
     theirs, returns = core_algos.get_adv_estimator_fn("reinforce_plus_plus")(
-        token_level_rewards=token_rewards, response_mask=mask, config=_AlgoGet(gamma=1.0))
+        token_level_rewards=token_rewards, response_mask=mask, config=_AlgoGet(gamma=1.0)
+    )
     torch.testing.assert_close(returns, r[:, None] * mask, rtol=0, atol=0)  # gamma = 1: R on every token
     ours = A.compute_advantages("reinforce_pp_no_baseline", r, groups, weights=mask.sum(1))[:, None] * mask
     live = (groups >= 1)[:, None] & mask.bool()
@@ -339,7 +354,8 @@ def test_reinforce_pp_no_baseline_equals_verls_reinforce_plus_plus():
     assert (ours[:Gs] == 0).all() and (theirs[:Gs][mask[:Gs].bool()] > 0).all()  # verl pushes the flat group up
     # through the verl plugin: the same estimator under its tether_ name
     plugin, _ = core_algos.get_adv_estimator_fn("tether_reinforce_pp_no_baseline")(
-        token_level_rewards=token_rewards, response_mask=mask, index=np.array(groups.tolist(), dtype=object))
+        token_level_rewards=token_rewards, response_mask=mask, index=np.array(groups.tolist(), dtype=object)
+    )
     torch.testing.assert_close(plugin, ours, rtol=0, atol=1e-15)
 
 
@@ -382,7 +398,9 @@ def test_tether_list_shows_the_estimators_reward_aggregations_and_the_gdpo_prese
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     lines = {line.split(":")[0].strip(): line for line in out.splitlines() if ":" in line}
-    assert all(name in lines["advantages"] for name in
-               ("maxrl", "reinforce_pp_no_baseline", "grpo_batch_std", "grpo", "reinforce_pp"))
+    assert all(
+        name in lines["advantages"]
+        for name in ("maxrl", "reinforce_pp_no_baseline", "grpo_batch_std", "grpo", "reinforce_pp")
+    )
     assert lines["reward aggregation"].split(": ")[1] == "sum, normalize_then_sum"
     assert "gdpo" in out and "reward_aggregation=normalize_then_sum" in out

@@ -22,29 +22,78 @@ def _batch(N=8, T=6, seed=0, **kw):
     rewards = torch.randint(0, 2, (N,), generator=g).double()
     groups = torch.arange(N) // 4
     fields = dict(
-        logprobs=lp, old_logprobs=lp_old, advantages=A.grpo(rewards, groups), mask=mask,
-        ref_logprobs=lp_old - 0.2 * torch.rand(N, T, generator=g, dtype=D), group_ids=groups,
-        rewards=rewards, entropy=torch.rand(N, T, generator=g, dtype=D),
+        logprobs=lp,
+        old_logprobs=lp_old,
+        advantages=A.grpo(rewards, groups),
+        mask=mask,
+        ref_logprobs=lp_old - 0.2 * torch.rand(N, T, generator=g, dtype=D),
+        group_ids=groups,
+        rewards=rewards,
+        entropy=torch.rand(N, T, generator=g, dtype=D),
     )
     fields.update(kw)
     return objectives.TokenBatch(**fields)
 
 
 def test_names_and_presets():
-    assert set(objectives.names()) == {"ppo_clip", "divergence_clip", "gspo", "cispo", "reinforce", "rpg", "etr",
-                                       "dppo", "sapo", "gmpo", "clip_cov", "kl_cov", "m2po", "vespo", "luspo", "dro"}
+    assert set(objectives.names()) == {
+        "ppo_clip",
+        "divergence_clip",
+        "gspo",
+        "cispo",
+        "reinforce",
+        "rpg",
+        "etr",
+        "dppo",
+        "sapo",
+        "gmpo",
+        "clip_cov",
+        "kl_cov",
+        "m2po",
+        "vespo",
+        "luspo",
+        "dro",
+    }
     assert set(PRESETS) >= {
-        "grpo", "dapo", "dr_grpo", "gspo", "cispo", "atr_grpo",
-        "rpg_fkl", "rpg_ufkl", "rpg_rkl", "rpg_urkl", "rpg_urkl_diff", "etr",
-        "dppo_tv", "dppo_kl", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp", "vespo", "luspo", "dro",
+        "grpo",
+        "dapo",
+        "dr_grpo",
+        "gspo",
+        "cispo",
+        "atr_grpo",
+        "rpg_fkl",
+        "rpg_ufkl",
+        "rpg_rkl",
+        "rpg_urkl",
+        "rpg_urkl_diff",
+        "etr",
+        "dppo_tv",
+        "dppo_kl",
+        "sapo",
+        "gmpo",
+        "clip_cov",
+        "kl_cov",
+        "reinforce_pp",
+        "vespo",
+        "luspo",
+        "dro",
     }
 
 
 def test_a_built_objective_gives_a_scalar_loss_with_a_gradient_and_detached_scalar_metrics():
     obj = objectives.build({"name": "divergence_clip", "measure": "kl3", "delta": 0.0231, "aggregation": "token-mean"})
     b = _batch()
-    out = obj(objectives.TokenBatch(logprobs=b.logprobs, old_logprobs=b.old_logprobs, advantages=b.advantages,
-                                     mask=b.mask, ref_logprobs=None, group_ids=None, rewards=None))
+    out = obj(
+        objectives.TokenBatch(
+            logprobs=b.logprobs,
+            old_logprobs=b.old_logprobs,
+            advantages=b.advantages,
+            mask=b.mask,
+            ref_logprobs=None,
+            group_ids=None,
+            rewards=None,
+        )
+    )
     out.loss.backward()
     assert out.loss.dim() == 0 and b.logprobs.grad.abs().sum() > 0
     assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in out.metrics.values())
@@ -58,7 +107,12 @@ def test_presets_select_the_documented_values():
     assert grpo.kl_penalty.estimator == "k3" and grpo.kl_penalty.coef == 0.04
     urkl = objectives.build("rpg_urkl")
     assert (urkl.name, urkl.config.kl, urkl.config.form, urkl.config.clip, urkl.config.advantage) == (
-        "rpg", "urkl", "reinforce", "rpg", "dr_grpo")
+        "rpg",
+        "urkl",
+        "reinforce",
+        "rpg",
+        "dr_grpo",
+    )
     assert objectives.build("rpg_urkl_diff").config.form == "differentiable"
     assert objectives.build("dr_grpo").config.aggregation == "seq-mean-token-sum-norm"
     assert objectives.build("gspo").config.eps_high == 4e-4
@@ -125,8 +179,18 @@ def test_every_preset_runs_and_reports_its_metrics(preset):
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(b.logprobs.grad).all()
     assert b.logprobs.grad[b.mask == 0].abs().sum() == 0  # padding gets no gradient
-    for key in ("loss/policy", "loss/total", "policy/clipfrac_low", "policy/clipfrac_high", "policy/ratio_mean",
-                "policy/ratio_min", "policy/ratio_max", "policy/kl_old", "policy/entropy", "kl/ref"):
+    for key in (
+        "loss/policy",
+        "loss/total",
+        "policy/clipfrac_low",
+        "policy/clipfrac_high",
+        "policy/ratio_mean",
+        "policy/ratio_min",
+        "policy/ratio_max",
+        "policy/kl_old",
+        "policy/entropy",
+        "kl/ref",
+    ):
         assert key in out.metrics, key
     assert all(torch.isfinite(v) for v in out.metrics.values())
     if preset == "etr":
@@ -157,8 +221,14 @@ def test_padding_does_not_change_the_loss(preset):
     base = obj(b).loss
     pad = lambda x, v: torch.cat([x, torch.full((x.shape[0], 3), v, dtype=x.dtype)], 1)  # noqa: E731
     padded = objectives.TokenBatch(
-        pad(b.logprobs.detach(), -5.0), pad(b.old_logprobs, 7.0), b.advantages, pad(b.mask, 0.0),
-        pad(b.ref_logprobs, 3.0), b.group_ids, b.rewards, pad(b.entropy, 9.0),
+        pad(b.logprobs.detach(), -5.0),
+        pad(b.old_logprobs, 7.0),
+        b.advantages,
+        pad(b.mask, 0.0),
+        pad(b.ref_logprobs, 3.0),
+        b.group_ids,
+        b.rewards,
+        pad(b.entropy, 9.0),
     )
     torch.testing.assert_close(obj(padded).loss, base, rtol=1e-12, atol=1e-14)
 
@@ -166,8 +236,16 @@ def test_padding_does_not_change_the_loss(preset):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_all_masked_batch_gives_finite_loss_and_zero_gradient(preset):
     b = _batch()
-    empty = objectives.TokenBatch(b.logprobs, b.old_logprobs, b.advantages, torch.zeros_like(b.mask),
-                                  b.ref_logprobs, b.group_ids, b.rewards, b.entropy)
+    empty = objectives.TokenBatch(
+        b.logprobs,
+        b.old_logprobs,
+        b.advantages,
+        torch.zeros_like(b.mask),
+        b.ref_logprobs,
+        b.group_ids,
+        b.rewards,
+        b.entropy,
+    )
     out = objectives.build(preset)(empty)
     out.loss.backward()
     assert torch.isfinite(out.loss) and out.loss.item() == 0.0
@@ -232,9 +310,18 @@ def test_micro_batches_sum_to_the_full_batch_gradient(preset, aggregation):
     total, g_sum = 0.0, torch.zeros_like(b.logprobs)
     for idx in (slice(0, 4), slice(4, 8)):  # two micro-batches of one group each
         lp = b.logprobs.detach()[idx].clone().requires_grad_()
-        mb = objectives.TokenBatch(lp, b.old_logprobs[idx], b.advantages[idx], b.mask[idx], b.ref_logprobs[idx],
-                                   b.group_ids[idx], b.rewards[idx], b.entropy[idx], loss_norm=norm,
-                                   group_stats=None if stats is None else stats.select(torch.arange(8)[idx]))
+        mb = objectives.TokenBatch(
+            lp,
+            b.old_logprobs[idx],
+            b.advantages[idx],
+            b.mask[idx],
+            b.ref_logprobs[idx],
+            b.group_ids[idx],
+            b.rewards[idx],
+            b.entropy[idx],
+            loss_norm=norm,
+            group_stats=None if stats is None else stats.select(torch.arange(8)[idx]),
+        )
         loss = obj(mb).loss
         total = total + loss.detach()
         g_sum[idx] = torch.autograd.grad(loss, lp)[0]
@@ -273,13 +360,16 @@ def test_a_mapping_without_preset_or_name_overrides_the_default():
 # ---------------------------------------------------------------- capabilities and group statistics
 
 
-@pytest.mark.parametrize("spec, fields, uses_ref, kl_coef", [
-    ("dapo", [], False, 0.0),
-    ({"preset": "dapo", "kl_penalty": {"coef": 0.2}}, ["ref_logprobs"], True, 0.2),
-    ({"preset": "rpg_urkl", "anchor": "ref"}, ["ref_logprobs"], True, 5e-5),
-    ({"preset": "rpg_urkl", "anchor": "ref", "kl_penalty": {"coef": 0.1}}, ["ref_logprobs"], True, 0.1),
-    ({"name": "m2po", "against": "sampler", "entropy_coef": 0.01}, ["entropy", "sampler_logprobs"], False, 0.0),
-])
+@pytest.mark.parametrize(
+    "spec, fields, uses_ref, kl_coef",
+    [
+        ("dapo", [], False, 0.0),
+        ({"preset": "dapo", "kl_penalty": {"coef": 0.2}}, ["ref_logprobs"], True, 0.2),
+        ({"preset": "rpg_urkl", "anchor": "ref"}, ["ref_logprobs"], True, 5e-5),
+        ({"preset": "rpg_urkl", "anchor": "ref", "kl_penalty": {"coef": 0.1}}, ["ref_logprobs"], True, 0.1),
+        ({"name": "m2po", "against": "sampler", "entropy_coef": 0.01}, ["entropy", "sampler_logprobs"], False, 0.0),
+    ],
+)
 def test_a_config_says_what_it_needs(spec, fields, uses_ref, kl_coef):
     cfg = objectives.build(spec).config
     assert sorted(cfg.needs()) == fields and all(cfg.needs().values())  # each with its reason
@@ -298,4 +388,5 @@ def test_group_stats_round_trip_through_columns_and_tokens():
     torch.testing.assert_close(shift[has], stats.nu_shift[has])
     assert shift[~has].eq(0).all()
     assert objectives.build({"preset": "etr", "reward_range": [0, 1]}).config.group_stats_options() == {
-        "reward_range": (0.0, 1.0)}
+        "reward_range": (0.0, 1.0)
+    }

@@ -54,10 +54,16 @@ def _tether_loss(spec, lp, old, ref, adv, mask):
 
 CASES = [  # (id, TRL loss_type and settings, tether spec)
     ("grpo-k3", dict(loss_type="grpo", beta=0.04), "grpo"),
-    ("grpo-bias-corrected-kl", dict(loss_type="grpo", beta=0.04, use_bias_correction_kl=True),
-     {"preset": "grpo", "kl_penalty": {"estimator": "k3_iw"}}),
-    ("bnpo", dict(loss_type="bnpo", eps=(0.2, 0.28)),
-     {"name": "ppo_clip", "eps_high": 0.28, "aggregation": "token-mean"}),
+    (
+        "grpo-bias-corrected-kl",
+        dict(loss_type="grpo", beta=0.04, use_bias_correction_kl=True),
+        {"preset": "grpo", "kl_penalty": {"estimator": "k3_iw"}},
+    ),
+    (
+        "bnpo",
+        dict(loss_type="bnpo", eps=(0.2, 0.28)),
+        {"name": "ppo_clip", "eps_high": 0.28, "aggregation": "token-mean"},
+    ),
     ("dr_grpo", dict(loss_type="dr_grpo"), "dr_grpo"),
     ("dapo", dict(loss_type="dapo", eps=(0.2, 0.28)), "dapo"),
     ("cispo", dict(loss_type="cispo", eps=(0.2, 1.28)), "cispo"),
@@ -70,8 +76,9 @@ CASES = [  # (id, TRL loss_type and settings, tether spec)
 def test_preset_equals_trls_loss(trl_settings, spec):
     lp, old, ref, adv, mask = _batch()
     settings = dict(trl_settings)
-    theirs, g_theirs, _ = trl_compute_loss(settings.pop("loss_type"), lp, old, adv, mask, ref=ref, max_len=T_MAX,
-                                           **settings)
+    theirs, g_theirs, _ = trl_compute_loss(
+        settings.pop("loss_type"), lp, old, adv, mask, ref=ref, max_len=T_MAX, **settings
+    )
     ours = _tether_loss(spec, lp, old, ref, adv, mask)
     # TRL's sapo builds its temperatures with torch.where on Python floats, a float32 tensor: 1.05 is then
     # 1.0499999523, a relative 5e-8 off, which moves the loss by ~2e-7 relative.
@@ -86,6 +93,7 @@ def test_the_grpo_presets_kl_is_not_trls_default_kl():
     # TRL 1.16 multiplies k3 by the ratio by default (use_bias_correction_kl=True); the grpo preset is GRPO's plain
     # k3, so at the same batch they differ once the ratio is not 1 (docs/trl.md, docs/algorithms/README.md).
     lp, old, ref, adv, mask = _batch()
-    trl_default, _, _ = trl_compute_loss("grpo", lp, old, adv, mask, ref=ref, beta=0.04, max_len=T_MAX,
-                                         use_bias_correction_kl=True)
+    trl_default, _, _ = trl_compute_loss(
+        "grpo", lp, old, adv, mask, ref=ref, beta=0.04, max_len=T_MAX, use_bias_correction_kl=True
+    )
     assert abs(_tether_loss("grpo", lp, old, ref, adv, mask).item() - trl_default.item()) > 1e-4

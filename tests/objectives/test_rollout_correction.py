@@ -32,7 +32,11 @@ def _batch(seed=0, N=6, T=5):
 def test_equal_logprobs_make_the_correction_the_identity(level, mode, preset):
     lp, old, adv, mask = _batch()
     plain = objectives.build(preset)
-    rc = {"level": level, "mode": "mask", "measure": "kl3", "delta": 0.01} if mode == "kl3" else {"level": level, "mode": mode}
+    rc = (
+        {"level": level, "mode": "mask", "measure": "kl3", "delta": 0.01}
+        if mode == "kl3"
+        else {"level": level, "mode": mode}
+    )
     corrected = objectives.build({"preset": preset, "rollout_correction": rc})
     out_a = plain(objectives.TokenBatch(lp, old, adv, mask))
     (g_a,) = torch.autograd.grad(out_a.loss, lp)
@@ -72,12 +76,20 @@ def test_hand_computed_weights():
 
 def test_truncation_scales_the_loss_per_token():
     # REINFORCE: l_t = -A lp_t; corrected l_t = -c_t A lp_t with c_t = clamp(r_t, 0, 1.2).
-    obj = objectives.build({"name": "reinforce", "rollout_correction": {"mode": "truncate", "high": 1.2},
-                            "aggregation": "seq-mean-token-sum"})
+    obj = objectives.build(
+        {
+            "name": "reinforce",
+            "rollout_correction": {"mode": "truncate", "high": 1.2},
+            "aggregation": "seq-mean-token-sum",
+        }
+    )
     lp = torch.tensor([[-1.0, -2.0]], dtype=D, requires_grad=True)
     sampler = torch.tensor([[-1.1, -2.5]], dtype=D)  # r = e^0.1 = 1.105, e^0.5 = 1.649 -> 1.2
-    out = obj(objectives.TokenBatch(lp, lp.detach(), torch.tensor([2.0], dtype=D), torch.ones(1, 2, dtype=D),
-                                    sampler_logprobs=sampler))
+    out = obj(
+        objectives.TokenBatch(
+            lp, lp.detach(), torch.tensor([2.0], dtype=D), torch.ones(1, 2, dtype=D), sampler_logprobs=sampler
+        )
+    )
     out.loss.backward()
     torch.testing.assert_close(lp.grad, torch.tensor([[-2.0 * math.exp(0.1), -2.0 * 1.2]], dtype=D))
     assert out.metrics["rollout_correction/truncated_frac"] == pytest.approx(0.5)
@@ -214,15 +226,26 @@ def test_the_audits_k3_rejection_cases():
     # Token level: log r = [0.1, -0.1, 0.5]: k3 = [0.005171, 0.004837, 0.148721] vs 0.01 -> weights [1, 1, 0],
     # not r: the kept tokens are not multiplied by e^0.1 = 1.105 and e^-0.1 = 0.905.
     old, sampler = torch.zeros(1, 3, dtype=D), -torch.tensor([[0.1, -0.1, 0.5]], dtype=D)
-    c = rollout_correction(old, sampler, torch.ones(1, 3, dtype=torch.bool), "token", "mask", measure="kl3",
-                           delta=0.01)
+    c = rollout_correction(old, sampler, torch.ones(1, 3, dtype=torch.bool), "token", "mask", measure="kl3", delta=0.01)
     assert c.weights.tolist() == [[1.0, 1.0, 0.0]] and c.masked.tolist() == [[False, False, True]]
     # Through an objective: REINFORCE, l_t = -c_t A lp_t, gradient -A c_t with A = 2.
-    obj = objectives.build({"name": "reinforce", "aggregation": "seq-mean-token-sum",
-                            "rollout_correction": {"mode": "mask", "measure": "kl3", "delta": 0.01}})
+    obj = objectives.build(
+        {
+            "name": "reinforce",
+            "aggregation": "seq-mean-token-sum",
+            "rollout_correction": {"mode": "mask", "measure": "kl3", "delta": 0.01},
+        }
+    )
     lp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=D, requires_grad=True)
-    out = obj(objectives.TokenBatch(lp, lp.detach(), torch.tensor([2.0], dtype=D), torch.ones(1, 3, dtype=D),
-                                    sampler_logprobs=lp.detach() - torch.tensor([[0.1, -0.1, 0.5]], dtype=D)))
+    out = obj(
+        objectives.TokenBatch(
+            lp,
+            lp.detach(),
+            torch.tensor([2.0], dtype=D),
+            torch.ones(1, 3, dtype=D),
+            sampler_logprobs=lp.detach() - torch.tensor([[0.1, -0.1, 0.5]], dtype=D),
+        )
+    )
     out.loss.backward()
     assert lp.grad.tolist() == [[-2.0, -2.0, 0.0]]
     assert out.metrics["rollout_correction/masked_frac"].item() == pytest.approx(1 / 3)
@@ -353,8 +376,10 @@ def test_kpop_in_an_objective_zeroes_the_rejected_tokens_gradient():
     lp = old.clone().requires_grad_()
     rc = {"mode": "mask", "measure": "binary_kl_max", "delta": 0.085}
     out = objectives.build({"preset": "dapo", "rollout_correction": rc})(
-        objectives.TokenBatch(lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 3, dtype=D),
-                              sampler_logprobs=sampler))
+        objectives.TokenBatch(
+            lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 3, dtype=D), sampler_logprobs=sampler
+        )
+    )
     out.loss.backward()
     # token-mean over 3 (the rejected tokens stay in the count), on-policy: -A / 3 on the kept token only
     torch.testing.assert_close(lp.grad, torch.tensor([[0.0, 0.0, -1 / 3]], dtype=D), rtol=1e-12, atol=0)
@@ -370,8 +395,21 @@ def test_kpop_in_an_objective_zeroes_the_rejected_tokens_gradient():
 # ---------------------------------------------------------------- issue 22, item 3: a masked token leaves the loss
 
 
-MASKED_CASES = ["gmpo", "gspo", "sapo", "ppo_clip", "dapo", "cispo", "rpg_urkl", "dppo_tv", "atr_grpo", "etr",
-                "clip_cov", "kl_cov", "reinforce"]
+MASKED_CASES = [
+    "gmpo",
+    "gspo",
+    "sapo",
+    "ppo_clip",
+    "dapo",
+    "cispo",
+    "rpg_urkl",
+    "dppo_tv",
+    "atr_grpo",
+    "etr",
+    "clip_cov",
+    "kl_cov",
+    "reinforce",
+]
 
 
 @pytest.mark.parametrize("spec", MASKED_CASES)
@@ -385,8 +423,9 @@ def test_a_masked_token_has_no_gradient_and_leaves_sequence_statistics(spec):
     lp0 = old + torch.tensor([[0.1, -0.2, 0.3, 0.05]], dtype=D)
     sampler = old - torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=D)
     adv = torch.tensor([1.0], dtype=D)
-    obj = objectives.build({**objectives.spec_mapping(spec), "rollout_correction": {"mode": "mask", "low": 0.5,
-                                                                                    "high": 2.0}})
+    obj = objectives.build(
+        {**objectives.spec_mapping(spec), "rollout_correction": {"mode": "mask", "low": 0.5, "high": 2.0}}
+    )
     plain = objectives.build(spec)
     extra = dict(rewards=torch.tensor([1.0], dtype=D), group_ids=torch.tensor([0]))
 
@@ -414,8 +453,15 @@ def test_gmpo_masked_token_hand_computed():
     old = torch.tensor([[-1.0, -0.7, -2.0, -1.2]], dtype=D)
     lp = (old + torch.tensor([[0.1, -0.2, 0.3, 0.05]], dtype=D)).requires_grad_()
     obj = objectives.build({"name": "gmpo", "rollout_correction": {"mode": "mask", "low": 0.5, "high": 2.0}})
-    out = obj(objectives.TokenBatch(lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 4, dtype=D),
-                                    sampler_logprobs=old - torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=D)))
+    out = obj(
+        objectives.TokenBatch(
+            lp,
+            old,
+            torch.tensor([1.0], dtype=D),
+            torch.ones(1, 4, dtype=D),
+            sampler_logprobs=old - torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=D),
+        )
+    )
     out.loss.backward()
     g = math.exp(-1.0 / 60.0)
     assert out.loss.item() == pytest.approx(-0.75 * g, rel=1e-14)
@@ -453,13 +499,25 @@ def test_the_trainer_corrects_a_bf16_decode(tiny_dir, tmp_path):
 
     from conftest import DIGIT_REWARD
 
-    cfg = load_config(None, [
-        f"model.name_or_path={tiny_dir}", f"output_dir={tmp_path / 'run'}", "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "rollout.max_new_tokens=6", "trainer.total_steps=2", "data.eval_size=8", "trainer.progress=false",
-        "trainer.plots=false", "trainer.autocast=bf16", "trainer.threads=1",
-        "objective={preset: dapo, rollout_correction: {level: token, mode: truncate, high: 1.5}}",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_dir}",
+            f"output_dir={tmp_path / 'run'}",
+            "warm_start.enabled=false",
+            f"reward.name={DIGIT_REWARD}",
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=6",
+            "trainer.total_steps=2",
+            "data.eval_size=8",
+            "trainer.progress=false",
+            "trainer.plots=false",
+            "trainer.autocast=bf16",
+            "trainer.threads=1",
+            "objective={preset: dapo, rollout_correction: {level: token, mode: truncate, high: 1.5}}",
+        ],
+    )
     run = train(cfg, log=lambda *_: None)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]
     for r in rows:
@@ -476,8 +534,9 @@ def test_masked_tokens_split_over_micro_batches_give_the_whole_batch(spec, level
     g = torch.Generator().manual_seed(6)
     sampler = old - 0.5 * torch.randn(old.shape, generator=g, dtype=D)
     rewards, groups = torch.tensor([1.0, 0, 1, 1, 0, 0, 1, 0], dtype=D), torch.arange(8) // 4
-    obj = objectives.build({"preset": spec, "rollout_correction": {"level": level, "mode": "mask", "low": 0.6,
-                                                                   "high": 1.6}})
+    obj = objectives.build(
+        {"preset": spec, "rollout_correction": {"level": level, "mode": "mask", "low": 0.6, "high": 1.6}}
+    )
     whole = obj(objectives.TokenBatch(lp, old, adv, mask, rewards=rewards, group_ids=groups, sampler_logprobs=sampler))
     (g_whole,) = torch.autograd.grad(whole.loss, lp)
     assert 0 < whole.metrics["rollout_correction/masked_frac"] < 1
@@ -485,8 +544,17 @@ def test_masked_tokens_split_over_micro_batches_give_the_whole_batch(spec, level
     merger, total, g_sum = objectives.MetricMerger(), 0.0, torch.zeros_like(lp)
     for idx in (torch.arange(0, 3), torch.arange(3, 8)):
         x = lp.detach()[idx].clone().requires_grad_()
-        out = obj(objectives.TokenBatch(x, old[idx], adv[idx], mask[idx], sampler_logprobs=sampler[idx],
-                                        loss_norm=norm, group_stats=None if stats is None else stats.select(idx)))
+        out = obj(
+            objectives.TokenBatch(
+                x,
+                old[idx],
+                adv[idx],
+                mask[idx],
+                sampler_logprobs=sampler[idx],
+                loss_norm=norm,
+                group_stats=None if stats is None else stats.select(idx),
+            )
+        )
         total, g_sum[idx] = total + out.loss.detach(), torch.autograd.grad(out.loss, x)[0]
         merger.add(out)
     merger.end_mini_batch()

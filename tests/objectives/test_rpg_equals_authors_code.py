@@ -107,8 +107,17 @@ def _batch(seed=0, n=6, t=7):
 
 
 def _tether(spec, lp, old, adv, mask, mode):
-    obj = objectives.build({**spec, "aggregation": mode, "beta": BETA, "eps_low": EPS_LOW, "eps_high": EPS_HIGH,
-                            "dual_clip_c": C, "anchor": "old"})
+    obj = objectives.build(
+        {
+            **spec,
+            "aggregation": mode,
+            "beta": BETA,
+            "eps_low": EPS_LOW,
+            "eps_high": EPS_HIGH,
+            "dual_clip_c": C,
+            "anchor": "old",
+        }
+    )
     return obj(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask)).loss
 
 
@@ -149,8 +158,9 @@ def test_the_released_clamp_of_the_kl_term_is_reproduced_at_large_ratios():
     lp = torch.tensor([[-1.0, -2.9]], dtype=D, requires_grad=True)  # log w = 2 (clamped), 0.1 (not)
     adv, mask = torch.tensor([0.0], dtype=D), torch.ones(1, 2, dtype=D)
     ref = _released_algorithm_1("rkl", lp, old, adv, mask, "token-mean")
-    ours = _tether({"name": "rpg", "kl": "rkl", "form": "differentiable", "clip": "rpg"}, lp, old, adv, mask,
-                   "token-mean")
+    ours = _tether(
+        {"name": "rpg", "kl": "rkl", "form": "differentiable", "clip": "rpg"}, lp, old, adv, mask, "token-mean"
+    )
     g_ours, g_ref = _grad(ours, lp), _grad(ref, lp)
     torch.testing.assert_close(g_ours, g_ref, rtol=1e-12, atol=1e-14)
     # d/dlp of beta/2 * w log w at log w = 0.1: beta/2 * w (log w + 1) = 0.025 * 1.10517 * 1.1 = 0.0303922
@@ -164,8 +174,9 @@ def test_the_released_v3_branch_is_the_opposite_of_algorithm_2():
     lp, old, adv, mask = _batch(seed=2)
     _, v3_tokens = _released_reinforce_clip_ppo("urkl", lp, old, adv, mask, "token-mean", v3=True)
     spec = {"name": "rpg", "kl": "urkl", "form": "reinforce", "clip": "rpg", "branch_on": "regularized_advantage"}
-    ours = objectives.build({**spec, "aggregation": "token-mean", "beta": BETA, "eps_low": EPS_LOW,
-                             "eps_high": EPS_HIGH, "dual_clip_c": C})
+    ours = objectives.build(
+        {**spec, "aggregation": "token-mean", "beta": BETA, "eps_low": EPS_LOW, "eps_high": EPS_HIGH, "dual_clip_c": C}
+    )
     terms = ours.terms(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask))
     differs = (terms.tokens.loss.detach() - v3_tokens.detach()).abs() > 1e-9
     assert differs[mask.bool()].any()

@@ -23,8 +23,9 @@ def _t(*rows):
 
 def _run(spec, lp, old, adv, mask, sampler):
     lp = lp.clone().requires_grad_()
-    out = objectives.build(spec)(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask,
-                                                        sampler_logprobs=sampler))
+    out = objectives.build(spec)(
+        objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, sampler_logprobs=sampler)
+    )
     out.loss.backward()
     return out, lp.grad
 
@@ -81,8 +82,15 @@ def test_equals_prime_rls_default_loss():
     lp_ref = lp.clone().requires_grad_()
     total, kl_part = _prime_rl_default_loss(lp_ref, sampler, adv, mask)
     total.backward()
-    spec = {"name": "dppo", "measure": "binary_tv", "delta_low": 0.2, "delta_high": 0.2, "truncation_c": None,
-            "aggregation": "token-mean", "sampler_kl_coef": 1e-3}
+    spec = {
+        "name": "dppo",
+        "measure": "binary_tv",
+        "delta_low": 0.2,
+        "delta_high": 0.2,
+        "truncation_c": None,
+        "aggregation": "token-mean",
+        "sampler_kl_coef": 1e-3,
+    }
     out, grad = _run(spec, lp, sampler, adv, mask, sampler)
     assert 0 < out.metrics["policy/clipfrac_high"] + out.metrics["policy/clipfrac_low"] < 1  # the mask acts
     assert (1e-3 * out.metrics["loss/sampler_kl"]).item() == pytest.approx(kl_part.item(), rel=1e-13)
@@ -90,8 +98,10 @@ def test_equals_prime_rls_default_loss():
     assert objectives.ObjectiveConfig().sampler_kl_coef == 0.0  # off unless asked for (prime-rl's default is 1e-3)
 
 
-@pytest.mark.parametrize("spec", ["dapo", "gspo", "vespo", "dro", "rpg_urkl", "etr",
-                                  {"preset": "grpo", "aggregation": "seq-mean-token-sum-norm"}])
+@pytest.mark.parametrize(
+    "spec",
+    ["dapo", "gspo", "vespo", "dro", "rpg_urkl", "etr", {"preset": "grpo", "aggregation": "seq-mean-token-sum-norm"}],
+)
 def test_composes_with_any_objective(spec):
     # The loss with the penalty minus the loss without it is tau times the penalty aggregated the objective's way.
     g = torch.Generator().manual_seed(1)
@@ -107,9 +117,16 @@ def test_composes_with_any_objective(spec):
     outs = []
     for tau in (0.0, 0.02):
         obj = objectives.build({**base, "sampler_kl_coef": tau})
-        batch = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=obj.advantages(rewards, groups),
-                                      mask=mask, ref_logprobs=old - 0.1, rewards=rewards, group_ids=groups,
-                                      sampler_logprobs=sampler)
+        batch = objectives.TokenBatch(
+            logprobs=lp,
+            old_logprobs=old,
+            advantages=obj.advantages(rewards, groups),
+            mask=mask,
+            ref_logprobs=old - 0.1,
+            rewards=rewards,
+            group_ids=groups,
+            sampler_logprobs=sampler,
+        )
         outs.append(obj(batch))
     from tether.core import aggregation
 
@@ -120,8 +137,9 @@ def test_composes_with_any_objective(spec):
 
 def test_a_missing_sampler_logprob_gives_no_penalty_and_no_nan():
     lp, sampler = _t([-1.0, -2.0]), _t([-1.5, float("nan")])
-    out, g = _run({"name": "reinforce", "sampler_kl_coef": 0.1}, lp, lp, _t(0.0), torch.ones(1, 2, dtype=torch.bool),
-                  sampler)
+    out, g = _run(
+        {"name": "reinforce", "sampler_kl_coef": 0.1}, lp, lp, _t(0.0), torch.ones(1, 2, dtype=torch.bool), sampler
+    )
     # Only token 1 counts: 0.1 * 0.25 / 2 = 0.0125, gradient 0.1 * 2 * 0.5 / 2 = 0.05 and 0.
     assert out.loss.item() == pytest.approx(0.0125, rel=1e-14)
     torch.testing.assert_close(g, _t([0.05, 0.0]), rtol=1e-14, atol=0)
@@ -131,12 +149,12 @@ def test_refusals_name_the_fix(tmp_path):
     lp = _t([-1.0])
     with pytest.raises(ValueError, match="sampler_logprobs.*sampler_kl_coef=0"):
         objectives.build({"name": "reinforce", "sampler_kl_coef": 0.1})(
-            objectives.TokenBatch(lp, lp, _t(1.0), torch.ones(1, 1, dtype=torch.bool)))
+            objectives.TokenBatch(lp, lp, _t(1.0), torch.ones(1, 1, dtype=torch.bool))
+        )
     with pytest.raises(ConfigError, match="sampler_kl_coef"):
         objectives.build({"name": "reinforce", "sampler_kl_coef": -1.0})
     from tether.config.loading import load_config
 
     with pytest.raises(ConfigError, match="sampler_kl_coef.*top_p=1"):
-        load_config(None, ["objective.sampler_kl_coef=0.001", "rollout.top_p=0.9",
-                           f"output_dir={tmp_path / 'run'}"])
+        load_config(None, ["objective.sampler_kl_coef=0.001", "rollout.top_p=0.9", f"output_dir={tmp_path / 'run'}"])
     assert not (tmp_path / "run").exists()

@@ -31,8 +31,9 @@ def _t(*rows):
 def _run(spec, lp, old, adv, mask=None, **fields):
     lp = lp.clone().requires_grad_()
     mask = torch.ones_like(lp, dtype=torch.bool) if mask is None else mask
-    out = objectives.build(spec)(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask,
-                                                        **fields))
+    out = objectives.build(spec)(
+        objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, **fields)
+    )
     out.loss.backward()
     return out, lp.grad
 
@@ -158,8 +159,7 @@ def test_vespo_equals_trls_compute_loss(correction):
     assert out.metrics["vespo/phi_mean"].item() == pytest.approx(v_metrics["vespo/phi_seq_mean"][0], rel=1e-12)
 
 
-def _authors_vespo(old, lp, adv, mask, rollout_is_weights=None, k_pos=2.0, lambda_pos=3.0, k_neg=3.0,
-                   lambda_neg=2.0):
+def _authors_vespo(old, lp, adv, mask, rollout_is_weights=None, k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0):
     """The VESPO authors' verl loss, transcribed independently (FloyedShen/VESPO, recipe/vespo/code/core_algos.py,
     `compute_policy_loss_vespo`, commit 3fd2c7fd05dd361974829daff6e083efee111b8a), with verl's token-mean agg_loss
     (no global batch info): the sum is clamped to [-20, 20] and then log max(w, 1e-8) is taken (departure 2)."""
@@ -242,8 +242,13 @@ def test_padding_and_empty_rows_change_nothing():
     extra = torch.zeros(1, lp.shape[1], dtype=torch.bool)
     for spec in ("vespo", "luspo", "dro"):
         base, g = _run(spec, lp, old, adv, mask)
-        padded, g_padded = _run(spec, torch.cat([garbage, garbage[:1]]), torch.cat([old, old[:1] - 9.0]),
-                                torch.cat([adv, adv[:1]]), torch.cat([mask, extra]))
+        padded, g_padded = _run(
+            spec,
+            torch.cat([garbage, garbage[:1]]),
+            torch.cat([old, old[:1] - 9.0]),
+            torch.cat([adv, adv[:1]]),
+            torch.cat([mask, extra]),
+        )
         torch.testing.assert_close(padded.loss, base.loss, rtol=1e-14, atol=1e-15)
         torch.testing.assert_close(g_padded[:-1], torch.where(mask, g, torch.zeros_like(g)), rtol=1e-14, atol=0)
         assert g_padded[-1].abs().sum() == 0
@@ -262,15 +267,26 @@ def test_refusals_name_the_fix():
     with pytest.raises(ValueError, match="does not fold"):
         _run("dapo", lp, old, adv, mask, rollout_weights=torch.ones_like(lp))
     with pytest.raises(ValueError, match="drop one"):
-        _run({"preset": "vespo", "rollout_correction": {"high": 2.0}}, lp, old, adv, mask,
-             sampler_logprobs=old, rollout_weights=torch.ones_like(lp))
+        _run(
+            {"preset": "vespo", "rollout_correction": {"high": 2.0}},
+            lp,
+            old,
+            adv,
+            mask,
+            sampler_logprobs=old,
+            rollout_weights=torch.ones_like(lp),
+        )
 
 
 def test_presets_and_trust_regions():
     vespo, luspo, dro = (objectives.build(p) for p in ("vespo", "luspo", "dro"))
     assert (vespo.config.k_pos, vespo.config.lambda_pos, vespo.config.k_neg, vespo.config.lambda_neg) == (2, 3, 3, 2)
     assert (luspo.name, luspo.config.eps_low, luspo.config.eps_high, luspo.config.aggregation) == (
-        "luspo", 3e-4, 4e-4, "seq-mean-token-sum")
+        "luspo",
+        3e-4,
+        4e-4,
+        "seq-mean-token-sum",
+    )
     assert (dro.config.beta, dro.config.aggregation) == (0.05, "token-mean")
     assert all(o.has_trust_region() for o in (vespo, luspo, dro))
     assert vespo.config.folds_rollout_correction() and not luspo.config.folds_rollout_correction()
@@ -286,8 +302,12 @@ END_TO_END = [
 ]
 
 
-@pytest.mark.parametrize("preset,overrides,key", [  # the first in the fast subset, the others in the full suite
-    pytest.param(*case, id=case[0], marks=() if i == 0 else pytest.mark.slow) for i, case in enumerate(END_TO_END)])
+@pytest.mark.parametrize(
+    "preset,overrides,key",
+    [  # the first in the fast subset, the others in the full suite
+        pytest.param(*case, id=case[0], marks=() if i == 0 else pytest.mark.slow) for i, case in enumerate(END_TO_END)
+    ],
+)
 def test_train_runs_two_steps(tiny_dir, tmp_path, preset, overrides, key):
     # tether's trainer hands every objective the sampler's log-probs: the sampler KL and VESPO's folded rollout
     # correction run in `tether train` as they do on a TokenBatch.

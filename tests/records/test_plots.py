@@ -10,8 +10,15 @@ from tether.records import plots
 
 def test_rolling_mean_by_hand():
     # reward/mean at steps 1..5 = 0, 1, 0, 1, 1; step 3 has no reward (null) and is skipped, not a zero.
-    rows = [{"step": 1, "r": 0.0}, {"step": 2, "r": 1.0}, {"step": 3, "r": None},
-            {"step": 4, "r": 0.0}, {"step": 5, "r": 1.0}, {"step": 6, "r": 1.0}, {"step": 7}]
+    rows = [
+        {"step": 1, "r": 0.0},
+        {"step": 2, "r": 1.0},
+        {"step": 3, "r": None},
+        {"step": 4, "r": 0.0},
+        {"step": 5, "r": 1.0},
+        {"step": 6, "r": 1.0},
+        {"step": 7},
+    ]
     got = plots.rolling_mean(rows, "r", window=3)
     # Trailing window of 3 logged points:
     #   1: [0] = 0;  2: [0, 1] = 0.5;  4: [0, 1, 0] = 1/3;  5: [1, 0, 1] = 2/3;  6: [0, 1, 1] = 2/3
@@ -34,9 +41,16 @@ def _run(tmp_path, objective):
         if s % 10 == 0:
             row["eval/accuracy"] = s / 100
         if s:
-            row |= {"reward/mean": (s % 3) / 2, "policy/entropy": 2.0 - s / 40, "policy/clipfrac_low": 0.01 * (s % 5 == 0),
-                    "policy/clipfrac_high": 0.02 * (s % 7 == 0), "policy/clipfrac_dual": 0.0,
-                    "policy/kl_old": 1e-3, "kl/ref": s / 1000, "rollout/len_mean": 10.0 + s}
+            row |= {
+                "reward/mean": (s % 3) / 2,
+                "policy/entropy": 2.0 - s / 40,
+                "policy/clipfrac_low": 0.01 * (s % 5 == 0),
+                "policy/clipfrac_high": 0.02 * (s % 7 == 0),
+                "policy/clipfrac_dual": 0.0,
+                "policy/kl_old": 1e-3,
+                "kl/ref": s / 1000,
+                "rollout/len_mean": 10.0 + s,
+            }
         rows.append(row)
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run
@@ -45,24 +59,43 @@ def _run(tmp_path, objective):
 def test_plot_run_writes_every_panel_labelled_and_titled(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    run = _run(tmp_path, {"name": "ppo_clip", "eps_low": 0.2, "eps_high": 0.28, "advantage": "grpo",
-                          "kl_penalty": {"estimator": "k3", "coef": 0.0}, "rollout_correction": None})
+    run = _run(
+        tmp_path,
+        {
+            "name": "ppo_clip",
+            "eps_low": 0.2,
+            "eps_high": 0.28,
+            "advantage": "grpo",
+            "kl_penalty": {"estimator": "k3", "coef": 0.0},
+            "rollout_correction": None,
+        },
+    )
     seen = {}
     real_savefig = plt.Figure.savefig
 
     def record(fig, path, *a, **k):  # what each PNG shows, read off the figure as it is saved
         ax = fig.axes[0]
-        seen[path.name] = {"suptitle": fig._suptitle.get_text() if fig._suptitle else "",
-                           "title": ax.get_title(), "x": ax.get_xlabel(), "y": ax.get_ylabel(),
-                           "lines": [(ln.get_label(), len(ln.get_xdata()), ln.get_linestyle()) for ln in ax.lines],
-                           "markers": [ln.get_marker() for ln in ax.lines],
-                           "legend": ax.get_legend().get_title().get_text() if ax.get_legend() else ""}
+        seen[path.name] = {
+            "suptitle": fig._suptitle.get_text() if fig._suptitle else "",
+            "title": ax.get_title(),
+            "x": ax.get_xlabel(),
+            "y": ax.get_ylabel(),
+            "lines": [(ln.get_label(), len(ln.get_xdata()), ln.get_linestyle()) for ln in ax.lines],
+            "markers": [ln.get_marker() for ln in ax.lines],
+            "legend": ax.get_legend().get_title().get_text() if ax.get_legend() else "",
+        }
         return real_savefig(fig, path, *a, **k)
 
     monkeypatch.setattr(plt.Figure, "savefig", record)
     written = plots.plot_run(run)
-    assert {p.name for p in written} == {"reward.png", "accuracy.png", "entropy.png", "clip_fractions.png",
-                                         "kl.png", "response_length.png"}
+    assert {p.name for p in written} == {
+        "reward.png",
+        "accuracy.png",
+        "entropy.png",
+        "clip_fractions.png",
+        "kl.png",
+        "response_length.png",
+    }
     assert all(p.stat().st_size > 1000 for p in written)
     for name, s in seen.items():
         assert s["x"] == "rollout step" and s["y"], name
@@ -77,8 +110,10 @@ def test_plot_run_writes_every_panel_labelled_and_titled(tmp_path, monkeypatch):
     assert [(lbl.startswith("_"), n, ls) for lbl, n, ls in reward["lines"]] == [(True, 40, "None"), (False, 40, "-")]
     assert reward["legend"] == "line: mean of the last 4 steps; dots: each step"
     # The dual clip is 0 throughout: left out beside the two clip fractions that move.
-    assert [lbl for lbl, _, ls in seen["clip_fractions.png"]["lines"] if ls == "-"] == \
-        ["policy/clipfrac_low", "policy/clipfrac_high"]
+    assert [lbl for lbl, _, ls in seen["clip_fractions.png"]["lines"] if ls == "-"] == [
+        "policy/clipfrac_low",
+        "policy/clipfrac_high",
+    ]
     # Held-out accuracy is not smoothed: one line through its 5 evaluations, each one marked.
     assert seen["accuracy.png"]["lines"] == [("eval/accuracy", 5, "-")] and seen["accuracy.png"]["legend"] == ""
     assert seen["accuracy.png"]["markers"] == ["o"]
@@ -108,8 +143,10 @@ def test_equal_clip_fractions_are_noted_in_the_run_plot(tmp_path, monkeypatch):
 
     monkeypatch.setattr(plt.Figure, "savefig", record)
     plots.plot_run(run)
-    assert labels["clip_fractions.png"] == ["policy/clipfrac_low (hidden under policy/clipfrac_high: the same values)",
-                                            "policy/clipfrac_high"]
+    assert labels["clip_fractions.png"] == [
+        "policy/clipfrac_low (hidden under policy/clipfrac_high: the same values)",
+        "policy/clipfrac_high",
+    ]
 
 
 def test_plot_run_without_a_config_or_with_an_objective_name_only(tmp_path):

@@ -12,7 +12,8 @@ from tether.records.runlog import accuracy, best, read_metrics, series, tail_mea
 def test_a_metric_is_its_logged_points_without_missing_null_or_torn_rows(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(
         '{"step": 1, "eval/accuracy": 0.5, "r": 1.0}\n{"step": 2, "eval/accuracy": null, "r": 2.0}\n'
-        '{"step": 3, "r": 3.0}\n{"step": 4, "eval/accuracy": 0.5}\n{"step": 5, "eval/acc')  # torn by a kill
+        '{"step": 3, "r": 3.0}\n{"step": 4, "eval/accuracy": 0.5}\n{"step": 5, "eval/acc'
+    )  # torn by a kill
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert accuracy(rows) == [(1, 0.5), (4, 0.5)]

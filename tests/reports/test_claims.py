@@ -5,8 +5,16 @@ import random
 
 import pytest
 
-from tether.reports.claims import (METRICS, Claim, bootstrap_difference, claims_markdown, evaluate_claims, load_claims,
-                           per_seed, skipped_claims)
+from tether.reports.claims import (
+    METRICS,
+    Claim,
+    bootstrap_difference,
+    claims_markdown,
+    evaluate_claims,
+    load_claims,
+    per_seed,
+    skipped_claims,
+)
 from tether.schema import ConfigError
 
 
@@ -72,9 +80,11 @@ def test_fewer_than_4_seeds_give_no_verdict_and_say_why(n, paired):
 
 
 def test_a_one_seed_report_says_not_enough_seeds_pairs_same_seeds_and_lists_skipped_claims():
-    claims = [Claim(claim="m beats b", metric="final_accuracy", method="m", baseline="b"),
-              Claim(claim="x beats b", metric="final_accuracy", method="x", baseline="b"),
-              Claim(claim="m beats b off-policy", metric="final_accuracy", method="m", baseline="b", regime="off")]
+    claims = [
+        Claim(claim="m beats b", metric="final_accuracy", method="m", baseline="b"),
+        Claim(claim="x beats b", metric="final_accuracy", method="x", baseline="b"),
+        Claim(claim="m beats b off-policy", metric="final_accuracy", method="m", baseline="b", regime="off"),
+    ]
     regime = {"m": {"seeds": [0], "final_accuracy": [0.6]}, "b": {"seeds": [0], "final_accuracy": [0.2]}}
     (r,) = evaluate_claims(claims, {"on": regime})
     # Both ran seed 0: paired (one seed is still a pair), and one seed gives no verdict.
@@ -82,16 +92,25 @@ def test_a_one_seed_report_says_not_enough_seeds_pairs_same_seeds_and_lists_skip
     skipped = skipped_claims(claims, {"on": regime})
     assert skipped == [
         {"claim": "x beats b", "regime": "on", "reason": "'x' not run here (methods run: m, b)"},
-        {"claim": "m beats b off-policy", "regime": "off", "reason": "regime 'off' is not in this report (regimes: on)"},
+        {
+            "claim": "m beats b off-policy",
+            "regime": "off",
+            "reason": "regime 'off' is not in this report (regimes: on)",
+        },
     ]
     text = claims_markdown([r], skipped)
-    assert "m vs b (1 seed, paired)" in text and "| n/a | n/a | **not enough seeds** (1 paired seed; a verdict needs 4" in text
+    assert (
+        "m vs b (1 seed, paired)" in text
+        and "| n/a | n/a | **not enough seeds** (1 paired seed; a verdict needs 4" in text
+    )
     assert "detectable 0.0000" not in text and "unpaired" not in text
     assert "Skipped claims (not tested):" in text and "- x beats b (regime on): 'x' not run here" in text
     # A seed whose run never evaluated (NaN) is left out of the pairs rather than poisoning the mean.
     nan = float("nan")
-    regime5 = {"m": {"seeds": [0, 1, 2, 3, 4], "final_accuracy": [0.6, 0.6, nan, 0.6, 0.6]},
-               "b": {"seeds": [0, 1, 2, 3, 4], "final_accuracy": [0.2, 0.2, 0.2, 0.2, 0.2]}}
+    regime5 = {
+        "m": {"seeds": [0, 1, 2, 3, 4], "final_accuracy": [0.6, 0.6, nan, 0.6, 0.6]},
+        "b": {"seeds": [0, 1, 2, 3, 4], "final_accuracy": [0.2, 0.2, 0.2, 0.2, 0.2]},
+    }
     (r5,) = evaluate_claims(claims[:1], {"on": regime5})
     assert r5["seeds"] == [4, 4] and r5["paired"] and r5["difference"] == pytest.approx(0.4)
     assert r5["verdict"] == "supported"
@@ -101,7 +120,8 @@ def test_claims_are_evaluated_per_regime_on_synthetic_runs(tmp_path):
     path = tmp_path / "claims.yaml"
     path.write_text(
         "- {claim: B beats A, metric: final_accuracy, method: B, baseline: A, direction: higher}\n"
-        "- {claim: C keeps entropy, metric: final_entropy, method: C, baseline: A, regime: r2}\n")
+        "- {claim: C keeps entropy, metric: final_entropy, method: C, baseline: A, regime: r2}\n"
+    )
     claims = load_claims(path)
     rng = random.Random(1)
     runs = lambda acc: [_rows([0.2, acc + rng.gauss(0, 0.01)]) for _ in range(5)]  # noqa: E731
@@ -112,8 +132,11 @@ def test_claims_are_evaluated_per_regime_on_synthetic_runs(tmp_path):
     }
     results = evaluate_claims(claims, regimes)
     verdicts = {(r["claim"], r["regime"]): r["verdict"] for r in results}
-    assert verdicts == {("B beats A", "r1"): "supported", ("B beats A", "r2"): "inconclusive",
-                        ("C keeps entropy", "r2"): "inconclusive"}
+    assert verdicts == {
+        ("B beats A", "r1"): "supported",
+        ("B beats A", "r2"): "inconclusive",
+        ("C keeps entropy", "r2"): "inconclusive",
+    }
 
 
 def test_seeds_shared_by_both_methods_are_paired_and_pairing_removes_the_seed_effect():
@@ -136,12 +159,15 @@ def test_seeds_shared_by_both_methods_are_paired_and_pairing_removes_the_seed_ef
     assert "5 seeds, paired" in claims_markdown([paired])
 
 
-@pytest.mark.parametrize("text, match", [
-    ("- {claim: x, metric: final_acc, method: a, baseline: b}", "metric 'final_acc' is not one of"),
-    ("- {claim: x, metric: auc, method: a, baseline: b, direction: up}", "direction 'up'"),
-    ("- {claim: x, metric: auc, method: a}", "missing keys \\['baseline'\\]"),
-    ("claim: x", "expected a YAML list"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("- {claim: x, metric: final_acc, method: a, baseline: b}", "metric 'final_acc' is not one of"),
+        ("- {claim: x, metric: auc, method: a, baseline: b, direction: up}", "direction 'up'"),
+        ("- {claim: x, metric: auc, method: a}", "missing keys \\['baseline'\\]"),
+        ("claim: x", "expected a YAML list"),
+    ],
+)
 def test_a_bad_claims_file_names_the_problem(tmp_path, text, match):
     path = tmp_path / "c.yaml"
     path.write_text(text)

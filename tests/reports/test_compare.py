@@ -11,10 +11,22 @@ from conftest import DIGIT_REWARD
 
 
 def _overrides(tiny):
-    return [f"model.name_or_path={tiny}", "warm_start.enabled=false", f"reward.name={DIGIT_REWARD}",
-            "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=5",
-            "trainer.total_steps=3", "trainer.eval_every=2", "trainer.save_every=1", "trainer.progress=false",
-            "trainer.tensorboard=false", "trainer.plots=false", "data.eval_size=8", "trainer.threads=1"]
+    return [
+        f"model.name_or_path={tiny}",
+        "warm_start.enabled=false",
+        f"reward.name={DIGIT_REWARD}",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=5",
+        "trainer.total_steps=3",
+        "trainer.eval_every=2",
+        "trainer.save_every=1",
+        "trainer.progress=false",
+        "trainer.tensorboard=false",
+        "trainer.plots=false",
+        "data.eval_size=8",
+        "trainer.threads=1",
+    ]
 
 
 @pytest.mark.slow
@@ -31,6 +43,7 @@ def test_compare_two_objectives_two_seeds_and_resume(tiny_dir, tmp_path):
         assert f"plots/{name}.png" in text
     # Same data order and initial model across objectives: step-0 evaluations are identical.
     from tether.records.sinks import read_jsonl
+
     e0 = [read_jsonl(out / o / "seed0" / "metrics.jsonl")[0] for o in ("grpo", "atr_grpo")]
     assert e0[0] == e0[1]
 

@@ -19,14 +19,32 @@ from conftest import DIGIT_REWARD
 
 
 def _cfg(tiny_dir, out, *extra):
-    return load_config(None, [
-        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=2", "rollout.group_size=4",
-        "rollout.max_new_tokens=5", "rollout.temperature=0.7", "rollout.top_p=0.9", "trainer.mini_batches=1",
-        "trainer.micro_batch_size=8", "data.eval_size=4", "trainer.eval_every=1", "trainer.progress=false",
-        "trainer.save_every=1", "trainer.keep_last=3", "trainer.threads=1", "trainer.plots=false",
-        "trainer.tensorboard=false", "objective=dapo", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_dir}",
+            f"output_dir={out}",
+            "warm_start.enabled=false",
+            f"reward.name={DIGIT_REWARD}",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=5",
+            "rollout.temperature=0.7",
+            "rollout.top_p=0.9",
+            "trainer.mini_batches=1",
+            "trainer.micro_batch_size=8",
+            "data.eval_size=4",
+            "trainer.eval_every=1",
+            "trainer.progress=false",
+            "trainer.save_every=1",
+            "trainer.keep_last=3",
+            "trainer.threads=1",
+            "trainer.plots=false",
+            "trainer.tensorboard=false",
+            "objective=dapo",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +124,18 @@ def test_an_exported_run_loads_with_from_pretrained_and_generates(real_run, tmp_
     out = tmp_path / "model"
     assert main(["export", str(real_run), str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "README.md", "tether_config.yaml",
-            "tokenizer.json"} <= names and not [n for n in names if n.endswith(".bin")]
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "README.md",
+        "tether_config.yaml",
+        "tokenizer.json",
+    } <= names and not [n for n in names if n.endswith(".bin")]
     # The last checkpoint's weights, byte for byte.
-    assert (out / "model.safetensors").read_bytes() == \
-        (real_run / "checkpoints" / "step_000002" / "model" / "model.safetensors").read_bytes()
+    assert (out / "model.safetensors").read_bytes() == (
+        real_run / "checkpoints" / "step_000002" / "model" / "model.safetensors"
+    ).read_bytes()
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
     gen = model.generation_config
@@ -119,7 +144,7 @@ def test_an_exported_run_loads_with_from_pretrained_and_generates(real_run, tmp_
     inputs = tok("12+3=", return_tensors="pt")
     torch.manual_seed(0)
     ids = model.generate(**inputs)
-    new = ids[0, inputs.input_ids.shape[1]:]
+    new = ids[0, inputs.input_ids.shape[1] :]
     assert 1 <= len(new) <= 5  # max_new_tokens from the run's rollout settings
     assert isinstance(tok.decode(new, skip_special_tokens=True), str)
 
@@ -181,8 +206,13 @@ def test_best_without_recorded_accuracies_lists_the_steps(tiny_dir, tmp_path, ca
     # accuracies are listed instead.
     run = _synthetic_run(tiny_dir, tmp_path / "run", {1: None, 2: None})
     (run / "metrics.jsonl").write_text('{"step": 1, "eval/accuracy": 0.25}\n{"step": 2, "eval/accuracy": 0.5}\n')
-    _refused(capsys, ["export", str(run), "--step", "best", str(tmp_path / "out")],
-             "no checkpoint", "--step N", "1 (eval/accuracy")
+    _refused(
+        capsys,
+        ["export", str(run), "--step", "best", str(tmp_path / "out")],
+        "no checkpoint",
+        "--step N",
+        "1 (eval/accuracy",
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -246,11 +276,11 @@ def test_push_to_hub_without_a_token_or_the_package_fails_first(real_run, tmp_pa
 
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
-    _refused(capsys, ["export", str(real_run), str(tmp_path / "out"), "--push-to-hub", "me/x"],
-             "HF_TOKEN", "login")
+    _refused(capsys, ["export", str(real_run), str(tmp_path / "out"), "--push-to-hub", "me/x"], "HF_TOKEN", "login")
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed
-    _refused(capsys, ["export", str(real_run), str(tmp_path / "out"), "--push-to-hub", "me/x"],
-             "pip install huggingface_hub")
+    _refused(
+        capsys, ["export", str(real_run), str(tmp_path / "out"), "--push-to-hub", "me/x"], "pip install huggingface_hub"
+    )
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
 
 
@@ -258,15 +288,25 @@ def test_a_lora_run_exports_its_adapter_merged_into_the_base(tiny_dir, tmp_path)
     pytest.importorskip("peft")
     from peft import PeftModel
 
-    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=1", "model.lora={r: 4, alpha: 8}",
-                     "trainer.lr=1e-2", "objective=grpo"), log=lambda *_: None)
+    run = train(
+        _cfg(
+            tiny_dir,
+            tmp_path / "run",
+            "trainer.total_steps=1",
+            "model.lora={r: 4, alpha: 8}",
+            "trainer.lr=1e-2",
+            "objective=grpo",
+        ),
+        log=lambda *_: None,
+    )
     out = tmp_path / "model"
     assert main(["export", str(run), str(out)]) == 0
     assert not list(out.glob("adapter_*")) and (out / "model.safetensors").exists()
     assert "trained as a LoRA adapter (r 4, alpha 8" in (out / "README.md").read_text()
     merged = AutoModelForCausalLM.from_pretrained(out)
-    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_dir),
-                                        str(run / "checkpoints" / "step_000001" / "model"))
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_dir), str(run / "checkpoints" / "step_000001" / "model")
+    )
     base = AutoModelForCausalLM.from_pretrained(tiny_dir)
     ids = torch.tensor([[1, 5, 7, 9, 11]])
     with torch.no_grad():
@@ -283,8 +323,17 @@ def test_a_lora_checkpoint_whose_base_is_gone_is_refused(tiny_dir, tmp_path, cap
 
     base = tmp_path / "base"
     shutil.copytree(tiny_dir, base)
-    run = train(_cfg(base, tmp_path / "run", "trainer.total_steps=1", "model.lora={r: 4, alpha: 8}",
-                     "objective=grpo", "data.eval_size=2"), log=lambda *_: None)
+    run = train(
+        _cfg(
+            base,
+            tmp_path / "run",
+            "trainer.total_steps=1",
+            "model.lora={r: 4, alpha: 8}",
+            "objective=grpo",
+            "data.eval_size=2",
+        ),
+        log=lambda *_: None,
+    )
     shutil.rmtree(base)
     _refused(capsys, ["export", str(run), str(tmp_path / "out")], f"trained on {base}", "no longer there")
     assert not (tmp_path / "out").exists()

@@ -43,8 +43,14 @@ def _rows(evals: dict[int, float], last: int) -> list[dict]:
         if s in evals:
             r["eval/accuracy"] = evals[s]
         if s:
-            r |= {"reward/mean": 0.1 * s, "policy/entropy": 2.0 - 0.1 * s, "policy/clipfrac_low": 0.01,
-                  "policy/clipfrac_high": 0.02, "policy/kl_old": 1e-3, "rollout/len_mean": 5.0 + s}
+            r |= {
+                "reward/mean": 0.1 * s,
+                "policy/entropy": 2.0 - 0.1 * s,
+                "policy/clipfrac_low": 0.01,
+                "policy/clipfrac_high": 0.02,
+                "policy/kl_old": 1e-3,
+                "rollout/len_mean": 5.0 + s,
+            }
         rows.append(r)
     return rows
 
@@ -52,13 +58,16 @@ def _rows(evals: dict[int, float], last: int) -> list[dict]:
 # ---------------------------------------------------------------- item 6: the chosen name
 
 
-@pytest.mark.parametrize("override, label, name", [
-    (None, "atr_grpo", "divergence_clip"),  # the default preset
-    ("objective=grpo", "grpo", "ppo_clip"),
-    ("objective=ppo_clip", "ppo_clip", "ppo_clip"),  # an objective named directly is its own label
-    ("objective={preset: dapo, eps_high: 0.3}", "dapo", "ppo_clip"),
-    ("objective.label=my_grpo", "my_grpo", "divergence_clip"),  # a label of one's own
-])
+@pytest.mark.parametrize(
+    "override, label, name",
+    [
+        (None, "atr_grpo", "divergence_clip"),  # the default preset
+        ("objective=grpo", "grpo", "ppo_clip"),
+        ("objective=ppo_clip", "ppo_clip", "ppo_clip"),  # an objective named directly is its own label
+        ("objective={preset: dapo, eps_high: 0.3}", "dapo", "ppo_clip"),
+        ("objective.label=my_grpo", "my_grpo", "divergence_clip"),  # a label of one's own
+    ],
+)
 def test_the_chosen_name_is_recorded_beside_the_objective_it_builds(tmp_path, override, label, name):
     cfg = load_config(None, [override] if override else [])
     assert cfg.objective["label"] == label and cfg.objective["name"] == name
@@ -72,8 +81,11 @@ def test_a_run_recorded_before_labels_still_matches_its_settings(tmp_path):
     # A config.yaml written before the label existed loads with the objective's name as its label;
     # the label is no setting, so `tether compare` still resumes such a run.
     new = load_config(None, ["objective=grpo"])
-    old = {k: v for k, v in yaml.safe_load(yaml.safe_dump({"objective": new.objective}))["objective"].items()
-           if k != "label"}
+    old = {
+        k: v
+        for k, v in yaml.safe_load(yaml.safe_dump({"objective": new.objective}))["objective"].items()
+        if k != "label"
+    }
     (tmp_path / "old.yaml").write_text(yaml.safe_dump({"objective": old}))
     before = load_config(str(tmp_path / "old.yaml"))
     assert before.objective["label"] == "ppo_clip" and config_differences(new, before) == []
@@ -102,14 +114,22 @@ def test_summary_plots_and_report_show_the_chosen_name(tmp_path):
 # ---------------------------------------------------------------- item 7: reward and best checkpoint
 
 
-@pytest.mark.parametrize("overrides, text", [
-    ([], "exact_match (the task's own verifier)"),
-    (["data.task=countdown"], "countdown (the task's own verifier)"),
-    (["reward.name=format"], "format"),
-    (["reward.weights={exact_match: 1.0, format: 0.1}"], "weighted: 1 x exact_match + 0.1 x format"),
-    (["reward.name=format", "reward.weights={exact_match: 1.0, overlong: {weight: 0.5, max_tokens: 8, cache: 2}}"],
-     "weighted: 1 x exact_match + 0.5 x overlong (max_tokens=8, cache=2)"),  # weights win over the name
-])
+@pytest.mark.parametrize(
+    "overrides, text",
+    [
+        ([], "exact_match (the task's own verifier)"),
+        (["data.task=countdown"], "countdown (the task's own verifier)"),
+        (["reward.name=format"], "format"),
+        (["reward.weights={exact_match: 1.0, format: 0.1}"], "weighted: 1 x exact_match + 0.1 x format"),
+        (
+            [
+                "reward.name=format",
+                "reward.weights={exact_match: 1.0, overlong: {weight: 0.5, max_tokens: 8, cache: 2}}",
+            ],
+            "weighted: 1 x exact_match + 0.5 x overlong (max_tokens=8, cache=2)",
+        ),  # weights win over the name
+    ],
+)
 def test_the_summary_names_the_reward_actually_used(overrides, text):
     cfg = load_config(None, overrides)
     assert reward_text(cfg.reward, cfg.data.task) == text
@@ -121,21 +141,25 @@ def test_the_best_checkpoint_is_worded_by_what_export_takes(tmp_path):
     tie = _run(tmp_path / "tie", [], _rows(evals, 4), {2: 0.25, 4: 0.5})
     assert best_text(_rows(evals, 4), tie) == (
         f"0.500 at step 0 (the initial model); checkpoint `{tie}/checkpoints/step_000004` (step 4) scores the same "
-        f"(`tether export {tie} --step best OUT`)")
+        f"(`tether export {tie} --step best OUT`)"
+    )
     # The best step has its own checkpoint.
     up = {0: 0.1, 2: 0.5, 4: 0.25}
     own = _run(tmp_path / "own", [], _rows(up, 4), {2: 0.5, 4: 0.25})
     assert best_text(_rows(up, 4), own) == (
-        f"0.500 at step 2, in checkpoint `{own}/checkpoints/step_000002` (`tether export {own} --step best OUT`)")
+        f"0.500 at step 2, in checkpoint `{own}/checkpoints/step_000002` (`tether export {own} --step best OUT`)"
+    )
     # The initial model was best and every checkpoint is worse: said so, with the one export takes.
     worse = _run(tmp_path / "worse", [], _rows(evals, 4), {2: 0.25})
     assert best_text(_rows(evals, 4), worse) == (
         f"0.500 at step 0 (the initial model), which no checkpoint holds; the best checkpoint is "
-        f"`{worse}/checkpoints/step_000002` (step 2, 0.250; `tether export {worse} --step best OUT`)")
+        f"`{worse}/checkpoints/step_000002` (step 2, 0.250; `tether export {worse} --step best OUT`)"
+    )
     # An interrupted run: checkpoints without an accuracy, one evaluation.
     bare = _run(tmp_path / "bare", [], _rows({0: 0.125}, 3), {3: None})
     assert best_text(_rows({0: 0.125}, 3), bare) == (
-        "0.125 at step 0 (the initial model); no checkpoint records a held-out accuracy")
+        "0.125 at step 0 (the initial model); no checkpoint records a held-out accuracy"
+    )
     assert best_text([{"step": 1, "reward/mean": 0.5}], bare) == "none measured"
 
 
@@ -157,8 +181,11 @@ def test_a_run_with_one_evaluation_says_so_in_the_summary_and_the_plot(tmp_path,
 
     def record(fig, path, *a, **k):
         ax = fig.axes[0]
-        seen[path.name] = {"xlim": ax.get_xlim(), "y": ax.get_ylabel(),
-                           "legend": ax.get_legend().get_title().get_text() if ax.get_legend() else ""}
+        seen[path.name] = {
+            "xlim": ax.get_xlim(),
+            "y": ax.get_ylabel(),
+            "legend": ax.get_legend().get_title().get_text() if ax.get_legend() else "",
+        }
         return real_savefig(fig, path, *a, **k)
 
     monkeypatch.setattr(plt.Figure, "savefig", record)
@@ -180,11 +207,14 @@ def test_report_claims_with_one_seed_per_method(tmp_path, capsys):
     from tether.cli import main
 
     for obj, acc in (("grpo", 0.2), ("atr_grpo", 0.5)):
-        _run(tmp_path / "cmp" / obj / "seed0", [f"objective={obj}", "trainer.total_steps=3"],
-             _rows({0: 0.1, 3: acc}, 3))
+        _run(
+            tmp_path / "cmp" / obj / "seed0", [f"objective={obj}", "trainer.total_steps=3"], _rows({0: 0.1, 3: acc}, 3)
+        )
     claims = tmp_path / "claims.yaml"
-    claims.write_text("- {claim: ATR beats GRPO, metric: final_accuracy, method: atr_grpo, baseline: grpo}\n"
-                      "- {claim: ETR beats GRPO, metric: final_accuracy, method: etr, baseline: grpo}\n")
+    claims.write_text(
+        "- {claim: ATR beats GRPO, metric: final_accuracy, method: atr_grpo, baseline: grpo}\n"
+        "- {claim: ETR beats GRPO, metric: final_accuracy, method: etr, baseline: grpo}\n"
+    )
     assert main(["report", str(tmp_path / "cmp"), "--claims", str(claims), "--threshold", "0.3"]) == 0
     text = (tmp_path / "cmp" / "report.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| ATR beats GRPO"))
@@ -232,8 +262,11 @@ def test_a_progress_line_says_which_step_its_accuracy_is_from():
     p.update(2, {"reward/mean": 0.5})
     p.update(3, {"reward/mean": 0.5, "eval/accuracy": 0.5})
     p.update(4, {"reward/mean": 0.5})
-    assert [re.search(r"held-out acc (.*?)  ", line).group(1) for line in lines] == \
-        ["0.250 (at step 0)", "0.500 (at step 3)", "0.500 (at step 3)"]
+    assert [re.search(r"held-out acc (.*?)  ", line).group(1) for line in lines] == [
+        "0.250 (at step 0)",
+        "0.500 (at step 3)",
+        "0.500 (at step 3)",
+    ]
     assert not any("(new)" in line for line in lines)
 
 
@@ -256,8 +289,10 @@ def test_comparison_plots_say_their_window_which_is_the_run_plots(tmp_path, monk
 
     from tether.reports.compare import plot_comparison
 
-    runs = {obj: [_run(tmp_path / obj / "seed0", [f"objective={obj}"], _rows({0: 0.1, 20: 0.2, 40: 0.3}, 40))]
-            for obj in ("grpo", "dapo")}
+    runs = {
+        obj: [_run(tmp_path / obj / "seed0", [f"objective={obj}"], _rows({0: 0.1, 20: 0.2, 40: 0.3}, 40))]
+        for obj in ("grpo", "dapo")
+    }
     legends = {}
     real_savefig = plt.Figure.savefig
 
@@ -278,8 +313,17 @@ def test_every_comparison_plot_has_a_y_label(tmp_path, monkeypatch):
 
     from tether.reports.compare import CURVES, plot_comparison
 
-    runs = {obj: [_run(tmp_path / obj / f"seed{s}", [f"objective={obj}", f"trainer.seed={s}"],
-                       _rows({0: 0.1, 5: 0.2 + 0.1 * s}, 5)) for s in range(2)] for obj in ("grpo", "dapo")}
+    runs = {
+        obj: [
+            _run(
+                tmp_path / obj / f"seed{s}",
+                [f"objective={obj}", f"trainer.seed={s}"],
+                _rows({0: 0.1, 5: 0.2 + 0.1 * s}, 5),
+            )
+            for s in range(2)
+        ]
+        for obj in ("grpo", "dapo")
+    }
     labels, legends, markers = {}, {}, {}
     real_savefig = plt.Figure.savefig
 
@@ -297,7 +341,12 @@ def test_every_comparison_plot_has_a_y_label(tmp_path, monkeypatch):
     assert legends["reward.png"] == "each step, mean over seeds; band: min..max"
     assert legends["accuracy.png"] == "mean over seeds (markers: evaluations); band: min..max"
     assert markers["accuracy.png"] == ["o", "o"] and markers["reward.png"] == ["None", "None"]
-    assert labels == {"accuracy.png": "fraction of test prompts correct", "reward.png": "mean reward per completion",
-                      "entropy.png": "nats per token", "clipfrac_high.png": "fraction of tokens",
-                      "clipfrac_low.png": "fraction of tokens", "kl_old.png": "nats per token",
-                      "response_length.png": "tokens (mean per completion)"}
+    assert labels == {
+        "accuracy.png": "fraction of test prompts correct",
+        "reward.png": "mean reward per completion",
+        "entropy.png": "nats per token",
+        "clipfrac_high.png": "fraction of tokens",
+        "clipfrac_low.png": "fraction of tokens",
+        "kl_old.png": "nats per token",
+        "response_length.png": "tokens (mean per completion)",
+    }

@@ -25,8 +25,10 @@ def test_a_claim_relative_to_a_regime_compares_each_seeds_change_from_it(tmp_pat
     jitter = [0.01, -0.01, 0.0, 0.01, -0.01]
     regimes = {
         "s0": {"A": _values(seed_effect), "B": _values(seed_effect)},
-        "s16": {"A": _values([v - 0.20 for v in seed_effect]),
-                "B": _values([v - 0.05 + j for v, j in zip(seed_effect, jitter)])},
+        "s16": {
+            "A": _values([v - 0.20 for v in seed_effect]),
+            "B": _values([v - 0.05 + j for v, j in zip(seed_effect, jitter)]),
+        },
     }
     path = tmp_path / "claims.yaml"
     path.write_text("- {claim: B holds up, metric: final_accuracy, method: B, baseline: A, relative_to: s0}\n")
@@ -44,11 +46,15 @@ def test_a_claim_relative_to_a_regime_compares_each_seeds_change_from_it(tmp_pat
 
 def test_a_claim_relative_to_a_regime_that_is_missing_is_listed_as_skipped(tmp_path):
     path = tmp_path / "claims.yaml"
-    path.write_text("- {claim: B holds up, metric: final_accuracy, method: B, baseline: A, relative_to: s0}\n"
-                    "- {claim: C holds up, metric: final_accuracy, method: C, baseline: A, relative_to: s16}\n")
+    path.write_text(
+        "- {claim: B holds up, metric: final_accuracy, method: B, baseline: A, relative_to: s0}\n"
+        "- {claim: C holds up, metric: final_accuracy, method: C, baseline: A, relative_to: s16}\n"
+    )
     claims = load_claims(path)
-    regimes = {"s16": {"A": _values([0.3] * 5), "B": _values([0.4] * 5)},
-               "s64": {"A": _values([0.3] * 5), "B": _values([0.4] * 5), "C": _values([0.4] * 5)}}
+    regimes = {
+        "s16": {"A": _values([0.3] * 5), "B": _values([0.4] * 5)},
+        "s64": {"A": _values([0.3] * 5), "B": _values([0.4] * 5), "C": _values([0.4] * 5)},
+    }
     assert evaluate_claims(claims, regimes) == []
     reasons = {s["claim"]: s["reason"] for s in skipped_claims(claims, regimes)}
     assert "regime 's0' is not in this report" in reasons["B holds up"]
@@ -56,10 +62,12 @@ def test_a_claim_relative_to_a_regime_that_is_missing_is_listed_as_skipped(tmp_p
 
 
 def test_constrained_frac_counts_clipped_and_masked_tokens():
-    rows = [{"step": 1, "policy/clipfrac_low": 0.01, "policy/clipfrac_high": 0.02},
-            {"step": 2, "policy/clipfrac_low": 0.0, "policy/clipfrac_high": 0.0, "m2po/masked_frac": 0.10},
-            {"step": 3, "rollout_correction/masked_frac": 0.05, "policy/off_policy_masked_frac": 0.01},
-            {"step": 4, "eval/accuracy": 0.5}]  # an evaluation-only row is not a step of the update
+    rows = [
+        {"step": 1, "policy/clipfrac_low": 0.01, "policy/clipfrac_high": 0.02},
+        {"step": 2, "policy/clipfrac_low": 0.0, "policy/clipfrac_high": 0.0, "m2po/masked_frac": 0.10},
+        {"step": 3, "rollout_correction/masked_frac": 0.05, "policy/off_policy_masked_frac": 0.01},
+        {"step": 4, "eval/accuracy": 0.5},
+    ]  # an evaluation-only row is not a step of the update
     # (0.03 + 0.10 + 0.06) / 3 = 0.0633...
     assert METRICS["constrained_frac"](rows) == pytest.approx(0.19 / 3)
     assert METRICS["clipfrac"](rows[:2]) == pytest.approx(0.015)  # unchanged: clipping only
@@ -88,9 +96,11 @@ def _fake_run(run, staleness, seed, acc):
     cfg["trainer"].update(staleness=staleness, seed=seed)
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
-    rows = [{"step": 0, "eval/accuracy": 0.25}, {"step": 1, "policy/clipfrac_low": 0.01 * (1 + staleness),
-                                                  "policy/clipfrac_high": 0.0, "policy/entropy": 1.0},
-            {"step": 2, "eval/accuracy": acc, "policy/clipfrac_low": 0.0, "policy/clipfrac_high": 0.0}]
+    rows = [
+        {"step": 0, "eval/accuracy": 0.25},
+        {"step": 1, "policy/clipfrac_low": 0.01 * (1 + staleness), "policy/clipfrac_high": 0.0, "policy/entropy": 1.0},
+        {"step": 2, "eval/accuracy": acc, "policy/clipfrac_low": 0.0, "policy/clipfrac_high": 0.0},
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 

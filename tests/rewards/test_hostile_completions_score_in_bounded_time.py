@@ -56,12 +56,14 @@ HOSTILE = {
     "zero-width joiners": "\\boxed{8\u200d1}",
     "fullwidth digits": "\\boxed{８１}",
     "combining marks": "\\boxed{8" + "\u0301" * 10_000 + "1}",
-    "emoji": "\\boxed{\U0001F600}" * 1000,
+    "emoji": "\\boxed{\U0001f600}" * 1000,
     # Things that look like code.
     "python injection": "\\boxed{__import__('os').system('echo pwned')}",
     "sympy injection": "\\boxed{\\text{exec('1')}}",
     "many equations": "x = " + " = ".join(str(i) for i in range(20_000)),
-    "huge matrix": "\\boxed{\\begin{pmatrix}" + "\\\\".join("&".join(["1"] * 200) for _ in range(200)) + "\\end{pmatrix}}",
+    "huge matrix": "\\boxed{\\begin{pmatrix}"
+    + "\\\\".join("&".join(["1"] * 200) for _ in range(200))
+    + "\\end{pmatrix}}",
 }
 
 GOLD = Example(id="hostile", prompt="What is 9 * 9?", answer="81")
@@ -74,8 +76,14 @@ def test_the_suite_is_large_and_varied():
 
 # Rewarded despite the noise: an honest final boxed 81 (strict and lenient), plus, under lenient
 # extraction only, whatever math-verify finds in the rest.
-HONEST = {"1 MB of digits then an answer", "nested boxes", "control characters",
-          "comment and escape", "NUL bytes", "zero-width joiners"}
+HONEST = {
+    "1 MB of digits then an answer",
+    "nested boxes",
+    "control characters",
+    "comment and escape",
+    "NUL bytes",
+    "zero-width joiners",
+}
 
 
 @pytest.fixture(scope="module", params=[True, pytest.param(False, marks=pytest.mark.slow)], ids=["strict", "lenient"])
@@ -125,12 +133,20 @@ def test_an_answer_outside_the_box_scores_zero_when_strict():
         reward.close()
 
 
-@pytest.mark.parametrize("reward_name, params", [
-    ("exact_match", {}), ("countdown", {}), ("format", {}), ("overlong", {"max_tokens": 8, "cache": 4}),
-])
+@pytest.mark.parametrize(
+    "reward_name, params",
+    [
+        ("exact_match", {}),
+        ("countdown", {}),
+        ("format", {}),
+        ("overlong", {"max_tokens": 8, "cache": 4}),
+    ],
+)
 def test_simple_rewards_score_every_hostile_completion_quickly(reward_name, params):
     reward = get_reward(reward_name, **params)
-    examples = [Example(id="hostile", prompt="p", answer="81", meta={"numbers": [9, 9], "target": 81, "completion_tokens": 4})]
+    examples = [
+        Example(id="hostile", prompt="p", answer="81", meta={"numbers": [9, 9], "target": 81, "completion_tokens": 4})
+    ]
     for name, completion in HOSTILE.items():
         start = time.process_time()  # CPU seconds of this process: the work, not the machine's load
         [result] = score_batch(reward, [completion], examples)

@@ -52,8 +52,11 @@ def test_the_transcription_is_what_it_says():
 def test_lenient_reward_agrees_with_math_verify_called_directly():
     direct = [_direct(c["gold"], c["pred"]) for c in CASES]
     ours = _tether(False, CASES)
-    disagree = [(c["source"].rsplit("::", 1)[1], c["gold"][:60], c["pred"][-60:], d, o)
-                for c, d, o in zip(CASES, direct, ours) if d != o]
+    disagree = [
+        (c["source"].rsplit("::", 1)[1], c["gold"][:60], c["pred"][-60:], d, o)
+        for c, d, o in zip(CASES, direct, ours)
+        if d != o
+    ]
     rate = 1 - len(disagree) / len(CASES)
     print(f"\nagreement with math-verify (default options): {len(CASES) - len(disagree)}/{len(CASES)} = {rate:.1%}")
     assert rate >= 0.99, disagree

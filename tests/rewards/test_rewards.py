@@ -201,11 +201,18 @@ def test_score_rollout_gives_the_scored_batch_the_trainer_reads():
     # Two prompts x two samples; a stopped sample's length is its text plus the stop token.
     completions, lengths = ["81", "82", "(9-7)*8", "16"], [3, 3, 8, 3]
     mask = torch.arange(8)[None, :] < torch.tensor(lengths)[:, None]
-    rollout = RolloutBatch(prompt_ids=[[0]] * 4, completion_ids=torch.zeros(4, 8, dtype=torch.long),
-                           sampler_logprobs=torch.zeros(4, 8), mask=mask, finish_reasons=["stop"] * 4,
-                           completions=completions, prompt_index=[0, 0, 1, 1])
-    scored = score_rollout(PerExample(lambda ex: get_reward("countdown" if "target" in ex.meta else "exact_match")),
-                           rollout, [ADD, CD])
+    rollout = RolloutBatch(
+        prompt_ids=[[0]] * 4,
+        completion_ids=torch.zeros(4, 8, dtype=torch.long),
+        sampler_logprobs=torch.zeros(4, 8),
+        mask=mask,
+        finish_reasons=["stop"] * 4,
+        completions=completions,
+        prompt_index=[0, 0, 1, 1],
+    )
+    scored = score_rollout(
+        PerExample(lambda ex: get_reward("countdown" if "target" in ex.meta else "exact_match")), rollout, [ADD, CD]
+    )
     assert scored.rollout is rollout
     assert [e.id for e in scored.examples] == ["a", "a", "c", "c"]
     assert [e.meta["completion_tokens"] for e in scored.examples] == lengths  # for overlong
@@ -359,7 +366,9 @@ def test_gold_parse_cut_short_by_a_time_limit_is_retried_not_cached(monkeypatch)
     assert gold in worker._GOLD_CACHE
     # The reason maps to the fault the trainer counts in reward/timeouts.
     assert verifier_faults([RewardResult(0.0, {}, "timeout", _faults("timeout"))]) == {
-        "reward/timeouts": 1.0, "reward/errors": 0.0}
+        "reward/timeouts": 1.0,
+        "reward/errors": 0.0,
+    }
 
 
 def test_time_limits_are_detected_with_the_math_verify_logger_at_error(monkeypatch, caplog):
@@ -452,7 +461,9 @@ def test_math_on_real_rows(math_reward):
     right = [f"Thus the answer is $\\boxed{{{ex.answer}}}$." for ex in rows]
     # A wrong answer: the next row's gold, skipping pairs where one gold ends with the other
     # (math-verify rightly counts "x=5" and "5" as the same answer).
-    pairs = [(a, b) for a, b in zip(rows, rows[1:]) if not a.answer.endswith(b.answer) and not b.answer.endswith(a.answer)]
+    pairs = [
+        (a, b) for a, b in zip(rows, rows[1:]) if not a.answer.endswith(b.answer) and not b.answer.endswith(a.answer)
+    ]
     assert len(pairs) > 30
     wrong = [f"Thus the answer is $\\boxed{{{b.answer}}}$." for _, b in pairs]
     assert [r.score for r in math_reward.score_batch(right, rows)] == [1.0] * len(rows)
@@ -480,13 +491,19 @@ def test_math_timeout_kills_and_recovers():
     and not the wall-clock time, which a loaded machine stretches (issue 32, item 7)."""
     verifier = MathVerifier(timeout_s=1.0, verify_fn=slow_verify)
     try:
-        assert verifier.score_batch(["a", "raise"], ["a", "a"]) == [(1.0, ""), (0.0, "verifier error: RuntimeError: verifier bug")]
+        assert verifier.score_batch(["a", "raise"], ["a", "a"]) == [
+            (1.0, ""),
+            (0.0, "verifier error: RuntimeError: verifier bug"),
+        ]
         assert verifier.starts == 1
         assert verifier.score_batch(["hang"], ["a"]) == [(0.0, "timeout")]
         assert (verifier.restarts, verifier.starts) == (1, 1)  # the worker was alive: no start
         # The rest of a batch after a hang is scored by a fresh worker.
         assert verifier.score_batch(["a", "hang", "b", "a"], ["a", "a", "a", "a"]) == [
-            (1.0, ""), (0.0, "timeout"), (0.0, ""), (1.0, "")
+            (1.0, ""),
+            (0.0, "timeout"),
+            (0.0, ""),
+            (1.0, ""),
         ]
         assert (verifier.restarts, verifier.starts) == (2, 3)  # one start for the call, one after the hang
         assert verifier.score_batch(["b"], ["b"]) == [(1.0, "")]

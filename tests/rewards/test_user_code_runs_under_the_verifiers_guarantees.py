@@ -14,7 +14,7 @@ from tether.rewards import FaultWarnings, Isolated, RewardBroken, get_reward, is
 from tether.schema import ConfigError
 from tether.tasks import Example
 
-USER_REWARDS = textwrap.dedent('''
+USER_REWARDS = textwrap.dedent("""
     import os, time
 
     def slow_on_sevens(completion, example):
@@ -42,7 +42,7 @@ USER_REWARDS = textwrap.dedent('''
         if completion[:1] in "13579":
             time.sleep(600)
         return float(completion[:1].isdigit())
-    ''')
+    """)
 
 EX = Example(id="e", prompt="p", answer="81")
 
@@ -114,8 +114,11 @@ def test_non_finite_and_raising_scores_are_zero_and_counted_never_the_loss(user_
 def test_a_reward_that_does_not_pickle_is_refused_with_the_fix():
     from tether.rewards import user_reward
 
-    with pytest.raises(ConfigError, match=r"reward mine cannot run in a worker .* top level of a module .* "
-                                          r"reward.isolate=false"):
+    with pytest.raises(
+        ConfigError,
+        match=r"reward mine cannot run in a worker .* top level of a module .* "
+        r"reward.isolate=false",
+    ):
         isolate(user_reward(lambda completion, example: 1.0, "mine"), 5.0, "mine")
 
 
@@ -123,7 +126,9 @@ def test_the_first_fault_of_each_kind_is_one_warning_line_naming_reward_reason_a
     from tether.rewards import RewardResult
 
     warn = FaultWarnings("user_rewards:r")
-    timeout = RewardResult(0.0, {}, "timeout: reward user_rewards:r took longer than reward.timeout_s=5 s", ("timeout",))
+    timeout = RewardResult(
+        0.0, {}, "timeout: reward user_rewards:r took longer than reward.timeout_s=5 s", ("timeout",)
+    )
     nan = RewardResult(0.0, {}, "reward error: returned a non-finite score (nan)", ("error", "nonfinite"))
     raised = RewardResult(0.0, {}, "reward error: KeyError: 'x'", ("error",))
     ok = RewardResult(1.0)
@@ -146,10 +151,24 @@ def test_the_first_fault_of_each_kind_is_one_warning_line_naming_reward_reason_a
 def _train(tiny_dir, tmp_path, capsys, *overrides):
     from tether.cli import main
 
-    code = main(["train", f"model.name_or_path={tiny_dir}", f"output_dir={tmp_path / 'runs' / 'run'}",
-                 "warm_start.enabled=false", "rollout.prompts_per_step=4", "rollout.group_size=4",
-                 "rollout.max_new_tokens=6", "data.eval_size=4", "trainer.progress=false", "trainer.plots=false",
-                 "trainer.tensorboard=false", "trainer.threads=1", "trainer.total_steps=2", *overrides])
+    code = main(
+        [
+            "train",
+            f"model.name_or_path={tiny_dir}",
+            f"output_dir={tmp_path / 'runs' / 'run'}",
+            "warm_start.enabled=false",
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=6",
+            "data.eval_size=4",
+            "trainer.progress=false",
+            "trainer.plots=false",
+            "trainer.tensorboard=false",
+            "trainer.threads=1",
+            "trainer.total_steps=2",
+            *overrides,
+        ]
+    )
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -158,30 +177,39 @@ def test_a_nan_reward_on_the_load_time_probe_is_an_error_before_anything_is_writ
     # Was (item 1): 3 steps with a NaN loss, a traceback, exit 1, a run directory and a checkpoint.
     code, out, err = _train(tiny_dir, user_module, capsys, "reward.name=user_rewards:nan_always")
     assert code == 2 and out == "" and not (user_module / "runs").exists()
-    assert err == ("error: reward user_rewards:nan_always returned a non-finite score (nan) (called on an empty "
-                   "completion before training): a reward returns a finite number or a RewardResult with one; "
-                   "fix the reward\n")
+    assert err == (
+        "error: reward user_rewards:nan_always returned a non-finite score (nan) (called on an empty "
+        "completion before training): a reward returns a finite number or a RewardResult with one; "
+        "fix the reward\n"
+    )
 
 
 @pytest.mark.slow
-def test_a_reward_failing_on_every_completion_of_step_one_is_an_error_and_leaves_no_run(user_module, tiny_dir,
-                                                                                       capsys):
+def test_a_reward_failing_on_every_completion_of_step_one_is_an_error_and_leaves_no_run(user_module, tiny_dir, capsys):
     # NaN on every non-empty completion passes the probe (the empty completion and the answer score 0).
     code, out, err = _train(tiny_dir, user_module, capsys, "reward.name=user_rewards:nan_when_not_empty")
     assert code == 2 and "Traceback" not in err, err
-    assert err.startswith("error: the reward user_rewards:nan_when_not_empty failed on every completion of the "
-                          "batch (reward error: returned a non-finite score (nan); one completion: ")
-    assert err.rstrip().endswith(f"(removed the run directory {user_module / 'runs' / 'run'} and "
-                                 f"{user_module / 'runs'}, which it had made)")
+    assert err.startswith(
+        "error: the reward user_rewards:nan_when_not_empty failed on every completion of the "
+        "batch (reward error: returned a non-finite score (nan); one completion: "
+    )
+    assert err.rstrip().endswith(
+        f"(removed the run directory {user_module / 'runs' / 'run'} and {user_module / 'runs'}, which it had made)"
+    )
     assert not (user_module / "runs").exists()
 
 
 @pytest.mark.slow
 def test_slow_and_raising_rewards_warn_once_are_counted_and_the_run_continues(user_module, tiny_dir, capsys):
     # Was (items 2 and 5): step 1 stalled for minutes with nothing naming the reward; errors only in metrics.jsonl.
-    code, out, err = _train(tiny_dir, user_module, capsys, "reward.timeout_s=0.5",
-                            "reward.weights.user_rewards:sleeps_on_odd_first_digit=1.0",
-                            "reward.weights.user_rewards:raises_on_sixes=1.0")
+    code, out, err = _train(
+        tiny_dir,
+        user_module,
+        capsys,
+        "reward.timeout_s=0.5",
+        "reward.weights.user_rewards:sleeps_on_odd_first_digit=1.0",
+        "reward.weights.user_rewards:raises_on_sixes=1.0",
+    )
     assert code == 0, err
     rows = [json.loads(line) for line in (user_module / "runs" / "run" / "metrics.jsonl").read_text().splitlines()]
     timeouts = sum(r.get("reward/timeouts", 0) for r in rows)
@@ -190,7 +218,9 @@ def test_slow_and_raising_rewards_warn_once_are_counted_and_the_run_continues(us
     assert [r["step"] for r in rows] == [0, 1, 2]
     # The tiny untrained model's completions start with odd digits and hold sixes: both faults happen.
     assert timeouts > 0 and errors > 0, rows
-    assert sum("timed out on a completion" in w and "user_rewards:sleeps_on_odd_first_digit" in w for w in warnings) == 1
+    assert (
+        sum("timed out on a completion" in w and "user_rewards:sleeps_on_odd_first_digit" in w for w in warnings) == 1
+    )
     assert sum(" failed on a completion" in w and "ValueError: cannot parse" in w for w in warnings) == 1
 
 
@@ -211,8 +241,9 @@ def test_the_first_ctrl_c_drops_a_step_that_has_not_updated_and_the_resume_match
     from tether.trainer.stopping import Interrupted
     from tether.trainer.loop import train
 
-    plain = train(train_config(tiny_dir, tmp_path / "plain", "trainer.total_steps=3", "trainer.plots=false"),
-                  log=lambda *_: None)
+    plain = train(
+        train_config(tiny_dir, tmp_path / "plain", "trainer.total_steps=3", "trainer.plots=false"), log=lambda *_: None
+    )
     real, calls = tether.trainer.step.collect, []
 
     def stalls_at_step_two(*args, **kwargs):
@@ -230,8 +261,11 @@ def test_the_first_ctrl_c_drops_a_step_that_has_not_updated_and_the_resume_match
     assert "step 2 stopped before it changed the weights: dropped (a resume redoes it)" in lines
     assert [r["step"] for r in metrics_rows(run)] == [0, 1]
     monkeypatch.setattr(tether.trainer.step, "collect", real)
-    train(train_config(tiny_dir, run, "trainer.total_steps=3", "trainer.plots=false"), resume_dir=str(run),
-          log=lambda *_: None)
+    train(
+        train_config(tiny_dir, run, "trainer.total_steps=3", "trainer.plots=false"),
+        resume_dir=str(run),
+        log=lambda *_: None,
+    )
     for a, b in zip(metrics_rows(plain), metrics_rows(run)):  # the dropped step redone as if never begun
         assert untimed(a) == untimed(b), a["step"]
     wa, wb = checkpoint_weights(plain, 3), checkpoint_weights(run, 3)
@@ -245,41 +279,61 @@ def _train_tiny(tmp_path, capsys, *overrides):
     """`tether train` on the tiny model from tmp_path: (exit code, stdout, stderr, anything written?)."""
     from tether.cli import main
 
-    code = main(["train", "model.name_or_path=tiny", f"output_dir={tmp_path / 'runs' / 'run'}",
-                 f"warm_start.cache_dir={tmp_path / 'cache'}", "trainer.progress=false", *overrides])
+    code = main(
+        [
+            "train",
+            "model.name_or_path=tiny",
+            f"output_dir={tmp_path / 'runs' / 'run'}",
+            f"warm_start.cache_dir={tmp_path / 'cache'}",
+            "trainer.progress=false",
+            *overrides,
+        ]
+    )
     out = capsys.readouterr()
     return code, out.out, out.err, (tmp_path / "runs").exists() or (tmp_path / "cache").exists()
 
 
-def test_max_new_tokens_past_the_models_context_is_an_error_before_anything_is_written(tmp_path, capsys,
-                                                                                      monkeypatch):
+def test_max_new_tokens_past_the_models_context_is_an_error_before_anything_is_written(tmp_path, capsys, monkeypatch):
     # Was (item 3): accepted; step 1 never finished (8m43s), the run directory was written.
     monkeypatch.chdir(tmp_path)
     code, out, err, written = _train_tiny(tmp_path, capsys, "rollout.max_new_tokens=100000", "warm_start.enabled=false")
     assert code == 2 and out == "" and not written, err
     # The arithmetic task's longest prompt is 6 characters: 6 + 100000 positions of the tiny model's 256.
-    assert err == ("error: rollout.max_new_tokens=100000 with prompts of up to 6 tokens needs 100006 positions, but "
-                   "the model 'tiny' has a context of 256 (max_position_embeddings): generation past it cannot work. "
-                   "Lower rollout.max_new_tokens to at most 250\n")
+    assert err == (
+        "error: rollout.max_new_tokens=100000 with prompts of up to 6 tokens needs 100006 positions, but "
+        "the model 'tiny' has a context of 256 (max_position_embeddings): generation past it cannot work. "
+        "Lower rollout.max_new_tokens to at most 250\n"
+    )
 
 
-def test_a_warm_start_whose_solutions_cannot_fit_its_budget_is_an_error_before_anything_is_written(tmp_path, capsys,
-                                                                                                   monkeypatch):
+def test_a_warm_start_whose_solutions_cannot_fit_its_budget_is_an_error_before_anything_is_written(
+    tmp_path, capsys, monkeypatch
+):
     # Was (item 4): the loss fell to 0.03 while accuracy stayed 0.000 for 3000 steps (100 minutes), then a warning.
     monkeypatch.chdir(tmp_path)
     rows = [json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) for i in range(100, 400)]
     (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
-    code, out, err, written = _train_tiny(tmp_path, capsys, "data.task=math", "data.task_args.train=train.jsonl",
-                                          "data.eval_size=20")
+    code, out, err, written = _train_tiny(
+        tmp_path, capsys, "data.task=math", "data.task_args.train=train.jsonl", "data.eval_size=20"
+    )
     assert code == 2 and out == "" and not written, err
     # "The answer is \boxed{NNN}." is 26 characters, each one token of the character model; the budget is 16.
-    assert err.startswith("error: the warm start can never reach warm_start.target_accuracy=0.25: its greedy check "
-                          "generates rollout.max_new_tokens=16 tokens, but only 0 of the 20 reference solutions it "
-                          "checks fit in that (the longest is 26 tokens: 'The answer is \\\\boxed{")
-    assert err.endswith("Raise rollout.max_new_tokens to at least 26 (all fit at 26), or set "
-                        "warm_start.enabled=false\n")
-    code, out, err, written = _train_tiny(tmp_path, capsys, "data.task=math", "data.task_args.train=train.jsonl",
-                                          "data.eval_size=20", "rollout.max_new_tokens=100000")
+    assert err.startswith(
+        "error: the warm start can never reach warm_start.target_accuracy=0.25: its greedy check "
+        "generates rollout.max_new_tokens=16 tokens, but only 0 of the 20 reference solutions it "
+        "checks fit in that (the longest is 26 tokens: 'The answer is \\\\boxed{"
+    )
+    assert err.endswith(
+        "Raise rollout.max_new_tokens to at least 26 (all fit at 26), or set warm_start.enabled=false\n"
+    )
+    code, out, err, written = _train_tiny(
+        tmp_path,
+        capsys,
+        "data.task=math",
+        "data.task_args.train=train.jsonl",
+        "data.eval_size=20",
+        "rollout.max_new_tokens=100000",
+    )
     assert code == 2 and "has a context of 256" in err and not written  # the larger budget is checked too
 
 
@@ -291,8 +345,10 @@ def test_the_warm_start_gives_up_when_the_loss_has_converged_and_accuracy_has_no
 
     # Loss 0.03 and accuracy 0 for 3 checks after one at 0.2: converged (below 0.05), no new best.
     why = stalled(checks([0.2, 0.03, 0.03, 0.03], [0.0, 0.0, 0.0, 0.0]), 3)
-    assert why.startswith("over the last 3 checks (75 steps) the loss went from 0.2000 to 0.0300 (converged) while "
-                          "greedy accuracy stayed at most 0.000 (best before: 0.000)")
+    assert why.startswith(
+        "over the last 3 checks (75 steps) the loss went from 0.2000 to 0.0300 (converged) while "
+        "greedy accuracy stayed at most 0.000 (best before: 0.000)"
+    )
     # Flat: 1.00 -> 0.99 fell by 1% < 2%.
     assert stalled(checks([1.0, 0.995, 0.99, 0.99], [0.1, 0.1, 0.05, 0.1]), 3)
     assert not stalled(checks([1.0, 0.99, 0.98, 0.97], [0.0, 0.0, 0.0, 0.0]), 3)  # still falling: 3%
@@ -312,8 +368,15 @@ def test_a_warm_start_that_cannot_learn_gives_up_early_and_says_what_it_saw(tiny
 
     model, tokenizer = load_model(tiny_dir)
     lines = []
-    result = sft(model, tokenizer, get_task("arithmetic", digits=1), SFTSettings(
-        steps_max=3000, batch_size=16, lr=3e-3, eval_every=10, give_up_checks=3, max_new_tokens=4, n_eval=16),
-        reward=lambda completion, example: RewardResult(0.0), log=lines.append)
+    result = sft(
+        model,
+        tokenizer,
+        get_task("arithmetic", digits=1),
+        SFTSettings(
+            steps_max=3000, batch_size=16, lr=3e-3, eval_every=10, give_up_checks=3, max_new_tokens=4, n_eval=16
+        ),
+        reward=lambda completion, example: RewardResult(0.0),
+        log=lines.append,
+    )
     assert result["steps"] < 3000 and result["gave_up"] and not result["reached"], lines
     assert lines[-1] == f"sft step {result['steps']}: giving up: {result['gave_up']}"

@@ -59,11 +59,15 @@ def test_bucket_sizes():
     assert bucket_size(1, 1) is None and bucket_size(1, 3) == 1 and bucket_size(2, 5) == 2
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=1.0, max_new_tokens=16),
-    SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=16),
-    SamplingParams(temperature=1.0, max_new_tokens=16, stop_strings=("1", "+")),
-], ids=["t1", "t0.7-p0.9", "stop-strings"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, max_new_tokens=16),
+        SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=16),
+        SamplingParams(temperature=1.0, max_new_tokens=16, stop_strings=("1", "+")),
+    ],
+    ids=["t1", "t0.7-p0.9", "stop-strings"],
+)
 def test_compiled_matches_eager_while_rows_leave_in_buckets(llama, params):
     """12 rows stopping at spread-out lengths: the compiled decode moves the running rows into
     buckets of 8, 4, ... rows, and every token, length, reason and text equals the eager path's."""
@@ -78,7 +82,9 @@ def test_compiled_matches_eager_while_rows_leave_in_buckets(llama, params):
     assert 12 in buckets and {8, 4} & buckets  # it did shrink...
     assert all(b == 12 or b & (b - 1) == 0 for b in buckets)  # ...into powers of two
     if params.stop_strings:
-        assert any(r == "stop" and not c.endswith(tok.eos_token) for r, c in zip(compiled.finish_reasons, compiled.completions))
+        assert any(
+            r == "stop" and not c.endswith(tok.eos_token) for r, c in zip(compiled.finish_reasons, compiled.completions)
+        )
         for text in compiled.completions:
             assert not any(s in text for s in params.stop_strings)
 
@@ -120,7 +126,9 @@ def test_compiled_seeds_and_reuse(llama):
     other = HFEngine(model, tok, batch_size=8, compile=True)  # another engine on the same model: the same decoder
     assert_same_rollout(other.generate(PROMPTS, n=4, params=params, seed=12), c)
     assert other._static is engine._static
-    assert_same_rollout(HFEngine(model, tok, batch_size=8, compile=False).generate(PROMPTS, n=4, params=params, seed=11), a)
+    assert_same_rollout(
+        HFEngine(model, tok, batch_size=8, compile=False).generate(PROMPTS, n=4, params=params, seed=11), a
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])

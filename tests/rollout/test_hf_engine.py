@@ -99,7 +99,7 @@ def test_stop_token_is_in_the_mask(stopping):
         length = int(batch.mask[i].sum())
         assert batch.completion_ids[i, length - 1] == tok.eos_token_id
         assert batch.mask[i, length - 1]  # the stop token counts
-        assert (batch.completion_ids[i, :length - 1] != tok.eos_token_id).all()
+        assert (batch.completion_ids[i, : length - 1] != tok.eos_token_id).all()
         assert batch.completions[i] == tok.decode(batch.completion_ids[i, : length - 1], skip_special_tokens=True)
     for i, reason in enumerate(batch.finish_reasons):
         if reason == "length":
@@ -116,7 +116,9 @@ def test_max_new_tokens_honoured(model_and_tok):
 def test_stop_token_ids_extra(stopping):
     model, tok = stopping
     digits = tuple(tok.convert_tokens_to_ids(list("0123456789")))
-    batch = HFEngine(model, tok).generate(PROMPTS, n=4, params=SamplingParams(max_new_tokens=40, stop_token_ids=digits), seed=3)
+    batch = HFEngine(model, tok).generate(
+        PROMPTS, n=4, params=SamplingParams(max_new_tokens=40, stop_token_ids=digits), seed=3
+    )
     for i, reason in enumerate(batch.finish_reasons):
         length = int(batch.mask[i].sum())
         last = int(batch.completion_ids[i, length - 1])
@@ -182,7 +184,9 @@ def test_finished_rows_leave_the_batch_and_the_rest_are_unaffected(stopping):
 
 def test_temperature_logprobs_are_of_the_scaled_distribution(model_and_tok):
     model, tok = model_and_tok
-    batch = HFEngine(model, tok).generate(PROMPTS, n=2, params=SamplingParams(temperature=0.5, max_new_tokens=8), seed=0)
+    batch = HFEngine(model, tok).generate(
+        PROMPTS, n=2, params=SamplingParams(temperature=0.5, max_new_tokens=8), seed=0
+    )
     for i in range(len(batch)):
         logits = recomputed_logits(model, batch, i)
         expected = (logits / 0.5).log_softmax(-1).gather(-1, batch.completion_ids[i, :8, None]).squeeze(-1)
@@ -202,7 +206,9 @@ def test_greedy_is_argmax(stopping):
         logits = recomputed_logits(model, batch, i)
         assert torch.equal(batch.completion_ids[i, :length], logits.argmax(-1))
         # greedy stores the unscaled model's log-prob of the chosen token
-        torch.testing.assert_close(batch.sampler_logprobs[i, :length], logits.log_softmax(-1).max(-1).values, atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            batch.sampler_logprobs[i, :length], logits.log_softmax(-1).max(-1).values, atol=1e-4, rtol=0
+        )
 
 
 def test_top_p():
@@ -290,7 +296,9 @@ def test_stop_string(model_and_tok):
         assert stop not in cut.completions[i]
         ids = cut.completion_ids[i, : int(cut.mask[i].sum())]
         if reason == "stop" and ids[-1] != tok.eos_token_id:
-            assert tok.decode(ids, skip_special_tokens=True).endswith(stop)  # stopped on the token completing the string
+            assert tok.decode(ids, skip_special_tokens=True).endswith(
+                stop
+            )  # stopped on the token completing the string
 
 
 def test_restores_training_mode_and_validates(model_and_tok):

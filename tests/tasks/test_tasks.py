@@ -217,7 +217,8 @@ def test_a_task_that_needs_a_tokenizer_says_so_when_built_without_one(tmp_path, 
     (tmp_path / "tok_task_mod.py").write_text(
         "from tether.tasks import get_task\n"
         "def make(tokenizer, digits: int = 2):\n"
-        "    return get_task('arithmetic', digits=digits)\n")
+        "    return get_task('arithmetic', digits=digits)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     from tether.schema import ConfigError
     from tether.tasks import get_task

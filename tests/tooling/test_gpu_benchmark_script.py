@@ -20,8 +20,17 @@ def test_every_gpu_table_and_the_gpu_tests_are_jobs(tmp_path):
     out = run(str(tmp_path), "--dry-run")
     assert out.returncode == 0, out.stderr
     jobs = {line.split(" ")[0] for line in out.stdout.splitlines()}
-    assert jobs == {"tests", "logprobs", "heads", "rollout", "rollout_small", "rl_step", "mfu", "shared_prompts",
-                    "main_job"}
+    assert jobs == {
+        "tests",
+        "logprobs",
+        "heads",
+        "rollout",
+        "rollout_small",
+        "rl_step",
+        "mfu",
+        "shared_prompts",
+        "main_job",
+    }
     assert "-m gpu" in out.stdout and "--vllm" in out.stdout and "--compile" in out.stdout
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
 
@@ -53,9 +62,23 @@ def _rl_step_module():
 def _rl_step_args(**kw):
     import argparse
 
-    base = dict(device="cpu", dtype="float32", threads=1, load_start=(1.0, 1.0, 1.0), hidden=64, layers=1, n_params=1e5,
-                vocab=None, prompts=2, group=2, max_new_tokens=4, mini_batches=2, warmup=1, uses_reference=False,
-                trl_mean_length=4.0)
+    base = dict(
+        device="cpu",
+        dtype="float32",
+        threads=1,
+        load_start=(1.0, 1.0, 1.0),
+        hidden=64,
+        layers=1,
+        n_params=1e5,
+        vocab=None,
+        prompts=2,
+        group=2,
+        max_new_tokens=4,
+        mini_batches=2,
+        warmup=1,
+        uses_reference=False,
+        trl_mean_length=4.0,
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -64,16 +87,32 @@ def test_rl_step_reports_trl_with_vllm_as_a_column_or_as_the_error_that_stops_it
     step = {"total": 2.0, "generation": 1.0, "logprobs": 0.5, "update": 0.5, "tokens": 16.0, "sync": 0.1, "start": 30.0}
     trl = [{"total": 4.0, "generation": 1.0, "sync": 0.2, "start": 50.0}]
     args = _rl_step_args()
-    failed = rl_step.report(args, torch_device(), [step], [step], trl, [step],
-                            {"error": "AttributeError: 'Parameter' object has no attribute 'weight_loader'",
-                             "raised_at": "vllm/model_executor/layers/linear.py:1341 (load_weights)",
-                             "trl_call": "trl/generation/vllm_generation.py:511 (sync_weights)"})
+    failed = rl_step.report(
+        args,
+        torch_device(),
+        [step],
+        [step],
+        trl,
+        [step],
+        {
+            "error": "AttributeError: 'Parameter' object has no attribute 'weight_loader'",
+            "raised_at": "vllm/model_executor/layers/linear.py:1341 (load_weights)",
+            "trl_call": "trl/generation/vllm_generation.py:511 (sync_weights)",
+        },
+    )
     header = [line for line in failed.splitlines() if line.startswith("|  |")][0]
     cells = [c.strip() for c in header.split("|")]
     assert cells[5:8] == ["TRL GRPOTrainer", "TRL GRPOTrainer + vLLM (colocate)", "TRL / tether"]  # before the ratios
     assert "| does not run |" in failed and "weight_loader" in failed and "vllm_generation.py:511" in failed
-    ran = rl_step.report(args, torch_device(), [step], [step], trl, [step],
-                         {"rows": [{"total": 3.0, "generation": 1.5, "sync": 0.25, "start": 40.0}], "mean_length": 4.0})
+    ran = rl_step.report(
+        args,
+        torch_device(),
+        [step],
+        [step],
+        trl,
+        [step],
+        {"rows": [{"total": 3.0, "generation": 1.5, "sync": 0.25, "start": 40.0}], "mean_length": 4.0},
+    )
     assert "3.000 s" in ran and "weight sync 0.250 s" in ran and "40.0 s (the trainer's construction)" in ran
     assert "does not run" not in ran
 

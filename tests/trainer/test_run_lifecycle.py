@@ -19,17 +19,28 @@ RUNNER = Path(__file__).resolve().parents[1].joinpath("cli_runner.py")
 
 def _overrides(tiny_dir, out, steps, *extra):
     return [
-        f"model.name_or_path={tiny_dir}", f"output_dir={out}", "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "rollout.max_new_tokens=6", "trainer.micro_batch_size=8", "data.eval_size=8", "trainer.eval_every=5",
-        "trainer.threads=1", "trainer.tensorboard=false", f"trainer.total_steps={steps}", *extra,
+        f"model.name_or_path={tiny_dir}",
+        f"output_dir={out}",
+        "warm_start.enabled=false",
+        f"reward.name={DIGIT_REWARD}",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=6",
+        "trainer.micro_batch_size=8",
+        "data.eval_size=8",
+        "trainer.eval_every=5",
+        "trainer.threads=1",
+        "trainer.tensorboard=false",
+        f"trainer.total_steps={steps}",
+        *extra,
     ]
 
 
 def _start(args, log: Path):
     f = log.open("w")  # stdout and stderr to a file, as nohup or Slurm would
-    return subprocess.Popen([sys.executable, str(RUNNER), *args], stdout=f, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL), f
+    return subprocess.Popen(
+        [sys.executable, str(RUNNER), *args], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    ), f
 
 
 def _rows(run):
@@ -74,8 +85,9 @@ def test_a_signal_stops_cleanly_then_the_run_resumes_and_finishes(tiny_dir, tmp_
     summary = (run / "summary.md").read_text()
     assert f"steps: {last} of 40 (interrupted by signal {int(signum)}" in summary
     assert (run / "plots" / "reward.png").exists()
-    done = subprocess.run([sys.executable, str(RUNNER), "train", "--resume", str(run)], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(RUNNER), "train", "--resume", str(run)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert [r["step"] for r in _rows(run)] == list(range(41))
     assert "steps: 40 of 40 (finished)" in (run / "summary.md").read_text()
@@ -86,8 +98,13 @@ def test_summary_says_what_the_run_was(tiny_dir, tmp_path):
     from tether.config.loading import load_config
     from tether.trainer.loop import train
 
-    run = train(load_config(None, _overrides(tiny_dir, tmp_path / "run", 5, "objective=etr", "trainer.progress=false",
-                                             "trainer.plots=false")), log=lambda *_: None)
+    run = train(
+        load_config(
+            None,
+            _overrides(tiny_dir, tmp_path / "run", 5, "objective=etr", "trainer.progress=false", "trainer.plots=false"),
+        ),
+        log=lambda *_: None,
+    )
     text = (run / "summary.md").read_text()
     assert text.startswith(f"# Run {run.name}")
     assert "- objective: **etr** (" in text and "eta=0.5" in text and "aggregation=token-mean" in text

@@ -35,8 +35,14 @@ def test_a_few_steps_reduce_the_loss(tiny):
     batch = sft_batch(tok, [e.prompt for e in probe], [task.solution(e) for e in probe], torch.device("cpu"))
     with torch.no_grad():
         before = sft_loss(model, *batch).item()
-    result = sft(model, tok, task, SFTSettings(steps_max=40, batch_size=32, lr=3e-3, eval_every=20,
-                                               target_accuracy=1.01, max_new_tokens=4, n_eval=32))
+    result = sft(
+        model,
+        tok,
+        task,
+        SFTSettings(
+            steps_max=40, batch_size=32, lr=3e-3, eval_every=20, target_accuracy=1.01, max_new_tokens=4, n_eval=32
+        ),
+    )
     with torch.no_grad():
         after = sft_loss(model, *batch).item()
     assert after < 0.6 * before  # held-out loss: about 4.6 (uniform over 100 tokens) -> below 2
@@ -50,8 +56,13 @@ def test_stops_at_target_accuracy(tiny):
     model, tok = tiny
     task = get_task("countdown")
     lines = []
-    result = sft(model, tok, task, SFTSettings(steps_max=50, batch_size=8, lr=1e-3, eval_every=5,
-                                               target_accuracy=0.0, max_new_tokens=4, n_eval=8), log=lines.append)
+    result = sft(
+        model,
+        tok,
+        task,
+        SFTSettings(steps_max=50, batch_size=8, lr=1e-3, eval_every=5, target_accuracy=0.0, max_new_tokens=4, n_eval=8),
+        log=lines.append,
+    )
     assert result["steps"] == 5 and result["reached"] and len(lines) == 1 and "greedy accuracy" in lines[0]
 
 

@@ -45,8 +45,21 @@ def test_flat_streak_counts_steps_without_variance_and_warns_at_three_then_every
 def test_flat_streak_with_dynamic_sampling_reads_the_kept_fraction():
     cfg = load_config(None, ["rollout.dynamic_sampling=true"])
     # zero_var_frac = 1 on the first round, but a refill round found a live group: not flat
-    assert flat_streak({"adv/zero_var_frac": 1.0, "rollout/dynamic_kept_frac": 0.25, "reward/mean": 0.}, cfg.rollout, cfg.trainer.log_every, 2)[0] == 0
-    streak, line = flat_streak({"adv/zero_var_frac": 1.0, "rollout/dynamic_kept_frac": 0.0, "reward/mean": 0.}, cfg.rollout, cfg.trainer.log_every, 2)
+    assert (
+        flat_streak(
+            {"adv/zero_var_frac": 1.0, "rollout/dynamic_kept_frac": 0.25, "reward/mean": 0.0},
+            cfg.rollout,
+            cfg.trainer.log_every,
+            2,
+        )[0]
+        == 0
+    )
+    streak, line = flat_streak(
+        {"adv/zero_var_frac": 1.0, "rollout/dynamic_kept_frac": 0.0, "reward/mean": 0.0},
+        cfg.rollout,
+        cfg.trainer.log_every,
+        2,
+    )
     assert streak == 3 and "dynamic sampling kept 0 of 16 groups after 3 refill rounds" in line
 
 
@@ -55,14 +68,31 @@ def test_a_run_warns_of_a_warm_start_below_target_and_of_flat_steps(tiny_dir, tm
     """The warm start stops at its 2-step budget far below target 1.0; the reward is 0 for every
     sample, so dynamic sampling keeps no group at any step: both are said, and logged as metrics."""
     lines = []
-    cfg = load_config(None, [
-        f"model.name_or_path={tiny_dir}", f"output_dir={tmp_path / 'run'}", f"reward.name={ALWAYS_ZERO}",
-        "warm_start.enabled=true", "warm_start.max_steps=2", "warm_start.eval_every=1", "warm_start.batch_size=4",
-        "warm_start.target_accuracy=1.0", f"warm_start.cache_dir={tmp_path / 'cache'}",
-        "rollout.dynamic_sampling=true", "rollout.dynamic_sampling_max_rounds=1", "rollout.prompts_per_step=2",
-        "rollout.group_size=2", "rollout.max_new_tokens=4", "data.eval_size=4", "trainer.total_steps=3",
-        "trainer.progress=false", "trainer.plots=false", "trainer.tensorboard=false", "trainer.threads=1",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_dir}",
+            f"output_dir={tmp_path / 'run'}",
+            f"reward.name={ALWAYS_ZERO}",
+            "warm_start.enabled=true",
+            "warm_start.max_steps=2",
+            "warm_start.eval_every=1",
+            "warm_start.batch_size=4",
+            "warm_start.target_accuracy=1.0",
+            f"warm_start.cache_dir={tmp_path / 'cache'}",
+            "rollout.dynamic_sampling=true",
+            "rollout.dynamic_sampling_max_rounds=1",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=4",
+            "data.eval_size=4",
+            "trainer.total_steps=3",
+            "trainer.progress=false",
+            "trainer.plots=false",
+            "trainer.tensorboard=false",
+            "trainer.threads=1",
+        ],
+    )
     run = train(cfg, log=lines.append)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["warm_start/below_target"] == 1.0 and rows[0]["warm_start/steps"] == 2.0
@@ -136,8 +166,20 @@ def test_eval_progress_to_a_file_is_plain_lines_from_the_start():
 @pytest.mark.slow
 def test_tether_eval_redirected_writes_its_first_line_while_it_runs(tiny_dir, tmp_path):
     log = tmp_path / "eval.log"
-    cmd = [sys.executable, "-m", "tether.cli", "eval", str(tiny_dir), "task:arithmetic", "--n", "4",
-           "--limit", "48", "--out", str(tmp_path / "out")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tether.cli",
+        "eval",
+        str(tiny_dir),
+        "task:arithmetic",
+        "--n",
+        "4",
+        "--limit",
+        "48",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -160,10 +202,18 @@ def test_tether_eval_redirected_writes_its_first_line_while_it_runs(tiny_dir, tm
 # ---------------------------------------------------------------- threads (item 16)
 
 
-@pytest.mark.parametrize("setting, cores, expected", [
-    (0, 2, 1), (0, 1, 1), (0, 16, 8), (0, 64, 8), (0, 6, 3),  # auto: cores // 2, at least 1, at most 8
-    (3, 64, 3), (-1, 64, 0),  # N as given; -1 keeps torch's default (0: nothing set)
-])
+@pytest.mark.parametrize(
+    "setting, cores, expected",
+    [
+        (0, 2, 1),
+        (0, 1, 1),
+        (0, 16, 8),
+        (0, 64, 8),
+        (0, 6, 3),  # auto: cores // 2, at least 1, at most 8
+        (3, 64, 3),
+        (-1, 64, 0),  # N as given; -1 keeps torch's default (0: nothing set)
+    ],
+)
 def test_auto_threads_are_half_the_cores_between_one_and_eight(setting, cores, expected):
     from tether.model.loading import cpu_threads
 
@@ -182,13 +232,27 @@ def test_threads_below_minus_one_are_refused():
 @pytest.mark.slow
 def test_a_resume_continues_the_flat_streak(tiny_dir, tmp_path):
     """Killed after 2 flat steps and resumed, the count goes on (3, 4), as in an uninterrupted run."""
+
     def cfg(steps):
-        return load_config(None, [
-            f"model.name_or_path={tiny_dir}", f"output_dir={tmp_path / 'run'}", f"reward.name={ALWAYS_ZERO}",
-            "warm_start.enabled=false", "rollout.prompts_per_step=2", "rollout.group_size=2",
-            "rollout.max_new_tokens=4", "data.eval_size=4", f"trainer.total_steps={steps}", "trainer.save_every=1",
-            "trainer.progress=false", "trainer.plots=false", "trainer.tensorboard=false", "trainer.threads=1",
-        ])
+        return load_config(
+            None,
+            [
+                f"model.name_or_path={tiny_dir}",
+                f"output_dir={tmp_path / 'run'}",
+                f"reward.name={ALWAYS_ZERO}",
+                "warm_start.enabled=false",
+                "rollout.prompts_per_step=2",
+                "rollout.group_size=2",
+                "rollout.max_new_tokens=4",
+                "data.eval_size=4",
+                f"trainer.total_steps={steps}",
+                "trainer.save_every=1",
+                "trainer.progress=false",
+                "trainer.plots=false",
+                "trainer.tensorboard=false",
+                "trainer.threads=1",
+            ],
+        )
 
     run = train(cfg(2), log=lambda *_: None)
     train(cfg(4), resume_dir=str(run), log=lambda *_: None)

@@ -93,15 +93,27 @@ def _rows(run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("anchor,extra", [("recompute", []), ("sampler", []),
-                                          ("recompute", ["model.lora={r: 4, alpha: 8}", "trainer.lr=3e-2"])])
+@pytest.mark.parametrize(
+    "anchor,extra",
+    [("recompute", []), ("sampler", []), ("recompute", ["model.lora={r: 4, alpha: 8}", "trainer.lr=3e-2"])],
+)
 def test_stale_run_logs_the_lag_and_the_sampler_mismatch(tiny_dir, tmp_path, anchor, extra):
     from conftest import train_config as _cfg
 
     from tether.trainer.loop import train
 
-    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=4", "trainer.staleness=2",
-                     f"trainer.old_logprobs={anchor}", "objective=grpo", *extra), log=lambda *_: None)
+    run = train(
+        _cfg(
+            tiny_dir,
+            tmp_path / "run",
+            "trainer.total_steps=4",
+            "trainer.staleness=2",
+            f"trainer.old_logprobs={anchor}",
+            "objective=grpo",
+            *extra,
+        ),
+        log=lambda *_: None,
+    )
     rows = _rows(run)[1:]
     assert [r["stale/lag"] for r in rows] == [0.0, 1.0, 2.0, 2.0]
     if anchor == "sampler":  # bypass: pi_old is pi_sampler

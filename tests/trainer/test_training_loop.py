@@ -22,9 +22,23 @@ def test_smoke_run_writes_everything_and_changes_the_parameters(tiny_dir, tmp_pa
     run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=3", "objective=grpo"), log=lambda *_: None)
     rows = _rows(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    for key in ("reward/mean", "reward/pass_rate", "rollout/len_mean", "rollout/len_max", "rollout/truncation_rate",
-                "adv/zero_var_frac", "policy/entropy", "policy/clipfrac_low", "policy/clipfrac_high",
-                "policy/ratio_mean", "policy/kl_old", "kl/ref", "loss/kl_penalty", "optim/grad_norm", "optim/lr"):
+    for key in (
+        "reward/mean",
+        "reward/pass_rate",
+        "rollout/len_mean",
+        "rollout/len_max",
+        "rollout/truncation_rate",
+        "adv/zero_var_frac",
+        "policy/entropy",
+        "policy/clipfrac_low",
+        "policy/clipfrac_high",
+        "policy/ratio_mean",
+        "policy/kl_old",
+        "kl/ref",
+        "loss/kl_penalty",
+        "optim/grad_norm",
+        "optim/lr",
+    ):
         assert all(key in r and math.isfinite(r[key]) for r in rows[1:]), key
     assert all("eval/accuracy" in rows[i] for i in (0, 2, 3)) and "eval/accuracy" not in rows[1]
     # Two mini-batches per rollout: the second update is off-policy, so ratios move off 1.
@@ -34,8 +48,14 @@ def test_smoke_run_writes_everything_and_changes_the_parameters(tiny_dir, tmp_pa
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert (run / "config.yaml").exists() and (run / "summary.md").exists()
     assert list((run / "tb").glob("events.out.tfevents.*"))
-    assert {p.name for p in (run / "plots").glob("*.png")} >= {"reward.png", "accuracy.png", "entropy.png",
-                                                               "clip_fractions.png", "kl.png", "response_length.png"}
+    assert {p.name for p in (run / "plots").glob("*.png")} >= {
+        "reward.png",
+        "accuracy.png",
+        "entropy.png",
+        "clip_fractions.png",
+        "kl.png",
+        "response_length.png",
+    }
     samples = [json.loads(s) for s in (run / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 3 * 4 and {"prompt", "completion", "reward"} <= set(samples[0])
     # keep_last = 2 checkpoints: steps 2 and 3.
@@ -49,22 +69,33 @@ def test_resume_matches_an_uninterrupted_run(tiny_dir, tmp_path):
     # Simulate a kill after step 3's metrics line but before its checkpoint: the torn tail must go.
     with (part / "metrics.jsonl").open("a") as f:
         f.write('{"step": 3, "reward/mean": 0.5}\n{"step": 4, "rew')
-    resumed = train(_cfg(tiny_dir, tmp_path / "part", "trainer.total_steps=4", "objective=dapo"),
-                    resume_dir=str(part), log=lambda *_: None)
+    resumed = train(
+        _cfg(tiny_dir, tmp_path / "part", "trainer.total_steps=4", "objective=dapo"),
+        resume_dir=str(part),
+        log=lambda *_: None,
+    )
     a, b = _rows(full), _rows(resumed)
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
     for ra, rb in zip(a, b):  # time/*: wall clock
-        assert untimed(ra) == \
-            untimed(rb)
+        assert untimed(ra) == untimed(rb)
     wa = load_file(str(full / "checkpoints" / "step_000004" / "model" / "model.safetensors"))
     wb = load_file(str(resumed / "checkpoints" / "step_000004" / "model" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_reference_refresh_and_dynamic_sampling(tiny_dir, tmp_path):
-    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "objective=rpg_urkl",
-                     "objective.anchor=ref", "trainer.ref_update_every=3", "rollout.dynamic_sampling=true"),
-                log=lambda *_: None)
+    run = train(
+        _cfg(
+            tiny_dir,
+            tmp_path / "run",
+            "trainer.total_steps=2",
+            "objective=rpg_urkl",
+            "objective.anchor=ref",
+            "trainer.ref_update_every=3",
+            "rollout.dynamic_sampling=true",
+        ),
+        log=lambda *_: None,
+    )
     rows = _rows(run)
     assert rows[-1]["ref/updates"] == 1.0  # 4 optimiser steps, refreshed after the 3rd
     assert "rpg/kl_anchor" in rows[1] and "rollout/dynamic_kept_frac" in rows[1]
@@ -102,17 +133,32 @@ def test_yaml_file_then_overrides(tmp_path):
     cfg = load_config(str(p), ["trainer.total_steps=9", "objective.eps_low=0.1"])
     assert cfg.trainer.total_steps == 9 and cfg.trainer.lr == 1e-4
     # Resolved on load: the preset's every parameter, the overrides on top, max_len = the generation budget.
-    assert cfg.objective == {"label": "dapo", "name": "ppo_clip", "aggregation": "token-mean", "kl_penalty": None,
-                             "entropy_coef": 0.0, "advantage": "grpo", "reward_aggregation": "sum", "max_len": 16,
-                             "rollout_correction": None, "off_policy_mask": None, "sampler_kl_coef": 0.0,
-                             "eps_low": 0.1,
-                             "eps_high": 0.3, "dual_clip_c": None}
+    assert cfg.objective == {
+        "label": "dapo",
+        "name": "ppo_clip",
+        "aggregation": "token-mean",
+        "kl_penalty": None,
+        "entropy_coef": 0.0,
+        "advantage": "grpo",
+        "reward_aggregation": "sum",
+        "max_len": 16,
+        "rollout_correction": None,
+        "off_policy_mask": None,
+        "sampler_kl_coef": 0.0,
+        "eps_low": 0.1,
+        "eps_high": 0.3,
+        "dual_clip_c": None,
+    }
 
 
 @pytest.mark.slow
 def test_cli_reports_config_errors_without_a_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tether.cli", "train", "trainer.totl_steps=3"],
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tether.cli", "train", "trainer.totl_steps=3"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert "total_steps" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -139,8 +185,17 @@ def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tiny_dir, tm
 def test_pruning_never_deletes_the_newest_good_checkpoint(tiny_dir, tmp_path):
     from tether.records import checkpoint
 
-    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "trainer.save_every=1",
-                     "trainer.keep_last=2", "trainer.plots=false"), log=lambda *_: None)
+    run = train(
+        _cfg(
+            tiny_dir,
+            tmp_path / "run",
+            "trainer.total_steps=2",
+            "trainer.save_every=1",
+            "trainer.keep_last=2",
+            "trainer.plots=false",
+        ),
+        log=lambda *_: None,
+    )
     (run / "checkpoints" / "step_000002" / "manifest.json").unlink()  # damage the newest
     checkpoint._prune(run, keep_last=1)
     # The damaged step 2 does not count as a kept checkpoint, so the good step 1 survives.
@@ -160,11 +215,14 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tin
 
     def poisoned(*args, **kwargs):
         scored, metrics = real(*args, **kwargs)
-        return dataclasses.replace(scored, results=[dataclasses.replace(r, score=float("nan")) for r in scored.results]), metrics
+        return dataclasses.replace(
+            scored, results=[dataclasses.replace(r, score=float("nan")) for r in scored.results]
+        ), metrics
 
     monkeypatch.setattr(tether.trainer.step, "collect", poisoned)
-    cfg = _cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=5", "trainer.max_nonfinite_steps=2",
-               "trainer.plots=false")
+    cfg = _cfg(
+        tiny_dir, tmp_path / "run", "trainer.total_steps=5", "trainer.max_nonfinite_steps=2", "trainer.plots=false"
+    )
     logs = []
     with pytest.raises(RuntimeError, match="2 steps in a row had a non-finite"):
         train(cfg, log=logs.append)
@@ -182,9 +240,22 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(tin
 
 def _runs_with(tiny_dir, tmp_path, objective, key, log=lambda *_: None):
     """Two 2-step runs with trainer.<key> true and false; their metrics rows."""
-    runs = {flag: _rows(train(_cfg(tiny_dir, tmp_path / flag, "trainer.total_steps=2", f"objective={objective}",
-                                   "trainer.plots=false", f"trainer.{key}={flag}"), log=log))
-            for flag in ("true", "false")}
+    runs = {
+        flag: _rows(
+            train(
+                _cfg(
+                    tiny_dir,
+                    tmp_path / flag,
+                    "trainer.total_steps=2",
+                    f"objective={objective}",
+                    "trainer.plots=false",
+                    f"trainer.{key}={flag}",
+                ),
+                log=log,
+            )
+        )
+        for flag in ("true", "false")
+    }
     return runs["true"], runs["false"]
 
 
@@ -218,9 +289,22 @@ def test_shared_prompts_leave_the_losses_unchanged(tiny_dir, tmp_path):
 @pytest.mark.slow
 def test_old_logprobs_from_the_sampler_match_a_recompute(tiny_dir, tmp_path):
     """The hf engine's log-probs are the policy's: training on them gives the same step to rounding."""
-    runs = {mode: _rows(train(_cfg(tiny_dir, tmp_path / mode, "trainer.total_steps=2", "objective=dapo",
-                                   "trainer.plots=false", f"trainer.old_logprobs={mode}"), log=lambda *_: None))
-            for mode in ("recompute", "sampler")}
+    runs = {
+        mode: _rows(
+            train(
+                _cfg(
+                    tiny_dir,
+                    tmp_path / mode,
+                    "trainer.total_steps=2",
+                    "objective=dapo",
+                    "trainer.plots=false",
+                    f"trainer.old_logprobs={mode}",
+                ),
+                log=lambda *_: None,
+            )
+        )
+        for mode in ("recompute", "sampler")
+    }
     a, b = runs["recompute"], runs["sampler"]
     for key in ("loss/policy", "policy/kl_old", "policy/entropy", "reward/mean", "eval/accuracy"):
         rows = [(ra[key], rb[key]) for ra, rb in zip(a, b) if key in ra]
@@ -264,23 +348,45 @@ def _etr_update(tiny_dir, micro: int):
     torch.manual_seed(0)
     model, tok = load_model(str(tiny_dir), device="cpu")
     model = model.double()
-    cfg = _cfg(tiny_dir, "unused", "objective=etr", "rollout.prompts_per_step=8", "rollout.group_size=8",
-               f"trainer.micro_batch_size={micro}", "trainer.mini_batches=2", "trainer.max_grad_norm=0")
+    cfg = _cfg(
+        tiny_dir,
+        "unused",
+        "objective=etr",
+        "rollout.prompts_per_step=8",
+        "rollout.group_size=8",
+        f"trainer.micro_batch_size={micro}",
+        "trainer.mini_batches=2",
+        "trainer.max_grad_norm=0",
+    )
     engine = get_engine("hf", model=model, tokenizer=tok)
     rollout = engine.generate([f"{i}+{i}=" for i in range(8)], n=8, params=SamplingParams(max_new_tokens=6), seed=3)
     groups = torch.tensor(rollout.prompt_index)
-    rewards = torch.tensor([float(j < g) for g, j in zip(groups.tolist(), [i % 8 for i in range(64)])],
-                           dtype=torch.float64)  # group g has g successes out of 8
+    rewards = torch.tensor(
+        [float(j < g) for g, j in zip(groups.tolist(), [i % 8 for i in range(64)])], dtype=torch.float64
+    )  # group g has g successes out of 8
     obj = objectives.build(cfg.objective)
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
-    tokens = Tokens(tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.completion_ids,
-                    tokens.mask.double(), tokens.prompt_len)
+    tokens = Tokens(
+        tokens.input_ids,
+        tokens.attention_mask,
+        tokens.position_ids,
+        tokens.completion_ids,
+        tokens.mask.double(),
+        tokens.prompt_len,
+    )
     settings = LogProbSettings.of(cfg.trainer, cfg.rollout)
     old = old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, Precision.of("off", torch.device("cpu")))
     opt = _RecordingSGD(model.parameters(), lr=0.5)
     batch = UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old)
-    metrics = update(Optimiser(model, opt, _NoSchedule()), obj, batch, cfg.trainer, torch.Generator().manual_seed(7),
-                     settings, Precision.of("off", torch.device("cpu"))).metrics
+    metrics = update(
+        Optimiser(model, opt, _NoSchedule()),
+        obj,
+        batch,
+        cfg.trainer,
+        torch.Generator().manual_seed(7),
+        settings,
+        Precision.of("off", torch.device("cpu")),
+    ).metrics
     return metrics, opt.grads
 
 
@@ -289,7 +395,10 @@ def test_etr_loss_gradient_and_metrics_do_not_depend_on_the_micro_batch_size(tin
     # (nu_bar taken per micro-batch), and averaged metrics weighted micro-batches equally.
     ref_metrics, ref_grads = _etr_update(tiny_dir, 64)
     assert ref_metrics["policy/ratio_max"] != 1.0  # the second mini-batch is off-policy: clipping can act
-    assert ref_metrics["etr/nu_mean"] > 0 and ref_metrics["etr/eps_high_pass_25-50"] != ref_metrics["etr/eps_high_pass_0-25"]
+    assert (
+        ref_metrics["etr/nu_mean"] > 0
+        and ref_metrics["etr/eps_high_pass_25-50"] != ref_metrics["etr/eps_high_pass_0-25"]
+    )
     for micro in (8, 16):
         metrics, grads = _etr_update(tiny_dir, micro)
         assert set(metrics) == set(ref_metrics)
@@ -313,7 +422,8 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = 0.5
     rollout = get_engine("hf", model=model.eval(), tokenizer=tok).generate(
-        ["1+2=", "3+4="], n=2, params=SamplingParams(max_new_tokens=5), seed=0)
+        ["1+2=", "3+4="], n=2, params=SamplingParams(max_new_tokens=5), seed=0
+    )
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
     cfg = _cfg(tiny_dir, "unused")
     model.train()
@@ -325,14 +435,17 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     torch.testing.assert_close(a, rollout.sampler_logprobs * tokens.mask, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("every, kl, before, after, window, want", [
-    (3, 0.0, 0, 2, [], False),  # 2 optimiser steps: no multiple of 3 reached
-    (3, 0.0, 2, 4, [], True),  # 3 reached inside this rollout step: refreshed at its end
-    (3, 0.0, 4, 6, [], True),  # 6 reached exactly
-    (2, 0.0, 2, 3, [], False),
-    (0, 0.1, 0, 2, [0.05, 0.05, 0.05, 0.3], True),  # mean of (0.05, 0.05, 0.05, 0.3, 0.1) = 0.11 > 0.1
-    (0, 0.1, 0, 2, [0.05, 0.05, 0.05, 0.05], False),  # mean 0.06
-])
+@pytest.mark.parametrize(
+    "every, kl, before, after, window, want",
+    [
+        (3, 0.0, 0, 2, [], False),  # 2 optimiser steps: no multiple of 3 reached
+        (3, 0.0, 2, 4, [], True),  # 3 reached inside this rollout step: refreshed at its end
+        (3, 0.0, 4, 6, [], True),  # 6 reached exactly
+        (2, 0.0, 2, 3, [], False),
+        (0, 0.1, 0, 2, [0.05, 0.05, 0.05, 0.3], True),  # mean of (0.05, 0.05, 0.05, 0.3, 0.1) = 0.11 > 0.1
+        (0, 0.1, 0, 2, [0.05, 0.05, 0.05, 0.05], False),  # mean 0.06
+    ],
+)
 def test_reference_refresh_is_checked_once_per_rollout_step(every, kl, before, after, window, want):
     from types import SimpleNamespace
 
@@ -379,21 +492,37 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     model = model.double()
     cfg = _cfg(tiny_dir, "unused", "objective=dapo", "trainer.mini_batches=1", "trainer.max_grad_norm=0")
     rollout = get_engine("hf", model=model, tokenizer=tok).generate(
-        ["1+2=", "3+4="], n=4, params=SamplingParams(max_new_tokens=6), seed=0)
+        ["1+2=", "3+4="], n=4, params=SamplingParams(max_new_tokens=6), seed=0
+    )
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
-    tokens = Tokens(tokens.input_ids, tokens.attention_mask, tokens.position_ids, tokens.completion_ids,
-                    tokens.mask.double(), tokens.prompt_len)
+    tokens = Tokens(
+        tokens.input_ids,
+        tokens.attention_mask,
+        tokens.position_ids,
+        tokens.completion_ids,
+        tokens.mask.double(),
+        tokens.prompt_len,
+    )
     settings = LogProbSettings.of(cfg.trainer, cfg.rollout)
-    assert old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, Precision.of("off", torch.device("cpu"))) is None
+    assert (
+        old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, Precision.of("off", torch.device("cpu")))
+        is None
+    )
     recomputed = batched_logprobs(model, tokens, LogProbSettings(temperature=1.0, micro_batch_size=64))
     obj = objectives.build(cfg.objective)
     groups, rewards = torch.tensor(rollout.prompt_index), torch.tensor([1.0, 0, 1, 0, 0, 0, 1, 1], dtype=torch.float64)
     grads = []
     for old in (None, recomputed):
         opt = _RecordingSGD(model.parameters(), lr=0.0)
-        m = update(Optimiser(model, opt, _NoSchedule()), obj,
-                   UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old), cfg.trainer,
-                   torch.Generator().manual_seed(0), settings, Precision.of("off", torch.device("cpu"))).metrics
+        m = update(
+            Optimiser(model, opt, _NoSchedule()),
+            obj,
+            UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old),
+            cfg.trainer,
+            torch.Generator().manual_seed(0),
+            settings,
+            Precision.of("off", torch.device("cpu")),
+        ).metrics
         assert m["policy/ratio_max"] == pytest.approx(1.0, abs=1e-12)
         grads.append(opt.grads[0])
     for a, b in zip(*grads):
@@ -403,8 +532,17 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
 def test_bf16_autocast_trains_on_fp32_master_weights(tiny_dir, tmp_path):
     # trainer.autocast=bf16 (auto's choice on CUDA) on the CPU: forward passes in bfloat16, float32
     # weights and optimiser state, finite metrics, and the weights move.
-    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "objective=dapo", "trainer.autocast=bf16",
-                     "trainer.plots=false"), log=lambda *_: None)
+    run = train(
+        _cfg(
+            tiny_dir,
+            tmp_path / "run",
+            "trainer.total_steps=2",
+            "objective=dapo",
+            "trainer.autocast=bf16",
+            "trainer.plots=false",
+        ),
+        log=lambda *_: None,
+    )
     rows = _rows(run)
     assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("loss/total", "policy/entropy", "optim/grad_norm"))
     after = load_file(str(run / "checkpoints" / "step_000002" / "model" / "model.safetensors"))
@@ -415,8 +553,17 @@ def test_bf16_autocast_trains_on_fp32_master_weights(tiny_dir, tmp_path):
 
 @pytest.mark.gpu
 def test_three_step_train_on_cuda_in_bf16(tiny_dir, tmp_path):
-    run = train(_cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=3", "objective=etr", "trainer.device=cuda",
-                     "trainer.plots=false"), log=lambda *_: None)
+    run = train(
+        _cfg(
+            tiny_dir,
+            tmp_path / "run",
+            "trainer.total_steps=3",
+            "objective=etr",
+            "trainer.device=cuda",
+            "trainer.plots=false",
+        ),
+        log=lambda *_: None,
+    )
     rows = _rows(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert all(math.isfinite(r["loss/total"]) and math.isfinite(r["optim/grad_norm"]) for r in rows[1:])
@@ -428,7 +575,9 @@ def test_held_out_accuracy_is_the_task_verifiers_never_the_training_reward(tiny_
     from tether.rewards import REWARDS, accuracy
     from tether.trainer.setup import build_task_and_reward
 
-    task, reward, verifier = build_task_and_reward(_cfg(tiny_dir, "unused", "reward.weights={exact_match: 1.0, format: 0.5}"))
+    task, reward, verifier = build_task_and_reward(
+        _cfg(tiny_dir, "unused", "reward.weights={exact_match: 1.0, format: 0.5}")
+    )
     assert verifier is REWARDS.get(task.reward) and reward is not verifier
     task, reward, verifier = build_task_and_reward(_cfg(tiny_dir, "unused", "reward.name=auto"))
     assert reward is verifier  # the task's own reward: one object
@@ -443,8 +592,7 @@ def test_a_step_logs_where_its_time_went(tiny_dir, tmp_path):
     now logged: sampling, scoring, pi_old's and the reference's log-probs, the update; they are parts
     of the step (their sum is at most its time), the skipped passes read 0."""
     phases = ["time/sample_s", "time/score_s", "time/old_logprobs_s", "time/ref_logprobs_s", "time/update_s"]
-    run = train(_cfg(tiny_dir, tmp_path / "r", "trainer.total_steps=1", "objective=dapo"),
-                log=lambda *_: None)
+    run = train(_cfg(tiny_dir, tmp_path / "r", "trainer.total_steps=1", "objective=dapo"), log=lambda *_: None)
     for row in _rows(run)[1:]:
         assert all(row[k] >= 0 for k in phases) and sum(row[k] for k in phases) <= row["time/step_s"]
         assert row["time/sample_s"] > 0 and row["time/update_s"] > 0 and row["time/old_logprobs_s"] > 0

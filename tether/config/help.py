@@ -48,8 +48,11 @@ def describe_task_knobs() -> list[tuple[str, str, str, str]]:
     for name in TASKS.names():
         cls = TASKS.get(name)
         docs = field_docs(cls)
-        rows.extend((f"data.task_args.{f.name}", f"task {name}", _default_text(f), docs.get(f.name, ""))
-                    for f in dataclasses.fields(cls) if f.init)
+        rows.extend(
+            (f"data.task_args.{f.name}", f"task {name}", _default_text(f), docs.get(f.name, ""))
+            for f in dataclasses.fields(cls)
+            if f.init
+        )
     return rows
 
 
@@ -74,7 +77,9 @@ def describe_reward_params() -> list[tuple[str, str, str, str]]:
             default, doc = _default_text(f), docs.get(f.name, "")
             if f.name in shared:
                 default = f"reward.{f.name}"
-                doc += (f" Unset, it is reward.{f.name}, passed to every reward that takes it"
-                        " (also one named by reward.name).")
+                doc += (
+                    f" Unset, it is reward.{f.name}, passed to every reward that takes it"
+                    " (also one named by reward.name)."
+                )
             rows.append((f"reward.weights.{name}.{f.name}", f"reward {name}", default, doc))
     return rows

@@ -79,10 +79,13 @@ def check_model_and_device(cfg: Config) -> None:
 def check_names(cfg: Config) -> None:
     """Task, task knobs, reward and engine exist, a user's (`module:name`, tether.plugins) imports
     and takes what it is given: checked on load, before any directory is written."""
+
     def name(registry, value: str, key: str, extra: tuple[str, ...] = ()) -> None:  # tasks and rewards plug in
         if value not in registry and value not in extra and not is_import_path(value):
-            raise ConfigError(f"{key}: {unknown_name_message(registry.kind, value, [*extra, *registry.names()])}"
-                              f" Or a {registry.kind} of your own as an import path, MODULE:NAME (docs/rewards.md).")
+            raise ConfigError(
+                f"{key}: {unknown_name_message(registry.kind, value, [*extra, *registry.names()])}"
+                f" Or a {registry.kind} of your own as an import path, MODULE:NAME (docs/rewards.md)."
+            )
 
     name(TASKS, cfg.data.task, "data.task")
     check_task_knobs(cfg.data.task, cfg.data.task_args, key="data.task_args", types=True)
@@ -189,7 +192,6 @@ def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[st
             raise unknown_key_error("", top, list(Config.__dataclass_fields__))
         _set_dotted(tree, key, value)
     return check_config(from_dict(Config, tree))
-
 
 
 def check_resume(cfg: Config, run_dir: Path) -> None:

@@ -27,15 +27,18 @@ class LoRAConfig:
     """Scaling: the adapter's update is multiplied by alpha / r."""
     dropout: float = 0.0
     """Dropout on the adapter's input (0: none; the old and reference passes run without it)."""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                               "gate_proj", "up_proj", "down_proj"])
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     """Names of the linear layers that get an adapter (Llama/Qwen2 names)."""
 
     def __post_init__(self):
         if self.r < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1 or not self.target_modules:
-            raise ConfigError(f"model.lora: got r={self.r}, alpha={self.alpha}, dropout={self.dropout}, "
-                              f"target_modules={self.target_modules}; expected r >= 1, alpha > 0, 0 <= dropout < 1 "
-                              "and at least one target module")
+            raise ConfigError(
+                f"model.lora: got r={self.r}, alpha={self.alpha}, dropout={self.dropout}, "
+                f"target_modules={self.target_modules}; expected r >= 1, alpha > 0, 0 <= dropout < 1 "
+                "and at least one target module"
+            )
 
 
 @dataclass
@@ -281,12 +284,18 @@ class Config:
     def __post_init__(self):
         t, r = self.trainer, self.rollout
         positive = {
-            "trainer.total_steps": t.total_steps, "trainer.ppo_epochs": t.ppo_epochs,
-            "trainer.mini_batches": t.mini_batches, "trainer.micro_batch_size": t.micro_batch_size,
-            "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
-            "rollout.max_new_tokens": r.max_new_tokens, "data.eval_size": self.data.eval_size,
-            "rollout.vllm_kv_cache_mb": r.vllm_kv_cache_mb, "trainer.eval_batch_size": t.eval_batch_size,
-            "trainer.eval_every": t.eval_every, "trainer.save_every": t.save_every,
+            "trainer.total_steps": t.total_steps,
+            "trainer.ppo_epochs": t.ppo_epochs,
+            "trainer.mini_batches": t.mini_batches,
+            "trainer.micro_batch_size": t.micro_batch_size,
+            "rollout.prompts_per_step": r.prompts_per_step,
+            "rollout.group_size": r.group_size,
+            "rollout.max_new_tokens": r.max_new_tokens,
+            "data.eval_size": self.data.eval_size,
+            "rollout.vllm_kv_cache_mb": r.vllm_kv_cache_mb,
+            "trainer.eval_batch_size": t.eval_batch_size,
+            "trainer.eval_every": t.eval_every,
+            "trainer.save_every": t.save_every,
             "trainer.keep_last": t.keep_last,
         }
         for key, value in positive.items():
@@ -300,13 +309,17 @@ class Config:
         if t.staleness < 0:
             raise ConfigError(f"trainer.staleness: got {t.staleness}, expected an integer >= 0 (0: on-policy sampling)")
         if t.overlap and t.staleness < 1:
-            raise ConfigError("trainer.overlap=true samples step t+1 while step t trains, which needs a lag: got "
-                              f"trainer.staleness={t.staleness}; set trainer.staleness=1 or more, "
-                              "or trainer.overlap=false")
+            raise ConfigError(
+                "trainer.overlap=true samples step t+1 while step t trains, which needs a lag: got "
+                f"trainer.staleness={t.staleness}; set trainer.staleness=1 or more, "
+                "or trainer.overlap=false"
+            )
         if t.overlap and r.engine != "hf":
-            raise ConfigError(f"trainer.overlap=true works with rollout.engine=hf only (got {r.engine!r}; the vllm "
-                              "engine resets process-wide random state around every call, unsafe from a second "
-                              "thread); use rollout.engine=hf, or trainer.overlap=false")
+            raise ConfigError(
+                f"trainer.overlap=true works with rollout.engine=hf only (got {r.engine!r}; the vllm "
+                "engine resets process-wide random state around every call, unsafe from a second "
+                "thread); use rollout.engine=hf, or trainer.overlap=false"
+            )
         if t.mini_batches > r.prompts_per_step:
             raise ConfigError(
                 f"trainer.mini_batches: {t.mini_batches} mini-batches cannot split "
@@ -334,9 +347,21 @@ class Config:
 
 
 RESUMABLE_KEYS = (
-    "trainer.total_steps", "trainer.eval_every", "trainer.eval_batch_size", "trainer.save_every", "trainer.keep_last",
-    "trainer.log_every", "trainer.progress", "trainer.plots", "trainer.tensorboard", "trainer.wandb", "trainer.wandb_project",
-    "trainer.threads", "trainer.log_samples", "trainer.max_nonfinite_steps", "trainer.overlap",
+    "trainer.total_steps",
+    "trainer.eval_every",
+    "trainer.eval_batch_size",
+    "trainer.save_every",
+    "trainer.keep_last",
+    "trainer.log_every",
+    "trainer.progress",
+    "trainer.plots",
+    "trainer.tensorboard",
+    "trainer.wandb",
+    "trainer.wandb_project",
+    "trainer.threads",
+    "trainer.log_samples",
+    "trainer.max_nonfinite_steps",
+    "trainer.overlap",
 )
 """What `tether train --resume RUN key=value` may change: the budget, logging and checkpointing.
 Anything else would make the resumed run a different run than the one its directory records."""
@@ -355,6 +380,8 @@ def config_differences(cfg: Config, other: Config, ignore: tuple[str, ...] = ())
     """(dotted key, value in `other`, value in `cfg`) for every setting that differs, but `ignore`.
     The objective's `label` is the name reports show, not a setting: runs recorded before it was
     (labelled with the objective's name) still match."""
-    a, b = (flatten({**to_dict(c), "objective": {k: v for k, v in c.objective.items() if k != "label"}})
-            for c in (other, cfg))
+    a, b = (
+        flatten({**to_dict(c), "objective": {k: v for k, v in c.objective.items() if k != "label"}})
+        for c in (other, cfg)
+    )
     return [(k, a.get(k), b[k]) for k in b if k not in ignore and a.get(k) != b[k]]

@@ -100,7 +100,9 @@ def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
 
 
 @ADVANTAGES.register("reinforce_pp")
-def reinforce_pp(rewards: torch.Tensor, group_ids: torch.Tensor, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+def reinforce_pp(
+    rewards: torch.Tensor, group_ids: torch.Tensor, weights: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     s = group_summary(rewards, group_ids)
     return _finish(_whiten(rewards - s["mean"], weights), s)
 
@@ -116,8 +118,9 @@ def _whiten(a: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
 
 
 @ADVANTAGES.register("reinforce_pp_no_baseline")
-def reinforce_pp_no_baseline(rewards: torch.Tensor, group_ids: torch.Tensor,
-                             weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+def reinforce_pp_no_baseline(
+    rewards: torch.Tensor, group_ids: torch.Tensor, weights: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     return _finish(_whiten(rewards, weights), group_summary(rewards, group_ids))
 
 
@@ -147,7 +150,9 @@ def compute_advantages(
 ) -> torch.Tensor:
     """Advantages (N,) of estimator `name`; `weights` (N,) weigh sequences in batch statistics (reinforce_pp)."""
     if rewards.shape != group_ids.shape or rewards.dim() != 1:
-        raise ValueError(f"rewards and group_ids must both be (N,); got {tuple(rewards.shape)} and {tuple(group_ids.shape)}")
+        raise ValueError(
+            f"rewards and group_ids must both be (N,); got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
+        )
     if weights is not None and weights.shape != rewards.shape:
         raise ValueError(f"weights must be (N,) like rewards; got {tuple(weights.shape)}")
     fn = ADVANTAGES.get(name)

@@ -70,8 +70,9 @@ AGGREGATIONS.register("seq-mean-token-sum")(AggregationMode(_n_seqs, _token_sum)
 AGGREGATIONS.register("seq-mean-token-sum-norm")(AggregationMode(_n_seqs_times_len, _token_sum))
 
 
-def normalizer(mode: str, mask: torch.Tensor, max_len: Optional[int] = None,
-               empty_rows: EmptyRows = "skip") -> torch.Tensor:
+def normalizer(
+    mode: str, mask: torch.Tensor, max_len: Optional[int] = None, empty_rows: EmptyRows = "skip"
+) -> torch.Tensor:
     """The mini-batch total that `aggregate` divides by; compute it over the whole mini-batch."""
     if empty_rows not in ("skip", "count"):
         raise ValueError(f"empty_rows must be 'skip' or 'count'; got {empty_rows!r}")

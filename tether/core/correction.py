@@ -88,15 +88,18 @@ def level_log_ratio(diff: torch.Tensor, mask: torch.Tensor, level: str) -> torch
     return diff.sum(-1, keepdim=True).expand_as(diff)
 
 
-def rejection_statistic(diff: torch.Tensor, mask: torch.Tensor, level: str, measure: str,
-                        old_logprobs: Optional[torch.Tensor] = None) -> torch.Tensor:
+def rejection_statistic(
+    diff: torch.Tensor, mask: torch.Tensor, level: str, measure: str, old_logprobs: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """D_t (N, T) of the module docstring: the divergence `measure` of the ratio at `level`
     (at `sequence`, the mean of the token divergences over the counted tokens). A binary measure also reads
     `old_logprobs` (N, T): pi_sampler's log-prob is then lp_old - diff."""
     if measure in BINARY_MEASURES:
         if level == "sequence_geometric" or old_logprobs is None:
-            raise ValueError(f"the binary measure {measure!r} compares two log-probs: it needs old_logprobs and "
-                             f"level token or sequence; got level {level!r}")
+            raise ValueError(
+                f"the binary measure {measure!r} compares two log-probs: it needs old_logprobs and "
+                f"level token or sequence; got level {level!r}"
+            )
         old = torch.where(mask, old_logprobs.detach(), torch.zeros_like(diff))
         d = BINARY_MEASURES.get(measure)(old, old - diff)
         return d if level == "token" else seq_mean(d, mask)[:, None].expand_as(diff)
@@ -106,16 +109,26 @@ def rejection_statistic(diff: torch.Tensor, mask: torch.Tensor, level: str, meas
     return seq_mean(d, mask)[:, None].expand_as(diff)
 
 
-def rollout_correction(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor,
-                       level: str = "token", mode: str = "truncate", low: float = 0.0, high: float = 2.0,
-                       measure: Optional[str] = None, delta: Optional[float] = None) -> Correction:
+def rollout_correction(
+    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    level: str = "token",
+    mode: str = "truncate",
+    low: float = 0.0,
+    high: float = 2.0,
+    measure: Optional[str] = None,
+    delta: Optional[float] = None,
+) -> Correction:
     """Weights c_t (N, T) that correct pi_sampler's tokens towards pi_old (module docstring); with
     `measure` and `delta` (mode "mask" only) a 0/1 rejection by D_t <= delta, and `low`, `high` unused."""
     if level not in LEVELS or mode not in MODES:
         raise ValueError(f"level must be one of {LEVELS} and mode one of {MODES}; got {level!r}, {mode!r}")
     if measure is not None and (mode != "mask" or delta is None):
-        raise ValueError(f"a divergence measure ({measure!r}) rejects tokens: it needs mode 'mask' and a delta; "
-                         f"got mode {mode!r}, delta {delta!r}")
+        raise ValueError(
+            f"a divergence measure ({measure!r}) rejects tokens: it needs mode 'mask' and a delta; "
+            f"got mode {mode!r}, delta {delta!r}"
+        )
     m = mask.bool()
     diff = torch.where(m, old_logprobs.detach() - sampler_logprobs.detach(), torch.zeros_like(old_logprobs))
     diff = torch.nan_to_num(diff, nan=0.0)  # a sampler log-prob that is missing (NaN) means no correction
@@ -133,8 +146,9 @@ def rollout_correction(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tenso
     return Correction(torch.where(m, w, torch.zeros_like(w)), truncated, masked, diff)
 
 
-def off_policy_sequence_mask(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor,
-                             mask: torch.Tensor, delta: float) -> torch.Tensor:
+def off_policy_sequence_mask(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, delta: float
+) -> torch.Tensor:
     """DeepSeek-V3.2's off-policy sequence mask (DeepSeek-V3.2 report, 2025; TRL's `off_policy_mask_threshold`): (N, T)
     bool,
     True where a token leaves the loss,

@@ -47,8 +47,12 @@ from .surrogates import TokenLoss, log_ratio, per_token
 
 
 def binary_valid(
-    measure: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-    delta_low: float, delta_high: float,
+    measure: str,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    delta_low: float,
+    delta_high: float,
 ) -> torch.Tensor:
     """(N, T) bool: the token is inside the Binary trust region on the side its advantage pushes."""
     lp, old = logprobs.detach(), old_logprobs.detach()

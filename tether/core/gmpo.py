@@ -50,5 +50,7 @@ def gmpo(
     seq_ratio = torch.exp(seq_log_ratio)
     loss = (-seq_adv * seq_ratio)[:, None].expand_as(logprobs)  # (N, T)
     w = log_w.detach()
-    flags = TokenLoss(loss, (adv < 0) & (w < -eps_low), (adv > 0) & (w > eps_high), torch.zeros_like(adv, dtype=torch.bool))
+    flags = TokenLoss(
+        loss, (adv < 0) & (w < -eps_low), (adv > 0) & (w > eps_high), torch.zeros_like(adv, dtype=torch.bool)
+    )
     return flags, seq_ratio.detach()

@@ -90,8 +90,14 @@ def kept_scale(mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return n / keep.to(torch.float64).sum().clamp(min=1.0)
 
 
-def m2po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-         keep: torch.Tensor, eps_low: Optional[float] = None, eps_high: Optional[float] = None) -> TokenLoss:
+def m2po(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    keep: torch.Tensor,
+    eps_low: Optional[float] = None,
+    eps_high: Optional[float] = None,
+) -> TokenLoss:
     """M2PO's per-token loss -A w M (N, T) with w = pi_theta / pi_old differentiable and M = `keep`; with
     `eps_low`/`eps_high`, AReaL's PPO clip -M min(w A, clip(w, 1 - eps_low, 1 + eps_high) A).
 
@@ -105,5 +111,9 @@ def m2po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
         return TokenLoss(loss, dropped & (adv < 0), dropped & (adv > 0), torch.zeros_like(keep))
     clipped = clip_ratio_loss(w, adv, 1.0 - eps_low, 1.0 + (eps_low if eps_high is None else eps_high))
     loss = clipped.loss * keep.to(logprobs.dtype)
-    return TokenLoss(loss, dropped & (adv < 0) | keep & clipped.clip_low, dropped & (adv > 0) | keep & clipped.clip_high,
-                     torch.zeros_like(keep))
+    return TokenLoss(
+        loss,
+        dropped & (adv < 0) | keep & clipped.clip_low,
+        dropped & (adv > 0) | keep & clipped.clip_high,
+        torch.zeros_like(keep),
+    )

@@ -81,8 +81,9 @@ def group_normalise(x: torch.Tensor, group_ids: torch.Tensor, eps: float = GDPO_
 def normalize_then_sum(parts: RewardParts, group_ids: torch.Tensor, eps: float = GDPO_EPS) -> torch.Tensor:
     """GDPO's decoupled normalisation: each part normalised within its group (`group_normalise`), then
     weighted and summed."""
-    normalised = torch.stack([group_normalise(parts.scores[:, k], group_ids, eps)
-                              for k in range(parts.scores.shape[1])], -1)  # (N, K)
+    normalised = torch.stack(
+        [group_normalise(parts.scores[:, k], group_ids, eps) for k in range(parts.scores.shape[1])], -1
+    )  # (N, K)
     return _weighted(normalised, parts.weights)
 
 
@@ -90,6 +91,8 @@ def aggregate_rewards(name: str, parts: RewardParts, group_ids: torch.Tensor) ->
     """The reward (N,) that reward aggregation `name` makes of `parts` (scores (N, K), weights (K,))."""
     scores, weights = parts
     if scores.dim() != 2 or scores.shape[0] != group_ids.shape[0] or weights.shape != scores.shape[1:]:
-        raise ValueError(f"reward parts must be scores (N, K) with weights (K,) and group_ids (N,); got "
-                         f"{tuple(scores.shape)}, {tuple(weights.shape)} and {tuple(group_ids.shape)}")
+        raise ValueError(
+            f"reward parts must be scores (N, K) with weights (K,) and group_ids (N,); got "
+            f"{tuple(scores.shape)}, {tuple(weights.shape)} and {tuple(group_ids.shape)}"
+        )
     return REWARD_AGGREGATIONS.get(name)(parts, group_ids)

@@ -53,8 +53,23 @@ from .run import evaluate
 from .settings import DEFAULT_MAX_NEW_TOKENS, EvalOptions, EvalSettings, default_out_dir, read_problems
 
 __all__ = [
-    "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TASK_PROBLEMS", "EvalError", "EvalOptions", "EvalSettings",
-    "default_out_dir", "evaluate", "extract_answer", "load_eval_data", "maj_at_k", "majority_vote",
-    "normalize_math_answer", "pass_at_k", "problem_row", "read_problems", "results_markdown", "source_metrics",
-    "summarize", "summary_markdown",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_TASK_PROBLEMS",
+    "EvalError",
+    "EvalOptions",
+    "EvalSettings",
+    "default_out_dir",
+    "evaluate",
+    "extract_answer",
+    "load_eval_data",
+    "maj_at_k",
+    "majority_vote",
+    "normalize_math_answer",
+    "pass_at_k",
+    "problem_row",
+    "read_problems",
+    "results_markdown",
+    "source_metrics",
+    "summarize",
+    "summary_markdown",
 ]

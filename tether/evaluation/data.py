@@ -47,8 +47,9 @@ def _task_examples(spec: str, limit: int | None) -> list[Example]:
     return [replace(ex, meta={**ex.meta, "source": source, "task": name}) for ex in examples]
 
 
-def _math_examples(spec: str, tokenizer: Any, template: str, limit: int | None,
-                   problem_field: str, answer_field: str) -> list[Example]:
+def _math_examples(
+    spec: str, tokenizer: Any, template: str, limit: int | None, problem_field: str, answer_field: str
+) -> list[Example]:
     """A JSONL/Parquet file, or a `datasets` hub name with an optional `@split` (default test)."""
     split, stem = None, spec
     if Path(spec).expanduser().exists():
@@ -59,8 +60,11 @@ def _math_examples(spec: str, tokenizer: Any, template: str, limit: int | None,
         split = "test"
     rows = load_math_dataset(stem if split else spec, problem_field, answer_field, split=split, limit=limit)
     return [
-        replace(ex, prompt=render_prompt(tokenizer, template, ex.prompt),
-                meta={**ex.meta, "source": str(ex.meta.get("source") or stem), "task": "math"})
+        replace(
+            ex,
+            prompt=render_prompt(tokenizer, template, ex.prompt),
+            meta={**ex.meta, "source": str(ex.meta.get("source") or stem), "task": "math"},
+        )
         for ex in rows
     ]
 

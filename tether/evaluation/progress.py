@@ -10,8 +10,9 @@ from ..records.sinks import HEARTBEAT_S, Heartbeat, _duration, flushed
 
 
 @contextmanager
-def progress(enabled: bool, total: int, done: int, stream=None, log=None,
-             every_s: float | None = None) -> Iterator[Callable[[int], None]]:
+def progress(
+    enabled: bool, total: int, done: int, stream=None, log=None, every_s: float | None = None
+) -> Iterator[Callable[[int], None]]:
     """Progress over problems; yields `advance(count)`. A rich bar on a terminal; plain lines,
     flushed, when stdout is not one (`tether eval ... > log`): one at once, then one every tenth
     of the problems and at least every `every_s` seconds (sinks.HEARTBEAT_S), also mid-batch, as
@@ -25,8 +26,13 @@ def progress(enabled: bool, total: int, done: int, stream=None, log=None,
         return
     from rich import progress as rp
 
-    columns = (rp.TextColumn("[bold]eval"), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TimeElapsedColumn(),
-               rp.TimeRemainingColumn())
+    columns = (
+        rp.TextColumn("[bold]eval"),
+        rp.BarColumn(),
+        rp.MofNCompleteColumn(),
+        rp.TimeElapsedColumn(),
+        rp.TimeRemainingColumn(),
+    )
     with rp.Progress(*columns) as bar:
         task = bar.add_task("eval", total=total, completed=done)
         yield lambda count: bar.advance(task, count)

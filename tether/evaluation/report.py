@@ -43,7 +43,11 @@ def problem_row(record: dict[str, Any], n: int, ks: Sequence[int]) -> dict[str, 
     c = sum(record["correct"])
     vote = majority_vote(record["answers"], n)
     return {
-        "source": record["source"], "id": record["id"], "answer": record["answer"], "c": c, "n": n,
+        "source": record["source"],
+        "id": record["id"],
+        "answer": record["answer"],
+        "c": c,
+        "n": n,
         **{f"pass@{k}": pass_at_k(n, c, k) for k in ks},
         "maj_answer": None if vote is None else record["answers"][vote],
         "maj_correct": vote is not None and bool(record["correct"][vote]),
@@ -76,17 +80,32 @@ def results_markdown(results: dict[str, Any]) -> str:
     s, ks = results["settings"], results["ks"]
     settings = ", ".join(f"{k}={v}" for k, v in s.items())
     header = ["source", "id", "gold", "c/n", *[f"pass@{k}" for k in ks], "maj answer", "maj correct"]
-    rows = [[p["source"], p["id"], p["answer"], f"{p['c']}/{p['n']}", *[p[f"pass@{k}"] for k in ks],
-             p["maj_answer"], "yes" if p["maj_correct"] else "no"] for p in results["problems"]]
-    return (f"# Evaluation of {s['model']}\n\n{settings}\n\n## Summary\n\n{summary_markdown(results)}\n\n"
-            f"## Problems\n\n{_table(header, rows)}\n")
+    rows = [
+        [
+            p["source"],
+            p["id"],
+            p["answer"],
+            f"{p['c']}/{p['n']}",
+            *[p[f"pass@{k}"] for k in ks],
+            p["maj_answer"],
+            "yes" if p["maj_correct"] else "no",
+        ]
+        for p in results["problems"]
+    ]
+    return (
+        f"# Evaluation of {s['model']}\n\n{settings}\n\n## Summary\n\n{summary_markdown(results)}\n\n"
+        f"## Problems\n\n{_table(header, rows)}\n"
+    )
 
 
-def write_results(out: Path, settings: EvalSettings, ks: list[int], specs: list[str],
-                  records: list[dict[str, Any]]) -> dict[str, Any]:
+def write_results(
+    out: Path, settings: EvalSettings, ks: list[int], specs: list[str], records: list[dict[str, Any]]
+) -> dict[str, Any]:
     """results.json and results.md of `records` in `out`; returns the results, with "out_dir"."""
     results = {
-        "settings": settings.to_json(), "ks": ks, "data": specs,
+        "settings": settings.to_json(),
+        "ks": ks,
+        "data": specs,
         "summary": summarize(records, settings.n, ks),
         "problems": [problem_row(r, settings.n, ks) for r in records],
     }

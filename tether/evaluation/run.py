@@ -52,14 +52,22 @@ def evaluate(model_path: str | Path, data_specs: Sequence[str], **options: Any) 
         raise
 
 
-def _run(*, out: Path, settings: EvalSettings, options: EvalOptions, ks: list[int], model_path: str | Path,
-         data_specs: Sequence[str]) -> dict[str, Any]:
+def _run(
+    *,
+    out: Path,
+    settings: EvalSettings,
+    options: EvalOptions,
+    ks: list[int],
+    model_path: str | Path,
+    data_specs: Sequence[str],
+) -> dict[str, Any]:
     done = read_problems(out / PROBLEMS_FILE)
     engine = options.engine
     by_name = engine is None or isinstance(engine, str)
     tokenizer = _tokenizer_for(model_path) if by_name else getattr(engine, "tokenizer", None)
-    examples = unique_problems([ex for spec in data_specs
-                                for ex in load_eval_data(spec, tokenizer, settings.template, options.limit)])
+    examples = unique_problems(
+        [ex for spec in data_specs for ex in load_eval_data(spec, tokenizer, settings.template, options.limit)]
+    )
     todo = [ex for ex in examples if problem_key(ex) not in done]
     _set_threads(options.threads)
     if todo and by_name:
@@ -67,8 +75,10 @@ def _run(*, out: Path, settings: EvalSettings, options: EvalOptions, ks: list[in
     check_settings(out, settings)
     verifiers, params = Verifiers(options.reward, settings.strict), settings.sampling()
     try:
-        with (out / PROBLEMS_FILE).open("a", encoding="utf-8") as f, \
-                progress(options.progress, len(examples), len(examples) - len(todo)) as advance:
+        with (
+            (out / PROBLEMS_FILE).open("a", encoding="utf-8") as f,
+            progress(options.progress, len(examples), len(examples) - len(todo)) as advance,
+        ):
             for start in range(0, len(todo), options.batch_prompts):
                 batch = todo[start : start + options.batch_prompts]
                 records = _sample_batch(engine, batch, settings, params, verifiers)
@@ -117,8 +127,9 @@ class Verifiers:
             getattr(fn, "close", lambda: None)()
 
 
-def _sample_batch(engine: Any, batch: list[Example], settings: EvalSettings, params: Any,
-                  verifiers: Verifiers) -> list[dict[str, Any]]:
+def _sample_batch(
+    engine: Any, batch: list[Example], settings: EvalSettings, params: Any, verifiers: Verifiers
+) -> list[dict[str, Any]]:
     """Generate and verify n samples for each problem of `batch`; one record per problem."""
     keys = ("\x01".join(problem_key(ex)) for ex in batch)
     batch_seed = stable_hash("\x00".join([str(settings.seed), *keys])) % 2**63
@@ -131,14 +142,18 @@ def _sample_batch(engine: Any, batch: list[Example], settings: EvalSettings, par
         if len(rows) != settings.n:
             raise RuntimeError(f"engine returned {len(rows)} samples for problem {ex.id!r}, expected {settings.n}")
         kind = "math" if ex.meta["task"] == "math" else "text"
-        records.append({
-            "source": ex.meta["source"], "id": ex.id, "answer": ex.answer,
-            "correct": [int(correct[i]) for i in rows],
-            "answers": [extract_answer(rollout.completions[i], kind, lenient=not settings.strict) for i in rows],
-            "lengths": [lengths[i] for i in rows],
-            "finish": [rollout.finish_reasons[i] for i in rows],
-            "completions": [rollout.completions[i] for i in rows],
-        })
+        records.append(
+            {
+                "source": ex.meta["source"],
+                "id": ex.id,
+                "answer": ex.answer,
+                "correct": [int(correct[i]) for i in rows],
+                "answers": [extract_answer(rollout.completions[i], kind, lenient=not settings.strict) for i in rows],
+                "lengths": [lengths[i] for i in rows],
+                "finish": [rollout.finish_reasons[i] for i in rows],
+                "completions": [rollout.completions[i] for i in rows],
+            }
+        )
     return records
 
 
@@ -147,7 +162,10 @@ def _sample_batch(engine: Any, batch: list[Example], settings: EvalSettings, par
 
 def _tokenizer_for(model_path: str | Path) -> Any:
     """The model's tokenizer alone, so that data specs fail before a (slow) model load."""
-    from ..model.loading import _check_source, load_tokenizer  # lazy: torch, after the data specs and options are checked
+    from ..model.loading import (
+        _check_source,
+        load_tokenizer,
+    )  # lazy: torch, after the data specs and options are checked
 
     _check_source(str(model_path))  # the helpful "neither a directory nor a hub id" error
     return load_tokenizer(model_path)

@@ -74,8 +74,10 @@ class EvalOptions:
         if self.threads < -1:
             raise EvalError(f"threads: got {self.threads}, expected 0 (auto), -1 (torch's default) or N >= 1")
         if self.n < 1 or self.batch_prompts < 1 or not ks or min(ks) < 1:
-            raise EvalError(f"need n >= 1, batch_prompts >= 1 and some 1 <= k <= n; got n={self.n}, "
-                            f"batch_prompts={self.batch_prompts}, ks={ks}")
+            raise EvalError(
+                f"need n >= 1, batch_prompts >= 1 and some 1 <= k <= n; got n={self.n}, "
+                f"batch_prompts={self.batch_prompts}, ks={ks}"
+            )
         return ks
 
     @property
@@ -119,12 +121,19 @@ class EvalSettings:
             max_new_tokens = DEFAULT_MAX_NEW_TOKENS["task" if synthetic else "math"]
         reward = options.reward
         return cls(
-            model=str(local.resolve()) if local.exists() else str(model_path), engine=options.engine_name,
-            n=options.n, temperature=options.temperature, top_p=options.top_p, max_new_tokens=max_new_tokens,
-            stop_strings=tuple(options.stop_strings), seed=options.seed, template=options.template,
+            model=str(local.resolve()) if local.exists() else str(model_path),
+            engine=options.engine_name,
+            n=options.n,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            max_new_tokens=max_new_tokens,
+            stop_strings=tuple(options.stop_strings),
+            seed=options.seed,
+            template=options.template,
             extraction="strict" if options.strict and asks_for_boxed(options.template) else "lenient",
-            reward=reward if reward is None or isinstance(reward, str) else getattr(
-                reward, "__name__", type(reward).__name__),
+            reward=reward
+            if reward is None or isinstance(reward, str)
+            else getattr(reward, "__name__", type(reward).__name__),
         )
 
     @property
@@ -135,8 +144,12 @@ class EvalSettings:
         """The `tether.rollout.SamplingParams` of every `generate` call."""
         from ..rollout import SamplingParams  # lazy: torch; the options are checked before any model loads
 
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
-                              stop_strings=self.stop_strings)
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            stop_strings=self.stop_strings,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """`settings.json`'s content (the engine only when it is not hf)."""
@@ -150,8 +163,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
 
 
-def default_out_dir(model_path: str | Path, data_specs: Sequence[str] = (), settings: EvalSettings | None = None
-                    ) -> Path:
+def default_out_dir(
+    model_path: str | Path, data_specs: Sequence[str] = (), settings: EvalSettings | None = None
+) -> Path:
     """`runs/eval/<model>__<data>__n<N>-<digest>`, the digest over the data specs and every setting:
     the same evaluation resumes the same directory, and any other (another dataset, another --n,
     strict or lenient) gets its own instead of being refused."""
@@ -178,8 +192,11 @@ def check_settings(out_dir: Path, settings: EvalSettings, write: bool = True) ->
     new = settings.to_json()
     if has_results:
         old = json.loads(path.read_text())
-        diff = [f"{k}: {old.get(k)!r} there, {new.get(k)!r} now"
-                for k in dict.fromkeys([*old, *new]) if old.get(k) != new.get(k)]
+        diff = [
+            f"{k}: {old.get(k)!r} there, {new.get(k)!r} now"
+            for k in dict.fromkeys([*old, *new])
+            if old.get(k) != new.get(k)
+        ]
         if diff:
             raise EvalError(
                 f"{out_dir} holds results sampled with other settings ({'; '.join(diff)}). "

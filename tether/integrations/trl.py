@@ -164,19 +164,28 @@ def reward_aggregation_conflict(args: Any, obj: Objective, advantages: str) -> l
     if trl_gdpo == obj.needs_reward_parts():
         return []
     if advantages == "tether":
-        return [f"multi_objective_aggregation={args.multi_objective_aggregation!r}, but the objective's "
-                f"reward_aggregation is {obj.config.reward_aggregation!r}, which decides with advantages='tether'; "
-                "set the objective's reward_aggregation (normalize_then_sum for GDPO) and leave TRL's at its default"]
-    return [f"the objective's reward_aggregation={obj.config.reward_aggregation!r} is not used with "
-            f"advantages='trl' (TRL's multi_objective_aggregation={args.multi_objective_aggregation!r} decides); "
-            "set them to agree, or use advantages='tether'"]
+        return [
+            f"multi_objective_aggregation={args.multi_objective_aggregation!r}, but the objective's "
+            f"reward_aggregation is {obj.config.reward_aggregation!r}, which decides with advantages='tether'; "
+            "set the objective's reward_aggregation (normalize_then_sum for GDPO) and leave TRL's at its default"
+        ]
+    return [
+        f"the objective's reward_aggregation={obj.config.reward_aggregation!r} is not used with "
+        f"advantages='trl' (TRL's multi_objective_aggregation={args.multi_objective_aggregation!r} decides); "
+        "set them to agree, or use advantages='tether'"
+    ]
 
 
 # ---------------------------------------------------------------- batches
 
 
-def group_advantages(obj: Objective, rewards: torch.Tensor, groups: torch.Tensor,
-                     lengths: Optional[torch.Tensor] = None, parts: Optional[RewardParts] = None) -> torch.Tensor:
+def group_advantages(
+    obj: Objective,
+    rewards: torch.Tensor,
+    groups: torch.Tensor,
+    lengths: Optional[torch.Tensor] = None,
+    parts: Optional[RewardParts] = None,
+) -> torch.Tensor:
     """The objective's advantage estimator on rewards, groups and lengths (N,), the lengths being each
     completion's counted tokens (departure 7), and the reward functions' scores and weights (`parts`:
     (N, K), (K,)) when the objective's reward_aggregation reads them (GDPO); rows with a NaN reward get 0
@@ -208,9 +217,11 @@ def group_stats_of(obj: Objective, inputs: dict) -> Optional[objectives.GroupSta
     """The group statistics of the rows of `inputs` (a micro-batch), rebuilt from their columns."""
     if not obj.needs_group_stats():
         return None
-    columns = {k[len(STAT_PREFIX):]: v for k, v in inputs.items() if k.startswith(STAT_PREFIX)}
+    columns = {k[len(STAT_PREFIX) :]: v for k, v in inputs.items() if k.startswith(STAT_PREFIX)}
     if not columns:
-        raise RuntimeError(f"objective {obj.name!r} reads group statistics, but the batch has no {STAT_PREFIX}* columns")
+        raise RuntimeError(
+            f"objective {obj.name!r} reads group statistics, but the batch has no {STAT_PREFIX}* columns"
+        )
     return objectives.GroupStats.from_columns(columns)
 
 
@@ -348,10 +359,14 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         rules = [out.merge[k] for k in names]  # a count tensor (a mean), "min", "max" or "share"
         device = out.loss.device
         one = torch.ones((), dtype=torch.float64, device=device)
-        local = torch.stack([
-            torch.stack([out.metrics[k].detach().to(device, torch.float64) for k in names]),
-            torch.stack([r.detach().to(device, torch.float64) if isinstance(r, torch.Tensor) else one for r in rules]),
-        ])  # (2, n_metrics): values, counts
+        local = torch.stack(
+            [
+                torch.stack([out.metrics[k].detach().to(device, torch.float64) for k in names]),
+                torch.stack(
+                    [r.detach().to(device, torch.float64) if isinstance(r, torch.Tensor) else one for r in rules]
+                ),
+            ]
+        )  # (2, n_metrics): values, counts
         gathered = self.accelerator.gather(local[None]).cpu()  # (P, 2, n_metrics), one collective
         merger = self._tether_metrics[mode]
         step = self.state.global_step
@@ -360,12 +375,16 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
             self._tether_metrics_step[mode] = step
         processes = gathered.shape[0]
         for values, counts in gathered:
-            merger.add(ObjectiveOutput(
-                loss=out.loss.detach(),  # not read by the merger
-                metrics={k: v / processes if isinstance(r, str) and r == "share" else v
-                         for k, r, v in zip(names, rules, values)},
-                merge={k: c if isinstance(r, torch.Tensor) else r for k, r, c in zip(names, rules, counts)},
-            ))
+            merger.add(
+                ObjectiveOutput(
+                    loss=out.loss.detach(),  # not read by the merger
+                    metrics={
+                        k: v / processes if isinstance(r, str) and r == "share" else v
+                        for k, r, v in zip(names, rules, values)
+                    },
+                    merge={k: c if isinstance(r, torch.Tensor) else r for k, r, c in zip(names, rules, counts)},
+                )
+            )
 
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
         """TRL's `log`, with the tether metrics of the period merged exactly: TRL averages the values in
@@ -401,12 +420,14 @@ def to_dataset(examples: Sequence[Any]):
     """A `datasets.Dataset` of tether `Example`s: columns prompt, answer, id, meta (JSON text)."""
     from datasets import Dataset
 
-    return Dataset.from_dict({
-        "prompt": [e.prompt for e in examples],
-        "answer": [e.answer for e in examples],
-        "id": [e.id for e in examples],
-        "meta": [json.dumps(e.meta) for e in examples],
-    })
+    return Dataset.from_dict(
+        {
+            "prompt": [e.prompt for e in examples],
+            "answer": [e.answer for e in examples],
+            "id": [e.id for e in examples],
+            "meta": [json.dumps(e.meta) for e in examples],
+        }
+    )
 
 
 def reward_func(reward: Any, name: Optional[str] = None) -> Callable[..., list[float]]:
@@ -421,8 +442,12 @@ def reward_func(reward: Any, name: Optional[str] = None) -> Callable[..., list[f
 
     def score(prompts, completions, answer, id=None, meta=None, **_):
         examples = [
-            Example(id=id[i] if id else str(i), prompt=_text(prompts[i]), answer=answer[i],
-                    meta=json.loads(meta[i]) if meta else {})
+            Example(
+                id=id[i] if id else str(i),
+                prompt=_text(prompts[i]),
+                answer=answer[i],
+                meta=json.loads(meta[i]) if meta else {},
+            )
             for i in range(len(completions))
         ]
         return [r.score for r in score_batch(fn, [_text(c) for c in completions], examples)]

@@ -43,8 +43,16 @@ OLD_LOGPS, REF_LOGPS, SAMPLER_LOGPS = "old_per_token_logps", "ref_per_token_logp
 the reference's (when TRL's beta != 0), and the sampler's (vLLM)."""
 
 FORWARD_KEYS = (
-    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
-    "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
 )
 """Model inputs besides ids and attention mask that a TRL batch may carry (images), passed on as TRL does."""
 
@@ -117,8 +125,13 @@ class GRPOTrainerHooks(GRPOTrainer):
         ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         lp, ent, aux = self._get_per_token_logps_and_entropies(
-            model, ids, attention, completion_ids.size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in FORWARD_KEYS},
+            model,
+            ids,
+            attention,
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{k: inputs.get(k) for k in FORWARD_KEYS},
         )
         loss = self.objective_loss(inputs, lp, ent)
         if self.aux_loss_enabled:  # a mixture-of-experts router loss, scaled as TRL scales it

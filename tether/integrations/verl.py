@@ -284,9 +284,17 @@ def policy_loss(
     # The objective's own per-token terms (masking, group statistics, KL penalty, metrics: one
     # implementation, Objective.terms); only the aggregation is verl's.
     folds = obj.config.folds_rollout_correction() and rollout_is_weights is not None  # departure 5
-    terms = obj.terms(objectives.TokenBatch(logprobs=log_prob, old_logprobs=old_log_prob.to(log_prob.dtype),
-                                            advantages=adv, mask=mask, ref_logprobs=ref, group_stats=stats,
-                                            rollout_weights=rollout_is_weights if folds else None))
+    terms = obj.terms(
+        objectives.TokenBatch(
+            logprobs=log_prob,
+            old_logprobs=old_log_prob.to(log_prob.dtype),
+            advantages=adv,
+            mask=mask,
+            ref_logprobs=ref,
+            group_stats=stats,
+            rollout_weights=rollout_is_weights if folds else None,
+        )
+    )
 
     def reduce(per_token: torch.Tensor) -> torch.Tensor:
         per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
@@ -378,8 +386,10 @@ def _make_loss(loss_mode: str):
         )
 
     loss.__name__ = loss.__qualname__ = loss_mode
-    loss.__doc__ = (f"verl policy loss {loss_mode!r}: tether {LOSS_MODE_SPECS[loss_mode]!r}, objective "
-                    f"{LOSS_MODES[loss_mode]!r} (see policy_loss).")
+    loss.__doc__ = (
+        f"verl policy loss {loss_mode!r}: tether {LOSS_MODE_SPECS[loss_mode]!r}, objective "
+        f"{LOSS_MODES[loss_mode]!r} (see policy_loss)."
+    )
     return loss
 
 

@@ -39,8 +39,18 @@ import torch
 from verl.trainer.ppo import core_algos
 from verl.workers.config import PolicyLossConfig
 
-__all__ = ["PolicyLossConfig", "agg_loss", "batch_field", "config_get", "guard_trl_probe", "install_batch_hook",
-           "micro_batch", "plain", "register_estimator", "register_loss"]
+__all__ = [
+    "PolicyLossConfig",
+    "agg_loss",
+    "batch_field",
+    "config_get",
+    "guard_trl_probe",
+    "install_batch_hook",
+    "micro_batch",
+    "plain",
+    "register_estimator",
+    "register_loss",
+]
 
 VERIFIED_VERL = "0.9.1"
 
@@ -202,6 +212,7 @@ def guard_trl_probe() -> bool:
     if current is None:
         return False
     if not getattr(current, "tether_guard", False):
+
         def is_trl_available_with_value_head() -> bool:
             return trl_has_value_head()
 

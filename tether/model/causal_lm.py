@@ -56,8 +56,8 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
         if len(row):
-            ids[i, width - len(row):] = torch.as_tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = 1
+            ids[i, width - len(row) :] = torch.as_tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
     return ids, mask, positions(mask)
 
 
@@ -78,8 +78,14 @@ class Tokens:
     prompt_len: int
 
     def select(self, idx: torch.Tensor) -> "Tokens":
-        return Tokens(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
-                      self.completion_ids[idx], self.mask[idx], self.prompt_len)
+        return Tokens(
+            self.input_ids[idx],
+            self.attention_mask[idx],
+            self.position_ids[idx],
+            self.completion_ids[idx],
+            self.mask[idx],
+            self.prompt_len,
+        )
 
 
 def to_tokens(rollout, pad_id: int, device: torch.device) -> Tokens:
@@ -89,8 +95,14 @@ def to_tokens(rollout, pad_id: int, device: torch.device) -> Tokens:
     mask = rollout.mask.cpu().long()
     input_ids = torch.cat([prompt, completion], 1)
     attention = torch.cat([prompt_mask, mask], 1)
-    return Tokens(input_ids.to(device), attention.to(device), positions(attention).to(device), completion.to(device),
-                  mask.to(device=device, dtype=torch.float32), prompt.shape[1])
+    return Tokens(
+        input_ids.to(device),
+        attention.to(device),
+        positions(attention).to(device),
+        completion.to(device),
+        mask.to(device=device, dtype=torch.float32),
+        prompt.shape[1],
+    )
 
 
 @dataclass(frozen=True)
@@ -107,8 +119,13 @@ class LogProbSettings:
     @classmethod
     def of(cls, trainer: Any, rollout: Any) -> "LogProbSettings":
         """The settings a run's `TrainerConfig` and `RolloutConfig` (tether.config.sections) name."""
-        return cls(rollout.temperature, trainer.micro_batch_size, trainer.fused_logprobs, trainer.logprob_chunk_size,
-                   trainer.share_prompts)
+        return cls(
+            rollout.temperature,
+            trainer.micro_batch_size,
+            trainer.fused_logprobs,
+            trainer.logprob_chunk_size,
+            trainer.share_prompts,
+        )
 
 
 @dataclass(frozen=True)
@@ -223,8 +240,14 @@ def _cache_reason(cache: Any) -> str:
     return f"the model's cache has {sorted(odd)} layers, not only DynamicLayer" if odd else ""
 
 
-def _hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-            start: int, groups=None) -> tuple[torch.Tensor, str]:
+def _hidden(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    start: int,
+    groups=None,
+) -> tuple[torch.Tensor, str]:
     """The decoder body's final hidden states at columns start - 1 .. L - 1 (N, L - start + 1, H).
 
     With `groups` (from `prompt_groups`), each distinct prompt runs once and the completion
@@ -233,8 +256,12 @@ def _hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, p
     body = _decoder(model)
     if groups is not None:
         first, inverse = groups
-        pre = body(input_ids=input_ids[first, :start], attention_mask=attention_mask[first, :start],
-                   position_ids=position_ids[first, :start], use_cache=True)
+        pre = body(
+            input_ids=input_ids[first, :start],
+            attention_mask=attention_mask[first, :start],
+            position_ids=position_ids[first, :start],
+            use_cache=True,
+        )
         reason = _cache_reason(pre.past_key_values)
         if not reason:
             last = pre.last_hidden_state[:, -1:].index_select(0, inverse)  # (N, 1, H): predicts column start
@@ -242,13 +269,18 @@ def _hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, p
                 return last, ""
             cache = pre.past_key_values
             cache.reorder_cache(inverse)  # (U, ...) -> (N, ...) per layer, through autograd
-            rest = body(input_ids=input_ids[:, start:], attention_mask=attention_mask,
-                        position_ids=position_ids[:, start:], past_key_values=cache, use_cache=True)
+            rest = body(
+                input_ids=input_ids[:, start:],
+                attention_mask=attention_mask,
+                position_ids=position_ids[:, start:],
+                past_key_values=cache,
+                use_cache=True,
+            )
             return torch.cat([last, rest.last_hidden_state], 1), ""
     else:
         reason = "no two rows share a prompt"
     out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    return out.last_hidden_state[:, start - 1:], reason
+    return out.last_hidden_state[:, start - 1 :], reason
 
 
 def shared_prompt_reason(model: Any) -> str:
@@ -271,7 +303,7 @@ def _share_probe(model: Any, input_ids, attention_mask, position_ids, start: int
         ours, reason = _hidden(model, *sub, start, prompt_groups(sub[0], sub[1], start))
         if not reason:
             plain, _ = _hidden(model, *sub, start)
-            keep = sub[1][:, start - 1:].bool()
+            keep = sub[1][:, start - 1 :].bool()
             keep[:, 0] = True  # the last prompt position always predicts
             err = (ours.float() - plain.float()).abs()[keep].max().item()
             scale = max(plain.float().abs()[keep].max().item(), 1.0)
@@ -288,8 +320,12 @@ def _probe(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
     if model in _PROBED:
         return _PROBED[model]
     row = input_ids[0][attention_mask[0] != 0][:8][None]  # (1, k) real tokens of the first row
-    args = dict(input_ids=row, attention_mask=torch.ones_like(row),
-                position_ids=torch.arange(row.shape[1], device=row.device)[None], use_cache=False)
+    args = dict(
+        input_ids=row,
+        attention_mask=torch.ones_like(row),
+        position_ids=torch.arange(row.shape[1], device=row.device)[None],
+        use_cache=False,
+    )
     with eval_mode(model):  # no dropout in the comparison
         logits = model(**args).logits.float()
         h = _decoder(model)(**args).last_hidden_state.float()
@@ -302,8 +338,9 @@ def _probe(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
     return reason
 
 
-def causal_lm_token_logprobs(model: Any, tokens: Tokens, settings: LogProbSettings = LogProbSettings(),
-                             with_entropy: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor], bool]:
+def causal_lm_token_logprobs(
+    model: Any, tokens: Tokens, settings: LogProbSettings = LogProbSettings(), with_entropy: bool = True
+) -> tuple[torch.Tensor, Optional[torch.Tensor], bool]:
     """log pi(targets) (N, T) and entropy (N, T) of a causal LM, through the fused head when possible.
 
     The token at column `start + t` of `tokens.input_ids` (N, P + T) is predicted from position
@@ -329,9 +366,14 @@ def causal_lm_token_logprobs(model: Any, tokens: Tokens, settings: LogProbSettin
     if settings.fused and not fused_head_reason(model) and not _probe(model, *inputs[:2]):
         groups = _shared_groups(model, inputs, start) if settings.share_prompts else None
         hidden, _ = _hidden(model, *inputs, start, groups)  # (N, T, H)
-        lp, ent = token_logprobs_and_entropy(hidden, model.get_output_embeddings().weight,
-                                             targets.masked_fill(tokens.mask == 0, IGNORE_INDEX), temperature=tau,
-                                             chunk_size=settings.chunk_size, with_entropy=with_entropy)
+        lp, ent = token_logprobs_and_entropy(
+            hidden,
+            model.get_output_embeddings().weight,
+            targets.masked_fill(tokens.mask == 0, IGNORE_INDEX),
+            temperature=tau,
+            chunk_size=settings.chunk_size,
+            with_entropy=with_entropy,
+        )
         return lp, ent, True
     lp, ent = _logits_logprobs(model, inputs, targets, tau, with_entropy)
     keep = tokens.mask != 0
@@ -348,8 +390,9 @@ def _shared_groups(model: Any, inputs: tuple[torch.Tensor, ...], start: int):
     return groups
 
 
-def _logits_logprobs(model: Any, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor, tau: float,
-                     with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _logits_logprobs(
+    model: Any, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor, tau: float, with_entropy: bool
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """log pi(targets) (N, T) and entropy (N, T) or None from the model's own logits (unmasked)."""
     T = targets.shape[1]
     args = dict(input_ids=inputs[0], attention_mask=inputs[1], position_ids=inputs[2], use_cache=False)

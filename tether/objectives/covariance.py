@@ -25,7 +25,10 @@ def _check_select_frac(cfg) -> None:
 
 
 def _cov_metrics(out: _cov.CovLoss, m: torch.Tensor) -> Extra:
-    return {"cov/selected_frac": masked_fraction(out.selected, m), "cov/candidate_frac": masked_fraction(out.candidates, m)}
+    return {
+        "cov/selected_frac": masked_fraction(out.selected, m),
+        "cov/candidate_frac": masked_fraction(out.candidates, m),
+    }
 
 
 @dataclass
@@ -47,8 +50,9 @@ class ClipCovConfig(ClipRange):
 
 @objective("clip_cov", ClipCovConfig)
 def _clip_cov_loss(cfg: ClipCovConfig, b: TokenBatch, lp, old):
-    out = _cov.clip_cov(lp, old, b.advantages, b.mask, cfg.eps_low, cfg.eps_high, cfg.select_frac, cfg.cov_lb,
-                        cfg.cov_ub)
+    out = _cov.clip_cov(
+        lp, old, b.advantages, b.mask, cfg.eps_low, cfg.eps_high, cfg.select_frac, cfg.cov_lb, cfg.cov_ub
+    )
     return out.tokens, _cov_metrics(out, b.mask)
 
 

@@ -50,8 +50,12 @@ class ETRConfig(ClipRange):
         check(self.eps_max >= self.eps_min, "eps_max", self.eps_max, f"a number >= eps_min ({self.eps_min})")
         check_dual(self.dual_clip_c)
         if self.reward_range is not None:
-            check(len(self.reward_range) == 2 and self.reward_range[1] > self.reward_range[0],
-                  "reward_range", self.reward_range, "[R_min, R_max] with R_max > R_min")
+            check(
+                len(self.reward_range) == 2 and self.reward_range[1] > self.reward_range[0],
+                "reward_range",
+                self.reward_range,
+                "[R_min, R_max] with R_max > R_min",
+            )
 
     def needs_group_stats(self) -> bool:
         return self.macro != "off"
@@ -72,8 +76,9 @@ _PASS_BUCKETS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0001))
 @objective("etr", ETRConfig)
 def _etr_loss(cfg: ETRConfig, b: TokenBatch, lp, old):
     stats = b.group_stats  # set by Objective.terms when the config needs it
-    bounds = _etr.etr_bounds(b.advantages, stats, cfg.eps_low, cfg.eps_high, cfg.alpha, cfg.eta,
-                             cfg.eps_min, cfg.eps_max, cfg.macro)
+    bounds = _etr.etr_bounds(
+        b.advantages, stats, cfg.eps_low, cfg.eps_high, cfg.alpha, cfg.eta, cfg.eps_min, cfg.eps_max, cfg.macro
+    )
     eps_low, eps_high = (e[:, None] if e.dim() == 1 else e for e in (bounds.eps_low, bounds.eps_high))
     out = _sur.ppo_clip(lp, old, b.advantages, eps_low, eps_high, cfg.dual_clip_c)
     m = b.mask

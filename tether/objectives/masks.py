@@ -47,11 +47,18 @@ class DPPOConfig(ObjectiveConfig):
         super().__post_init__()
         check_measure(self.measure, tuple(_dppo.BINARY_MEASURES.names()))
         check_positive(self, "delta_low", "delta_high")
-        check(self.truncation_c is None or self.truncation_c > 0, "truncation_c", self.truncation_c,
-              "a number > 0, or null for no truncation")
+        check(
+            self.truncation_c is None or self.truncation_c > 0,
+            "truncation_c",
+            self.truncation_c,
+            "a number > 0, or null for no truncation",
+        )
         self.bounds: Optional[tuple[float, float]] = None
         if not (isinstance(self.measure, str) and self.measure in _dppo.BINARY_MEASURES):
-            self.bounds = (_div.interval(self.measure, self.delta_low)[0], _div.interval(self.measure, self.delta_high)[1])
+            self.bounds = (
+                _div.interval(self.measure, self.delta_low)[0],
+                _div.interval(self.measure, self.delta_high)[1],
+            )
 
 
 @objective("dppo", DPPOConfig)
@@ -88,12 +95,20 @@ class M2POConfig(ObjectiveConfig):
     def __post_init__(self):
         super().__post_init__()
         check_positive(self, "tau")
-        check(self.normaliser != "kept_tokens" or self.aggregation == "token-mean", "normaliser", self.normaliser,
-              f"all_tokens with aggregation {self.aggregation!r} (kept_tokens is AReaL's token mean over the kept "
-              "tokens; set aggregation: token-mean)")
+        check(
+            self.normaliser != "kept_tokens" or self.aggregation == "token-mean",
+            "normaliser",
+            self.normaliser,
+            f"all_tokens with aggregation {self.aggregation!r} (kept_tokens is AReaL's token mean over the kept "
+            "tokens; set aggregation: token-mean)",
+        )
         check(self.eps_low is None or self.eps_low >= 0, "eps_low", self.eps_low, "a number >= 0, or null for no clip")
-        check(self.eps_high is None or (self.eps_low is not None and self.eps_high >= 0), "eps_high", self.eps_high,
-              "a number >= 0 together with eps_low, or null")
+        check(
+            self.eps_high is None or (self.eps_low is not None and self.eps_high >= 0),
+            "eps_high",
+            self.eps_high,
+            "a number >= 0 together with eps_low, or null",
+        )
 
     def needs(self) -> dict[str, str]:
         need = super().needs()
@@ -107,7 +122,8 @@ class M2POConfig(ObjectiveConfig):
             out["against"] = (
                 "against: sampler measures log(pi_old / pi_sampler), which is 0 when pi_old is pi_sampler: nothing is "
                 "ever masked and the run is an unconstrained importance-sampled policy gradient; set against: old (the "
-                "paper's r = pi_theta / pi_behaviour under this anchoring), or trainer.old_logprobs: recompute (AReaL's)")
+                "paper's r = pi_theta / pi_behaviour under this anchoring), or trainer.old_logprobs: recompute (AReaL's)"
+            )
         return out
 
 

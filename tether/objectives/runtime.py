@@ -50,16 +50,23 @@ class Objective:
         whether a seq-mean mode counts rows with no counted token (tether.core.aggregation)."""
         return _agg.normalizer(self.config.aggregation, mask, self.config.max_len, empty_rows)
 
-    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor, lengths: Optional[torch.Tensor] = None,
-                   parts: Optional[RewardParts] = None) -> torch.Tensor:
+    def advantages(
+        self,
+        rewards: torch.Tensor,
+        group_ids: torch.Tensor,
+        lengths: Optional[torch.Tensor] = None,
+        parts: Optional[RewardParts] = None,
+    ) -> torch.Tensor:
         """Advantages (N,); `lengths` (N,), each sequence's counted tokens, weigh the batch statistics of
         the estimators that whiten over tokens (reinforce_pp and reinforce_pp_no_baseline, as verl does); the others ignore them.
         `parts` (scores (N, K), weights (K,)), the reward's weighted parts, replace `rewards` by the config's
         `reward_aggregation` of them; with `sum` (the default) `rewards`, their weighted sum, is used."""
         if self.needs_reward_parts():
             if parts is None:
-                raise ValueError(f"reward_aggregation {self.config.reward_aggregation!r} needs the reward's parts "
-                                 "(pass parts=RewardParts(scores (N, K), weights (K,)))")
+                raise ValueError(
+                    f"reward_aggregation {self.config.reward_aggregation!r} needs the reward's parts "
+                    "(pass parts=RewardParts(scores (N, K), weights (K,)))"
+                )
             rewards = _mr.aggregate_rewards(self.config.reward_aggregation, parts, group_ids).to(rewards.dtype)
         return _adv.compute_advantages(self.config.advantage, rewards, group_ids, lengths)
 
@@ -168,8 +175,9 @@ def _sampler_terms(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor) ->
     return torch.where(batch.mask.bool(), _kl.squared_log_ratio(lp, sampler), torch.zeros_like(lp))
 
 
-def _reference_terms(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor,
-                     metrics: dict) -> Optional[torch.Tensor]:
+def _reference_terms(
+    cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor, metrics: dict
+) -> Optional[torch.Tensor]:
     """The KL penalty per token (None when off); logs `kl/ref` whenever the reference log-probs are given."""
     if batch.ref_logprobs is None:
         return None
@@ -187,15 +195,19 @@ def _validate(name: str, cfg: ObjectiveConfig, batch: TokenBatch) -> None:
         _validate_group_stats_source(name, batch)
     for field, why in cfg.needs().items():
         if getattr(batch, field) is None:
-            raise ValueError(f"objective {name!r} needs TokenBatch.{field}, which is None ({why}); pass it or change "
-                             "the config")
+            raise ValueError(
+                f"objective {name!r} needs TokenBatch.{field}, which is None ({why}); pass it or change the config"
+            )
     if batch.rollout_weights is not None and not cfg.folds_rollout_correction():
-        raise ValueError(f"objective {name!r} does not fold rollout-correction weights into its own weight; multiply "
-                         "them into its per-token loss (Objective.terms(...).tokens.loss) instead of passing "
-                         "TokenBatch.rollout_weights")
+        raise ValueError(
+            f"objective {name!r} does not fold rollout-correction weights into its own weight; multiply "
+            "them into its per-token loss (Objective.terms(...).tokens.loss) instead of passing "
+            "TokenBatch.rollout_weights"
+        )
     if batch.rollout_weights is not None and cfg.rollout_correction is not None:
-        raise ValueError(f"objective {name!r} got TokenBatch.rollout_weights and computes its own from "
-                         "rollout_correction: drop one")
+        raise ValueError(
+            f"objective {name!r} got TokenBatch.rollout_weights and computes its own from rollout_correction: drop one"
+        )
     shape = batch.logprobs.shape
     if batch.logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (N, T); got shape {tuple(shape)}")

@@ -52,9 +52,13 @@ class LUSPOConfig(GSPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check(self.aggregation != "seq-mean-token-mean", "aggregation", self.aggregation,
-              "seq-mean-token-sum (LUSPO's |y_i| scaling; token-mean or seq-mean-token-sum-norm also keep it): "
-              "seq-mean-token-mean divides each sequence by its length again, which is plain GSPO (use gspo)")
+        check(
+            self.aggregation != "seq-mean-token-mean",
+            "aggregation",
+            self.aggregation,
+            "seq-mean-token-sum (LUSPO's |y_i| scaling; token-mean or seq-mean-token-sum-norm also keep it): "
+            "seq-mean-token-mean divides each sequence by its length again, which is plain GSPO (use gspo)",
+        )
 
 
 @objective("luspo", LUSPOConfig)
@@ -101,9 +105,13 @@ class VESPOConfig(ObjectiveConfig):
         check_positive(self, "k_pos", "lambda_pos", "k_neg", "lambda_neg")
         rc = self.rollout_correction
         if rc is not None:
-            check(rc.level == "token", "rollout_correction.level", rc.level,
-                  "'token' with vespo: VESPO folds each token's weight pi_old / pi_sampler into its sequence ratio "
-                  "(a product over the tokens already); TRL's vespo likewise takes only token_truncate/token_mask")
+            check(
+                rc.level == "token",
+                "rollout_correction.level",
+                rc.level,
+                "'token' with vespo: VESPO folds each token's weight pi_old / pi_sampler into its sequence ratio "
+                "(a product over the tokens already); TRL's vespo likewise takes only token_truncate/token_mask",
+            )
 
     def folds_rollout_correction(self) -> bool:
         return True
@@ -111,11 +119,14 @@ class VESPOConfig(ObjectiveConfig):
 
 @objective("vespo", VESPOConfig)
 def _vespo_loss(cfg: VESPOConfig, b: TokenBatch, lp, old):
-    out, phi, log_w = _vespo.vespo(lp, old, b.advantages, b.mask, cfg.k_pos, cfg.lambda_pos, cfg.k_neg,
-                                   cfg.lambda_neg, b.rollout_weights)
+    out, phi, log_w = _vespo.vespo(
+        lp, old, b.advantages, b.mask, cfg.k_pos, cfg.lambda_pos, cfg.k_neg, cfg.lambda_neg, b.rollout_weights
+    )
     phi_seq = seq_mean(phi, b.mask)  # (N,): phi's value per sequence (one value with sequence-level advantages)
-    return out, {"vespo/phi_mean": _mean_over_sequences(phi_seq, b.mask),
-                 "vespo/log_w_mean": _mean_over_sequences(log_w, b.mask)}
+    return out, {
+        "vespo/phi_mean": _mean_over_sequences(phi_seq, b.mask),
+        "vespo/log_w_mean": _mean_over_sequences(log_w, b.mask),
+    }
 
 
 def _mean_over_sequences(x: torch.Tensor, mask: torch.Tensor) -> Mean:

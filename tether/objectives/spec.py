@@ -132,11 +132,20 @@ def display(spec: dict, width: Optional[int] = None, skip: tuple[str, ...] = ())
     are left out, and the parameters are cut at `width` characters."""
     name, label = str(spec.get("name") or ""), str(spec.get("label") or spec.get("preset") or spec.get("name") or "")
     head = label if label == name or not name else f"{label} ({name})"
-    shared = ("advantage", "reward_aggregation", "aggregation", "kl_penalty", "entropy_coef", "sampler_kl_coef",
-              "rollout_correction", "max_len")
+    shared = (
+        "advantage",
+        "reward_aggregation",
+        "aggregation",
+        "kl_penalty",
+        "entropy_coef",
+        "sampler_kl_coef",
+        "rollout_correction",
+        "max_len",
+    )
     keys = [k for k in spec if k not in shared] + [k for k in shared if k in spec]
-    params = ", ".join(f"{k}={_compact(spec[k])}" for k in keys
-                       if k not in ("label", "name", "preset", *skip) and spec[k] is not None)
+    params = ", ".join(
+        f"{k}={_compact(spec[k])}" for k in keys if k not in ("label", "name", "preset", *skip) and spec[k] is not None
+    )
     if width is not None and len(params) > width:
         params = params[: width - 3] + "..."
     return head, params

@@ -58,7 +58,13 @@ def _as_tuple(x):
 
 
 def save(
-    run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], reference=None, keep_last: int = 2,
+    run_dir: Path,
+    step: int,
+    model,
+    tokenizer,
+    state: dict[str, Any],
+    reference=None,
+    keep_last: int = 2,
     accuracy: Optional[float] = None,
 ) -> Path:
     """Write RUN_DIR/checkpoints/step_{step:06d} atomically, then prune (see the module docstring).
@@ -116,8 +122,8 @@ def remove_partial(run_dir: Path, log=print) -> None:
     if not root.is_dir():
         return
     for path in sorted(root.iterdir()):
-        if path.name.startswith(".old_step_") and not (root / path.name[len(".old_"):]).exists():
-            path.rename(root / path.name[len(".old_"):])
+        if path.name.startswith(".old_step_") and not (root / path.name[len(".old_") :]).exists():
+            path.rename(root / path.name[len(".old_") :])
         elif path.name.startswith((".tmp_step_", ".old_step_")):
             log(f"removing {path}: an interrupted checkpoint write")
             shutil.rmtree(path, ignore_errors=True)

@@ -28,8 +28,9 @@ from .runlog import ACCURACY, read_config, read_metrics
 class Panel:
     """One PNG: the metrics drawn on the same axes, their y-axis label, whether to smooth them."""
 
-    def __init__(self, fname: str, title: str, keys: list[str], ylabel: str, smooth: bool = True,
-                 fraction: bool = False):
+    def __init__(
+        self, fname: str, title: str, keys: list[str], ylabel: str, smooth: bool = True, fraction: bool = False
+    ):
         self.fname, self.title, self.keys, self.ylabel = fname, title, keys, ylabel
         self.smooth = smooth
         self.fraction = fraction  # y starts at 0
@@ -37,11 +38,15 @@ class Panel:
 
 PANELS = [
     Panel("reward", "reward", ["reward/mean"], "mean reward per completion"),
-    Panel("accuracy", "held-out accuracy", [ACCURACY], "fraction of test prompts correct",
-          smooth=False, fraction=True),
+    Panel("accuracy", "held-out accuracy", [ACCURACY], "fraction of test prompts correct", smooth=False, fraction=True),
     Panel("entropy", "policy entropy", ["policy/entropy"], "nats per token"),
-    Panel("clip_fractions", "clip fractions", ["policy/clipfrac_low", "policy/clipfrac_high", "policy/clipfrac_dual"],
-          "fraction of tokens", fraction=True),
+    Panel(
+        "clip_fractions",
+        "clip fractions",
+        ["policy/clipfrac_low", "policy/clipfrac_high", "policy/clipfrac_dual"],
+        "fraction of tokens",
+        fraction=True,
+    ),
     Panel("kl", "KL estimates (k3)", ["policy/kl_old", "kl/ref", "rpg/kl_anchor"], "nats per token"),
     Panel("response_length", "response length", ["rollout/len_mean"], "tokens (mean per completion)"),
 ]
@@ -69,7 +74,7 @@ def rolling_mean(rows: list[dict], key: str, window: int) -> dict[int, float]:
     pts = runlog.series(rows, key)
     out = {}
     for i, (step, _) in enumerate(pts):
-        w = pts[max(0, i - window + 1): i + 1]
+        w = pts[max(0, i - window + 1) : i + 1]
         out[step] = statistics.fmean(v for _, v in w)
     return out
 
@@ -94,8 +99,11 @@ def coinciding(curves: dict[str, tuple[list, list]]) -> dict[str, str]:
     labels = {k: k for k in curves}
     names = list(curves)
     for i, a in enumerate(names):
-        over = [b for b in names[i + 1:] if list(curves[b][0]) == list(curves[a][0])
-                and list(curves[b][1]) == list(curves[a][1])]
+        over = [
+            b
+            for b in names[i + 1 :]
+            if list(curves[b][0]) == list(curves[a][0]) and list(curves[b][1]) == list(curves[a][1])
+        ]
         if over:
             labels[a] = f"{a} (hidden under {over[-1]}: the same values)"
     return labels
@@ -111,8 +119,16 @@ def pyplot():
     return plt
 
 
-def save_panel(fig, ax, title: str, path: Path, legend: bool, xlabel: str = "rollout step",
-               ylabel: Optional[str] = None, legend_title: Optional[str] = None) -> Path:
+def save_panel(
+    fig,
+    ax,
+    title: str,
+    path: Path,
+    legend: bool,
+    xlabel: str = "rollout step",
+    ylabel: Optional[str] = None,
+    legend_title: Optional[str] = None,
+) -> Path:
     """Label a metric-vs-step panel, write it as PNG and close the figure. A title's second line
     (the objective's parameters) is set smaller, under the first."""
     import matplotlib.pyplot as plt
@@ -197,8 +213,11 @@ def plot_run(run_dir: Path) -> list[Path]:
         zeros = [k for k in panel.keys if k not in lines and series(rows, k)[0]]
         if zeros:  # left out by `_drawn` as 0 throughout: say so, or a reader takes them for unlogged
             note = "\n".join(filter(None, [note, f"0 throughout, not drawn: {', '.join(zeros)}"]))
-        written.append(save_panel(fig, ax, title, out_dir / f"{panel.fname}.png", legend=True,
-                                  ylabel=panel.ylabel, legend_title=note))
+        written.append(
+            save_panel(
+                fig, ax, title, out_dir / f"{panel.fname}.png", legend=True, ylabel=panel.ylabel, legend_title=note
+            )
+        )
     return written
 
 

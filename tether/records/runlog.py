@@ -65,7 +65,7 @@ def best(points: list[Point]) -> Point:
 def tail_mean(rows: list[dict[str, Any]], key: str) -> float:
     """The mean of `key` over its last tenth of logged values (at least one); NaN when never logged."""
     vals = values(rows, key)
-    return statistics.fmean(vals[-max(1, len(vals) // 10):]) if vals else float("nan")
+    return statistics.fmean(vals[-max(1, len(vals) // 10) :]) if vals else float("nan")
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:

@@ -91,8 +91,10 @@ def wandb_problem() -> str:
     """
 
     if importlib.util.find_spec("wandb") is None:
-        return ("trainer.wandb=true but Weights & Biases is not installed: `pip install wandb`, "
-                "or set trainer.wandb=false (metrics.jsonl and TensorBoard are always written)")
+        return (
+            "trainer.wandb=true but Weights & Biases is not installed: `pip install wandb`, "
+            "or set trainer.wandb=false (metrics.jsonl and TensorBoard are always written)"
+        )
     if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
         return ""
     try:
@@ -100,9 +102,11 @@ def wandb_problem() -> str:
             return ""
     except (OSError, netrc.NetrcParseError):
         pass
-    return ("trainer.wandb=true but no Weights & Biases credentials were found: set WANDB_API_KEY (or run "
-            "`wandb login`), or log offline with WANDB_MODE=offline (sync later with `wandb sync`), or set "
-            "trainer.wandb=false (metrics.jsonl and TensorBoard are always written)")
+    return (
+        "trainer.wandb=true but no Weights & Biases credentials were found: set WANDB_API_KEY (or run "
+        "`wandb login`), or log offline with WANDB_MODE=offline (sync later with `wandb sync`), or set "
+        "trainer.wandb=false (metrics.jsonl and TensorBoard are always written)"
+    )
 
 
 class WandbSink:
@@ -192,8 +196,10 @@ class PlainProgress:
         self._log = log_and_beat
 
     def _still(self, quiet: float) -> str:
-        return (f"step {self._step + 1}/{self._total} under way: no step finished in the last {_duration(quiet)}, "
-                f"elapsed {_duration(time.perf_counter() - self._tic)}")
+        return (
+            f"step {self._step + 1}/{self._total} under way: no step finished in the last {_duration(quiet)}, "
+            f"elapsed {_duration(time.perf_counter() - self._tic)}"
+        )
 
     def update(self, step: int, m: dict[str, float]) -> None:
         evaluated = "eval/accuracy" in m
@@ -207,8 +213,10 @@ class PlainProgress:
         rate = (step - self._start) / max(elapsed, 1e-9)
         eta = (self._total - step) / rate if rate > 0 else float("nan")
         acc = f"  held-out acc {self._acc:.3f} (at step {self._acc_step})" if self._acc == self._acc else ""
-        self._log(f"step {step}/{self._total}  reward {m.get('reward/mean', float('nan')):.3f}{acc}  "
-                  f"{rate:.2f} steps/s  elapsed {_duration(elapsed)}  ETA {_duration(eta) if eta == eta else '?'}")
+        self._log(
+            f"step {step}/{self._total}  reward {m.get('reward/mean', float('nan')):.3f}{acc}  "
+            f"{rate:.2f} steps/s  elapsed {_duration(elapsed)}  ETA {_duration(eta) if eta == eta else '?'}"
+        )
 
     def close(self) -> None:
         self._heartbeat.close()
@@ -222,11 +230,22 @@ class Progress:
         self._bar = None
         if not enabled:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress as RichProgress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._bar = RichProgress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}"),
         )
         self._task = self._bar.add_task("train", total=total, completed=start, status="")
         self._bar.start()

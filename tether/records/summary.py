@@ -22,29 +22,41 @@ from .runlog import ACCURACY, accuracy, best, read_metrics, series
 from ..tasks import TASKS
 
 
-def summary_header(cfg: Config, run_dir: Path, start: int, steps_done: int, wall_s: float,
-                   device: torch.device, signum: Optional[int] = None) -> str:
+def summary_header(
+    cfg: Config,
+    run_dir: Path,
+    start: int,
+    steps_done: int,
+    wall_s: float,
+    device: torch.device,
+    signum: Optional[int] = None,
+) -> str:
     """What the run was, for the top of summary.md: objective, model, task, reward, progress, device,
     best held-out accuracy and the checkpoint `tether export --step best` takes, and the command that
     reproduces it."""
     rows = read_metrics(run_dir)
-    status = ("finished" if signum is None
-              else f"interrupted by signal {signum}; resume with `tether train --resume {run_dir}`")
+    status = (
+        "finished"
+        if signum is None
+        else f"interrupted by signal {signum}; resume with `tether train --resume {run_dir}`"
+    )
     task = cfg.data.task + (f" {dict(cfg.data.task_args)}" if cfg.data.task_args else "")
     _, params = objectives.display(cfg.objective)
     label, name = objectives.label_of(cfg.objective), cfg.objective["name"]
     what = f"**{label}** ({name}: {params})" if label != name else f"**{name}** ({params})"
-    return "\n".join([
-        f"# Run {run_dir.name}",
-        "",
-        f"- objective: {what}",
-        f"- model: {cfg.model.name_or_path} (dtype {cfg.model.dtype}); task: {task}; reward: {reward_text(cfg.reward, cfg.data.task)}",
-        f"- steps: {steps_done} of {cfg.trainer.total_steps} ({status})",
-        f"- wall time: {wall_s:.0f} s on {device}" + (f" (this session, resumed at step {start})" if start else ""),
-        f"- best held-out accuracy: {best_text(rows, run_dir)}",
-        f"- reproduce: `tether train {run_dir / 'config.yaml'} output_dir={run_dir}-rerun`",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# Run {run_dir.name}",
+            "",
+            f"- objective: {what}",
+            f"- model: {cfg.model.name_or_path} (dtype {cfg.model.dtype}); task: {task}; reward: {reward_text(cfg.reward, cfg.data.task)}",
+            f"- steps: {steps_done} of {cfg.trainer.total_steps} ({status})",
+            f"- wall time: {wall_s:.0f} s on {device}" + (f" (this session, resumed at step {start})" if start else ""),
+            f"- best held-out accuracy: {best_text(rows, run_dir)}",
+            f"- reproduce: `tether train {run_dir / 'config.yaml'} output_dir={run_dir}-rerun`",
+            "",
+        ]
+    )
 
 
 def reward_text(r: RewardConfig, task: str) -> str:
@@ -83,8 +95,9 @@ def best_text(rows: list[dict], run_dir: Path) -> str:
         return f"{at}, in checkpoint `{kept}` ({export})"
     if kept_acc == acc:
         return f"{at}; checkpoint `{kept}` (step {kept_step}) scores the same ({export})"
-    return (f"{at}, which no checkpoint holds; the best checkpoint is `{kept}` (step {kept_step}, "
-            f"{kept_acc:.3f}; {export})")
+    return (
+        f"{at}, which no checkpoint holds; the best checkpoint is `{kept}` (step {kept_step}, {kept_acc:.3f}; {export})"
+    )
 
 
 def summary_table(run_dir: Path) -> str:
@@ -92,8 +105,14 @@ def summary_table(run_dir: Path) -> str:
     summary.md); a note when held-out accuracy was measured only once."""
     rows = read_metrics(run_dir)
     lines = ["| metric | start | end | best |", "|---|---|---|---|"]
-    for key, has_best in ((ACCURACY, True), ("reward/mean", True), ("policy/entropy", False),
-                          ("rollout/len_mean", False), ("policy/kl_old", False), ("time/step_s", False)):
+    for key, has_best in (
+        (ACCURACY, True),
+        ("reward/mean", True),
+        ("policy/entropy", False),
+        ("rollout/len_mean", False),
+        ("policy/kl_old", False),
+        ("time/step_s", False),
+    ):
         pts = series(rows, key)
         if not pts:
             continue
@@ -104,13 +123,23 @@ def summary_table(run_dir: Path) -> str:
     evals = [step for step, _ in accuracy(rows)]
     last = rows[-1]["step"] if rows else 0
     if len(evals) == 1 and last > evals[0]:
-        lines += ["", f"Held-out accuracy was measured once, at step {evals[0]}: the run ended at step {last}, "
-                      "before its next evaluation (trainer.eval_every), so there is no end value to compare."]
+        lines += [
+            "",
+            f"Held-out accuracy was measured once, at step {evals[0]}: the run ended at step {last}, "
+            "before its next evaluation (trainer.eval_every), so there is no end value to compare.",
+        ]
     return "\n".join(lines)
 
 
-def write_summary(cfg: Config, run_dir: Path, start: int, steps_done: int, wall_s: float,
-                  device: torch.device, signum: Optional[int] = None) -> str:
+def write_summary(
+    cfg: Config,
+    run_dir: Path,
+    start: int,
+    steps_done: int,
+    wall_s: float,
+    device: torch.device,
+    signum: Optional[int] = None,
+) -> str:
     """Write run_dir/summary.md (the header, then the metrics table); returns the table. The objective
     is read from `cfg.objective` (resolved, with the name the user chose)."""
     table = summary_table(run_dir)
@@ -122,7 +151,17 @@ def write_summary(cfg: Config, run_dir: Path, start: int, steps_done: int, wall_
 def write_samples(f, step: int, rollout, examples: Sequence, rewards: torch.Tensor, k: int) -> None:
     """The first `k` samples of a step as JSON lines: prompt, completion, answer, reward, finish."""
     for i in range(min(k, len(rollout.completions))):
-        f.write(json.dumps({"step": step, "prompt": examples[i].prompt, "completion": rollout.completions[i],
-                            "answer": examples[i].answer, "reward": float(rewards[i]),
-                            "finish": rollout.finish_reasons[i]}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "step": step,
+                    "prompt": examples[i].prompt,
+                    "completion": rollout.completions[i],
+                    "answer": examples[i].answer,
+                    "reward": float(rewards[i]),
+                    "finish": rollout.finish_reasons[i],
+                }
+            )
+            + "\n"
+        )
     f.flush()

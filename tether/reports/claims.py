@@ -141,8 +141,14 @@ class Comparison:
     """Why there is no verdict ('' when there is one)."""
 
 
-def bootstrap_difference(a: Sequence[float], b: Sequence[float], direction: str = "higher", n_boot: int = N_BOOT,
-                         seed: int = 0, paired: bool = False) -> Comparison:
+def bootstrap_difference(
+    a: Sequence[float],
+    b: Sequence[float],
+    direction: str = "higher",
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    paired: bool = False,
+) -> Comparison:
     """mean(a) - mean(b), its percentile-bootstrap 95% interval and the verdict for a claim that
     `a` is `direction` than `b` (module docstring). `paired`: a[k] and b[k] come from the same
     seed, and the seeds are resampled together."""
@@ -156,16 +162,20 @@ def bootstrap_difference(a: Sequence[float], b: Sequence[float], direction: str 
     difference = statistics.fmean(a) - statistics.fmean(b)
     if min(len(a), len(b)) < MIN_SEEDS:
         have = f"{len(a)} paired seed{'s' * (len(a) != 1)}" if paired else f"{len(a)} and {len(b)} seeds"
-        why = (f"{have}; a verdict needs {MIN_SEEDS}{' shared' if paired else ' per method'}: with n <= 3 "
-               f"values the 95% bootstrap interval is only the range of the values seen")
+        why = (
+            f"{have}; a verdict needs {MIN_SEEDS}{' shared' if paired else ' per method'}: with n <= 3 "
+            f"values the 95% bootstrap interval is only the range of the values seen"
+        )
         return Comparison(difference, None, None, NOT_ENOUGH, why)
     rng = random.Random(seed)
     if paired:
         d = [x - y for x, y in zip(a, b)]
         diffs = sorted(statistics.fmean(rng.choices(d, k=len(d))) for _ in range(n_boot))
     else:
-        diffs = sorted(statistics.fmean(rng.choices(a, k=len(a))) - statistics.fmean(rng.choices(b, k=len(b)))
-                       for _ in range(n_boot))
+        diffs = sorted(
+            statistics.fmean(rng.choices(a, k=len(a))) - statistics.fmean(rng.choices(b, k=len(b)))
+            for _ in range(n_boot)
+        )
     lo, hi = diffs[int(0.025 * n_boot)], diffs[int(0.975 * n_boot) - 1]
     sign = 1 if direction == "higher" else -1
     if sign * lo > 0 and sign * hi > 0:
@@ -231,8 +241,9 @@ def load_claims(path: str | Path) -> list[Claim]:
 
 def per_seed(runs: dict[str, list[list[dict]]]) -> dict[str, dict[str, list[float]]]:
     """{method: {metric: [one value per seed]}} from {method: [metrics rows of each seed]}."""
-    return {method: {name: [fn(rows) for rows in seeds] for name, fn in METRICS.items()}
-            for method, seeds in runs.items()}
+    return {
+        method: {name: [fn(rows) for rows in seeds] for name, fn in METRICS.items()} for method, seeds in runs.items()
+    }
 
 
 def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[str, list[float]]]]) -> list[dict]:
@@ -249,19 +260,35 @@ def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[s
                 base = regimes[c.relative_to]
                 if c.method not in base or c.baseline not in base:
                     continue
-                a, b, paired = _aligned(_change(methods[c.method], base[c.method], c.metric),
-                                        _change(methods[c.baseline], base[c.baseline], c.metric), c.metric)
+                a, b, paired = _aligned(
+                    _change(methods[c.method], base[c.method], c.metric),
+                    _change(methods[c.baseline], base[c.baseline], c.metric),
+                    c.metric,
+                )
             else:
                 a, b, paired = _aligned(methods[c.method], methods[c.baseline], c.metric)
             if not a or not b:
                 r = Comparison(float("nan"), None, None, NOT_ENOUGH, f"no run has a value of {c.metric}")
             else:
                 r = bootstrap_difference(a, b, c.direction, paired=paired)
-            out.append({"claim": c.claim, "regime": name, "relative_to": c.relative_to, "metric": c.metric,
-                        "method": c.method,
-                        "baseline": c.baseline, "direction": c.direction, "difference": r.difference,
-                        "ci95": list(r.ci95) if r.ci95 else None, "detectable": r.detectable, "verdict": r.verdict,
-                        "why": r.why, "seeds": [len(a), len(b)], "paired": paired})
+            out.append(
+                {
+                    "claim": c.claim,
+                    "regime": name,
+                    "relative_to": c.relative_to,
+                    "metric": c.metric,
+                    "method": c.method,
+                    "baseline": c.baseline,
+                    "direction": c.direction,
+                    "difference": r.difference,
+                    "ci95": list(r.ci95) if r.ci95 else None,
+                    "detectable": r.detectable,
+                    "verdict": r.verdict,
+                    "why": r.why,
+                    "seeds": [len(a), len(b)],
+                    "paired": paired,
+                }
+            )
     return out
 
 
@@ -280,20 +307,33 @@ def skipped_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, Any]]) 
     for c in claims:
         absent = [r for r in (c.regime, c.relative_to) if r is not None and r not in regimes]
         if absent:
-            out.append({"claim": c.claim, "regime": c.regime or "every",
-                        "reason": f"regime {absent[0]!r} is not in this report (regimes: {', '.join(regimes)})"})
+            out.append(
+                {
+                    "claim": c.claim,
+                    "regime": c.regime or "every",
+                    "reason": f"regime {absent[0]!r} is not in this report (regimes: {', '.join(regimes)})",
+                }
+            )
             continue
         for name, methods in regimes.items():
             if name == c.relative_to:
                 continue
             missing = [m for m in (c.method, c.baseline) if m not in methods]
             if c.relative_to is not None:
-                missing += [f"{m} (in {c.relative_to})" for m in (c.method, c.baseline)
-                            if m not in regimes[c.relative_to] and m in methods]
+                missing += [
+                    f"{m} (in {c.relative_to})"
+                    for m in (c.method, c.baseline)
+                    if m not in regimes[c.relative_to] and m in methods
+                ]
             if (c.regime is None or c.regime == name) and missing:
-                out.append({"claim": c.claim, "regime": name,
-                            "reason": f"{' and '.join(repr(m) for m in missing)} not run here "
-                                      f"(methods run: {', '.join(methods)})"})
+                out.append(
+                    {
+                        "claim": c.claim,
+                        "regime": name,
+                        "reason": f"{' and '.join(repr(m) for m in missing)} not run here "
+                        f"(methods run: {', '.join(methods)})",
+                    }
+                )
     return out
 
 
@@ -311,8 +351,10 @@ def _aligned(method: dict[str, list], baseline: dict[str, list], metric: str) ->
 
 
 def claims_markdown(results: Sequence[dict[str, Any]], skipped: Sequence[dict[str, Any]] = ()) -> str:
-    lines = ["| claim | regime | metric | method vs baseline | difference | 95% CI | detectable | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| claim | regime | metric | method vs baseline | difference | 95% CI | detectable | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         if r["ci95"] is None:
             ci, detectable, verdict = "n/a", "n/a", f"**{r['verdict']}** ({r['why']})"
@@ -320,9 +362,11 @@ def claims_markdown(results: Sequence[dict[str, Any]], skipped: Sequence[dict[st
             lo, hi = r["ci95"]
             ci, detectable, verdict = f"[{lo:+.4f}, {hi:+.4f}]", f"{r['detectable']:.4f}", f"**{r['verdict']}**"
         metric = r["metric"] if not r.get("relative_to") else f"change of {r['metric']} from {r['relative_to']}"
-        lines.append(f"| {r['claim']} | {r['regime']} | {metric} ({r['direction']} is the claim) | "
-                     f"{r['method']} vs {r['baseline']} ({_seeds_text(r)}) | "
-                     f"{r['difference']:+.4f} | {ci} | {detectable} | {verdict} |")
+        lines.append(
+            f"| {r['claim']} | {r['regime']} | {metric} ({r['direction']} is the claim) | "
+            f"{r['method']} vs {r['baseline']} ({_seeds_text(r)}) | "
+            f"{r['difference']:+.4f} | {ci} | {detectable} | {verdict} |"
+        )
     if skipped:
         lines += ["", "Skipped claims (not tested):", ""]
         lines += [f"- {s['claim']} (regime {s['regime']}): {s['reason']}" for s in skipped]

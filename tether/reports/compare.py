@@ -27,7 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..records.plots import EVAL_MARKER, coinciding, pyplot, rolling_mean, save_panel, window_for, window_note, ylabel_of
+from ..records.plots import (
+    EVAL_MARKER,
+    coinciding,
+    pyplot,
+    rolling_mean,
+    save_panel,
+    window_for,
+    window_note,
+    ylabel_of,
+)
 from ..records.runlog import ACCURACY, METRICS_FILE, accuracy, has_metrics, read_config, read_metrics, tail_mean, values
 from ..config.loading import load_config
 from ..config.sections import Config, config_differences, flatten
@@ -61,8 +70,17 @@ def is_finished(run: Path) -> bool:
     return bool(rows) and rows[-1]["step"] >= total
 
 
-def compare(config: Optional[str], objectives: list[str], seeds: int, overrides: list[str], out: str,
-            threshold: Optional[float] = None, log=print, claims: Optional[str] = None, jobs: int = 1) -> Path:
+def compare(
+    config: Optional[str],
+    objectives: list[str],
+    seeds: int,
+    overrides: list[str],
+    out: str,
+    threshold: Optional[float] = None,
+    log=print,
+    claims: Optional[str] = None,
+    jobs: int = 1,
+) -> Path:
     """Run every objective x seed (skipping finished runs, resuming interrupted ones), then report.
 
     jobs > 1: that many runs at a time, each in a child `tether train` process (module header)."""
@@ -75,7 +93,9 @@ def compare(config: Optional[str], objectives: list[str], seeds: int, overrides:
     for objective in objectives:
         for seed in range(seeds):
             run = run_dir(out_dir, objective, seed)
-            cfg = load_config(config, [*overrides, f"objective={objective}", f"trainer.seed={seed}", f"output_dir={run}"])
+            cfg = load_config(
+                config, [*overrides, f"objective={objective}", f"trainer.seed={seed}", f"output_dir={run}"]
+            )
             _check_same_settings(run, cfg, out_dir)
             plans.append((objective, seed, run, cfg))
     if claims:
@@ -93,10 +113,24 @@ def compare(config: Optional[str], objectives: list[str], seeds: int, overrides:
         if not resume and run.exists():
             shutil.rmtree(run)  # started but never checkpointed: nothing to keep
         if jobs > 1:
-            command = [sys.executable, "-m", "tether.cli", "train", *([config] if config else []), *overrides,
-                       f"objective={objective}", f"trainer.seed={seed}", f"output_dir={run}"]
-            pending.append((tag + (": resuming" if resume else ": training"),
-                            command + (["--resume", str(run)] if resume else []), out_dir / "logs" / f"{objective}-seed{seed}.log"))
+            command = [
+                sys.executable,
+                "-m",
+                "tether.cli",
+                "train",
+                *([config] if config else []),
+                *overrides,
+                f"objective={objective}",
+                f"trainer.seed={seed}",
+                f"output_dir={run}",
+            ]
+            pending.append(
+                (
+                    tag + (": resuming" if resume else ": training"),
+                    command + (["--resume", str(run)] if resume else []),
+                    out_dir / "logs" / f"{objective}-seed{seed}.log",
+                )
+            )
         elif resume:
             log(f"{tag}: resuming")
             train(cfg, resume_dir=str(run), log=log)
@@ -143,8 +177,11 @@ def _run_children(pending: list[tuple[str, list[str], Path]], jobs: int, log) ->
                 child.kill()
         raise
     if failed:
-        raise RunsFailed(f"{len(failed)} run(s) failed: " + "; ".join(failed)
-                           + ". Fix the cause and rerun the same command: finished runs are skipped, the rest resume.")
+        raise RunsFailed(
+            f"{len(failed)} run(s) failed: "
+            + "; ".join(failed)
+            + ". Fix the cause and rerun the same command: finished runs are skipped, the rest resume."
+        )
 
 
 def _check_same_settings(run: Path, cfg, out_dir: Path) -> None:
@@ -220,8 +257,9 @@ def _ms(values: list[float], digits: int = 3) -> str:
     return f"{statistics.fmean(vals):.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
 
 
-def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optional[float] = None,
-                 claims: Optional[str] = None) -> Path:
+def write_report(
+    regimes: dict[str, list[Path]], out_dir: Path, threshold: Optional[float] = None, claims: Optional[str] = None
+) -> Path:
     """report.md (per regime: its settings, a table of mean ± std over seeds, overlay plots; then the
     claims with their intervals and verdicts) and summary.json (per-seed values, `tether.reports.claims`)."""
 
@@ -248,15 +286,20 @@ def write_report(regimes: dict[str, list[Path]], out_dir: Path, threshold: Optio
         per_regime = {n: dict(r["methods"]) for n, r in summary["regimes"].items()}
         results, skipped = evaluate_claims(claim_list, per_regime), skipped_claims(claim_list, per_regime)
         summary["claims"], summary["skipped_claims"] = results, skipped
-        lines += ["## Claims", "",
-                  f"From `{claims}`: difference of the means over seeds (method minus baseline), its 95% percentile-"
-                  "bootstrap interval over seeds (paired by seed when both methods ran the same seeds), and the "
-                  "verdict: *supported* when the interval excludes 0 on the "
-                  "claimed side, *contradicted* when it excludes 0 on the other, else *inconclusive*; `detectable` "
-                  "is the interval's half-width, the smallest difference these seeds could tell from 0. "
-                  f"*not enough seeds*: fewer than {MIN_SEEDS} seeds per method (paired: shared), where the "
-                  "interval would only be the range of the values seen (docs/compare.md).", "",
-                  claims_markdown(results, skipped), ""]
+        lines += [
+            "## Claims",
+            "",
+            f"From `{claims}`: difference of the means over seeds (method minus baseline), its 95% percentile-"
+            "bootstrap interval over seeds (paired by seed when both methods ran the same seeds), and the "
+            "verdict: *supported* when the interval excludes 0 on the "
+            "claimed side, *contradicted* when it excludes 0 on the other, else *inconclusive*; `detectable` "
+            "is the interval's half-width, the smallest difference these seeds could tell from 0. "
+            f"*not enough seeds*: fewer than {MIN_SEEDS} seeds per method (paired: shared), where the "
+            "interval would only be the range of the values seen (docs/compare.md).",
+            "",
+            claims_markdown(results, skipped),
+            "",
+        ]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=_json_safe) + "\n")
     report = out_dir / "report.md"
     report.write_text("\n".join(lines) + "\n")
@@ -296,8 +339,9 @@ def _non_default_settings(methods: dict[str, list[Path]]) -> list[str]:
     return [f"`{k}={v}`" for k, v in shared.items() if defaults.get(k) != v]
 
 
-def _regime_section(name: Optional[str], methods: dict[str, list[Path]], plot_dir: Path, out_dir: Path,
-                    threshold: Optional[float]) -> list[str]:
+def _regime_section(
+    name: Optional[str], methods: dict[str, list[Path]], plot_dir: Path, out_dir: Path, threshold: Optional[float]
+) -> list[str]:
     if threshold is None:  # default: 0.1 above the mean starting accuracy
         starts = [run_summary(r, 1.0)["initial"] for rs in methods.values() for r in rs]
         starts = [s for s in starts if not math.isnan(s)]
@@ -308,8 +352,10 @@ def _regime_section(name: Optional[str], methods: dict[str, list[Path]], plot_di
         f"Budget: {cfg['trainer']['total_steps']} rollout steps of {cfg['rollout']['prompts_per_step']} prompts x "
         f"{cfg['rollout']['group_size']} samples, {cfg['trainer']['ppo_epochs']} x {cfg['trainer']['mini_batches']} "
         f"optimiser steps each. Settings that differ from tether's defaults: "
-        f"{', '.join(_non_default_settings(methods)) or 'none'}.", "",
-        f"Held-out greedy accuracy; mean ± std over seeds. Threshold for 'steps to reach': {threshold}.", "",
+        f"{', '.join(_non_default_settings(methods)) or 'none'}.",
+        "",
+        f"Held-out greedy accuracy; mean ± std over seeds. Threshold for 'steps to reach': {threshold}.",
+        "",
         "| objective | seeds | initial acc | final acc | best acc | steps to reach | final entropy | clip low | clip high | train time (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -336,8 +382,9 @@ def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]
     data = {label: [read_metrics(r) for r in rs] for label, rs in groups.items()}
     written = []
     for fname, title, key, smooth in CURVES:
-        n_points = max((sum(r.get(key) is not None for r in rows) for runs in data.values() for rows in runs),
-                       default=0)
+        n_points = max(
+            (sum(r.get(key) is not None for r in rows) for runs in data.values() for rows in runs), default=0
+        )
         window = window_for(n_points) if smooth else 1  # the run plots' rule (tether.records.plots)
         means = {}
         for label, runs in data.items():
@@ -348,20 +395,27 @@ def plot_comparison(groups: dict[str, list[Path]], plot_dir: Path) -> list[Path]
         if not means:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
-        lines = {label: (steps, [statistics.fmean(c[s] for c in curves) for s in steps])
-                 for label, (steps, curves) in means.items()}
+        lines = {
+            label: (steps, [statistics.fmean(c[s] for c in curves) for s in steps])
+            for label, (steps, curves) in means.items()
+        }
         labels = coinciding(lines)
         for label, (steps, curves) in means.items():
             marks = EVAL_MARKER if not smooth else {}
-            line, = ax.plot(*lines[label], label=labels[label], lw=1.4, **marks)
+            (line,) = ax.plot(*lines[label], label=labels[label], lw=1.4, **marks)
             lo = [min(c[s] for c in curves) for s in steps]
             hi = [max(c[s] for c in curves) for s in steps]
             ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.18, lw=0)
-        note = (f"{window_note(window)}, mean over seeds; band: min..max" if window > 1 else
-                "mean over seeds (markers: evaluations); band: min..max" if not smooth else
-                "each step, mean over seeds; band: min..max")
-        written.append(save_panel(fig, ax, title, plot_dir / f"{fname}.png", legend=True,
-                                  ylabel=ylabel_of(key), legend_title=note))
+        note = (
+            f"{window_note(window)}, mean over seeds; band: min..max"
+            if window > 1
+            else "mean over seeds (markers: evaluations); band: min..max"
+            if not smooth
+            else "each step, mean over seeds; band: min..max"
+        )
+        written.append(
+            save_panel(fig, ax, title, plot_dir / f"{fname}.png", legend=True, ylabel=ylabel_of(key), legend_title=note)
+        )
     return written
 
 
@@ -427,25 +481,38 @@ def _axis_section(axis: tuple[str, dict[str, float]], regimes: dict, out_dir: Pa
     key, values = axis
     xs = sorted(set(values.values()))
     points = _axis_points(values, regimes)
-    lines = [f"## Against `{key}`", "",
-             f"Each method's runs at {key} = {', '.join(f'{x:g}' for x in xs)}: mean over seeds, and "
-             "in brackets the 95% percentile-bootstrap interval of that mean (shown from 4 seeds up).", ""]
+    lines = [
+        f"## Against `{key}`",
+        "",
+        f"Each method's runs at {key} = {', '.join(f'{x:g}' for x in xs)}: mean over seeds, and "
+        "in brackets the 95% percentile-bootstrap interval of that mean (shown from 4 seeds up).",
+        "",
+    ]
     for metric, label in AXIS_METRICS:
-        lines += [f"{label} (`{metric}`):", "",
-                  f"| method | {' | '.join(f'{key}={x:g}' for x in xs)} |",
-                  "|---|" + "---|" * len(xs)]
+        lines += [
+            f"{label} (`{metric}`):",
+            "",
+            f"| method | {' | '.join(f'{key}={x:g}' for x in xs)} |",
+            "|---|" + "---|" * len(xs),
+        ]
         for m, pts in points[metric].items():
             at = {p.x: p for p in pts}
-            cells = ["n/a" if x not in at else f"{at[x].mean:.3f}"
-                     + (f" [{at[x].ci[0]:.3f}, {at[x].ci[1]:.3f}]" if at[x].ci else f" ({at[x].n} seeds)") for x in xs]
+            cells = [
+                "n/a"
+                if x not in at
+                else f"{at[x].mean:.3f}"
+                + (f" [{at[x].ci[0]:.3f}, {at[x].ci[1]:.3f}]" if at[x].ci else f" ({at[x].n} seeds)")
+                for x in xs
+            ]
             lines.append(f"| {m} | {' | '.join(cells)} |")
         lines.append("")
     plots = plot_against(key, xs, points, out_dir / "plots" / f"against_{key.split('.')[-1]}")
     return lines + [f"![{p.stem}]({p.relative_to(out_dir)})" for p in plots] + [""]
 
 
-def plot_against(key: str, xs: list[float], points: dict[str, dict[str, list[AxisPoint]]],
-                 plot_dir: Path) -> list[Path]:
+def plot_against(
+    key: str, xs: list[float], points: dict[str, dict[str, list[AxisPoint]]], plot_dir: Path
+) -> list[Path]:
     """One PNG per AXIS_METRICS entry: x = the setting, one line per method through its means over
     seeds, error bars = the 95% bootstrap interval of each mean (none under 4 seeds)."""
     plt = pyplot()
@@ -457,10 +524,24 @@ def plot_against(key: str, xs: list[float], points: dict[str, dict[str, list[Axi
         for i, (m, pts) in enumerate(methods.items()):
             if pts:  # a small sideways offset per method keeps the error bars apart
                 shift = (i - (len(methods) - 1) / 2) * 0.012 * (max(xs) - min(xs) or 1)
-                yerr = [[p.mean - p.ci[0] if p.ci else 0.0 for p in pts], [p.ci[1] - p.mean if p.ci else 0.0 for p in pts]]
-                ax.errorbar([p.x + shift for p in pts], [p.mean for p in pts], yerr=yerr, label=m, marker="o", ms=3,
-                            lw=1.2, capsize=2)
+                yerr = [
+                    [p.mean - p.ci[0] if p.ci else 0.0 for p in pts],
+                    [p.ci[1] - p.mean if p.ci else 0.0 for p in pts],
+                ]
+                ax.errorbar(
+                    [p.x + shift for p in pts],
+                    [p.mean for p in pts],
+                    yerr=yerr,
+                    label=m,
+                    marker="o",
+                    ms=3,
+                    lw=1.2,
+                    capsize=2,
+                )
         ax.set_xticks(xs)
-        written.append(save_panel(fig, ax, f"{label} against {key}", plot_dir / f"{metric}.png", legend=True,
-                                  xlabel=key, ylabel=label))
+        written.append(
+            save_panel(
+                fig, ax, f"{label} against {key}", plot_dir / f"{metric}.png", legend=True, xlabel=key, ylabel=label
+            )
+        )
     return written

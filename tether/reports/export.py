@@ -36,8 +36,14 @@ class ExportError(ValueError):
     """An export that cannot be done as asked; the message says why and what would work."""
 
 
-def export(run_dir: str | Path, out: str | Path, step: str = "last", force: bool = False,
-           push_to_hub: Optional[str] = None, log=print) -> Path:
+def export(
+    run_dir: str | Path,
+    out: str | Path,
+    step: str = "last",
+    force: bool = False,
+    push_to_hub: Optional[str] = None,
+    log=print,
+) -> Path:
     """Write the checkpoint `step` ("last", "best" or a step number) of RUN_DIR to OUT; push it to the
     Hub repo `push_to_hub` when given. Returns OUT."""
     run_dir, out = Path(run_dir), Path(out)
@@ -72,16 +78,20 @@ def select_checkpoint(run_dir: Path, which: str, log=print) -> Path:
     held-out accuracy, `checkpoint.best`) or a step number; an ExportError lists what there is."""
     ckpts = checkpoint.list_checkpoints(run_dir)
     if not ckpts:
-        raise ExportError(f"{run_dir} has no checkpoints (RUN_DIR/checkpoints/step_*); "
-                          f"a run writes one every trainer.save_every steps and at the end")
+        raise ExportError(
+            f"{run_dir} has no checkpoints (RUN_DIR/checkpoints/step_*); "
+            f"a run writes one every trainer.save_every steps and at the end"
+        )
     available = ", ".join(str(step_of(c)) for c in ckpts)
     if which == "last":
         ckpt = checkpoint.latest(run_dir, log=log)
     elif which == "best":
         ckpt = checkpoint.best(run_dir, log=log)
         if ckpt is None:
-            raise ExportError(f"no checkpoint in {run_dir} has a recorded held-out accuracy; choose one with "
-                              f"--step N, from: {_with_accuracy(run_dir, ckpts)}")
+            raise ExportError(
+                f"no checkpoint in {run_dir} has a recorded held-out accuracy; choose one with "
+                f"--step N, from: {_with_accuracy(run_dir, ckpts)}"
+            )
     else:
         try:
             n = int(which)
@@ -147,8 +157,10 @@ def adapter_base(adapter_dir: Path) -> str:
     if not base:
         raise ExportError(f"{adapter_dir}/adapter_config.json does not name its base model (base_model_name_or_path)")
     if (base.startswith(("/", ".", "~")) or base.count("/") != 1) and not Path(base).expanduser().exists():
-        raise ExportError(f"the LoRA adapter in {adapter_dir} was trained on {base}, which is no longer there; "
-                          f"restore it (a warm-start model is cached under ~/.cache/tether) and export again")
+        raise ExportError(
+            f"the LoRA adapter in {adapter_dir} was trained on {base}, which is no longer there; "
+            f"restore it (a warm-start model is cached under ~/.cache/tether) and export again"
+        )
     return base
 
 
@@ -173,18 +185,28 @@ def generation_config(cfg: dict, model_dir: Path, tokenizer) -> Any:
     """
     from transformers import GenerationConfig
 
-    base = GenerationConfig.from_pretrained(model_dir) if (model_dir / "generation_config.json").exists() \
+    base = (
+        GenerationConfig.from_pretrained(model_dir)
+        if (model_dir / "generation_config.json").exists()
         else GenerationConfig()
+    )
     rollout = cfg.get("rollout") or {}
     temperature = float(rollout.get("temperature", 1.0))
     eos = base.eos_token_id if isinstance(base.eos_token_id, list) else [base.eos_token_id]
     eos = sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
-    settings = {"max_new_tokens": int(rollout.get("max_new_tokens", 64)), "eos_token_id": eos or None,
-                "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else base.pad_token_id,
-                "bos_token_id": base.bos_token_id}
+    settings = {
+        "max_new_tokens": int(rollout.get("max_new_tokens", 64)),
+        "eos_token_id": eos or None,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else base.pad_token_id,
+        "bos_token_id": base.bos_token_id,
+    }
     if temperature > 0:
-        settings |= {"do_sample": True, "temperature": temperature, "top_p": float(rollout.get("top_p", 1.0)),
-                     "top_k": 0}
+        settings |= {
+            "do_sample": True,
+            "temperature": temperature,
+            "top_p": float(rollout.get("top_p", 1.0)),
+            "top_k": 0,
+        }
     else:  # tether's temperature 0 is greedy decoding
         settings |= {"do_sample": False}
     return GenerationConfig(**settings)
@@ -206,14 +228,25 @@ def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
     if _hub_id(model):
         front["base_model"] = model
     lines = [
-        "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
-        f"# {run_dir.name}, step {step}", "",
+        "---",
+        yaml.safe_dump(front, sort_keys=False).strip(),
+        "---",
+        "",
+        f"# {run_dir.name}, step {step}",
+        "",
         f"A causal language model trained with reinforcement learning from verifiable rewards by "
-        f"tether (objective **{shown}**), exported from `{ckpt}`.", "",
-        "## Training", "",
-        f"- base model: `{model}`" + (f"; trained as a LoRA adapter ({_lora(cfg)}), merged into the base weights "
-                                      f"here" if (cfg.get("model") or {}).get("lora") else ""),
-        f"- data: task `{data.get('task', '?')}`" + (f" with {data['task_args']}" if data.get("task_args") else "")
+        f"tether (objective **{shown}**), exported from `{ckpt}`.",
+        "",
+        "## Training",
+        "",
+        f"- base model: `{model}`"
+        + (
+            f"; trained as a LoRA adapter ({_lora(cfg)}), merged into the base weights here"
+            if (cfg.get("model") or {}).get("lora")
+            else ""
+        ),
+        f"- data: task `{data.get('task', '?')}`"
+        + (f" with {data['task_args']}" if data.get("task_args") else "")
         + f"; held-out accuracy on {data.get('eval_size', '?')} test examples",
         f"- reward: {_reward(cfg.get('reward') or {})}",
         f"- steps: this is step {step} of {trainer.get('total_steps', '?')}; "
@@ -221,21 +254,37 @@ def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
         f"lr {trainer.get('lr', '?')}, seed {trainer.get('seed', '?')}",
         f"- sampling (also in generation_config.json): temperature {rollout.get('temperature')}, "
         f"top_p {rollout.get('top_p')}, max_new_tokens {rollout.get('max_new_tokens')}"
-        + (f"; tether also stopped at the strings {rollout['stop_strings']} (pass `stop_strings=..., "
-           f"tokenizer=tokenizer` to `generate` for the same)" if rollout.get("stop_strings") else ""),
-        "", "Objective, with every parameter resolved:", "", "```yaml",
-        yaml.safe_dump({"objective": obj}, sort_keys=False).strip(), "```", "",
-        "The whole config is in `tether_config.yaml`; `tether train tether_config.yaml output_dir=DIR` reruns it.", "",
-        "## Metrics", "", *_metrics(run_dir, ckpt), "",
-        "## Use", "", "```python",
+        + (
+            f"; tether also stopped at the strings {rollout['stop_strings']} (pass `stop_strings=..., "
+            f"tokenizer=tokenizer` to `generate` for the same)"
+            if rollout.get("stop_strings")
+            else ""
+        ),
+        "",
+        "Objective, with every parameter resolved:",
+        "",
+        "```yaml",
+        yaml.safe_dump({"objective": obj}, sort_keys=False).strip(),
+        "```",
+        "",
+        "The whole config is in `tether_config.yaml`; `tether train tether_config.yaml output_dir=DIR` reruns it.",
+        "",
+        "## Metrics",
+        "",
+        *_metrics(run_dir, ckpt),
+        "",
+        "## Use",
+        "",
+        "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",
         'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")',
         'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")',
-        f"inputs = tokenizer({_example_prompt(run_dir)!r}, return_tensors=\"pt\")",
+        f'inputs = tokenizer({_example_prompt(run_dir)!r}, return_tensors="pt")',
         "out = model.generate(**inputs)  # samples with the run's settings (generation_config.json)",
         "print(tokenizer.decode(out[0, inputs.input_ids.shape[1]:], skip_special_tokens=True))",
-        "```", "",
+        "```",
+        "",
     ]
     return "\n".join(lines)
 
@@ -250,14 +299,21 @@ def _metrics(run_dir: Path, ckpt: Path) -> list[str]:
     if not evals:
         return ["No held-out evaluation was logged (metrics.jsonl has no eval/accuracy)."]
     top = best(evals)
-    lines = ["| held-out accuracy | step | value |", "|---|---|---|",
-             f"| start | {evals[0][0]} | {evals[0][1]:.4f} |", f"| end | {evals[-1][0]} | {evals[-1][1]:.4f} |",
-             f"| best | {top[0]} | {top[1]:.4f} |",
-             f"| **this model** | {step} | " + (f"{here:.4f} |" if here is not None else "not evaluated at this step |")]
+    lines = [
+        "| held-out accuracy | step | value |",
+        "|---|---|---|",
+        f"| start | {evals[0][0]} | {evals[0][1]:.4f} |",
+        f"| end | {evals[-1][0]} | {evals[-1][1]:.4f} |",
+        f"| best | {top[0]} | {top[1]:.4f} |",
+        f"| **this model** | {step} | " + (f"{here:.4f} |" if here is not None else "not evaluated at this step |"),
+    ]
     rewards = values(rows, "reward/mean")
     if rewards:
-        lines += ["", f"Training reward (reward/mean): {rewards[0]:.4f} at the first step, "
-                      f"{rewards[-1]:.4f} at the last ({len(rewards)} steps logged)."]
+        lines += [
+            "",
+            f"Training reward (reward/mean): {rewards[0]:.4f} at the first step, "
+            f"{rewards[-1]:.4f} at the last ({len(rewards)} steps logged).",
+        ]
     return lines
 
 
@@ -309,9 +365,15 @@ def upload(api: Any, folder: Path, repo: str, ckpt: Path) -> str:
 
     try:
         api.create_repo(repo_id=repo, repo_type="model", exist_ok=True)
-        info = api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="model",
-                                 commit_message=f"tether export of {ckpt.parent.parent.name} step {step_of(ckpt)}")
+        info = api.upload_folder(
+            folder_path=str(folder),
+            repo_id=repo,
+            repo_type="model",
+            commit_message=f"tether export of {ckpt.parent.parent.name} step {step_of(ckpt)}",
+        )
     except (HfHubHTTPError, OSError) as e:
-        raise ExportError(f"uploading to {repo} failed ({e}); the export in {folder} is complete: retry with "
-                          f"`hf upload {repo} {folder}`") from e
+        raise ExportError(
+            f"uploading to {repo} failed ({e}); the export in {folder} is complete: retry with "
+            f"`hf upload {repo} {folder}`"
+        ) from e
     return str(getattr(info, "commit_url", info))

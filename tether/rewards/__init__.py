@@ -32,8 +32,21 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..core.registry import Registry, did_you_mean
 from ..plugins import REWARD_SHAPE, check_call, entry, is_import_path, parameters
 from ..tasks import Example
-from .base import (REWARD_ERROR, FaultWarnings, RewardBroken, RewardFn, RewardResult, Scored, reward_label, rollout_examples, score_all,
-                   score_batch, score_rollout, verifier_faults, with_completion_tokens)
+from .base import (
+    REWARD_ERROR,
+    FaultWarnings,
+    RewardBroken,
+    RewardFn,
+    RewardResult,
+    Scored,
+    reward_label,
+    rollout_examples,
+    score_all,
+    score_batch,
+    score_rollout,
+    verifier_faults,
+    with_completion_tokens,
+)
 from .isolated import Isolated
 from .math_verifier import Math, MathVerifier, asks_for_boxed, math_verify_score, strict_for_task
 from .simple import (
@@ -117,16 +130,21 @@ def reward_parts(reward: RewardFn, results: Sequence[RewardResult]) -> Any:
     `reward_aggregation: normalize_then_sum` reads them."""
     import torch
 
-    from ..core.multi_reward import RewardParts  # lazy: torch; rewards import without it (a config error is reported first)
+    from ..core.multi_reward import (
+        RewardParts,
+    )  # lazy: torch; rewards import without it (a config error is reported first)
 
     if not isinstance(reward, Combined):
         scores = [[r.score] for r in results]
-        return RewardParts(torch.tensor(scores, dtype=torch.float64).reshape(len(results), 1),
-                           torch.ones(1, dtype=torch.float64))
+        return RewardParts(
+            torch.tensor(scores, dtype=torch.float64).reshape(len(results), 1), torch.ones(1, dtype=torch.float64)
+        )
     names = [name for name, _, _ in reward.parts]
     scores = [[r.components.get(n, float("nan")) for n in names] for r in results]
-    return RewardParts(torch.tensor(scores, dtype=torch.float64).reshape(len(results), len(names)),
-                       torch.tensor([w for _, w, _ in reward.parts], dtype=torch.float64))
+    return RewardParts(
+        torch.tensor(scores, dtype=torch.float64).reshape(len(results), len(names)),
+        torch.tensor([w for _, w, _ in reward.parts], dtype=torch.float64),
+    )
 
 
 def reward_entry(name: str) -> Any:
@@ -151,8 +169,12 @@ class UserReward:
             return out
         if isinstance(out, numbers.Real):
             return RewardResult(float(out), {self.name: float(out)})
-        return RewardResult(0.0, {}, f"{REWARD_ERROR}: returned {type(out).__name__} {out!r:.40}; "
-                            "expected a float or a RewardResult", ("error", "wrongtype"))
+        return RewardResult(
+            0.0,
+            {},
+            f"{REWARD_ERROR}: returned {type(out).__name__} {out!r:.40}; expected a float or a RewardResult",
+            ("error", "wrongtype"),
+        )
 
 
 PROBE_FAULTS = ("wrongtype", "nonfinite")
@@ -173,9 +195,11 @@ def check_user_rewards(reward: RewardFn, example: Example) -> None:
             for completion, result in zip(probes, score_all(part, probes, [example] * 2)):
                 if any(fault in result.faults for fault in PROBE_FAULTS):
                     probe = f"the example's answer {completion!r:.40}" if completion else "an empty completion"
-                    raise ConfigError(f"reward {reward_label(part)} {result.reason.removeprefix(REWARD_ERROR + ': ')} "
-                                      f"(called on {probe} before training): a reward returns a finite number or a "
-                                      "RewardResult with one; fix the reward")
+                    raise ConfigError(
+                        f"reward {reward_label(part)} {result.reason.removeprefix(REWARD_ERROR + ': ')} "
+                        f"(called on {probe} before training): a reward returns a finite number or a "
+                        "RewardResult with one; fix the reward"
+                    )
 
 
 def isolate(reward: RewardFn, timeout_s: float, name: str = "") -> RewardFn:
@@ -185,18 +209,24 @@ def isolate(reward: RewardFn, timeout_s: float, name: str = "") -> RewardFn:
     worker (it does not pickle: a lambda, a function defined inside another) is a ConfigError naming
     the fix. tether's own rewards bound their own time (linear scanners, the math verifier's worker)."""
     if isinstance(reward, Combined):
-        return Combined(tuple((part, weight, isolate(fn, timeout_s, part if is_import_path(part) else ""))
-                              for part, weight, fn in reward.parts))
+        return Combined(
+            tuple(
+                (part, weight, isolate(fn, timeout_s, part if is_import_path(part) else ""))
+                for part, weight, fn in reward.parts
+            )
+        )
     if not name:
         return reward
 
     try:
         pickle.dumps(reward)
     except Exception as err:  # pickling a closure raises AttributeError, PicklingError or TypeError
-        raise ConfigError(f"reward {name} cannot run in a worker process with a time limit: it does not pickle "
-                          f"({type(err).__name__}: {err}). Define it at the top level of a module (an import "
-                          "path MODULE:NAME always is), or set reward.isolate=false to run it in the trainer's "
-                          "process without reward.timeout_s") from None
+        raise ConfigError(
+            f"reward {name} cannot run in a worker process with a time limit: it does not pickle "
+            f"({type(err).__name__}: {err}). Define it at the top level of a module (an import "
+            "path MODULE:NAME always is), or set reward.isolate=false to run it in the trainer's "
+            "process without reward.timeout_s"
+        ) from None
     return Isolated(reward, name, timeout_s)
 
 
@@ -250,8 +280,9 @@ def get_reward(name_or_config: str | Mapping[str, Any], **params: Any) -> Reward
     known = sorted(set().union(*map(reward_options, REWARDS.names())))
     unknown = [k for k in params if k not in known]
     if unknown:
-        raise ValueError(f"no reward takes the option {unknown[0]!r}.{did_you_mean(unknown[0], known)} "
-                         f"Options: {', '.join(known)}.")
+        raise ValueError(
+            f"no reward takes the option {unknown[0]!r}.{did_you_mean(unknown[0], known)} Options: {', '.join(known)}."
+        )
     parts = []
     for name, spec in name_or_config.items():
         if isinstance(spec, Mapping):
@@ -281,12 +312,20 @@ def check_reward_params(name: str, params: Iterable[str], key: str = "", also: S
     unknown = sorted(set(params) - set(valid) - set(also))
     if unknown:
         param = unknown[0]
-        raise ConfigError(f"{f'{key}.{param}: ' if key else ''}reward {name!r} has no parameter {param!r}."
-                          f"{did_you_mean(param, valid)} Valid: {', '.join([*also, *valid]) or 'none'}.")
+        raise ConfigError(
+            f"{f'{key}.{param}: ' if key else ''}reward {name!r} has no parameter {param!r}."
+            f"{did_you_mean(param, valid)} Valid: {', '.join([*also, *valid]) or 'none'}."
+        )
 
 
-def task_reward(task: Any, name: str = "auto", weights: Mapping[str, Any] | None = None, timeout_s: float = 5.0,
-                strict: bool = True, isolated: bool = False) -> RewardFn:
+def task_reward(
+    task: Any,
+    name: str = "auto",
+    weights: Mapping[str, Any] | None = None,
+    timeout_s: float = 5.0,
+    strict: bool = True,
+    isolated: bool = False,
+) -> RewardFn:
     """The verifier a task is trained and evaluated with: its own reward (`name="auto"`), a named
     one, or a weighted combination, each part given `timeout_s` and `strict` when it takes them
     (strict extraction only when the task's template asks for a final \\boxed{} answer); with
@@ -312,10 +351,44 @@ def reward_names() -> list[str]:
 
 
 __all__ = [
-    "REWARDS", "Combined", "Format", "FaultWarnings", "Isolated", "RewardBroken", "isolate", "reward_label", "Math", "MathVerifier", "Overlong", "PerExample", "RewardFn", "Scored",
+    "REWARDS",
+    "Combined",
+    "Format",
+    "FaultWarnings",
+    "Isolated",
+    "RewardBroken",
+    "isolate",
+    "reward_label",
+    "Math",
+    "MathVerifier",
+    "Overlong",
+    "PerExample",
+    "RewardFn",
+    "Scored",
     "UserReward",
-    "RewardResult", "asks_for_boxed", "boxed_answers", "check_user_rewards", "countdown", "exact_match",
-    "get_reward", "math_verify_score", "overlong_penalty", "reward_entry", "reward_parts", "reward_names", "reward_options", "check_reward_params",
-    "score_batch", "strict_for_task", "task_reward", "user_reward", "accuracy", "check_verdicts",
-    "greedy_accuracy", "rollout_examples", "score_rollout", "verifier_faults", "with_completion_tokens",
+    "RewardResult",
+    "asks_for_boxed",
+    "boxed_answers",
+    "check_user_rewards",
+    "countdown",
+    "exact_match",
+    "get_reward",
+    "math_verify_score",
+    "overlong_penalty",
+    "reward_entry",
+    "reward_parts",
+    "reward_names",
+    "reward_options",
+    "check_reward_params",
+    "score_batch",
+    "strict_for_task",
+    "task_reward",
+    "user_reward",
+    "accuracy",
+    "check_verdicts",
+    "greedy_accuracy",
+    "rollout_examples",
+    "score_rollout",
+    "verifier_faults",
+    "with_completion_tokens",
 ]

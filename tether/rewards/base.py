@@ -51,9 +51,7 @@ class RewardFn(Protocol):
     def __call__(self, completion: str, example: Example) -> RewardResult: ...
 
 
-def score_batch(
-    reward: RewardFn, completions: Sequence[str], examples: Sequence[Example]
-) -> list[RewardResult]:
+def score_batch(reward: RewardFn, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
     """Score many completions, through the reward's own batched path when it has one.
 
     `examples[i]` is the example `completions[i]` answers (repeat it for samples of one prompt).
@@ -95,9 +93,11 @@ class RewardBroken(RuntimeError):
 
     def __init__(self, reward: str, reason: str, completion: str):
         self.reward, self.reason, self.completion = reward, reason, completion
-        super().__init__(f"the reward {reward} failed on every completion of the batch ({reason}; one "
-                         f"completion: {brief(completion, 60)}): that is a bug in the reward, not hostile output; "
-                         f"fix the reward")
+        super().__init__(
+            f"the reward {reward} failed on every completion of the batch ({reason}; one "
+            f"completion: {brief(completion, 60)}): that is a bug in the reward, not hostile output; "
+            f"fix the reward"
+        )
 
 
 def _error(detail: str, *extra: str) -> RewardResult:
@@ -175,8 +175,9 @@ def with_completion_tokens(examples: Sequence[Example], num_tokens: Sequence[int
 def rollout_examples(rollout: RolloutBatch, examples: Sequence[Example]) -> list[Example]:
     """The example of each sample of `rollout` (a `tether.rollout.RolloutBatch`): its prompt's
     (`rollout.prompt_index`), with its completion length in tokens attached for length-aware rewards."""
-    return with_completion_tokens([examples[i] for i in rollout.prompt_index],
-                                  [int(n) for n in rollout.mask.sum(1).tolist()])
+    return with_completion_tokens(
+        [examples[i] for i in rollout.prompt_index], [int(n) for n in rollout.mask.sum(1).tolist()]
+    )
 
 
 def score_rollout(reward: RewardFn, rollout: RolloutBatch, examples: Sequence[Example]) -> Scored:
@@ -190,8 +191,10 @@ def verifier_faults(results: Sequence[RewardResult]) -> dict[str, float]:
     """`reward/timeouts`: completions a verifier gave up on for lack of time (scored 0);
     `reward/errors`: completions a verifier failed on (it raised, or its worker died). A
     completion counts once per kind, whichever part of a combined reward gave up."""
-    return {"reward/timeouts": float(sum("timeout" in r.faults for r in results)),
-            "reward/errors": float(sum("error" in r.faults for r in results))}
+    return {
+        "reward/timeouts": float(sum("timeout" in r.faults for r in results)),
+        "reward/errors": float(sum("error" in r.faults for r in results)),
+    }
 
 
 def brief(text: str, limit: int = 40) -> str:
@@ -199,8 +202,11 @@ def brief(text: str, limit: int = 40) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
-FAULT_WORDS = {"timeout": ("timed out", "reward/timeouts"), "nonfinite": ("returned a non-finite score", "reward/errors"),
-               "error": ("failed", "reward/errors")}
+FAULT_WORDS = {
+    "timeout": ("timed out", "reward/timeouts"),
+    "nonfinite": ("returned a non-finite score", "reward/errors"),
+    "error": ("failed", "reward/errors"),
+}
 
 
 @dataclass
@@ -223,7 +229,9 @@ class FaultWarnings:
                     continue  # said once, as a non-finite score
                 self.seen.add(kind)
                 what, metric = FAULT_WORDS[kind]
-                out.append(f"warning: step {step}: reward {self.reward} {what} on a completion, scored 0 "
-                           f"({result.reason}); the completion: {brief(completion, 80)}. Further ones are counted "
-                           f"in {metric} (metrics.jsonl) without a warning")
+                out.append(
+                    f"warning: step {step}: reward {self.reward} {what} on a completion, scored 0 "
+                    f"({result.reason}); the completion: {brief(completion, 80)}. Further ones are counted "
+                    f"in {metric} (metrics.jsonl) without a warning"
+                )
         return out

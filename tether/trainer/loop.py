@@ -159,8 +159,15 @@ def evaluate(run: Run) -> dict[str, float]:
     r, t = run.cfg.rollout, run.cfg.trainer
     run.model.eval()
     with run.precision():
-        return greedy_accuracy(run.engine, run.test_examples, run.verifier, r.max_new_tokens, r.stop_strings,
-                               seed=t.seed, batch_size=t.eval_batch_size)
+        return greedy_accuracy(
+            run.engine,
+            run.test_examples,
+            run.verifier,
+            r.max_new_tokens,
+            r.stop_strings,
+            seed=t.seed,
+            batch_size=t.eval_batch_size,
+        )
 
 
 def _log_step_zero(run: Run, sinks, progress, log) -> None:
@@ -188,24 +195,29 @@ def flat_streak(metrics: dict[str, float], r: RolloutConfig, log_every: int, str
     due = streak >= FLAT_WARN_AFTER and (streak - FLAT_WARN_AFTER) % max(1, log_every) == 0
     if not due:
         return streak, ""
-    what = (f"dynamic sampling kept 0 of {r.prompts_per_step} groups after "
-            f"{r.dynamic_sampling_max_rounds} refill rounds" if dynamic else "every group was flat")
-    return streak, (f"warning: {streak} steps in a row with no reward variance ({what}): every sample of a "
-                    f"group got the same reward, so every advantage is 0 and nothing trains. The task is too "
-                    f"hard or too easy for this policy (reward/mean {metrics['reward/mean']:.3f}): check the "
-                    f"warm start and the reward, or raise rollout.group_size or rollout.temperature")
-
+    what = (
+        f"dynamic sampling kept 0 of {r.prompts_per_step} groups after {r.dynamic_sampling_max_rounds} refill rounds"
+        if dynamic
+        else "every group was flat"
+    )
+    return streak, (
+        f"warning: {streak} steps in a row with no reward variance ({what}): every sample of a "
+        f"group got the same reward, so every advantage is 0 and nothing trains. The task is too "
+        f"hard or too easy for this policy (reward/mean {metrics['reward/mean']:.3f}): check the "
+        f"warm start and the reward, or raise rollout.group_size or rollout.temperature"
+    )
 
 
 def _skipped_updates(metrics: dict[str, float], step: int, scored: Scored) -> str:
     """A log line when this step skipped updates with a non-finite loss or gradient, else ""."""
     if metrics["optim/skipped_updates"] == 0:
         return ""
-    return (f"step {step}: {int(metrics['optim/skipped_updates'])} update(s) skipped: "
-            f"{int(metrics['optim/skipped_nonfinite_loss'])} with a non-finite loss, "
-            f"{int(metrics['optim/skipped_nonfinite_grad'])} with a finite loss but a non-finite gradient "
-            f"(loss/total={metrics.get('loss/total')}, reward/mean={scored.rewards.mean().item()})")
-
+    return (
+        f"step {step}: {int(metrics['optim/skipped_updates'])} update(s) skipped: "
+        f"{int(metrics['optim/skipped_nonfinite_loss'])} with a non-finite loss, "
+        f"{int(metrics['optim/skipped_nonfinite_grad'])} with a finite loss but a non-finite gradient "
+        f"(loss/total={metrics.get('loss/total')}, reward/mean={scored.rewards.mean().item()})"
+    )
 
 
 def _stop_nonfinite(run: Run, bad_steps: int, metrics: dict[str, float], sinks) -> None:
@@ -218,7 +230,8 @@ def _stop_nonfinite(run: Run, bad_steps: int, metrics: dict[str, float], sinks) 
         f"stopping at step {step}: {bad_steps} steps in a row had a non-finite loss or gradient "
         f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). The "
         f"weights are those of the last good update; a checkpoint was written to "
-        f"{run.run_dir / 'checkpoints'}.")
+        f"{run.run_dir / 'checkpoints'}."
+    )
 
 
 def _finish(run: Run, wall_s: float, signum: Optional[int], log) -> None:

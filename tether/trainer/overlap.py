@@ -97,16 +97,27 @@ class OverlappedSampler:
 
     droppable = False  # the thread has already taken the next batch's prompts: a stop finishes the step
 
-    def __init__(self, rollout: RolloutConfig, seed: int, total_steps: int, model: Any, tokenizer: Any,
-                 stale: StalePolicies, stream: Any, params: SamplingParams, precision: Callable[[], ContextManager]):
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        seed: int,
+        total_steps: int,
+        model: Any,
+        tokenizer: Any,
+        stale: StalePolicies,
+        stream: Any,
+        params: SamplingParams,
+        precision: Callable[[], ContextManager],
+    ):
         self.model, self.stale, self.stream, self.params, self.precision = model, stale, stream, params, precision
         self.want, self.n = rollout.prompts_per_step, rollout.group_size
         self.seed, self.total_steps = seed, total_steps
         # eval mode; `requires_grad` flags kept as the policy's: under inference mode they still pick the kernels
         # (a copy with requires_grad off gave log-probs 5e-7 apart), and the engine runs without gradients anyway
         self.sampler = copy.deepcopy(model).eval()
-        self.engine = get_engine(rollout.engine, model=self.sampler, tokenizer=copy.deepcopy(tokenizer),
-                                 compile=rollout.compile)
+        self.engine = get_engine(
+            rollout.engine, model=self.sampler, tokenizer=copy.deepcopy(tokenizer), compile=rollout.compile
+        )
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-overlap")
         self.pending: Optional[_Pending] = None
         self.waited = 0.0  # seconds the trainer waited for this step's prefetched batch
@@ -119,8 +130,10 @@ class OverlappedSampler:
         if self.pending is None:  # nothing prefetched: the first step of a run or of a resume
             load_trainable(self.sampler, weights)
         elif self.pending.sampler_step != sampler_step:
-            raise RuntimeError(f"step {step}: prefetched by the policy of step {self.pending.sampler_step}, "
-                               f"the FIFO says {sampler_step}")
+            raise RuntimeError(
+                f"step {step}: prefetched by the policy of step {self.pending.sampler_step}, "
+                f"the FIFO says {sampler_step}"
+            )
         self.waited = 0.0
         try:
             yield sampler_step
@@ -135,15 +148,18 @@ class OverlappedSampler:
         if pending is None:
             return self.engine.generate(prompts, n, params, seed)
         if pending.request != _Request(tuple(prompts), n, params, seed):
-            raise RuntimeError(f"the prefetched batch was sampled for {pending.request.seed=} and other prompts than "
-                               f"this call's (seed {seed}); the overlap no longer follows the trainer's collect")
+            raise RuntimeError(
+                f"the prefetched batch was sampled for {pending.request.seed=} and other prompts than "
+                f"this call's (seed {seed}); the overlap no longer follows the trainer's collect"
+            )
         tic = time.perf_counter()
         batch = pending.result.result()
         self.waited = time.perf_counter() - tic
         return batch
 
-    def metrics(self, lag: int, sampler_logprobs: torch.Tensor, old_logprobs: Optional[torch.Tensor],
-                mask: torch.Tensor) -> dict[str, float]:
+    def metrics(
+        self, lag: int, sampler_logprobs: torch.Tensor, old_logprobs: Optional[torch.Tensor], mask: torch.Tensor
+    ) -> dict[str, float]:
         """The stale sampler's metrics (`stale_metrics`) and `time/overlap_wait_s`: how long this step waited
         for its prefetched batch (0: it was ready)."""
         return {**stale_metrics(lag, sampler_logprobs, old_logprobs, mask), "time/overlap_wait_s": self.waited}

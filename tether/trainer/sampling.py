@@ -37,8 +37,9 @@ class Sampler(Protocol):
     def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: Optional[int] = None) -> RolloutBatch:
         """The `RolloutEngine` call `collect` makes."""
 
-    def metrics(self, lag: int, sampler_logprobs: torch.Tensor, old_logprobs: Optional[torch.Tensor],
-                mask: torch.Tensor) -> dict[str, float]:
+    def metrics(
+        self, lag: int, sampler_logprobs: torch.Tensor, old_logprobs: Optional[torch.Tensor], mask: torch.Tensor
+    ) -> dict[str, float]:
         """This step's sampler metrics, `lag` = step - the sampler's step; log-probs and mask (N, T)."""
 
     def state(self) -> Optional[dict]:
@@ -99,9 +100,20 @@ class StaleSampler:
         pass
 
 
-def make_sampler(rollout: RolloutConfig, seed: int, total_steps: int, staleness: int, overlap: bool,
-                 engine: RolloutEngine, model: Any, tokenizer: Any, stream: PromptStream, params: SamplingParams,
-                 precision: Callable[[], ContextManager], saved: Optional[dict] = None) -> Sampler:
+def make_sampler(
+    rollout: RolloutConfig,
+    seed: int,
+    total_steps: int,
+    staleness: int,
+    overlap: bool,
+    engine: RolloutEngine,
+    model: Any,
+    tokenizer: Any,
+    stream: PromptStream,
+    params: SamplingParams,
+    precision: Callable[[], ContextManager],
+    saved: Optional[dict] = None,
+) -> Sampler:
     """The run's sampler: on-policy for `trainer.staleness` 0, else stale, overlapped with `trainer.overlap`;
     `saved` is a checkpoint's `state()` (the stale policies) on resume."""
     if not staleness:

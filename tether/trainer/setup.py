@@ -22,8 +22,16 @@ from .. import objectives
 from ..config.loading import check_resume, save_config
 from ..config.sections import Config, ModelConfig, RolloutConfig, TrainerConfig
 from ..model.causal_lm import LogProbSettings, Precision, fused_head_reason
-from ..model.loading import (apply_lora, char_tokenizer, check_model_loads, cpu_threads, load_model, load_tokenizer,
-                             pick_device, place_model)
+from ..model.loading import (
+    apply_lora,
+    char_tokenizer,
+    check_model_loads,
+    cpu_threads,
+    load_model,
+    load_tokenizer,
+    pick_device,
+    place_model,
+)
 from ..plugins import check_task, is_import_path, parameters
 from ..records import checkpoint
 from ..records.sinks import wandb_problem
@@ -88,7 +96,9 @@ class Run:
     saved_step: int = -1
     best_accuracy: float = -math.inf  # the best held-out accuracy a checkpoint holds
     warm_start: dict[str, float] = dataclasses.field(default_factory=dict)  # warm_start/* metrics, logged at step 0
-    created_dir: Optional[Path] = None  # the outermost directory this run made (run_dir or a parent): `discard` removes it
+    created_dir: Optional[Path] = (
+        None  # the outermost directory this run made (run_dir or a parent): `discard` removes it
+    )
 
     def discard(self) -> str:
         """Remove what a new run wrote before its first step finished (a run that cannot start), and say
@@ -97,7 +107,8 @@ class Run:
         if self.created_dir is not None:
             shutil.rmtree(self.created_dir, ignore_errors=True)
             return f"removed the run directory {self.run_dir}" + (
-                f" and {self.created_dir}, which it had made" if self.created_dir != self.run_dir else "")
+                f" and {self.created_dir}, which it had made" if self.created_dir != self.run_dir else ""
+            )
         for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "tb", "checkpoints"):
             path = self.run_dir / name
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
@@ -111,13 +122,24 @@ class Run:
         if accuracy is not None:
             self.best_accuracy = max(self.best_accuracy, accuracy)
         self.counters.position = self.stream.position
-        state = {**self.counters.state(), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict()}
+        state = {
+            **self.counters.state(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
         sampler_state = self.sampler.state()
         if sampler_state is not None:
             state["stale_policies"] = sampler_state
-        checkpoint.save(self.run_dir, step, self.peft or self.model, self.tokenizer, state, reference=self.reference,
-                        keep_last=self.cfg.trainer.keep_last, accuracy=accuracy)  # under LoRA: the adapter only
+        checkpoint.save(
+            self.run_dir,
+            step,
+            self.peft or self.model,
+            self.tokenizer,
+            state,
+            reference=self.reference,
+            keep_last=self.cfg.trainer.keep_last,
+            accuracy=accuracy,
+        )  # under LoRA: the adapter only
 
 
 def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
@@ -153,26 +175,62 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     unfused = fused_head_reason(model) if t.fused_logprobs else ""
     if unfused:
         log(f"fused log-probs off: {unfused}; using the model's logits")
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr,
-                                  weight_decay=t.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=t.lr, weight_decay=t.weight_decay
+    )
     scheduler = _scheduler(optimizer, t, t.total_steps * t.ppo_epochs * t.mini_batches)
     counters, state, best_accuracy = Counters(), {}, -math.inf
     if ckpt:
         counters, state, best_accuracy = _restore(run_dir, ckpt, optimizer, scheduler, log)
     r = cfg.rollout
-    params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
-                            stop_strings=tuple(r.stop_strings))
+    params = SamplingParams(
+        temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, stop_strings=tuple(r.stop_strings)
+    )
     stream = PromptStream(task, t.seed, counters.position)
     precision = Precision.of(t.autocast, device)
     engine = _engine(r, model, tokenizer, device, log)
-    sampler = make_sampler(r, t.seed, t.total_steps, t.staleness, t.overlap, engine, model, tokenizer, stream, params,
-                           precision, state["stale_policies"] if ckpt and t.staleness else None)
-    return Run(cfg=cfg, run_dir=run_dir, obj=obj, reward_fn=reward_fn, verifier=verifier, test_examples=test_examples,
-               model=model, tokenizer=tokenizer, reference=reference, engine=engine, sampler=sampler,
-               optimizer=optimizer, scheduler=scheduler, stream=stream, params=params, device=device,
-               precision=precision, logprobs=LogProbSettings.of(t, r), unfused=unfused, counters=counters,
-               start=counters.step, peft=peft, saved_step=counters.step, best_accuracy=best_accuracy,
-               warm_start=warm_start_metrics(cfg.warm_start, base) if base is not None else {}, created_dir=created_dir)
+    sampler = make_sampler(
+        r,
+        t.seed,
+        t.total_steps,
+        t.staleness,
+        t.overlap,
+        engine,
+        model,
+        tokenizer,
+        stream,
+        params,
+        precision,
+        state["stale_policies"] if ckpt and t.staleness else None,
+    )
+    return Run(
+        cfg=cfg,
+        run_dir=run_dir,
+        obj=obj,
+        reward_fn=reward_fn,
+        verifier=verifier,
+        test_examples=test_examples,
+        model=model,
+        tokenizer=tokenizer,
+        reference=reference,
+        engine=engine,
+        sampler=sampler,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        stream=stream,
+        params=params,
+        device=device,
+        precision=precision,
+        logprobs=LogProbSettings.of(t, r),
+        unfused=unfused,
+        counters=counters,
+        start=counters.step,
+        peft=peft,
+        saved_step=counters.step,
+        best_accuracy=best_accuracy,
+        warm_start=warm_start_metrics(cfg.warm_start, base) if base is not None else {},
+        created_dir=created_dir,
+    )
 
 
 def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
@@ -185,8 +243,10 @@ def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
     if lora is not None:  # adapters on the base model: new, or the checkpoint's
         peft = apply_lora(model, lora, ckpt / "model" if ckpt else None)
         model = peft.get_base_model()
-        log(f"LoRA: {sum(p.numel() for p in model.parameters() if p.requires_grad):_} trainable parameters of "
-            f"{sum(p.numel() for p in model.parameters()):_}")
+        log(
+            f"LoRA: {sum(p.numel() for p in model.parameters() if p.requires_grad):_} trainable parameters of "
+            f"{sum(p.numel() for p in model.parameters()):_}"
+        )
     reference = None
     if obj.uses_reference() and lora is None:
         reference, _ = load_model(base, dtype=cfg.model.dtype, device="cpu")
@@ -269,8 +329,10 @@ def _tokenizer(name_or_path: str):
     try:
         return load_tokenizer(name_or_path)
     except (OSError, ValueError) as err:
-        raise ConfigError(f"model.name_or_path={name_or_path!r}: its tokenizer cannot be loaded "
-                          f"({str(err).splitlines()[0]}); check the path or hub id") from None
+        raise ConfigError(
+            f"model.name_or_path={name_or_path!r}: its tokenizer cannot be loaded "
+            f"({str(err).splitlines()[0]}); check the path or hub id"
+        ) from None
 
 
 def _eval_examples(task, eval_size: int) -> list:
@@ -294,7 +356,6 @@ def config_warnings(t: TrainerConfig, obj: objectives.Objective) -> list[str]:
     return warnings
 
 
-
 def _run_path(cfg: Config, resume_dir: Optional[str]) -> Path:
     """The run directory's path, checked (a resume: the same run; a new run: not over an old one)."""
     if resume_dir is None and "{time}" in cfg.output_dir:
@@ -303,8 +364,10 @@ def _run_path(cfg: Config, resume_dir: Optional[str]) -> Path:
     if resume_dir:
         check_resume(cfg, run_dir)  # before anything in the directory is touched
     elif (run_dir / "metrics.jsonl").exists():
-        raise FileExistsError(f"{run_dir} already holds a run; resume it with `tether train --resume {run_dir}` "
-                              f"or choose another output_dir=PATH")
+        raise FileExistsError(
+            f"{run_dir} already holds a run; resume it with `tether train --resume {run_dir}` "
+            f"or choose another output_dir=PATH"
+        )
     return run_dir
 
 
@@ -332,4 +395,3 @@ def _engine(r: RolloutConfig, model, tokenizer, device: torch.device, log):
     engine = get_engine(r.engine, model=model, tokenizer=tokenizer, compile=r.compile, **sized)
     log(f"rollout: {engine.decode_path(device)}")
     return engine
-

@@ -83,17 +83,28 @@ class SFTSettings:
     seed: int = 0  # the train draws' and the default held-out split's seed
     max_new_tokens: int = 32  # greedy completion length at the checks
     n_eval: int = 200  # held-out problems checked (unless `sft` is given `eval_examples`)
-    give_up_checks: int = 10  # stop early after this many checks with the loss converged and no new best accuracy (0: never)
+    give_up_checks: int = (
+        10  # stop early after this many checks with the loss converged and no new best accuracy (0: never)
+    )
 
     def __post_init__(self) -> None:
         if self.steps_max < 1 or self.eval_every < 1 or self.batch_size < 1:
-            raise ValueError(f"steps_max, eval_every and batch_size must be >= 1, got {self.steps_max}, "
-                             f"{self.eval_every}, {self.batch_size}")
+            raise ValueError(
+                f"steps_max, eval_every and batch_size must be >= 1, got {self.steps_max}, "
+                f"{self.eval_every}, {self.batch_size}"
+            )
 
 
-def sft(model: Any, tokenizer: Any, task: Task, settings: SFTSettings = SFTSettings(), *,
-        reward: RewardFn | None = None, eval_examples: Sequence[Example] | None = None,
-        log: Callable[[str], Any] | None = None) -> dict[str, Any]:
+def sft(
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    settings: SFTSettings = SFTSettings(),
+    *,
+    reward: RewardFn | None = None,
+    eval_examples: Sequence[Example] | None = None,
+    log: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
     """Fine-tune `model` in place on the task's solutions until greedy held-out accuracy is reached.
 
     Args:
@@ -126,8 +137,12 @@ def sft(model: Any, tokenizer: Any, task: Task, settings: SFTSettings = SFTSetti
             continue
         accuracy = greedy_accuracy(model, tokenizer, held_out, reward, s.max_new_tokens)
         model.train()
-        row = {"step": step, "loss": torch.stack(losses).mean().item(), "accuracy": accuracy,
-               "seconds": time.perf_counter() - start}
+        row = {
+            "step": step,
+            "loss": torch.stack(losses).mean().item(),
+            "accuracy": accuracy,
+            "seconds": time.perf_counter() - start,
+        }
         history.append(row)
         losses = []
         if log is not None:
@@ -140,8 +155,14 @@ def sft(model: Any, tokenizer: Any, task: Task, settings: SFTSettings = SFTSetti
                 log(f"sft step {step}: giving up: {gave_up}")
             break
     model.eval()
-    return {"accuracy": accuracy, "steps": step, "reached": accuracy >= s.target_accuracy,
-            "seconds": time.perf_counter() - start, "history": history, "gave_up": gave_up}
+    return {
+        "accuracy": accuracy,
+        "steps": step,
+        "reached": accuracy >= s.target_accuracy,
+        "seconds": time.perf_counter() - start,
+        "history": history,
+        "gave_up": gave_up,
+    }
 
 
 CONVERGED_LOSS = 0.05
@@ -165,10 +186,12 @@ def stalled(history: Sequence[dict[str, float]], checks: int) -> str:
     if not converged or best_now > best_before:
         return ""
     steps = window[-1]["step"] - before[-1]["step"]
-    return (f"over the last {checks} checks ({steps} steps) the loss went from {first:.4f} to {last:.4f} (converged) "
-            f"while greedy accuracy stayed at most {best_now:.3f} (best before: {best_before:.3f}); more steps would "
-            "only memorise the solutions further. Check that the task's reference solutions pass its verifier and "
-            "fit rollout.max_new_tokens")
+    return (
+        f"over the last {checks} checks ({steps} steps) the loss went from {first:.4f} to {last:.4f} (converged) "
+        f"while greedy accuracy stayed at most {best_now:.3f} (best before: {best_before:.3f}); more steps would "
+        "only memorise the solutions further. Check that the task's reference solutions pass its verifier and "
+        "fit rollout.max_new_tokens"
+    )
 
 
 def _sft_step(model: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:

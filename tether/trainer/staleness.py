@@ -42,8 +42,9 @@ def load_trainable(model, weights: dict[str, torch.Tensor]) -> None:
     requires_grad flags and so its trainable names, load them the same way."""
     trainable = _trainable(model)
     if trainable.keys() != weights.keys():
-        raise RuntimeError(f"the model has {len(trainable)} trainable tensors, the stale policy {len(weights)}, "
-                           "not the same names")
+        raise RuntimeError(
+            f"the model has {len(trainable)} trainable tensors, the stale policy {len(weights)}, not the same names"
+        )
     with torch.no_grad():
         for n, p in trainable.items():
             p.copy_(weights[n])
@@ -61,14 +62,15 @@ class StalePolicies:
             self.weights, self.steps = deque([initial] * staleness), deque([1] * staleness)
         else:
             if len(saved["weights"]) != staleness:
-                raise ValueError(f"the checkpoint holds {len(saved['weights'])} stale policies, the config says "
-                                 f"trainer.staleness={staleness}")
+                raise ValueError(
+                    f"the checkpoint holds {len(saved['weights'])} stale policies, the config says "
+                    f"trainer.staleness={staleness}"
+                )
             self.weights, self.steps = deque(saved["weights"]), deque(int(s) for s in saved["steps"])
 
     @staticmethod
     def _copy(model) -> dict[str, torch.Tensor]:
         return {n: p.detach().to("cpu", copy=True) for n, p in _trainable(model).items()}
-
 
     @contextlib.contextmanager
     def sampling(self, model, step: int) -> Iterator[int]:
@@ -98,10 +100,14 @@ class StalePolicies:
         return {"weights": list(self.weights), "steps": list(self.steps)}
 
 
-def stale_metrics(lag: int, sampler_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                  mask: torch.Tensor) -> dict[str, float]:
+def stale_metrics(
+    lag: int, sampler_logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """`stale/lag` and KL(pi_sampler || pi_old) estimated on the sampled tokens (N, T): k1 = mean(lp_sampler -
     lp_old), k3 = mean(r - 1 - log r) with r = pi_old / pi_sampler (never negative). 0 under bypass anchoring."""
     d = torch.where(mask.bool(), old_logprobs - sampler_logprobs, torch.zeros_like(old_logprobs))
-    return {"stale/lag": float(lag), "stale/kl_k1": masked_mean(-d, mask).item(),
-            "stale/kl_k3": masked_mean(k3_of_log(d), mask).item()}
+    return {
+        "stale/lag": float(lag),
+        "stale/kl_k1": masked_mean(-d, mask).item(),
+        "stale/kl_k3": masked_mean(k3_of_log(d), mask).item(),
+    }

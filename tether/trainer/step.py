@@ -27,8 +27,16 @@ from ..config.sections import RolloutConfig, TrainerConfig
 from ..core.advantages import zero_variance_fraction
 from ..core.etr import GroupStats
 from ..core.masked import group_summary
-from ..model.causal_lm import (LogProbSettings, Precision, Tokens, batched_logprobs, eval_mode, shared_prompt_reason,
-                               to_tokens, token_logprobs)
+from ..model.causal_lm import (
+    LogProbSettings,
+    Precision,
+    Tokens,
+    batched_logprobs,
+    eval_mode,
+    shared_prompt_reason,
+    to_tokens,
+    token_logprobs,
+)
 from ..rewards import Scored, reward_parts, score_rollout, verifier_faults
 from ..rollout import RolloutBatch, SamplingParams
 from .data import PromptStream
@@ -37,8 +45,9 @@ from .sampling import Sampler
 from .setup import Counters, Run
 
 
-def old_policy_logprobs(model, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig, logprobs: LogProbSettings,
-                        precision: Precision) -> Optional[torch.Tensor]:
+def old_policy_logprobs(
+    model, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig, logprobs: LogProbSettings, precision: Precision
+) -> Optional[torch.Tensor]:
     """pi_old's log-probs (N, T), before any update: recomputed in eval mode, as the sampler ran
     (a model with dropout would otherwise give a dropout sample of pi_old), or the sampler's own
     (trainer.old_logprobs=sampler: the same weights, no extra pass). None when there is a single
@@ -108,8 +117,9 @@ def _clocked(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def collect(sampler: Sampler, stream: PromptStream, reward_fn, r: RolloutConfig, params: SamplingParams, seed: int,
-            pad_id: int) -> tuple[Scored, dict[str, float]]:
+def collect(
+    sampler: Sampler, stream: PromptStream, reward_fn, r: RolloutConfig, params: SamplingParams, seed: int, pad_id: int
+) -> tuple[Scored, dict[str, float]]:
     """Sample and score one batch; with dynamic sampling, drop flat groups and sample more. Returns the
     batch and its rollout and reward metrics, with the seconds spent sampling (`time/sample_s`) and
     scoring (`time/score_s`)."""
@@ -182,7 +192,6 @@ def _micro_batches(groups: list[torch.Tensor], size: int) -> list[torch.Tensor]:
     return out
 
 
-
 @dataclass
 class UpdateBatch:
     """A scored rollout batch as the updates read it, on the training device."""
@@ -196,19 +205,28 @@ class UpdateBatch:
     sampler_logprobs: Optional[torch.Tensor] = None  # (N, T), the engine's, for rollout_correction
     group_stats: Optional[GroupStats] = None  # over the whole batch (`Objective.group_stats`), set by `update`
 
-    def select(self, idx: torch.Tensor, logprobs: torch.Tensor, entropy: torch.Tensor,
-               loss_norm) -> objectives.TokenBatch:
+    def select(
+        self, idx: torch.Tensor, logprobs: torch.Tensor, entropy: torch.Tensor, loss_norm
+    ) -> objectives.TokenBatch:
         """Rows `idx` (a micro-batch) as the objective reads them, around their log-probs and entropy
         (N, T) under the policy being updated; `loss_norm` is the mini-batch normaliser."""
+
         def rows(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             return None if x is None else x[idx]
 
         return objectives.TokenBatch(
-            logprobs=logprobs, old_logprobs=logprobs.detach() if self.old_logprobs is None else self.old_logprobs[idx],
-            advantages=self.advantages[idx], mask=self.tokens.mask[idx], ref_logprobs=rows(self.ref_logprobs),
-            group_ids=self.group_ids[idx], rewards=self.rewards[idx], sampler_logprobs=rows(self.sampler_logprobs),
-            entropy=entropy, loss_norm=loss_norm,
-            group_stats=None if self.group_stats is None else self.group_stats.select(idx))
+            logprobs=logprobs,
+            old_logprobs=logprobs.detach() if self.old_logprobs is None else self.old_logprobs[idx],
+            advantages=self.advantages[idx],
+            mask=self.tokens.mask[idx],
+            ref_logprobs=rows(self.ref_logprobs),
+            group_ids=self.group_ids[idx],
+            rewards=self.rewards[idx],
+            sampler_logprobs=rows(self.sampler_logprobs),
+            entropy=entropy,
+            loss_norm=loss_norm,
+            group_stats=None if self.group_stats is None else self.group_stats.select(idx),
+        )
 
 
 @dataclass
@@ -229,8 +247,15 @@ class Updated:
     opt_steps: int
 
 
-def update(opt: Optimiser, obj, batch: UpdateBatch, t: TrainerConfig, gen: torch.Generator,
-           logprobs: LogProbSettings, precision: Precision) -> Updated:
+def update(
+    opt: Optimiser,
+    obj,
+    batch: UpdateBatch,
+    t: TrainerConfig,
+    gen: torch.Generator,
+    logprobs: LogProbSettings,
+    precision: Precision,
+) -> Updated:
     """ppo_epochs x mini-batches optimiser steps; returns the step's metrics and the steps taken.
 
     Group statistics (ETR's nu_g - nu_bar) are computed once over the whole rollout batch and
@@ -265,8 +290,9 @@ def update(opt: Optimiser, obj, batch: UpdateBatch, t: TrainerConfig, gen: torch
     return Updated(_host_metrics(merger.result(), grad_norms, skipped, device), len(grad_norms))
 
 
-def _host_metrics(metrics: dict[str, torch.Tensor], grad_norms: list[torch.Tensor], skipped: dict[str, int],
-                  device: torch.device) -> dict[str, float]:
+def _host_metrics(
+    metrics: dict[str, torch.Tensor], grad_norms: list[torch.Tensor], skipped: dict[str, int], device: torch.device
+) -> dict[str, float]:
     """The merged metrics with the optimiser's, brought to the host in one sync."""
     nan = torch.tensor(float("nan"), device=device)
     metrics["optim/grad_norm"] = torch.stack(grad_norms).float().mean() if grad_norms else nan
@@ -278,8 +304,9 @@ def _host_metrics(metrics: dict[str, torch.Tensor], grad_norms: list[torch.Tenso
     return dict(zip(keys, values))
 
 
-def _micro_step(model, obj, batch: UpdateBatch, idx: torch.Tensor, norm, logprobs: LogProbSettings,
-                precision: Precision):
+def _micro_step(
+    model, obj, batch: UpdateBatch, idx: torch.Tensor, norm, logprobs: LogProbSettings, precision: Precision
+):
     """Forward and backward of one micro-batch (rows `idx`), its loss the mini-batch share `norm`."""
     with precision():
         lp, ent = token_logprobs(model, batch.tokens.select(idx), logprobs, with_entropy=True)
@@ -296,7 +323,9 @@ KL_WINDOW = 5
 """Rollout steps over which the KL-triggered reference refresh averages `kl/ref`."""
 
 
-def refresh_reference(reference, model, t: TrainerConfig, counters: Counters, taken: int, kl_ref: Optional[float]) -> bool:
+def refresh_reference(
+    reference, model, t: TrainerConfig, counters: Counters, taken: int, kl_ref: Optional[float]
+) -> bool:
     """RPG's iterative reference update (SPEC 2.5), checked once per rollout step, after its `taken`
     optimiser steps (already counted in `counters.opt_steps`).
 
@@ -347,11 +376,19 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     tic = time.perf_counter()
     model.eval()
     with run.precision(), sampler.sampling(step) as sampler_step:  # the policy of step t - s (trainer.staleness)
-        scored, sampled_metrics = collect(sampler, run.stream, run.reward_fn, run.cfg.rollout, run.params,
-                                           rollout_seed(t.seed, step), run.tokenizer.pad_token_id)
+        scored, sampled_metrics = collect(
+            sampler,
+            run.stream,
+            run.reward_fn,
+            run.cfg.rollout,
+            run.params,
+            rollout_seed(t.seed, step),
+            run.tokenizer.pad_token_id,
+        )
     model.train()
-    tokens, nonfinite = finite_sampler_tokens(scored.rollout, to_tokens(scored.rollout, run.tokenizer.pad_token_id,
-                                                                        device))
+    tokens, nonfinite = finite_sampler_tokens(
+        scored.rollout, to_tokens(scored.rollout, run.tokenizer.pad_token_id, device)
+    )
     if t.mask_truncated:
         tokens, _ = truncated_out(scored.rollout, tokens)
     parts = reward_parts(run.reward_fn, scored.results) if run.obj.needs_reward_parts() else None
@@ -366,9 +403,13 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp, sampler_lp)
     done = update(Optimiser(model, run.optimizer, run.scheduler), run.obj, batch, t, gen, run.logprobs, run.precision)
     metrics, run.counters.step = done.metrics, step
-    metrics.update({"time/old_logprobs_s": 0.0 if old_lp is None else clock["old"] - clock["start"],
-                    "time/ref_logprobs_s": 0.0 if ref_lp is None else clock["ref"] - clock["old"],
-                    "time/update_s": _clocked(device) - clock["ref"]})  # a skipped pass: 0
+    metrics.update(
+        {
+            "time/old_logprobs_s": 0.0 if old_lp is None else clock["old"] - clock["start"],
+            "time/ref_logprobs_s": 0.0 if ref_lp is None else clock["ref"] - clock["old"],
+            "time/update_s": _clocked(device) - clock["ref"],
+        }
+    )  # a skipped pass: 0
     run.counters.opt_steps += done.opt_steps
     first = step == run.start + 1
     if first and t.share_prompts and t.fused_logprobs and not run.unfused and shared_prompt_reason(model):
@@ -377,6 +418,11 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     metrics["rollout/nonfinite_sampler_logprobs"] = nonfinite
     metrics.update(sampler.metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
     refresh_reference(run.reference, model, t, run.counters, done.opt_steps, metrics.get("kl/ref"))
-    metrics.update({"optim/lr": run.scheduler.get_last_lr()[0], "ref/updates": float(run.counters.ref_updates),
-                    "time/step_s": time.perf_counter() - tic})
+    metrics.update(
+        {
+            "optim/lr": run.scheduler.get_last_lr()[0],
+            "ref/updates": float(run.counters.ref_updates),
+            "time/step_s": time.perf_counter() - tic,
+        }
+    )
     return scored, metrics

@@ -60,8 +60,10 @@ class StopSignals:
             self.droppable = False
             raise StopNow(signum)
         if self._log is not None:
-            self._log(f"{signal.Signals(signum).name}: stopping after the step under way has finished (it has "
-                      f"updated the weights); Ctrl-C again to stop at once")
+            self._log(
+                f"{signal.Signals(signum).name}: stopping after the step under way has finished (it has "
+                f"updated the weights); Ctrl-C again to stop at once"
+            )
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():

@@ -39,7 +39,9 @@ def _tiny_model(cfg: Config) -> Path:
     if not (path / "config.json").exists():
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        init_model(tmp, arch=m.tiny_arch, hidden_size=m.tiny_hidden_size, num_layers=m.tiny_layers, seed=cfg.trainer.seed)
+        init_model(
+            tmp, arch=m.tiny_arch, hidden_size=m.tiny_hidden_size, num_layers=m.tiny_layers, seed=cfg.trainer.seed
+        )
         _publish(tmp, path)
     return path
 
@@ -60,9 +62,11 @@ def warm_start_key(cfg: Config, base: str) -> dict:
     model = {k: v for k, v in to_dict(cfg.model).items() if k != "lora"}
     return {
         "base": base if cfg.model.name_or_path != "tiny" else model,
-        "task": cfg.data.task, "task_args": cfg.data.task_args,
+        "task": cfg.data.task,
+        "task_args": cfg.data.task_args,
         "warm_start": {k: v for k, v in to_dict(cfg.warm_start).items() if k != "cache_dir"},
-        "seed": cfg.trainer.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
+        "seed": cfg.trainer.seed,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
     }
 
 
@@ -73,13 +77,17 @@ def below_target_warning(ws: WarmStartConfig, info: dict) -> str:
     if info["accuracy"] >= ws.target_accuracy:
         return ""
     if info.get("gave_up"):
-        return (f"warning: the warm start gave up after {info['steps']} steps with greedy accuracy {info['accuracy']:.3f}, "
-                f"below warm_start.target_accuracy={ws.target_accuracy}: {info['gave_up']}. RL starts from a policy "
-                f"that rarely solves a problem, so most groups score 0 everywhere and learn nothing")
-    return (f"warning: the warm start stopped at warm_start.max_steps={ws.max_steps} with greedy accuracy "
-            f"{info['accuracy']:.3f} after {info['steps']} steps, below warm_start.target_accuracy="
-            f"{ws.target_accuracy}: RL starts from a policy that rarely solves a problem, so most groups score 0 "
-            f"everywhere and learn nothing. Raise warm_start.max_steps (or lower warm_start.target_accuracy)")
+        return (
+            f"warning: the warm start gave up after {info['steps']} steps with greedy accuracy {info['accuracy']:.3f}, "
+            f"below warm_start.target_accuracy={ws.target_accuracy}: {info['gave_up']}. RL starts from a policy "
+            f"that rarely solves a problem, so most groups score 0 everywhere and learn nothing"
+        )
+    return (
+        f"warning: the warm start stopped at warm_start.max_steps={ws.max_steps} with greedy accuracy "
+        f"{info['accuracy']:.3f} after {info['steps']} steps, below warm_start.target_accuracy="
+        f"{ws.target_accuracy}: RL starts from a policy that rarely solves a problem, so most groups score 0 "
+        f"everywhere and learn nothing. Raise warm_start.max_steps (or lower warm_start.target_accuracy)"
+    )
 
 
 def warm_start_metrics(ws: WarmStartConfig, path: str) -> dict[str, float]:
@@ -89,8 +97,11 @@ def warm_start_metrics(ws: WarmStartConfig, path: str) -> dict[str, float]:
     if not ws.enabled or not record.is_file():
         return {}
     info = json.loads(record.read_text())
-    return {"warm_start/accuracy": float(info["accuracy"]), "warm_start/steps": float(info["steps"]),
-            "warm_start/below_target": float(info["accuracy"] < ws.target_accuracy)}
+    return {
+        "warm_start/accuracy": float(info["accuracy"]),
+        "warm_start/steps": float(info["steps"]),
+        "warm_start/below_target": float(info["accuracy"] < ws.target_accuracy),
+    }
 
 
 def initial_model(cfg: Config, task, verifier, log=print) -> str:
@@ -112,18 +123,36 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
     log(f"warm start: supervised fine-tuning until held-out accuracy >= {ws.target_accuracy} (cached afterwards)")
     model, tokenizer = load_model(base, dtype="float32", device="cpu")
     tic = time.perf_counter()
-    settings = SFTSettings(steps_max=ws.max_steps, batch_size=ws.batch_size, lr=ws.lr, eval_every=ws.eval_every,
-                           target_accuracy=ws.target_accuracy, seed=cfg.trainer.seed,
-                           max_new_tokens=cfg.rollout.max_new_tokens)
-    result = sft(model, tokenizer, task, settings, reward=verifier, log=log,
-                 # Stop on accuracy over train problems: the held-out split stays unseen until RL's eval.
-                 eval_examples=task.examples("train", cfg.data.eval_size, seed=cfg.trainer.seed + 1))
+    settings = SFTSettings(
+        steps_max=ws.max_steps,
+        batch_size=ws.batch_size,
+        lr=ws.lr,
+        eval_every=ws.eval_every,
+        target_accuracy=ws.target_accuracy,
+        seed=cfg.trainer.seed,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+    )
+    result = sft(
+        model,
+        tokenizer,
+        task,
+        settings,
+        reward=verifier,
+        log=log,
+        # Stop on accuracy over train problems: the held-out split stays unseen until RL's eval.
+        eval_examples=task.examples("train", cfg.data.eval_size, seed=cfg.trainer.seed + 1),
+    )
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    info = {"accuracy": result["accuracy"], "steps": result["steps"], "seconds": time.perf_counter() - tic,
-            "gave_up": result["gave_up"], **payload}
+    info = {
+        "accuracy": result["accuracy"],
+        "steps": result["steps"],
+        "seconds": time.perf_counter() - tic,
+        "gave_up": result["gave_up"],
+        **payload,
+    }
     (tmp / "warmstart.json").write_text(json.dumps(info, indent=1, default=str))
     _publish(tmp, path)
     log(f"warm start: accuracy {result['accuracy']:.3f} after {result['steps']} steps ({info['seconds']:.0f} s)")
