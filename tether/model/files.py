@@ -22,6 +22,8 @@ pad token, while its own config says eos = pad = `<|im_end|>`).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -33,6 +35,7 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 import importlib.util
 from email.parser import HeaderParser
 import argparse
@@ -183,10 +186,19 @@ def convert_gguf(gguf: Path, out: Path, record: dict) -> Path:
     `tether_model.json`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
-    )
+    quiet = contextlib.nullcontext()
+    if not sys.stderr.isatty():  # a log file (a scheduler's, a redirect): no per-tensor progress bars in it
+        hf_logging.disable_progress_bar()
+        # the GGUF reader's own bar is a plain tqdm that the switch above does not reach
+        reader = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+        if hasattr(reader, "tqdm"):
+            quiet = mock.patch.object(reader, "tqdm", functools.partial(reader.tqdm, disable=True))
+    with quiet:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
+        )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
     fix_special_tokens(tokenizer, model.config, model.generation_config)
     plain_weights(model)
