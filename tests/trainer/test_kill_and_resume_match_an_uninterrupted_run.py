@@ -71,7 +71,7 @@ def test_a_kill_at_any_point_resumes_exactly(tiny_dir, tmp_path, uninterrupted, 
 
 
 @pytest.mark.soak
-def test_soak_repeated_kills_at_random_moments_keep_learning(tmp_path):
+def test_soak_repeated_kills_at_random_moments_keep_learning(tmp_path, default_warm_start_cache):
     """The default pipeline (warm start, arithmetic, ATR-GRPO), killed from outside 4 times."""
     steps, run = 240, tmp_path / "run"
     args = [
@@ -84,7 +84,7 @@ def test_soak_repeated_kills_at_random_moments_keep_learning(tmp_path):
         "trainer.seed=0",
         "trainer.threads=2",
     ]
-    env = {**os.environ, "TETHER_CACHE": str(tmp_path / "cache"), "TETHER_KILL_AT": ""}
+    env = {**os.environ, "TETHER_CACHE": str(default_warm_start_cache), "TETHER_KILL_AT": ""}
     rng = random.Random(0)
     kills = 0
     cmd = [sys.executable, str(RUNNER), "train", *args]
