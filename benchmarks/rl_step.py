@@ -91,7 +91,7 @@ def tether_runner(
         ]
     )
     model, tokenizer = load_model(model_dir, dtype=args.dtype, device=str(device))
-    if args.lora:
+    if getattr(args, "lora", 0):
         from tether.config.sections import LoRAConfig
         from tether.model.loading import apply_lora
 
@@ -154,8 +154,8 @@ def prompt_task(args, tokenizer):
     chat template, exactly as `tether train` renders them), else the arithmetic task."""
     from tether.tasks import get_task
 
-    if args.data:
-        return get_task("math", train=args.data, template=args.template, tokenizer=tokenizer)
+    if getattr(args, "data", None):  # callers that build their own arguments (tests) may leave it out
+        return get_task("math", train=args.data, template=getattr(args, "template", "plain"), tokenizer=tokenizer)
     return get_task("arithmetic")
 
 
@@ -194,7 +194,7 @@ def trl_steps(model_dir: Path, args, device: torch.device, cycles: int, between,
     tokenizer = load_tokenizer(model_dir)  # tether's loader: the same special-token fixes as tether's side
     prompts = [e.prompt for e in PromptStream(prompt_task(args, tokenizer), seed=0).take(args.prompts * cycles)]
     peft_config = None
-    if args.lora:
+    if getattr(args, "lora", 0):
         from peft import LoraConfig
 
         from tether.config.sections import LoRAConfig
