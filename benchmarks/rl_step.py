@@ -39,7 +39,6 @@ load hits both alike. The first --warmup steps of each are dropped.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -401,10 +400,10 @@ def main() -> None:
     args = p.parse_args()
     apply_preset(args, p)
     if args.real_model:
+        from tether.model.files import cache_root
+
         real = {
-            "model": str(
-                Path(os.environ.get("TETHER_CACHE", "~/.cache/tether")).expanduser() / "models" / "smollm2-135m"
-            ),
+            "model": str(cache_root() / "models" / "smollm2-135m"),
             "data": str(ROOT / "benchmarks" / "real_model" / "word1_train.jsonl"),
             "template": "{problem}\nAnswer with the number only.",
             "lora": 16,

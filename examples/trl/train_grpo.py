@@ -68,13 +68,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def task_takes_tokenizer(name: str) -> bool:
-    from tether.plugins import parameters
-    from tether.tasks import task_factory
-
-    return "tokenizer" in parameters(task_factory(name))[0]
-
-
 def main(argv=None):
     a = parse_args(argv)
     import torch
@@ -83,13 +76,13 @@ def main(argv=None):
     from tether.integrations.trl import make_trainer, reward_func, to_dataset
     from tether.model.loading import init_model, load_tokenizer, local_source
     from tether.rewards import task_reward
-    from tether.tasks import get_task
+    from tether.tasks import get_task, takes_tokenizer
 
     if a.tiny == (a.model is not None):
         raise SystemExit("pass exactly one of --model and --tiny")
     model = str(init_model(Path(a.output_dir) / "tiny-model")) if a.tiny else local_source(a.model)
     knobs = json.loads(a.task_args)
-    if task_takes_tokenizer(a.task):  # math renders its prompts in the model's chat template, as tether train does
+    if takes_tokenizer(a.task):  # math renders its prompts in the model's chat template, as tether train does
         knobs["tokenizer"] = load_tokenizer(model)
     task = get_task(a.task, **knobs)
     train = to_dataset(task.examples("train", a.n_train, unique=False))

@@ -112,6 +112,7 @@ def compare(
         resume = checkpoint.latest(run) is not None
         if not resume and run.exists():
             shutil.rmtree(run)  # started but never checkpointed: nothing to keep
+        action = "resuming" if resume else "training"
         if jobs > 1:
             command = [
                 sys.executable,
@@ -123,27 +124,19 @@ def compare(
                 f"objective={objective}",
                 f"trainer.seed={seed}",
                 f"output_dir={run}",
+                *(["--resume", str(run)] if resume else []),
             ]
-            pending.append(
-                (
-                    tag + (": resuming" if resume else ": training"),
-                    command + (["--resume", str(run)] if resume else []),
-                    out_dir / "logs" / f"{objective}-seed{seed}.log",
-                )
-            )
-        elif resume:
-            log(f"{tag}: resuming")
-            train(cfg, resume_dir=str(run), log=log)
-        else:
-            log(f"{tag}: training")
-            train(cfg, log=log)
+            pending.append((tag, action, command, out_dir / "logs" / f"{objective}-seed{seed}.log"))
+            continue
+        log(f"{tag}: {action}")
+        train(cfg, resume_dir=str(run) if resume else None, log=log)
     if pending:
         _run_children(pending, jobs, log)
     return write_report({out_dir.name: [p[2] for p in plans]}, out_dir, threshold, claims)
 
 
-def _run_children(pending: list[tuple[str, list[str], Path]], jobs: int, log) -> None:
-    """Run (tag, command, log file) children, `jobs` at a time; raise naming every one that failed.
+def _run_children(pending: list[tuple[str, str, list[str], Path]], jobs: int, log) -> None:
+    """Run (tag, action, command, log file) children, `jobs` at a time; raise naming every one that failed.
 
     Ctrl-C (or any error here) passes SIGINT to the children still running, which drop their
     unfinished step as `tether train` does, and waits for them before re-raising."""
@@ -153,20 +146,20 @@ def _run_children(pending: list[tuple[str, list[str], Path]], jobs: int, log) ->
     try:
         while queue or running:
             while queue and len(running) < jobs:
-                tag, command, log_file = queue.pop(0)
+                tag, action, command, log_file = queue.pop(0)
                 log_file.parent.mkdir(parents=True, exist_ok=True)
                 with log_file.open("w") as f:
                     running.append((tag, subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT), log_file))
-                log(f"{tag} (log: {log_file})")
+                log(f"{tag}: {action} (log: {log_file})")
             time.sleep(0.5)
             for item in [r for r in running if r[1].poll() is not None]:
                 running.remove(item)
                 tag, child, log_file = item
                 if child.returncode:
-                    failed.append(f"{tag.split(':')[0]} (exit {child.returncode}, log: {log_file})")
-                    log(f"{tag.split(':')[0]}: failed, exit {child.returncode}; see {log_file}")
+                    failed.append(f"{tag} (exit {child.returncode}, log: {log_file})")
+                    log(f"{tag}: failed, exit {child.returncode}; see {log_file}")
                 else:
-                    log(f"{tag.split(':')[0]}: done")
+                    log(f"{tag}: done")
     except BaseException:
         for _, child, _ in running:
             child.send_signal(signal.SIGINT)

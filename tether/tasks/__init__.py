@@ -36,6 +36,12 @@ def task_factory(name: str) -> Callable[..., Task]:
     return entry(TASKS, name, "data.task")
 
 
+def takes_tokenizer(name: str) -> bool:
+    """Whether task `name`'s class or factory takes a `tokenizer` (math does: it renders its prompts in the
+    model's chat template); whoever builds such a task passes the model's."""
+    return "tokenizer" in parameters(task_factory(name))[0]
+
+
 def get_task(name: str, **knobs: Any) -> Task:
     """Build the task called `name` (registered, or an import path) with its knobs (the keyword
     parameters of its class or factory: a registered task's dataclass fields).

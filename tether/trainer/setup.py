@@ -32,13 +32,13 @@ from ..model.loading import (
     pick_device,
     place_model,
 )
-from ..plugins import check_task, is_import_path, parameters
+from ..plugins import check_task, is_import_path
 from ..records import checkpoint
 from ..records.sinks import wandb_problem
 from ..rewards import RewardFn, check_user_rewards, task_reward
 from ..rollout import RolloutEngine, SamplingParams, get_engine
 from ..schema import ConfigError
-from ..tasks import DataError, Example, get_task, task_factory
+from ..tasks import DataError, Example, get_task, takes_tokenizer
 from .data import PromptStream
 from .limits import check_lengths
 from .sampling import Sampler, make_sampler
@@ -295,7 +295,7 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
     knobs, or a model whose tokenizer cannot be read, is a ConfigError: nothing is written yet."""
 
     args = dict(cfg.data.task_args)
-    if "tokenizer" in parameters(task_factory(cfg.data.task))[0]:
+    if takes_tokenizer(cfg.data.task):
         if tokenizer is None and cfg.model.name_or_path != "tiny":
             tokenizer = _tokenizer(cfg.model.name_or_path)
         args.setdefault("tokenizer", tokenizer)
