@@ -272,6 +272,47 @@ def test_the_first_ctrl_c_drops_a_step_that_has_not_updated_and_the_resume_match
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_a_first_signal_swallowed_by_python_still_drops_the_step_before_it_updates(tiny_dir, tmp_path, monkeypatch):
+    # Was: a SIGTERM handled inside a weakref callback (torch.dynamo runs them during a compiled
+    # decode) raised StopNow there, Python printed "Exception ignored" and went on, and the stop fell
+    # back to "after the step": step 2 was trained and kept.
+    import gc
+    import os
+    import signal
+    import sys
+    import weakref
+
+    import tether.trainer.step
+    from conftest import metrics_rows, train_config
+    from tether.trainer.stopping import Interrupted, StopNow
+    from tether.trainer.loop import train
+
+    real, calls, ignored = tether.trainer.step.collect, [], []
+
+    class Cached:
+        pass
+
+    def signal_in_a_weakref_callback(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            entry = Cached()
+            keep = weakref.ref(entry, lambda _: (os.kill(os.getpid(), signal.SIGTERM), sum(range(1000))))
+            del entry  # the callback runs now, and the signal's handler inside it
+            gc.collect()
+            assert keep() is None
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tether.trainer.step, "collect", signal_in_a_weakref_callback)
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: ignored.append(u.exc_type))
+    lines, run = [], tmp_path / "run"
+    with pytest.raises(Interrupted) as stopped:
+        train(train_config(tiny_dir, run, "trainer.total_steps=3", "trainer.plots=false"), log=lines.append)
+    assert ignored == [StopNow]  # the situation: Python swallowed the first raise
+    assert stopped.value.step == 1 and stopped.value.exit_code == 143
+    assert "step 2 stopped before it changed the weights: dropped (a resume redoes it)" in lines
+    assert [r["step"] for r in metrics_rows(run)] == [0, 1]
+
+
 # ---------------------------------------------------------------- settings a run cannot progress with (items 3, 4)
 
 

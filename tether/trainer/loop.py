@@ -110,18 +110,19 @@ def _droppable(run: Run, stop: StopSignals, step: int, log):
         yield dropped
         return
     position, rng = run.stream.position, rng_state()
-    hook = run.optimizer.register_step_pre_hook(lambda *_: setattr(stop, "droppable", False))
+    hook = run.optimizer.register_step_pre_hook(lambda *_: stop.before_update())
     stop.droppable = True
     try:
         yield dropped
     except StopNow:
+        stop.pending = False
         run.stream.position = position
         set_rng_state(rng)
         run.model.train()
         log(f"step {step} stopped before it changed the weights: dropped (a resume redoes it)")
         dropped.append(True)
     finally:
-        stop.droppable = False
+        stop.droppable = stop.pending = False
         hook.remove()
 
 

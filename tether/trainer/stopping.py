@@ -10,6 +10,12 @@ summary and the plots, and raises `Interrupted`, which the CLI turns into the me
 143 for SIGTERM). A second Ctrl-C stops at once (KeyboardInterrupt); everything before the last
 checkpoint is still safe, since checkpoints are written atomically (tether.records.checkpoint).
 A step that could not finish (`rollout.max_new_tokens=100000`) is still stopped by the first signal.
+
+Python drops an exception raised where it cannot propagate: a signal handled while a weakref
+callback or a `__del__` runs (torch.dynamo's caches run such callbacks during a compiled decode)
+prints "Exception ignored in ..." and goes on. So a raised `StopNow` stays pending until the loop
+has caught it, and `before_update`, which runs before each optimiser step, raises it again there:
+the step is still dropped before it changes the weights (was: the stop fell back to "after the step").
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class StopSignals:
     def __init__(self, log=None):
         self.signum: Optional[int] = None
         self.droppable = False
+        self.pending = False  # StopNow raised, not yet caught by the loop (perhaps swallowed: module docstring)
         self._log = log
         self._previous: dict[int, object] = {}
 
@@ -57,13 +64,22 @@ class StopSignals:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.signum = signum
         if self.droppable:
-            self.droppable = False
+            self.droppable, self.pending = False, True
             raise StopNow(signum)
         if self._log is not None:
             self._log(
                 f"{signal.Signals(signum).name}: stopping after the step under way has finished (it has "
                 f"updated the weights); Ctrl-C again to stop at once"
             )
+
+    def before_update(self) -> None:
+        """Run before each optimiser step of a droppable step: a `StopNow` raised and swallowed on its
+        way (module docstring) is raised again here, before the weights change; after it the step
+        is no longer droppable."""
+        self.droppable = False
+        if self.pending:
+            self.pending = False
+            raise StopNow(self.signum)
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
