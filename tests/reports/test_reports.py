@@ -350,3 +350,33 @@ def test_every_comparison_plot_has_a_y_label(tmp_path, monkeypatch):
         "kl_old.png": "nats per token",
         "response_length.png": "tokens (mean per completion)",
     }
+
+
+def test_a_setting_with_a_newline_stays_on_its_line_in_the_report_and_the_eval_results(tmp_path):
+    # Was: the real-model comparison's report broke its settings sentence in two at the prompt
+    # template's newline ("{problem}\nAnswer with the number only.").
+    from tether.evaluation.report import results_markdown
+    from tether.reports.compare import write_report
+
+    task = [
+        "data.task=math",
+        f"data.task_args.train={ROOT / 'benchmarks/real_model/word1_train.jsonl'}",
+        f"data.task_args.test={ROOT / 'benchmarks/real_model/word1_test.jsonl'}",
+        "data.task_args.template={problem}\nAnswer with the number only.",
+        "trainer.total_steps=3",
+    ]
+    runs = [
+        _run(tmp_path / n, [*task, *extra], _rows({0: 0.2, 3: 0.4}, 3))
+        for n, extra in (("a", []), ("g", ["objective=grpo"]))
+    ]
+    text = write_report({"r": runs}, tmp_path / "rep", threshold=0.3).read_text()
+    settings = next(line for line in text.splitlines() if "Settings that differ" in line)
+    assert "`data.task_args.template={problem}\\nAnswer with the number only.`" in settings
+    results = {
+        "settings": {"model": "m", "template": "{problem}\nAnswer.", "n": 1},
+        "ks": [1],
+        "summary": {},
+        "problems": [],
+    }
+    first = results_markdown(results).splitlines()
+    assert any("template={problem}\\nAnswer., n=1" in line for line in first), first

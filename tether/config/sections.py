@@ -376,6 +376,12 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
+def one_line(value: Any) -> str:
+    """A setting's value as text on one line: control characters (a template's newline) escaped as
+    Python writes them (`\\n`), so a Markdown table or sentence that shows it is not broken in two."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(value))
+
+
 def config_differences(cfg: Config, other: Config, ignore: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
     """(dotted key, value in `other`, value in `cfg`) for every setting that differs, but `ignore`.
     The objective's `label` is the name reports show, not a setting: runs recorded before it was

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..config.sections import one_line
 from .metrics import maj_at_k, majority_vote, pass_at_k
 from .settings import EvalSettings
 
@@ -78,7 +79,7 @@ def summary_markdown(results: dict[str, Any]) -> str:
 def results_markdown(results: dict[str, Any]) -> str:
     """results.md: the settings, the summary per source, and the per-problem table."""
     s, ks = results["settings"], results["ks"]
-    settings = ", ".join(f"{k}={v}" for k, v in s.items())
+    settings = ", ".join(f"{k}={one_line(v)}" for k, v in s.items())
     header = ["source", "id", "gold", "c/n", *[f"pass@{k}" for k in ks], "maj answer", "maj correct"]
     rows = [
         [

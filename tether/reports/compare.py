@@ -39,7 +39,7 @@ from ..records.plots import (
 )
 from ..records.runlog import ACCURACY, METRICS_FILE, accuracy, has_metrics, read_config, read_metrics, tail_mean, values
 from ..config.loading import load_config
-from ..config.sections import Config, config_differences, flatten
+from ..config.sections import Config, config_differences, flatten, one_line
 from ..schema import ConfigError, to_dict
 from .claims import MIN_SEEDS, bootstrap_mean, claims_markdown, evaluate_claims, load_claims, per_seed, skipped_claims
 
@@ -329,7 +329,7 @@ def _non_default_settings(methods: dict[str, list[Path]]) -> list[str]:
 
     defaults = flatten({k: v for k, v in to_dict(Config()).items() if k != "objective"})
     shared = flatten(_regime_config(methods))
-    return [f"`{k}={v}`" for k, v in shared.items() if defaults.get(k) != v]
+    return [f"`{k}={one_line(v)}`" for k, v in shared.items() if defaults.get(k) != v]
 
 
 def _regime_section(
