@@ -592,7 +592,8 @@ def report(
             "reward: even completion length. "
             f"{args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens max, "
             f"{args.mini_batches} optimiser steps per batch; median over {len(ours)} (tether) and {len(theirs)} (TRL) "
-            f"steps after {args.warmup} warm-up; the three alternate step by step. Mean completion length: tether "
+            f"steps after {args.warmup} warm-up; the {'four' if with_vllm else 'three'} alternate step by step (TRL + vLLM, "
+            "if run, after them). Mean completion length: tether "
             f"{sum(r['tokens'] for r in ours) / len(ours) / (args.prompts * args.group):.1f}, TRL "
             f"{args.trl_mean_length:.1f} tokens (of {args.max_new_tokens}).",
             "",
