@@ -115,7 +115,6 @@ def _droppable(run: Run, stop: StopSignals, step: int, log):
     try:
         yield dropped
     except StopNow:
-        stop.pending = False
         run.stream.position = position
         set_rng_state(rng)
         run.model.train()
