@@ -145,7 +145,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     path, overrides = _split_config_args(args.args)
     objectives_ = [o for o in args.objectives.split(",") if o]
     report = compare(
-        path, objectives_, args.seeds, overrides, args.out, args.threshold, claims=args.claims, jobs=args.jobs
+        path,
+        objectives_,
+        args.seeds,
+        overrides,
+        args.out,
+        args.threshold,
+        claims=args.claims,
+        jobs=args.jobs,
+        null_control=args.null_control,
     )
     print(f"report: {report}")
     return 0
@@ -343,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="runs at a time, each in its own process with a log under OUT/logs/ (default 1: one "
         "after another, in this process). Several small runs share a GPU; on a 2-core CPU, 2",
     )
+    p.add_argument(
+        "--null-control",
+        default=None,
+        metavar="OBJECTIVE",
+        help="also run OBJECTIVE (one of --objectives) a second time with an independent sampling stream, as "
+        "OBJECTIVE_null, and report that A/A pair's verdicts beside the claims: the comparison's noise floor",
+    )
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("report", help="rebuild report.md and plots from existing runs")
     p.add_argument("run_dirs", nargs="+", help="run directories, or compare directories holding them")
@@ -351,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--claims",
         default=None,
-        help="a claims YAML (e.g. configs/claims.yaml, the papers' claims) to test: difference, 95%% CI, verdict",
+        help="a claims YAML (e.g. configs/claims.yaml, the papers' claims) to test: difference, t-test (95%% CI, "
+        "p, Holm-corrected p), detectable difference, verdict",
     )
     p.set_defaults(func=cmd_report)
     p = sub.add_parser(

@@ -1,5 +1,6 @@
-"""The claims machinery (issue 16): per-run metrics by hand, the bootstrap verdicts on synthetic
-seeds with a known effect, none, and the opposite, and claims files checked on load."""
+"""The claims machinery: per-run metrics by hand, the t-test verdicts on synthetic seeds with a known effect,
+none, and the opposite, Holm's correction over a report's claims, the null control, and claims files checked
+on load. (Their false-verdict rate: test_claims_false_verdict_rate.py.)"""
 
 import random
 
@@ -8,10 +9,12 @@ import pytest
 from tether.reports.claims import (
     METRICS,
     Claim,
-    bootstrap_difference,
     claims_markdown,
+    compare_values,
     evaluate_claims,
     load_claims,
+    null_control,
+    null_markdown,
     per_seed,
     skipped_claims,
 )
@@ -51,32 +54,90 @@ def test_a_known_effect_is_supported_none_is_inconclusive_the_opposite_contradic
     base = [0.40 + rng.gauss(0, 0.02) for _ in range(5)]
     better = [0.50 + rng.gauss(0, 0.02) for _ in range(5)]
     same = [0.40 + rng.gauss(0, 0.02) for _ in range(5)]
-    up = bootstrap_difference(better, base, "higher")
+    up = compare_values(better, base, "higher")
     assert up.verdict == "supported" and up.ci95[0] > 0 and up.difference == pytest.approx(0.1, abs=0.04)
-    assert bootstrap_difference(same, base, "higher").verdict == "inconclusive"
-    assert bootstrap_difference(better, base, "lower").verdict == "contradicted"
-    assert bootstrap_difference(base, better, "lower").verdict == "supported"
-    # The interval is deterministic, and a constant difference has a zero-width interval.
-    assert bootstrap_difference(better, base).ci95 == up.ci95
-    exact = bootstrap_difference([1.0] * 4, [0.0] * 4)
-    assert exact.ci95 == (1.0, 1.0) and exact.detectable == 0.0 and exact.verdict == "supported"
+    assert up.test == "Welch t" and up.p < 0.001
+    assert compare_values(same, base, "higher").verdict == "inconclusive"
+    assert compare_values(better, base, "lower").verdict == "contradicted"
+    assert compare_values(base, better, "lower").verdict == "supported"
+    # A constant paired difference has no spread: a zero-width interval, p = 0.
+    exact = compare_values([1.0] * 4, [0.0] * 4, paired=True)
+    assert exact.ci95 == (1.0, 1.0) and exact.mde80 == 0.0 and exact.p == 0.0 and exact.verdict == "supported"
+
+
+def test_the_paired_test_by_hand():
+    # d = (0.05, 0.02, 0.08, -0.01): mean 0.035, s = sqrt((0.015^2 + 0.015^2 + 0.045^2 + 0.045^2) / 3)
+    # = sqrt(0.0045 / 3) = 0.0387298; se = s / 2 = 0.0193649; t = 1.80739 on 3 df: two-sided p = 0.16843
+    # (Student's t table: P(T_3 > 1.807) = 0.0842); t_{0.975,3} = 3.18245 gives the interval
+    # 0.035 +- 0.061628; t_{0.80,3} = 0.97847 gives mde80 = (3.18245 + 0.97847) * 0.0193649 = 0.080576.
+    r = compare_values([0.55, 0.52, 0.58, 0.49], [0.50] * 4, paired=True)
+    assert r.test == "paired t" and r.difference == pytest.approx(0.035)
+    assert r.p == pytest.approx(0.168429, abs=1e-6) and r.verdict == "inconclusive"
+    assert r.ci95 == pytest.approx((0.035 - 0.0616278, 0.035 + 0.0616278), abs=1e-7)
+    assert r.mde80 == pytest.approx(0.0805758, abs=1e-7)
 
 
 @pytest.mark.parametrize("n, paired", [(1, True), (1, False), (2, True), (3, True), (3, False)])
 def test_fewer_than_4_seeds_give_no_verdict_and_say_why(n, paired):
-    # A large, constant effect: with 4 seeds or more it is supported, with fewer there is no verdict.
-    # Why 4: a resample of n values repeats the smallest n times with probability n^-n; for n = 3 that
-    # is 1/27 = 3.7% > 2.5%, so the 2.5th percentile IS the smallest value (the interval is the range
-    # of the values seen); for n = 4 it is 1/256 = 0.4% < 2.5%.
-    a, b = [0.5 + 0.01 * k for k in range(n)], [0.1 + 0.01 * k for k in range(n)]
-    r = bootstrap_difference(a, b, "higher", paired=paired)
-    assert r.verdict == "not enough seeds" and r.ci95 is None and r.detectable is None
-    assert r.difference == pytest.approx(0.4)  # the difference is still reported
+    # A large, nearly constant effect: with 4 seeds or more it is supported, with fewer there is no verdict
+    # (below 4 the t-test's power is negligible and rests on one or two degrees of freedom).
+    a, b = [0.5 + 0.01 * k for k in range(n)], [0.1 + 0.01 * k * k for k in range(n)]
+    r = compare_values(a, b, "higher", paired=paired)
+    assert r.verdict == "not enough seeds" and r.ci95 is None and r.mde80 is None and r.p is None
+    assert r.difference == pytest.approx(sum(a) / n - sum(b) / n)  # the difference is still reported
     assert ("paired seed" if paired else f"{n} and {n} seeds") in r.why and "needs 4" in r.why
-    a4, b4 = [0.5 + 0.01 * k for k in range(4)], [0.1 + 0.01 * k for k in range(4)]
-    four = bootstrap_difference(a4, b4, "higher", paired=paired)
+    a4, b4 = [0.5 + 0.01 * k for k in range(4)], [0.1 + 0.01 * k * k for k in range(4)]
+    four = compare_values(a4, b4, "higher", paired=paired)
     assert four.verdict == "supported" and four.ci95 is not None
-    assert bootstrap_difference([0.5] * 5, [0.1], "higher").verdict == "not enough seeds"  # one side short
+    assert compare_values([0.5] * 5, [0.1], "higher").verdict == "not enough seeds"  # one side short
+
+
+def test_holm_corrects_the_verdicts_of_claims_tested_together():
+    # Three claims on 5 paired seeds. Alone, B's p is under 0.05 (supported); with Holm over the family of
+    # three it is compared after C's much smaller p: p_holm(B) = max(3 p(C), 2 p(B)), over 0.05.
+    seeds = [0, 1, 2, 3, 4]
+    base = [0.30, 0.35, 0.40, 0.32, 0.38]
+    regime = {
+        "A": {"seeds": seeds, "final_accuracy": base},
+        "B": {"seeds": seeds, "final_accuracy": [x + d for x, d in zip(base, [0.05, 0.01, 0.04, 0.0, 0.03])]},
+        "C": {"seeds": seeds, "final_accuracy": [x + d for x, d in zip(base, [0.20, 0.21, 0.19, 0.20, 0.22])]},
+        "D": {"seeds": seeds, "final_accuracy": [x + d for x, d in zip(base, [0.01, -0.02, 0.0, 0.02, -0.01])]},
+    }
+    claims = [Claim(claim=f"{m} beats A", metric="final_accuracy", method=m, baseline="A") for m in "BCD"]
+    results = {r["method"]: r for r in evaluate_claims(claims, {"r": regime})}
+    alone = compare_values(regime["B"]["final_accuracy"], base, paired=True)
+    assert 0.025 < alone.p < 0.05 and alone.verdict == "supported"
+    assert sorted("BCD", key=lambda m: results[m]["p"]) == ["C", "B", "D"]
+    assert results["C"]["p_holm"] == pytest.approx(3 * results["C"]["p"])
+    assert results["B"]["p_holm"] == pytest.approx(max(3 * results["C"]["p"], 2 * results["B"]["p"]))
+    assert results["D"]["p_holm"] == pytest.approx(min(1.0, max(results["B"]["p_holm"], results["D"]["p"])))
+    assert [results[m]["verdict"] for m in "BCD"] == ["inconclusive", "supported", "inconclusive"]
+    assert all(r["family"] == 3 for r in results.values())
+    assert "| p | p (Holm) | detectable (80% power) |" in claims_markdown(list(results.values()))
+
+
+def test_the_null_control_is_tested_on_the_claims_metrics_outside_the_family():
+    seeds = [0, 1, 2, 3, 4, 5]
+    base = {
+        "seeds": seeds,
+        "final_accuracy": [0.5, 0.6, 0.55, 0.52, 0.58, 0.61],
+        "auc": [0.4] * 6,
+        "max_drop": [0.0] * 6,
+    }
+    same = {
+        "seeds": seeds,
+        "final_accuracy": [0.52, 0.57, 0.56, 0.5, 0.6, 0.6],
+        "auc": [0.41, 0.4, 0.39, 0.4, 0.42, 0.38],
+        "max_drop": [0.0] * 6,
+    }
+    off = {**base, "final_accuracy": [x + 0.1 for x in base["final_accuracy"]]}
+    results = null_control({"r": {"grpo": base, "grpo_null": same}}, "grpo", "grpo_null", ["max_drop", "auc"])
+    assert [r["metric"] for r in results] == ["final_accuracy", "auc", "max_drop"]
+    assert [r["verdict"] for r in results] == ["inconclusive"] * 3 and "p_holm" not in results[0]
+    # a constant shift in the control is a false verdict, counted as such
+    shifted = null_control({"r": {"grpo": base, "grpo_null": off}}, "grpo", "grpo_null")[0]
+    assert shifted["verdict"] == "false verdict"
+    assert "False verdicts in the null control: 1 of 3 tests at 5% each." in null_markdown([shifted, *results[:2]])
 
 
 def test_a_one_seed_report_says_not_enough_seeds_pairs_same_seeds_and_lists_skipped_claims():
@@ -101,9 +162,9 @@ def test_a_one_seed_report_says_not_enough_seeds_pairs_same_seeds_and_lists_skip
     text = claims_markdown([r], skipped)
     assert (
         "m vs b (1 seed, paired)" in text
-        and "| n/a | n/a | **not enough seeds** (1 paired seed; a verdict needs 4" in text
+        and "| n/a | n/a | n/a | n/a | **not enough seeds** (1 paired seed; a verdict needs 4" in text
     )
-    assert "detectable 0.0000" not in text and "unpaired" not in text
+    assert "unpaired" not in text
     assert "Skipped claims (not tested):" in text and "- x beats b (regime on): 'x' not run here" in text
     # A seed whose run never evaluated (NaN) is left out of the pairs rather than poisoning the mean.
     nan = float("nan")
@@ -150,7 +211,7 @@ def test_seeds_shared_by_both_methods_are_paired_and_pairing_removes_the_seed_ef
     (paired,) = evaluate_claims([claim], {"r": {"m": method, "b": base}})
     assert paired["paired"] and paired["verdict"] == "supported"
     assert paired["difference"] == pytest.approx(0.02) and paired["ci95"] == pytest.approx([0.02, 0.02])
-    unpaired = bootstrap_difference(method["final_accuracy"], base["final_accuracy"], "higher")
+    unpaired = compare_values(method["final_accuracy"], base["final_accuracy"], "higher")
     assert unpaired.verdict == "inconclusive" and unpaired.difference == pytest.approx(0.02)
     # different seed sets cannot be paired: the unpaired interval is used and said so
     other = {"seeds": [5, 6, 7, 8, 9], "final_accuracy": method["final_accuracy"]}

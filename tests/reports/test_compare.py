@@ -136,3 +136,25 @@ def test_jobs_run_children_side_by_side_and_a_failed_child_is_named_with_its_log
     with pytest.raises(RunsFailed, match=r"1 run\(s\) failed: \[1/1\] grpo seed 0 \(exit 2, log: .*grpo-seed0\.log\)"):
         compare(None, ["grpo"], 1, [*overrides, "reward.name=broken_reward:score"], str(tmp_path / "bad"), jobs=2)
     assert "broken" in (tmp_path / "bad" / "logs" / "grpo-seed0.log").read_text()
+
+
+@pytest.mark.slow
+def test_the_null_control_reruns_the_baseline_with_an_independent_sampling_stream(tiny_dir, tmp_path):
+    out = tmp_path / "cmp"
+    overrides = [*_overrides(tiny_dir), "trainer.total_steps=2", "trainer.save_every=2"]
+    report = compare(None, ["grpo"], 1, overrides, str(out), threshold=0.5, log=lambda *_: None, null_control="grpo")
+    base, null = (read_jsonl(out / label / "seed0" / "metrics.jsonl") for label in ("grpo", "grpo_null"))
+    from tether.records.runlog import read_config
+
+    assert read_config(out / "grpo_null" / "seed0")["trainer"]["sampling_seed"] == 10_000
+    assert read_config(out / "grpo" / "seed0")["trainer"]["sampling_seed"] is None
+    # The same initial model and held-out set (step 0's evaluation is equal), other samples from step 1 on.
+    assert base[0]["eval/accuracy"] == null[0]["eval/accuracy"]
+    samples = [read_jsonl(out / label / "seed0" / "samples.jsonl")[0] for label in ("grpo", "grpo_null")]
+    assert samples[0]["step"] == samples[1]["step"] == 1 and samples[0]["prompt"] == samples[1]["prompt"]
+    assert samples[0]["completion"] != samples[1]["completion"] or base[1]["reward/mean"] != null[1]["reward/mean"]
+    text = report.read_text()
+    assert "## Null control" in text and "| grpo_null | 1 |" in text
+    assert "grpo_null vs grpo (1 seed, paired)" in text and "False verdicts in the null control: 0 of 0 tests" in text
+    with pytest.raises(Exception, match="--null-control 'dapo': name one of the compared objectives"):
+        compare(None, ["grpo"], 1, overrides, str(tmp_path / "x"), null_control="dapo")

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from tether.reports.claims import METRICS, bootstrap_mean, evaluate_claims, load_claims, skipped_claims
+from tether.reports.claims import METRICS, evaluate_claims, load_claims, mean_interval, skipped_claims
 from tether.reports.compare import setting_axis, write_report
 from tether.config.sections import Config
 from tether.schema import to_dict
@@ -35,9 +35,9 @@ def test_a_claim_relative_to_a_regime_compares_each_seeds_change_from_it(tmp_pat
     (r,) = evaluate_claims(load_claims(path), regimes)  # s0 itself is not tested
     assert r["regime"] == "s16" and r["relative_to"] == "s0" and r["paired"] and r["seeds"] == [5, 5]
     assert r["difference"] == pytest.approx(0.15) and r["verdict"] == "supported"
-    # the per-seed differences are 0.15 + jitter = 0.16, 0.14, 0.15, 0.16, 0.14: the interval lies within
-    lo, hi = r["ci95"]
-    assert 0.14 - 1e-9 <= lo <= 0.15 <= hi <= 0.16 + 1e-9
+    # the per-seed differences are 0.15 + jitter = 0.16, 0.14, 0.15, 0.16, 0.14: s = 0.01, se = 0.01 / sqrt(5),
+    # t_{0.975,4} = 2.776445: 0.15 +- 0.0124167
+    assert r["ci95"] == pytest.approx([0.1375833, 0.1624167], abs=1e-6)
     # B lost more than A instead: contradicted.
     regimes["s16"]["B"] = _values([v - 0.30 for v in seed_effect])
     (r,) = evaluate_claims(load_claims(path), regimes)
@@ -73,11 +73,12 @@ def test_constrained_frac_counts_clipped_and_masked_tokens():
     assert METRICS["clipfrac"](rows[:2]) == pytest.approx(0.015)  # unchanged: clipping only
 
 
-def test_bootstrap_mean_is_a_seeded_interval_around_the_mean_and_none_under_4_values():
-    assert bootstrap_mean([0.1, 0.2, 0.3]) is None
-    lo, hi = bootstrap_mean([0.1, 0.2, 0.3, 0.4, 0.5])
-    assert 0.1 <= lo < 0.3 < hi <= 0.5 and bootstrap_mean([0.1, 0.2, 0.3, 0.4, 0.5]) == (lo, hi)
-    assert bootstrap_mean([0.2] * 4) == (0.2, 0.2)
+def test_mean_interval_is_students_and_none_under_4_values():
+    assert mean_interval([0.1, 0.2, 0.3]) is None
+    # mean 0.3, s = 0.158114, se = 0.0707107, t_{0.975,4} = 2.776445: 0.3 +- 0.196324
+    assert mean_interval([0.1, 0.2, 0.3, 0.4, 0.5]) == pytest.approx((0.103676, 0.496324), abs=1e-6)
+    assert mean_interval([0.2] * 4) == pytest.approx((0.2, 0.2))
+    assert mean_interval([0.2, float("nan"), 0.2, 0.2, 0.2]) == pytest.approx((0.2, 0.2))
 
 
 def test_setting_axis_is_the_one_numeric_setting_the_regimes_differ_in():

@@ -19,7 +19,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tether.trainer.overlap import OverlappedSampler, rollout_seed
+from tether.trainer.overlap import OverlappedSampler
+from tether.trainer.seeds import rollout as rollout_seed
 from tether.rollout import SamplingParams
 from tether.schema import ConfigError
 from tether.trainer.staleness import StalePolicies

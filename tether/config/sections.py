@@ -227,6 +227,9 @@ class TrainerConfig:
     """Completions per step written to samples.jsonl."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
+    sampling_seed: Optional[int] = None
+    """Seed of the sampling stream alone (rollout tokens, mini-batch order); null: `seed`. Another value keeps the
+    initial model, data order and held-out set and draws independent samples: `tether compare --null-control`."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto: cuda when available, except for models under
     `small_model_params` parameters, which train faster on the CPU (launch-bound on a GPU; a log

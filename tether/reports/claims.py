@@ -1,5 +1,6 @@
-"""Claims about methods, tested on a comparison's runs: difference of means over seeds, a 95%
-bootstrap confidence interval, and a verdict computed from it.
+"""Claims about methods, tested on a comparison's runs: difference of means over seeds, a t-test
+(tether.reports.stats: its p-value, 95% interval and detectable difference), Holm's correction over the
+claims tested together, and a verdict.
 
 A claim (YAML, `claims/*.yaml`) says that `method` beats `baseline` on `metric` in `direction`:
 
@@ -20,29 +21,26 @@ baseline. It is a paired difference of differences; regime R itself is not teste
 For each regime, with a_1..a_n the method's per-seed values and b_1..b_m the baseline's:
 
     difference = mean(a) - mean(b)
-    ci95       = the 2.5th and 97.5th percentiles of the difference over B = 10,000 bootstrap
-                 resamples (seeded: the same runs always give the same interval):
-                 paired, when both methods ran the same seeds (tether compare's design: seed k
-                 of every method has the same initial model and data order): d_k = a_k - b_k,
-                 and each resample is the mean of n values drawn with replacement from d;
-                 unpaired otherwise: mean(a*) - mean(b*), a* drawn with replacement from a (n
-                 values), b* from b (m values), independently
-    verdict    = supported if the interval lies entirely on the claimed side of 0,
-                 contradicted if entirely on the other side, inconclusive otherwise;
-                 "not enough seeds" (and no interval) when a side has fewer than MIN_SEEDS = 4
-                 values (paired: fewer than 4 shared seeds): a resample of n values repeats the
-                 smallest one n times with probability n^-n, which is >= 1/27 > 2.5% for n <= 3,
-                 so there the 95% interval of a mean is just the range of the values seen (one
-                 seed: a single point), and a verdict from it would only restate those values
-    detectable = half the width of the interval: a true difference smaller than this could not
-                 have been told from 0 with these seeds
+    test       = paired, when both methods ran the same seeds (tether compare's design: seed k of every
+                 method has the same initial model and data order): Student's t on d_k = a_k - b_k;
+                 unpaired otherwise: Welch's t (tether.reports.stats, which argues the choice)
+    p          = its two-sided p-value; ci95 its 95% interval; mde80 the smallest true difference it
+                 would detect at 5% with 80% power, given the observed spread
+    p_holm     = p adjusted by Holm's method over every claim-and-regime tested in the same report
+                 (the family), so that the chance of any false verdict in the report is at most 5%
+    verdict    = supported if p_holm < 0.05 and the difference lies on the claimed side of 0,
+                 contradicted if p_holm < 0.05 on the other side, inconclusive otherwise;
+                 "not enough seeds" (and no test) when a side has fewer than MIN_SEEDS = 4 values
+                 (paired: fewer than 4 shared seeds): below 4 the t-test's power is negligible and it
+                 rests on the normality of one or two degrees of freedom (tether.reports.stats)
 
 A claim whose method or baseline was not run in a regime (or whose regime is not reported) is
 listed as skipped, with the reason (`skipped_claims`), never dropped without a word.
 
 Per-seed metrics (one value per run, from its metrics.jsonl; `METRICS`):
 final_accuracy and best_accuracy (held-out greedy), auc (the mean held-out accuracy over the
-run, trapezoids over the evaluation steps divided by their span), max_drop (the largest fall of
+run, trapezoids over the evaluation steps divided by their span: it averages over the run's
+evaluations, so it carries less evaluation noise than one final value), max_drop (the largest fall of
 held-out accuracy between consecutive evaluations: stability), final_entropy (policy entropy,
 mean of the last 10% of steps), entropy_half_step (the first step whose entropy is below half
 the first step's: collapse; the run's last step + 1 when it never falls that far), clipfrac (the
@@ -53,15 +51,16 @@ mask instead of clipping are counted too).
 
 Why paired: the seed (its warm start, its data order) moves final accuracy by more than any
 method does (seed spreads of 0.05-0.1 against method gaps of a few points), and it moves every
-method the same way; pairing removes that shared part, the unpaired interval keeps it.
-Departure from common practice: no normal approximation and no test across seeds pooled over
-regimes; with 5 seeds a percentile bootstrap is coarse, and `detectable` says how coarse.
+method the same way; pairing removes that shared part, the unpaired test keeps it.
+
+A null control (`tether compare --null-control`) is the baseline run again from the same initial models
+and data with an independent sampling stream: `null_control` tests it against the baseline like a claim,
+outside the Holm family, where any verdict but "inconclusive" is a false one.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +70,8 @@ import yaml
 
 from ..records.runlog import accuracy, series, tail_mean
 from ..schema import ConfigError
+from . import stats
 
-N_BOOT = 10_000
 DIRECTIONS = ("higher", "lower")
 MIN_SEEDS = 4
 """The fewest values per side (paired: shared seeds) a verdict needs (module docstring)."""
@@ -134,24 +133,31 @@ METRICS: dict[str, Callable[[list[dict]], float]] = {
 class Comparison:
     difference: float
     ci95: Optional[tuple[float, float]]
-    """None when there are too few seeds for an interval (`verdict` says why)."""
-    detectable: Optional[float]
+    """None when there are too few seeds for a test (`verdict` says why)."""
+    mde80: Optional[float]
+    """The smallest true difference the test would detect at 5% with 80% power (tether.reports.stats)."""
+    p: Optional[float]
+    """The two-sided p-value, before any correction for the other claims."""
     verdict: str
     why: str = ""
     """Why there is no verdict ('' when there is one)."""
+    test: str = ""
+    """"paired t" or "Welch t"."""
 
 
-def bootstrap_difference(
-    a: Sequence[float],
-    b: Sequence[float],
-    direction: str = "higher",
-    n_boot: int = N_BOOT,
-    seed: int = 0,
-    paired: bool = False,
+def verdict_of(difference: float, p: float, direction: str, alpha: float = stats.ALPHA) -> str:
+    """supported / contradicted when p < alpha, by the side of 0 the difference lies on; else inconclusive."""
+    if p >= alpha or difference == 0:
+        return "inconclusive"
+    sign = 1 if direction == "higher" else -1
+    return "supported" if sign * difference > 0 else "contradicted"
+
+
+def compare_values(
+    a: Sequence[float], b: Sequence[float], direction: str = "higher", paired: bool = False
 ) -> Comparison:
-    """mean(a) - mean(b), its percentile-bootstrap 95% interval and the verdict for a claim that
-    `a` is `direction` than `b` (module docstring). `paired`: a[k] and b[k] come from the same
-    seed, and the seeds are resampled together."""
+    """mean(a) - mean(b), its t-test and the (uncorrected) verdict for a claim that `a` is `direction` than `b`
+    (module docstring). `paired`: a[k] and b[k] come from the same seed."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     a, b = [float(x) for x in a], [float(x) for x in b]
@@ -163,39 +169,30 @@ def bootstrap_difference(
     if min(len(a), len(b)) < MIN_SEEDS:
         have = f"{len(a)} paired seed{'s' * (len(a) != 1)}" if paired else f"{len(a)} and {len(b)} seeds"
         why = (
-            f"{have}; a verdict needs {MIN_SEEDS}{' shared' if paired else ' per method'}: with n <= 3 "
-            f"values the 95% bootstrap interval is only the range of the values seen"
+            f"{have}; a verdict needs {MIN_SEEDS}{' shared' if paired else ' per method'}: with fewer the t-test's "
+            "power is negligible"
         )
-        return Comparison(difference, None, None, NOT_ENOUGH, why)
-    rng = random.Random(seed)
-    if paired:
-        d = [x - y for x, y in zip(a, b)]
-        diffs = sorted(statistics.fmean(rng.choices(d, k=len(d))) for _ in range(n_boot))
-    else:
-        diffs = sorted(
-            statistics.fmean(rng.choices(a, k=len(a))) - statistics.fmean(rng.choices(b, k=len(b)))
-            for _ in range(n_boot)
-        )
-    lo, hi = diffs[int(0.025 * n_boot)], diffs[int(0.975 * n_boot) - 1]
-    sign = 1 if direction == "higher" else -1
-    if sign * lo > 0 and sign * hi > 0:
-        verdict = "supported"
-    elif sign * lo < 0 and sign * hi < 0:
-        verdict = "contradicted"
-    else:
-        verdict = "inconclusive"
-    return Comparison(difference, (lo, hi), (hi - lo) / 2, verdict)
+        return Comparison(difference, None, None, None, NOT_ENOUGH, why)
+    t = stats.paired_t([x - y for x, y in zip(a, b)]) if paired else stats.welch_t(a, b)
+    return Comparison(
+        difference,
+        t.ci95,
+        t.mde80,
+        t.p,
+        verdict_of(difference, t.p, direction),
+        test="paired t" if paired else "Welch t",
+    )
 
 
-def bootstrap_mean(values: Sequence[float], n_boot: int = N_BOOT, seed: int = 0) -> Optional[tuple[float, float]]:
-    """The 95% percentile-bootstrap interval of the mean of `values` (seeded, as `bootstrap_difference`);
-    None with fewer than MIN_SEEDS values, where it would only be the range of the values seen."""
+def mean_interval(values: Sequence[float]) -> Optional[tuple[float, float]]:
+    """The 95% Student-t interval of the mean of `values` (NaN left out); None with fewer than MIN_SEEDS."""
     vals = [float(v) for v in values if not math.isnan(v)]
     if len(vals) < MIN_SEEDS:
         return None
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(vals, k=len(vals))) for _ in range(n_boot))
-    return means[int(0.025 * n_boot)], means[int(0.975 * n_boot) - 1]
+    se = statistics.stdev(vals) / math.sqrt(len(vals))
+    half = stats.t_quantile(1 - stats.ALPHA / 2, len(vals) - 1) * se
+    mean = statistics.fmean(vals)
+    return mean - half, mean + half
 
 
 # ---------------------------------------------------------------- claims
@@ -247,8 +244,8 @@ def per_seed(runs: dict[str, list[list[dict]]]) -> dict[str, dict[str, list[floa
 
 
 def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[str, list[float]]]]) -> list[dict]:
-    """Each claim in each regime it names (every regime by default) that holds both methods; the
-    others are `skipped_claims`."""
+    """Each claim in each regime it names (every regime by default) that holds both methods, with Holm's
+    correction over all of them (the family); the others are `skipped_claims`."""
     out = []
     for c in claims:
         for name, methods in regimes.items():
@@ -268,9 +265,9 @@ def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[s
             else:
                 a, b, paired = _aligned(methods[c.method], methods[c.baseline], c.metric)
             if not a or not b:
-                r = Comparison(float("nan"), None, None, NOT_ENOUGH, f"no run has a value of {c.metric}")
+                r = Comparison(float("nan"), None, None, None, NOT_ENOUGH, f"no run has a value of {c.metric}")
             else:
-                r = bootstrap_difference(a, b, c.direction, paired=paired)
+                r = compare_values(a, b, c.direction, paired=paired)
             out.append(
                 {
                     "claim": c.claim,
@@ -280,16 +277,103 @@ def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[s
                     "method": c.method,
                     "baseline": c.baseline,
                     "direction": c.direction,
-                    "difference": r.difference,
-                    "ci95": list(r.ci95) if r.ci95 else None,
-                    "detectable": r.detectable,
-                    "verdict": r.verdict,
-                    "why": r.why,
+                    **_fields(r),
                     "seeds": [len(a), len(b)],
                     "paired": paired,
                 }
             )
+    return with_holm(out)
+
+
+def _fields(r: Comparison) -> dict:
+    return {
+        "difference": r.difference,
+        "ci95": list(r.ci95) if r.ci95 else None,
+        "mde80": r.mde80,
+        "p": r.p,
+        "test": r.test,
+        "verdict": r.verdict,
+        "why": r.why,
+    }
+
+
+def with_holm(results: list[dict]) -> list[dict]:
+    """The results with `p_holm` (Holm over those that were tested: the family) and the verdict it gives."""
+    tested = [r for r in results if r["p"] is not None]
+    for r, adjusted in zip(tested, stats.holm([r["p"] for r in tested])):
+        r["p_holm"], r["family"] = adjusted, len(tested)
+        r["verdict"] = verdict_of(r["difference"], adjusted, r["direction"])
+    for r in results:
+        r.setdefault("p_holm", None)
+        r.setdefault("family", len(tested))
+    return results
+
+
+NULL_METRICS = ("final_accuracy", "auc")
+"""Metrics a null control is always tested on, besides those the claims name."""
+
+
+def null_control(
+    regimes: dict[str, dict[str, dict[str, list[float]]]], baseline: str, control: str, metrics: Sequence[str] = ()
+) -> list[dict]:
+    """The A/A pair (`control`: `baseline` rerun with an independent sampling stream) tested as a claim on each
+    metric of NULL_METRICS and `metrics`, in every regime that holds both, at 5% each and outside any family:
+    a verdict other than "inconclusive" is a false one, and their share is the control's false-verdict rate."""
+    out = []
+    for name, methods in regimes.items():
+        if baseline not in methods or control not in methods:
+            continue
+        for metric in dict.fromkeys([*NULL_METRICS, *metrics]):
+            a, b, paired = _aligned(methods[control], methods[baseline], metric)
+            r = (
+                compare_values(a, b, "higher", paired=paired)
+                if a and b
+                else Comparison(float("nan"), None, None, None, NOT_ENOUGH, f"no run has a value of {metric}")
+            )
+            fields = _fields(r)
+            if r.p is not None:  # two-sided: either side is a false verdict
+                fields["verdict"] = "false verdict" if r.p < stats.ALPHA else "inconclusive"
+            out.append(
+                {
+                    "regime": name,
+                    "metric": metric,
+                    "method": control,
+                    "baseline": baseline,
+                    "seeds": [len(a), len(b)],
+                    "paired": paired,
+                    **fields,
+                }
+            )
     return out
+
+
+def null_markdown(results: Sequence[dict[str, Any]]) -> str:
+    """The null control's table and the false-verdict rate it shows."""
+    lines = [
+        "| regime | metric | control vs baseline | difference | 95% CI | p | detectable (80% power) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        ci, p, mde = _cells(r)
+        lines.append(
+            f"| {r['regime']} | {r['metric']} | {r['method']} vs {r['baseline']} ({_seeds_text(r)}) | "
+            f"{r['difference']:+.4f} | {ci} | {p} | {mde} | **{r['verdict']}** |"
+        )
+    tested = [r for r in results if r["p"] is not None]
+    false = sum(r["verdict"] == "false verdict" for r in tested)
+    lines += ["", f"False verdicts in the null control: {false} of {len(tested)} tests at 5% each."]
+    return "\n".join(lines)
+
+
+def _cells(r: dict[str, Any]) -> tuple[str, str, str]:
+    if r["ci95"] is None:
+        return "n/a", "n/a", "n/a"
+    lo, hi = r["ci95"]
+    return f"[{lo:+.4f}, {hi:+.4f}]", _p_text(r["p"]), f"{r['mde80']:.4f}"
+
+
+def _p_text(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.001 else "<0.001"
 
 
 def _change(values: dict[str, list], base: dict[str, list], metric: str) -> dict[str, list]:
@@ -352,20 +436,18 @@ def _aligned(method: dict[str, list], baseline: dict[str, list], metric: str) ->
 
 def claims_markdown(results: Sequence[dict[str, Any]], skipped: Sequence[dict[str, Any]] = ()) -> str:
     lines = [
-        "| claim | regime | metric | method vs baseline | difference | 95% CI | detectable | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| claim | regime | metric | method vs baseline | difference | 95% CI | p | p (Holm) | detectable (80% power) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        if r["ci95"] is None:
-            ci, detectable, verdict = "n/a", "n/a", f"**{r['verdict']}** ({r['why']})"
-        else:
-            lo, hi = r["ci95"]
-            ci, detectable, verdict = f"[{lo:+.4f}, {hi:+.4f}]", f"{r['detectable']:.4f}", f"**{r['verdict']}**"
+        ci, p, mde = _cells(r)
+        verdict = f"**{r['verdict']}**" + (f" ({r['why']})" if r["ci95"] is None else "")
+        holm_p = _p_text(r["p_holm"]) if r.get("p_holm") is not None else "n/a"
         metric = r["metric"] if not r.get("relative_to") else f"change of {r['metric']} from {r['relative_to']}"
         lines.append(
             f"| {r['claim']} | {r['regime']} | {metric} ({r['direction']} is the claim) | "
             f"{r['method']} vs {r['baseline']} ({_seeds_text(r)}) | "
-            f"{r['difference']:+.4f} | {ci} | {detectable} | {verdict} |"
+            f"{r['difference']:+.4f} | {ci} | {p} | {holm_p} | {mde} | {verdict} |"
         )
     if skipped:
         lines += ["", "Skipped claims (not tested):", ""]

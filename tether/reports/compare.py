@@ -11,6 +11,11 @@ With `jobs` > 1 the runs go to that many child processes at a time (`tether trai
 a 2-core CPU, better than one run at a time. A run that fails does not stop the others; compare
 then raises, naming each failed run and its log, and a rerun resumes them. Runs of the same seed
 started together may both build that seed's warm start (the cache's atomic rename keeps one).
+
+`null_control=BASELINE` adds an A/A pair: BASELINE runs a second time, as `BASELINE_null`, from the same
+initial model, data order and held-out set with an independent sampling stream (`trainer.sampling_seed` =
+the seed + NULL_SAMPLING_OFFSET); the report tests it against BASELINE like a claim
+(`claims.null_control`), so that the noise floor is measured on the same job as the claims.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..records.plots import (
     EVAL_MARKER,
@@ -41,7 +46,17 @@ from ..records.runlog import ACCURACY, METRICS_FILE, accuracy, has_metrics, read
 from ..config.loading import load_config
 from ..config.sections import Config, config_differences, flatten, one_line
 from ..schema import ConfigError, to_dict
-from .claims import MIN_SEEDS, bootstrap_mean, claims_markdown, evaluate_claims, load_claims, per_seed, skipped_claims
+from .claims import (
+    MIN_SEEDS,
+    claims_markdown,
+    evaluate_claims,
+    load_claims,
+    mean_interval,
+    null_control,
+    null_markdown,
+    per_seed,
+    skipped_claims,
+)
 
 CURVES = [  # (file, title, metric, smoothed); the y-axis label is the run plots' (ylabel_of), the window theirs
     ("accuracy", "held-out accuracy", ACCURACY, False),
@@ -52,6 +67,12 @@ CURVES = [  # (file, title, metric, smoothed); the y-axis label is the run plots
     ("kl_old", "k3 KL(old || new) per update", "policy/kl_old", True),
     ("response_length", "response length", "rollout/len_mean", True),
 ]
+
+
+NULL_SUFFIX = "_null"
+"""The label of a null-control run: its baseline's, with this suffix."""
+NULL_SAMPLING_OFFSET = 10_000
+"""Seed k's null-control run samples with trainer.sampling_seed = k + this (an independent stream)."""
 
 
 class RunsFailed(Exception):
@@ -80,32 +101,38 @@ def compare(
     log=print,
     claims: Optional[str] = None,
     jobs: int = 1,
+    null_control: Optional[str] = None,
 ) -> Path:
     """Run every objective x seed (skipping finished runs, resuming interrupted ones), then report.
 
-    jobs > 1: that many runs at a time, each in a child `tether train` process (module header)."""
+    jobs > 1: that many runs at a time, each in a child `tether train` process (module header).
+    null_control: one of `objectives`, run again with an independent sampling stream (module header)."""
     from ..records import checkpoint  # lazy: torch; `tether report` reads runs without it
     from ..trainer.loop import train  # lazy: torch; `tether report` reads runs without it
 
     out_dir = Path(out)
+    if null_control is not None and null_control not in objectives:
+        raise ConfigError(
+            f"--null-control {null_control!r}: name one of the compared objectives ({', '.join(objectives)})"
+        )
     # Validate every combination, and that runs already there used the same settings, before any work.
     plans = []
-    for objective in objectives:
+    for label, objective, extra in _arms(objectives, null_control):
         for seed in range(seeds):
-            run = run_dir(out_dir, objective, seed)
-            cfg = load_config(
-                config, [*overrides, f"objective={objective}", f"trainer.seed={seed}", f"output_dir={run}"]
-            )
+            run = run_dir(out_dir, label, seed)
+            run_overrides = [*overrides, f"objective={objective}", f"trainer.seed={seed}", f"output_dir={run}"]
+            run_overrides += extra(seed)
+            cfg = load_config(config, run_overrides)
             _check_same_settings(run, cfg, out_dir)
-            plans.append((objective, seed, run, cfg))
+            plans.append((label, seed, run, cfg, run_overrides))
     if claims:
         load_claims(claims)  # a bad claims file fails now, not after the runs
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: expected 1 or more runs at a time")
     out_dir.mkdir(parents=True, exist_ok=True)
     pending = []
-    for i, (objective, seed, run, cfg) in enumerate(plans, 1):
-        tag = f"[{i}/{len(plans)}] {objective} seed {seed}"
+    for i, (label, seed, run, cfg, run_overrides) in enumerate(plans, 1):
+        tag = f"[{i}/{len(plans)}] {label} seed {seed}"
         if is_finished(run):
             log(f"{tag}: finished, skipped")
             continue
@@ -120,19 +147,25 @@ def compare(
                 "tether.cli",
                 "train",
                 *([config] if config else []),
-                *overrides,
-                f"objective={objective}",
-                f"trainer.seed={seed}",
-                f"output_dir={run}",
+                *run_overrides,
                 *(["--resume", str(run)] if resume else []),
             ]
-            pending.append((tag, action, command, out_dir / "logs" / f"{objective}-seed{seed}.log"))
+            pending.append((tag, action, command, out_dir / "logs" / f"{label}-seed{seed}.log"))
             continue
         log(f"{tag}: {action}")
         train(cfg, resume_dir=str(run) if resume else None, log=log)
     if pending:
         _run_children(pending, jobs, log)
     return write_report({out_dir.name: [p[2] for p in plans]}, out_dir, threshold, claims)
+
+
+def _arms(objectives: list[str], null_control: Optional[str]) -> list[tuple[str, str, Callable[[int], list[str]]]]:
+    """(label, objective, seed -> extra overrides) of each arm: the objectives, then the null control's."""
+    arms: list[tuple[str, str, Callable[[int], list[str]]]] = [(o, o, lambda seed: []) for o in objectives]
+    if null_control is not None:
+        label = f"{null_control}{NULL_SUFFIX}"
+        arms.append((label, null_control, lambda seed: [f"trainer.sampling_seed={seed + NULL_SAMPLING_OFFSET}"]))
+    return arms
 
 
 def _run_children(pending: list[tuple[str, str, list[str], Path]], jobs: int, log) -> None:
@@ -275,28 +308,56 @@ def write_report(
     if axis is not None:
         summary["axis"] = {"setting": axis[0], "values": axis[1]}
         lines += _axis_section(axis, summary["regimes"], out_dir)
+    per_regime = {n: dict(r["methods"]) for n, r in summary["regimes"].items()}
     if claim_list is not None:
-        per_regime = {n: dict(r["methods"]) for n, r in summary["regimes"].items()}
         results, skipped = evaluate_claims(claim_list, per_regime), skipped_claims(claim_list, per_regime)
         summary["claims"], summary["skipped_claims"] = results, skipped
+        family = results[0]["family"] if results else 0
         lines += [
             "## Claims",
             "",
-            f"From `{claims}`: difference of the means over seeds (method minus baseline), its 95% percentile-"
-            "bootstrap interval over seeds (paired by seed when both methods ran the same seeds), and the "
-            "verdict: *supported* when the interval excludes 0 on the "
-            "claimed side, *contradicted* when it excludes 0 on the other, else *inconclusive*; `detectable` "
-            "is the interval's half-width, the smallest difference these seeds could tell from 0. "
-            f"*not enough seeds*: fewer than {MIN_SEEDS} seeds per method (paired: shared), where the "
-            "interval would only be the range of the values seen (docs/compare.md).",
+            f"From `{claims}`: difference of the means over seeds (method minus baseline) and a t-test: Student's "
+            "paired t on the per-seed differences when both methods ran the same seeds (seed k of every method "
+            "starts from the same model and data order), Welch's t otherwise. `p` is its two-sided p-value, "
+            f"`p (Holm)` that p-value corrected by Holm's method over the {family} claims tested here, so that "
+            "the chance of any false verdict in this table is at most 5%. The verdict: *supported* when "
+            "p (Holm) < 0.05 and the difference lies on the claimed side, *contradicted* when on the other, "
+            "else *inconclusive*. `detectable` is the smallest true difference the test would find with 80% "
+            f"power given the spread seen. *not enough seeds*: fewer than {MIN_SEEDS} seeds per method "
+            "(paired: shared) (docs/compare.md).",
             "",
             claims_markdown(results, skipped),
+            "",
+        ]
+    controls = _null_controls(per_regime, claim_list)
+    if controls:
+        summary["null_control"] = controls
+        lines += [
+            "## Null control",
+            "",
+            "The baseline run a second time from the same initial model, data order and held-out set, with an "
+            "independent sampling stream (`tether compare --null-control`), tested against the baseline as a "
+            "claim would be, at 5% each: with no true difference, any verdict but *inconclusive* is a false one. "
+            "The spread it shows is the noise floor of the claims above.",
+            "",
+            null_markdown(controls),
             "",
         ]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=_json_safe) + "\n")
     report = out_dir / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+def _null_controls(regimes: dict[str, dict], claim_list) -> list[dict]:
+    """The null-control tests of every `X_null` arm whose baseline X ran in the same regime."""
+    metrics = [c.metric for c in claim_list or [] if c.relative_to is None]
+    out = []
+    labels = dict.fromkeys(m for methods in regimes.values() for m in methods)
+    for label in labels:
+        if label.endswith(NULL_SUFFIX) and label[: -len(NULL_SUFFIX)] in labels:
+            out += null_control(regimes, label[: -len(NULL_SUFFIX)], label, metrics)
+    return out
 
 
 def _json_safe(x):
@@ -446,7 +507,7 @@ class AxisPoint:
 
     x: float
     mean: float
-    ci: Optional[tuple[float, float]]  # the 95% bootstrap interval of the mean; None under 4 seeds
+    ci: Optional[tuple[float, float]]  # the 95% Student-t interval of the mean; None under 4 seeds
     n: int
 
 
@@ -464,13 +525,13 @@ def _axis_points(values: dict[str, float], regimes: dict) -> dict[str, dict[str,
             for n in order:
                 vals = [v for v in regimes[n]["methods"].get(m, {}).get(metric, []) if not math.isnan(v)]
                 if vals:
-                    per_method[m].append(AxisPoint(values[n], statistics.fmean(vals), bootstrap_mean(vals), len(vals)))
+                    per_method[m].append(AxisPoint(values[n], statistics.fmean(vals), mean_interval(vals), len(vals)))
     return points
 
 
 def _axis_section(axis: tuple[str, dict[str, float]], regimes: dict, out_dir: Path) -> list[str]:
     """A table and plots of each method's per-seed metrics against the one setting the regimes vary:
-    mean over seeds and its 95% bootstrap interval (tether.reports.claims.bootstrap_mean)."""
+    mean over seeds and its 95% Student-t interval (tether.reports.claims.mean_interval)."""
     key, values = axis
     xs = sorted(set(values.values()))
     points = _axis_points(values, regimes)
@@ -478,7 +539,7 @@ def _axis_section(axis: tuple[str, dict[str, float]], regimes: dict, out_dir: Pa
         f"## Against `{key}`",
         "",
         f"Each method's runs at {key} = {', '.join(f'{x:g}' for x in xs)}: mean over seeds, and "
-        "in brackets the 95% percentile-bootstrap interval of that mean (shown from 4 seeds up).",
+        "in brackets the 95% Student-t interval of that mean (shown from 4 seeds up).",
         "",
     ]
     for metric, label in AXIS_METRICS:
@@ -507,7 +568,7 @@ def plot_against(
     key: str, xs: list[float], points: dict[str, dict[str, list[AxisPoint]]], plot_dir: Path
 ) -> list[Path]:
     """One PNG per AXIS_METRICS entry: x = the setting, one line per method through its means over
-    seeds, error bars = the 95% bootstrap interval of each mean (none under 4 seeds)."""
+    seeds, error bars = the 95% Student-t interval of each mean (none under 4 seeds)."""
     plt = pyplot()
     plot_dir.mkdir(parents=True, exist_ok=True)
     written = []

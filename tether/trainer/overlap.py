@@ -15,7 +15,7 @@ How, per step t (`sampling(t)` around the trainer's `collect`):
   3. on leaving, the FIFO's oldest (step t+1's sampler) is loaded into the copy, and step t+1's first round
      starts in the background: its prompts are those the prompt stream will hand out next (read from a copy
      of the stream, so the stream's position, which a checkpoint records, moves only when step t+1 takes
-     them) and its seed is `rollout_seed`, the one step t+1 would sample with anyway.
+     them) and its seed is `seeds.rollout`, the one step t+1 would sample with anyway.
 
 The background thread only decodes. Rewards, the prompt stream and the fault points stay on the trainer's
 thread (the math verifier's worker process serves held-out accuracy too, and is not to be shared between
@@ -53,12 +53,8 @@ import torch
 
 from ..config.sections import RolloutConfig
 from ..rollout import RolloutBatch, SamplingParams, get_engine
+from . import seeds
 from .staleness import StalePolicies, load_trainable, stale_metrics
-
-
-def rollout_seed(seed: int, step: int) -> int:
-    """The sampling seed of RL step `step` in a run seeded `seed` (its first round; refill round k adds 7919 k)."""
-    return seed * 1_000_003 + step
 
 
 @dataclass(frozen=True)
@@ -85,7 +81,7 @@ class OverlappedSampler:
 
     Args:
         rollout: the run's rollout section (engine, compile, prompts_per_step, group_size).
-        seed: trainer.seed (the sampling seeds, `rollout_seed`).
+        seed: the sampling root (`seeds.sampling_root`: trainer.sampling_seed, else trainer.seed).
         total_steps: trainer.total_steps (nothing is prefetched past the last step).
         model: the policy; copied once, never read by the background thread.
         tokenizer: its tokenizer; copied once for the background engine.
@@ -177,7 +173,7 @@ class OverlappedSampler:
         weights, sampler_step = self.stale.next_sampler()
         load_trainable(self.sampler, weights)
         prompts = tuple(e.prompt for e in copy.copy(self.stream).take(self.want))  # the stream does not move
-        request = _Request(prompts, self.n, self.params, rollout_seed(self.seed, step))
+        request = _Request(prompts, self.n, self.params, seeds.rollout(self.seed, step))
         self.pending = _Pending(request, sampler_step, self.pool.submit(self._sample, request))
 
     def _sample(self, request: _Request) -> RolloutBatch:

@@ -39,6 +39,7 @@ from ..rewards import RewardFn, check_user_rewards, task_reward
 from ..rollout import RolloutEngine, SamplingParams, get_engine
 from ..schema import ConfigError
 from ..tasks import DataError, Example, get_task, takes_tokenizer
+from . import seeds
 from .data import PromptStream
 from .limits import check_lengths
 from .sampling import Sampler, make_sampler
@@ -191,7 +192,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     engine = _engine(r, model, tokenizer, device, log)
     sampler = make_sampler(
         r,
-        t.seed,
+        seeds.sampling_root(t),
         t.total_steps,
         t.staleness,
         t.overlap,

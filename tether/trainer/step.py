@@ -40,7 +40,7 @@ from ..model.causal_lm import (
 from ..rewards import Scored, reward_parts, score_rollout, verifier_faults
 from ..rollout import RolloutBatch, SamplingParams
 from .data import PromptStream
-from .overlap import rollout_seed
+from . import seeds
 from .sampling import Sampler
 from .setup import Counters, Run
 
@@ -132,7 +132,9 @@ def collect(
     for k in range(rounds):
         examples = stream.take(want - have if k else want)
         tic = time.perf_counter()
-        rollout = sampler.generate([e.prompt for e in examples], n=r.group_size, params=params, seed=seed + 7919 * k)
+        rollout = sampler.generate(
+            [e.prompt for e in examples], n=r.group_size, params=params, seed=seeds.refill(seed, k)
+        )
         faults.point("rollout")
         seconds["time/sample_s"] += _clocked(rollout.mask.device) - tic
         tic = time.perf_counter()
@@ -382,7 +384,7 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
             run.reward_fn,
             run.cfg.rollout,
             run.params,
-            rollout_seed(t.seed, step),
+            seeds.rollout(seeds.sampling_root(t), step),
             run.tokenizer.pad_token_id,
         )
     model.train()
@@ -398,7 +400,7 @@ def rl_step(run: Run, step: int, log=print) -> tuple[Scored, dict[str, float]]:
     clock["old"] = _clocked(device)
     ref_lp = reference_logprobs(run, tokens)
     clock["ref"] = _clocked(device)
-    gen = torch.Generator().manual_seed(t.seed * 7_000_003 + step)
+    gen = torch.Generator().manual_seed(seeds.minibatch_order(seeds.sampling_root(t), step))
     sampler_lp = sampler_logprobs(scored.rollout, tokens)
     batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp, sampler_lp)
     done = update(Optimiser(model, run.optimizer, run.scheduler), run.obj, batch, t, gen, run.logprobs, run.precision)
