@@ -140,7 +140,7 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .reports.compare import compare
+    from .trainer.compare import compare
 
     path, overrides = _split_config_args(args.args)
     objectives_ = [o for o in args.objectives.split(",") if o]
@@ -162,8 +162,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .reports.compare import discover, write_report
+    from .reports.report import discover, rewrite_from_summary, write_report
+    from .schema import ConfigError
 
+    if len(args.run_dirs) == 1 and Path(args.run_dirs[0]).name == "summary.json":  # the runs may be gone
+        if args.threshold is not None:
+            raise ConfigError("tether report SUMMARY.json: --threshold needs the runs (summary.json has no curves)")
+        print(f"report: {rewrite_from_summary(args.run_dirs[0], args.claims, args.out)}")
+        return 0
     # Several compare directories: one regime each, named by its directory; else one regime.
     if len(args.run_dirs) > 1 and all(not (Path(d) / "metrics.jsonl").exists() for d in args.run_dirs):
         regimes = {Path(d).name: discover([d]) for d in args.run_dirs}
@@ -360,8 +366,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("report", help="rebuild report.md and plots from existing runs")
-    p.add_argument("run_dirs", nargs="+", help="run directories, or compare directories holding them")
-    p.add_argument("--out", default=None, help="where to write report.md (default: the first path)")
+    p.add_argument(
+        "run_dirs",
+        nargs="+",
+        help="run directories, or compare directories holding them; or a comparison's summary.json alone, to "
+        "test its claims again from the per-seed values it holds (its report.md's claims are rewritten)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="where to write report.md (default: the first path); with a summary.json, a markdown file to hold "
+        "only these claims' results, report.md and summary.json left alone",
+    )
     p.add_argument("--threshold", type=float, default=None)
     p.add_argument(
         "--claims",
@@ -408,8 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     # tether draws its own progress bars: transformers' and the hub's are off (read when they are
     # imported, so no import of transformers here; a user's explicit setting wins).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from .reports.compare import RunsFailed
-    from .schema import ConfigError
+    from .schema import ConfigError, RunsFailed
     from .trainer.stopping import Interrupted
     from .tasks import DataError
 

@@ -22,6 +22,10 @@ class ConfigError(ValueError):
     """A config value or key is wrong; the message says which and what would be right."""
 
 
+class RunsFailed(Exception):
+    """Some of `tether compare`'s child runs exited with an error (the message names each and its log)."""
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 

@@ -247,8 +247,10 @@ def matmul_path(request, monkeypatch):
     bf16 GEMMs rounding their result to bf16 (a CPU with them), and bf16 GEMMs with a float32
     result (CUDA's out_dtype; here emulated by a float32 matmul of the bf16 values, which is the
     same arithmetic: exact products, float32 sums)."""
-    if request.param != "float32 upcast":
-        monkeypatch.setattr(ops, "native_low_precision_matmul", lambda device, dtype: True)
+    # Each case forces its path, so that every CPU tests all three whatever its vector extensions (left alone,
+    # the upcast case took bf16 GEMMs on a CPU with AVX512-BF16 and upcast only on an AVX2 one).
+    native = request.param != "float32 upcast"
+    monkeypatch.setattr(ops, "native_low_precision_matmul", lambda device, dtype: native)
     if request.param == "bf16 GEMM, float32 out":
         monkeypatch.setitem(ops._FP32_OUT, ("cpu", torch.bfloat16), True)
         monkeypatch.setattr(ops, "_mm_out", lambda a, b, dtype: a.to(dtype) @ b.to(dtype))

@@ -5,7 +5,8 @@ import shutil
 
 import pytest
 
-from tether.reports.compare import compare, discover, write_report
+from tether.reports.report import discover, write_report
+from tether.trainer.compare import compare
 from tether.records.sinks import read_jsonl
 from conftest import DIGIT_REWARD
 
@@ -117,7 +118,7 @@ def test_a_bad_claims_file_fails_before_any_run_or_report_is_written(tiny_dir, t
 
 @pytest.mark.slow
 def test_jobs_run_children_side_by_side_and_a_failed_child_is_named_with_its_log(tiny_dir, tmp_path, monkeypatch):
-    from tether.reports.compare import RunsFailed
+    from tether.schema import RunsFailed
 
     overrides = [o for o in _overrides(tiny_dir) if not o.startswith("reward.name=")] + ["trainer.total_steps=2"]
     out = tmp_path / "cmp"

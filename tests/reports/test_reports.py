@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def test_a_run_recorded_before_labels_still_matches_its_settings(tmp_path):
 
 
 def test_summary_plots_and_report_show_the_chosen_name(tmp_path):
-    from tether.reports.compare import write_report
+    from tether.reports.report import write_report
 
     rows = _rows({0: 0.2, 3: 0.4}, 3)
     atr = _run(tmp_path / "a", ["trainer.total_steps=3"], rows)
@@ -289,7 +290,7 @@ def test_comparison_plots_say_their_window_which_is_the_run_plots(tmp_path, monk
     """Issue 32, item 8: 40 steps are smoothed over 4 (a tenth), not 20, and the legend says so."""
     import matplotlib.pyplot as plt
 
-    from tether.reports.compare import plot_comparison
+    from tether.reports.report import plot_comparison
 
     runs = {
         obj: [_run(tmp_path / obj / "seed0", [f"objective={obj}"], _rows({0: 0.1, 20: 0.2, 40: 0.3}, 40))]
@@ -313,7 +314,7 @@ def test_comparison_plots_say_their_window_which_is_the_run_plots(tmp_path, monk
 def test_every_comparison_plot_has_a_y_label(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from tether.reports.compare import CURVES, plot_comparison
+    from tether.reports.report import CURVES, plot_comparison
 
     runs = {
         obj: [
@@ -358,7 +359,7 @@ def test_a_setting_with_a_newline_stays_on_its_line_in_the_report_and_the_eval_r
     # Was: the real-model comparison's report broke its settings sentence in two at the prompt
     # template's newline ("{problem}\nAnswer with the number only.").
     from tether.evaluation.report import results_markdown
-    from tether.reports.compare import write_report
+    from tether.reports.report import write_report
 
     task = [
         "data.task=math",
@@ -382,3 +383,36 @@ def test_a_setting_with_a_newline_stays_on_its_line_in_the_report_and_the_eval_r
     }
     first = results_markdown(results).splitlines()
     assert any("template={problem}\\nAnswer., n=1" in line for line in first), first
+
+
+def test_a_summary_alone_is_tested_again_and_its_report_rewritten(tmp_path):
+    """`tether report SUMMARY.json --claims C`: the claims are tested again from the per-seed values (the runs
+    may be gone), report.md's claims section is replaced and its regime sections kept; `--out F` writes only the
+    claims to F."""
+    from tether.cli import main
+
+    for obj, acc in (("grpo", 0.2), ("atr_grpo", 0.5)):
+        for seed in range(4):
+            _run(
+                tmp_path / "cmp" / obj / f"seed{seed}",
+                [f"objective={obj}", "trainer.total_steps=3", f"trainer.seed={seed}"],
+                _rows({0: 0.1, 3: acc + 0.01 * seed * (obj == "grpo")}, 3),
+            )
+    claims = tmp_path / "claims.yaml"
+    claims.write_text("- {claim: ATR beats GRPO, metric: final_accuracy, method: atr_grpo, baseline: grpo}\n")
+    assert main(["report", str(tmp_path / "cmp"), "--threshold", "0.3"]) == 0
+    before = (tmp_path / "cmp" / "report.md").read_text()
+    assert "## Claims" not in before
+    shutil.rmtree(tmp_path / "cmp" / "grpo")  # the runs are gone: the summary is enough
+    summary = tmp_path / "cmp" / "summary.json"
+    assert main(["report", str(summary), "--claims", str(claims)]) == 0
+    after = (tmp_path / "cmp" / "report.md").read_text()
+    assert after.startswith(before.rstrip("\n")) and "## Claims" in after
+    (r,) = json.loads(summary.read_text())["claims"]
+    assert r["verdict"] == "supported" and r["test"] == "paired t" and r["seeds"] == [4, 4]
+    # Again: the claims section is replaced, not appended.
+    assert main(["report", str(summary), "--claims", str(claims)]) == 0
+    assert (tmp_path / "cmp" / "report.md").read_text() == after
+    assert main(["report", str(summary), "--claims", str(claims), "--out", str(tmp_path / "c.md")]) == 0
+    assert "| ATR beats GRPO |" in (tmp_path / "c.md").read_text()
+    assert (tmp_path / "cmp" / "report.md").read_text() == after

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from tether.reports.claims import METRICS, evaluate_claims, load_claims, mean_interval, skipped_claims
-from tether.reports.compare import setting_axis, write_report
+from tether.reports.report import write_report
+from tether.reports.sweep import setting_axis
 from tether.config.sections import Config
 from tether.schema import to_dict
 

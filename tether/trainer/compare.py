@@ -1,0 +1,185 @@
+"""`tether compare`: methods side by side on one budget; the report is `tether.reports.report`'s.
+
+Every objective x seed run gets the same config except the objective: same budget, same data
+order (the data stream is seeded by `trainer.seed`), same initial model (the warm start is
+cached by seed and does not depend on the objective). Runs live in
+`OUT/<objective>/seed<N>/`; a finished run is skipped, an interrupted one resumed from its last
+checkpoint (or restarted when it has none), so an interrupted compare picks up where it stopped.
+
+With `jobs` > 1 the runs go to that many child processes at a time (`tether train`, each writing
+`OUT/logs/<objective>-seed<N>.log`): several small runs share one GPU, or two 1-thread runs share
+a 2-core CPU, better than one run at a time. A run that fails does not stop the others; compare
+then raises, naming each failed run and its log, and a rerun resumes them. Runs of the same seed
+started together may both build that seed's warm start (the cache's atomic rename keeps one).
+
+`null_control=BASELINE` adds an A/A pair: BASELINE runs a second time, as `BASELINE_null`, from the same
+initial model, data order and held-out set with an independent sampling stream (`trainer.sampling_seed` =
+the seed + NULL_SAMPLING_OFFSET); the report tests it against BASELINE like a claim
+(`claims.null_control`), so that the noise floor is measured on the same job as the claims.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..config.loading import load_config
+from ..config.sections import config_differences
+from ..records import checkpoint
+from ..records.runlog import read_config, read_metrics
+from ..reports.claims import load_claims
+from ..reports.report import NULL_SUFFIX, write_report
+from ..schema import ConfigError, RunsFailed
+from .loop import train
+
+NULL_SAMPLING_OFFSET = 10_000
+"""Seed k's null-control run samples with trainer.sampling_seed = k + this (an independent stream)."""
+
+
+def run_dir(out: Path, objective: str, seed: int) -> Path:
+    return Path(out) / objective / f"seed{seed}"
+
+
+def is_finished(run: Path) -> bool:
+    if not (run / "config.yaml").exists() or not (run / "summary.md").exists():
+        return False
+    total = read_config(run)["trainer"]["total_steps"]
+    rows = read_metrics(run)
+    return bool(rows) and rows[-1]["step"] >= total
+
+
+def compare(
+    config: Optional[str],
+    objectives: list[str],
+    seeds: int,
+    overrides: list[str],
+    out: str,
+    threshold: Optional[float] = None,
+    log=print,
+    claims: Optional[str] = None,
+    jobs: int = 1,
+    null_control: Optional[str] = None,
+) -> Path:
+    """Run every objective x seed (skipping finished runs, resuming interrupted ones), then report.
+
+    jobs > 1: that many runs at a time, each in a child `tether train` process (module header).
+    null_control: one of `objectives`, run again with an independent sampling stream (module header)."""
+    out_dir = Path(out)
+    if null_control is not None and null_control not in objectives:
+        raise ConfigError(
+            f"--null-control {null_control!r}: name one of the compared objectives ({', '.join(objectives)})"
+        )
+    # Validate every combination, and that runs already there used the same settings, before any work.
+    plans = []
+    for label, objective, extra in _arms(objectives, null_control):
+        for seed in range(seeds):
+            run = run_dir(out_dir, label, seed)
+            run_overrides = [*overrides, f"objective={objective}", f"trainer.seed={seed}", f"output_dir={run}"]
+            run_overrides += extra(seed)
+            cfg = load_config(config, run_overrides)
+            _check_same_settings(run, cfg, out_dir)
+            plans.append((label, seed, run, cfg, run_overrides))
+    if claims:
+        load_claims(claims)  # a bad claims file fails now, not after the runs
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs}: expected 1 or more runs at a time")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pending = []
+    for i, (label, seed, run, cfg, run_overrides) in enumerate(plans, 1):
+        tag = f"[{i}/{len(plans)}] {label} seed {seed}"
+        if is_finished(run):
+            log(f"{tag}: finished, skipped")
+            continue
+        resume = checkpoint.latest(run) is not None
+        if not resume and run.exists():
+            shutil.rmtree(run)  # started but never checkpointed: nothing to keep
+        action = "resuming" if resume else "training"
+        if jobs > 1:
+            command = [
+                sys.executable,
+                "-m",
+                "tether.cli",
+                "train",
+                *([config] if config else []),
+                *run_overrides,
+                *(["--resume", str(run)] if resume else []),
+            ]
+            pending.append((tag, action, command, out_dir / "logs" / f"{label}-seed{seed}.log"))
+            continue
+        log(f"{tag}: {action}")
+        train(cfg, resume_dir=str(run) if resume else None, log=log)
+    if pending:
+        _run_children(pending, jobs, log)
+    return write_report({out_dir.name: [p[2] for p in plans]}, out_dir, threshold, claims)
+
+
+def _arms(objectives: list[str], null_control: Optional[str]) -> list[tuple[str, str, Callable[[int], list[str]]]]:
+    """(label, objective, seed -> extra overrides) of each arm: the objectives, then the null control's."""
+    arms: list[tuple[str, str, Callable[[int], list[str]]]] = [(o, o, lambda seed: []) for o in objectives]
+    if null_control is not None:
+        label = f"{null_control}{NULL_SUFFIX}"
+        arms.append((label, null_control, lambda seed: [f"trainer.sampling_seed={seed + NULL_SAMPLING_OFFSET}"]))
+    return arms
+
+
+def _run_children(pending: list[tuple[str, str, list[str], Path]], jobs: int, log) -> None:
+    """Run (tag, action, command, log file) children, `jobs` at a time; raise naming every one that failed.
+
+    Ctrl-C (or any error here) passes SIGINT to the children still running, which drop their
+    unfinished step as `tether train` does, and waits for them before re-raising."""
+    running: list[tuple[str, subprocess.Popen, Path]] = []
+    failed: list[str] = []
+    queue = list(pending)
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                tag, action, command, log_file = queue.pop(0)
+                log_file.parent.mkdir(parents=True, exist_ok=True)
+                with log_file.open("w") as f:
+                    running.append((tag, subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT), log_file))
+                log(f"{tag}: {action} (log: {log_file})")
+            time.sleep(0.5)
+            for item in [r for r in running if r[1].poll() is not None]:
+                running.remove(item)
+                tag, child, log_file = item
+                if child.returncode:
+                    failed.append(f"{tag} (exit {child.returncode}, log: {log_file})")
+                    log(f"{tag}: failed, exit {child.returncode}; see {log_file}")
+                else:
+                    log(f"{tag}: done")
+    except BaseException:
+        for _, child, _ in running:
+            child.send_signal(signal.SIGINT)
+        for _, child, _ in running:
+            try:
+                child.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        raise
+    if failed:
+        raise RunsFailed(
+            f"{len(failed)} run(s) failed: "
+            + "; ".join(failed)
+            + ". Fix the cause and rerun the same command: finished runs are skipped, the rest resume."
+        )
+
+
+def _check_same_settings(run: Path, cfg, out_dir: Path) -> None:
+    """A run already in `out_dir` must have the settings this compare would give it (budget included):
+    a comparison never mixes runs of different settings."""
+
+    saved = run / "config.yaml"
+    if not saved.exists():
+        return
+    diff = config_differences(cfg, load_config(str(saved)), ignore=("output_dir",))
+    if diff:
+        shown = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, old, new in diff[:5])
+        raise ConfigError(
+            f"{out_dir} holds runs made with other settings ({run.relative_to(out_dir)}: {shown}); "
+            f"re-run with the same settings to resume them, or pass another --out DIR"
+        )
