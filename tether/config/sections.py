@@ -213,6 +213,10 @@ class TrainerConfig:
     once per rollout step."""
     eval_every: int = 50
     """Rollout steps between held-out evaluations (also at step 0 and the last step)."""
+    step0_cache: Optional[str] = None
+    """A directory where step 0's held-out evaluation is stored and reused by runs that start from the same
+    model with the same evaluation settings (tether.trainer.step_zero says which settings); null: every run
+    evaluates its own. `tether compare` sets OUT/step0, so that a comparison evaluates its initial model once."""
     eval_batch_size: int = 64
     """Held-out problems per greedy `generate` call at each evaluation (all `data.eval_size` at once made
     one batch of 8 GSM8K problems x 128 tokens take about 2 minutes on a loaded 2-core CPU, with memory

@@ -11,6 +11,7 @@ With `jobs` > 1 the runs go to that many child processes at a time (`tether trai
 a 2-core CPU, better than one run at a time. A run that fails does not stop the others; compare
 then raises, naming each failed run and its log, and a rerun resumes them. Runs of the same seed
 started together may both build that seed's warm start (the cache's atomic rename keeps one).
+Runs that start from the same model evaluate it once at step 0 (`trainer.step0_cache` = OUT/step0).
 
 `null_control=BASELINE` adds an A/A pair: BASELINE runs a second time, as `BASELINE_null`, from the same
 initial model, data order and held-out set with an independent sampling stream (`trainer.sampling_seed` =
@@ -37,6 +38,8 @@ from ..reports.report import NULL_SUFFIX, write_report
 from ..schema import ConfigError, RunsFailed
 from .loop import train
 
+STEP0_DIR = "step0"
+"""Where a comparison's runs share their step-0 evaluation (`trainer.step0_cache`, tether.trainer.step_zero)."""
 NULL_SAMPLING_OFFSET = 10_000
 """Seed k's null-control run samples with trainer.sampling_seed = k + this (an independent stream)."""
 
@@ -79,7 +82,14 @@ def compare(
     for label, objective, extra in _arms(objectives, null_control):
         for seed in range(seeds):
             run = run_dir(out_dir, label, seed)
-            run_overrides = [*overrides, f"objective={objective}", f"trainer.seed={seed}", f"output_dir={run}"]
+            shared_step0 = f"trainer.step0_cache={out_dir / STEP0_DIR}"  # the user's own setting, given later, wins
+            run_overrides = [
+                shared_step0,
+                *overrides,
+                f"objective={objective}",
+                f"trainer.seed={seed}",
+                f"output_dir={run}",
+            ]
             run_overrides += extra(seed)
             cfg = load_config(config, run_overrides)
             _check_same_settings(run, cfg, out_dir)

@@ -33,6 +33,7 @@ from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress
 from ..records.summary import write_samples, write_summary
 from ..rewards import FaultWarnings, RewardBroken, Scored, greedy_accuracy, reward_label
 from ..schema import ConfigError, to_dict
+from . import step_zero
 from .setup import Run, start_run
 from .step import rl_step
 from .stopping import Interrupted, StopNow, StopSignals
@@ -172,11 +173,13 @@ def evaluate(run: Run) -> dict[str, float]:
 
 def _log_step_zero(run: Run, sinks, progress, log) -> None:
     """A new run's step 0: held-out accuracy before any update, with the warm start's metrics."""
-    m = {**evaluate(run), **run.warm_start}
+    evaluated, cached = step_zero.shared(run.cfg, lambda: evaluate(run))
+    m = {**evaluated, **run.warm_start}
     for s in sinks:
         s.log(0, m)
     progress.update(0, m)
-    log(f"step 0: held-out accuracy {m['eval/accuracy']:.3f}")
+    shared = f" (shared: evaluated once for this initial model, {cached})" if cached else ""
+    log(f"step 0: held-out accuracy {m['eval/accuracy']:.3f}{shared}")
 
 
 FLAT_WARN_AFTER = 3
