@@ -404,7 +404,7 @@ def main() -> None:
 
         real = {
             "model": str(cache_root() / "models" / "smollm2-135m"),
-            "data": str(ROOT / "benchmarks" / "real_model" / "word1_train.jsonl"),
+            "data": "tether:word1_train.jsonl",
             "template": "{problem}\nAnswer with the number only.",
             "lora": 16,
             "prompts": 8,

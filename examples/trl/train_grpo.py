@@ -13,7 +13,7 @@
     python examples/trl/train_grpo.py --tiny --objective '{"preset": "rpg_urkl", "anchor": "ref"}'
     # a real model on a math file, prompts in its chat template (scripts/get_model.sh smollm2-135m)
     python examples/trl/train_grpo.py --model ~/.cache/tether/models/smollm2-135m --task math \
-        --task-args '{"train": "benchmarks/real_model/word1_train.jsonl", "template": "{problem}\\nAnswer with the number only."}' \
+        --task-args '{"train": "tether:word1_train.jsonl", "template": "{problem}\\nAnswer with the number only."}' \
         --num-generations 4 --per-device-batch 8 --max-completion-length 48 --max-steps 20
 
 See docs/trl.md for the config mapping and what tether changes in TRL's loss.

@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tether.tasks.math import DATA_DIR
+
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "benchmarks" / "real_model"
+DATA = DATA_DIR  # the word problems shipped with tether (tether:NAME)
 TEMPLATE = "{problem}\nAnswer with the number only."
 OFFLINE = (
     "Could not find a version",

@@ -363,8 +363,8 @@ def test_a_setting_with_a_newline_stays_on_its_line_in_the_report_and_the_eval_r
 
     task = [
         "data.task=math",
-        f"data.task_args.train={ROOT / 'benchmarks/real_model/word1_train.jsonl'}",
-        f"data.task_args.test={ROOT / 'benchmarks/real_model/word1_test.jsonl'}",
+        "data.task_args.train=tether:word1_train.jsonl",
+        "data.task_args.test=tether:word1_test.jsonl",
         "data.task_args.template={problem}\nAnswer with the number only.",
         "trainer.total_steps=3",
     ]

@@ -226,3 +226,20 @@ def test_a_task_that_needs_a_tokenizer_says_so_when_built_without_one(tmp_path, 
     with pytest.raises(ConfigError, match=r"task 'tok_task_mod:make' needs a tokenizer .*tokenizer=\.\.\."):
         get_task("tok_task_mod:make")
     assert get_task("tok_task_mod:make", tokenizer=None, digits=2) is not None
+
+
+def test_problem_files_shipped_with_tether_are_found_from_anywhere(tmp_path, monkeypatch):
+    """`tether:NAME` is tether/tasks/data/NAME whatever the working directory (configs/real_model.yaml's data);
+    an unknown name lists the shipped files. word1's held-out file is disjoint from its train and test files."""
+    from tether.tasks.base import DataError
+    from tether.tasks.math import load_math_dataset
+
+    monkeypatch.chdir(tmp_path)
+    rows = {name: load_math_dataset(f"tether:word1_{name}.jsonl") for name in ("train", "test", "heldout")}
+    assert [len(r) for r in rows.values()] == [400, 100, 400]
+    problems = {name: {e.prompt for e in r} for name, r in rows.items()}
+    assert not problems["heldout"] & (problems["train"] | problems["test"])
+    with pytest.raises(
+        DataError, match="tether ships no such problem file; the shipped ones: .*tether:word1_test.jsonl"
+    ):
+        load_math_dataset("tether:word9.jsonl")

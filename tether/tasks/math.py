@@ -50,12 +50,27 @@ def render_prompt(tokenizer: Any, template: str, problem: str) -> str:
     return text
 
 
+BUILTIN = "tether:"
+"""The prefix of a problem file shipped with tether (`tether:word1_train.jsonl`: tether/tasks/data/), found
+wherever the command runs and in an installed package; tether/tasks/word_problems.py writes them."""
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+def builtin(name: str) -> Path:
+    """The packaged file `tether:NAME`; a DataError listing the shipped files when there is none."""
+    path = DATA_DIR / name[len(BUILTIN) :]
+    if not path.is_file():
+        shipped = ", ".join(f"{BUILTIN}{p.name}" for p in sorted(DATA_DIR.glob("*.jsonl")))
+        raise DataError(f"{name!r}: tether ships no such problem file; the shipped ones: {shipped}")
+    return path
+
+
 def _read_rows(path_or_name: str, split: str | None) -> tuple[list[tuple[str, Any]], str]:
     """(location, row) pairs of a JSONL / Parquet file or a hub dataset, and a stem for default ids.
 
     A location is "FILE:LINE" for JSONL and "FILE row I" otherwise, for error messages.
     """
-    path = Path(path_or_name).expanduser()
+    path = builtin(path_or_name) if path_or_name.startswith(BUILTIN) else Path(path_or_name).expanduser()
     if path.exists():
         if split is not None:
             raise ValueError(
