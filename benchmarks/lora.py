@@ -43,7 +43,7 @@ def child(args) -> dict:
     from tether.config.loading import load_config
     from tether.model.loading import apply_lora, load_model
     from tether.model.causal_lm import LogProbSettings, Precision, Tokens
-    from tether.trainer.step import Optimiser, update, UpdateBatch
+    from tether.trainer.update import Policy, UpdateBatch, update
 
     device = setup(args)
     model, _ = load_model(args.model_dir, dtype=args.dtype, device=str(device))
@@ -78,7 +78,9 @@ def child(args) -> dict:
     obj = objectives.build(cfg.objective)
     params = [q for q in model.parameters() if q.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
-    opt = Optimiser(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+    precision, settings = Precision.of(cfg.trainer.autocast, device), LogProbSettings.of(cfg.trainer, cfg.rollout)
+    policy = Policy(model, None, optimizer, schedule, device, precision, settings)
     rewards = torch.arange(n, dtype=torch.float32).remainder(2).to(device)
     batch = UpdateBatch(
         tokens,
@@ -91,15 +93,7 @@ def child(args) -> dict:
     for i in range(args.warmup + args.steps):
         sync(device)
         tic = time.perf_counter()
-        update(
-            opt,
-            obj,
-            batch,
-            cfg.trainer,
-            torch.Generator().manual_seed(i),
-            LogProbSettings.of(cfg.trainer, cfg.rollout),
-            Precision.of(cfg.trainer.autocast, device),
-        )
+        update(policy, obj, batch, cfg.trainer, torch.Generator().manual_seed(i))
         sync(device)
         times.append(time.perf_counter() - tic)
     return {

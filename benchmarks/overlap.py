@@ -71,14 +71,15 @@ def one_run(model_dir: Path, out: Path, overlap: str, threads: int, a) -> dict[s
         ],
     )
     run = start_run(cfg, log=lambda *_: None)
-    timed = None if cfg.trainer.overlap else _Timed(run.sampler.engine)  # the stale sampler's engine
+    sampler = run.parts.rollouts.sampler
+    timed = None if cfg.trainer.overlap else _Timed(sampler.engine)  # the stale sampler's engine
     if timed:
-        run.sampler.engine = timed
+        sampler.engine = timed
     waits = []
     tic = time.perf_counter()
-    for step in range(1, a.steps + 1):
-        waits.append(rl_step(run, step, log=lambda *_: None)[1].get("time/overlap_wait_s", 0.0))
-    run.sampler.close()
+    for step in range(1, a.steps + 1):  # the trainer's own step on the trainer's own parts
+        waits.append(rl_step(run.parts, run.progress.counters, step)[1].get("time/overlap_wait_s", 0.0))
+    sampler.close()
     wall = time.perf_counter() - tic
     return {
         "step_s": wall / a.steps,

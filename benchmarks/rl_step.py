@@ -29,8 +29,8 @@ log-probs, and take `mini_batches` optimiser steps over the batch. Both trainers
   (so TRL computes old log-probs, as tether does); AdamW, the same constant lr, grad clip 1.0;
 - no gradient checkpointing; fp32 unless --dtype bfloat16 (TRL then also gets bf16=True).
 
-Tether runs through the trainer's own functions (collect, to_tokens, batched_logprobs,
-update), timed piece by piece; TRL runs `trainer.train()` with its model's `generate` timed and a
+Tether runs the trainer's own step (`tether.trainer.step.rl_step` on the parts `start_run` builds from a
+config of this workload), its phases read from the step's `time/*` metrics; TRL runs `trainer.train()` with its model's `generate` timed and a
 callback that stamps the end of each generation batch's last optimiser step and then runs one
 tether step (outside TRL's timing): the two alternate step by step, so a change in the machine's
 load hits both alike. The first --warmup steps of each are dropped.
@@ -63,89 +63,79 @@ def parity_reward(completion, example):
 def tether_runner(
     model_dir: Path, args, device: torch.device, old_logprobs: str = "recompute", engine_name: str = "hf"
 ):
-    """A closure that runs one tether RL step and returns its timings; and the parameter count.
+    """A closure that runs one RL step of tether's trainer and returns its timings; and the parameter count.
 
-    old_logprobs="sampler" is trainer.old_logprobs=sampler: pi_old's log-probs are the engine's
-    own, and the old log-prob pass is skipped. engine_name="vllm": rollouts by the vLLM engine
-    (rollout.engine=vllm), whose weight push before each rollout is timed as "sync" (within generation)."""
-    from tether import objectives
+    The run is the trainer's own: `start_run` builds it from a config that states this benchmark's workload
+    (the model, the prompts, the parity reward as a plug-in, the objective, the batch, LoRA, the engine), and
+    each call is `tether.trainer.step.rl_step` on its parts, the function `tether train` runs, with the
+    non-finite sampler-token filter, the sampler log-probs and the reference refresh included. Phases come from
+    the step's own `time/*` metrics. old_logprobs="sampler" is trainer.old_logprobs=sampler (the old log-prob
+    pass skipped); engine_name="vllm" is rollout.engine=vllm, whose weight push before each rollout is timed as
+    "sync" (within generation)."""
+    import atexit
+    import shutil
+
     from tether.config.loading import load_config
-    from tether.trainer.data import PromptStream
-    from tether.model.loading import load_model
-    from tether.rollout import SamplingParams, get_engine
-    from tether.model.causal_lm import LogProbSettings, Precision, batched_logprobs, to_tokens
-    from tether.trainer.step import collect, old_policy_logprobs, Optimiser, update, UpdateBatch
+    from tether.trainer.setup import start_run
+    from tether.trainer.step import rl_step
 
     batch = args.prompts * args.group
+    out = tempfile.mkdtemp(prefix="tether-rl-step-")
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    data = getattr(args, "data", None)  # callers that build their own arguments (tests) may leave it out
     cfg = load_config(
         overrides=[
+            f"model.name_or_path={model_dir}",
+            f"model.dtype={args.dtype}",
+            f"output_dir={out}/run",
+            "warm_start.enabled=false",
+            "reward.name=rl_step:parity_reward",
             f"objective={args.objective}",
             f"rollout.prompts_per_step={args.prompts}",
             f"rollout.group_size={args.group}",
             f"rollout.max_new_tokens={args.max_new_tokens}",
+            f"rollout.engine={engine_name}",
             f"trainer.mini_batches={args.mini_batches}",
             f"trainer.micro_batch_size={batch // args.mini_batches}",
             f"trainer.lr={args.lr}",
+            "trainer.warmup_steps=0",
             f"trainer.old_logprobs={old_logprobs}",
+            f"trainer.device={device}",
+            f"trainer.threads={args.threads if args.threads > 0 else -1}",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "trainer.plots=false",
+            "data.eval_size=1",
+            *([f"model.lora.r={args.lora}", f"model.lora.alpha={2.0 * args.lora}"] if getattr(args, "lora", 0) else []),
+            *(
+                ["data.task=math", f"data.task_args.train={data}", f"data.task_args.test={data}"]
+                + [f"data.task_args.template={getattr(args, 'template', 'plain')}"]
+                if data
+                else []
+            ),
         ]
     )
-    model, tokenizer = load_model(model_dir, dtype=args.dtype, device=str(device))
-    if getattr(args, "lora", 0):
-        from tether.config.sections import LoRAConfig
-        from tether.model.loading import apply_lora
-
-        apply_lora(model, LoRAConfig(r=args.lora, alpha=2.0 * args.lora))
-    model.train()
-    reference = None
-    obj = objectives.build(cfg.objective)
-    obj.config.max_len = args.max_new_tokens
-    args.uses_reference = obj.uses_reference()
-    if obj.uses_reference():
-        reference, _ = load_model(model_dir, dtype=args.dtype, device=str(device))
-        reference.eval().requires_grad_(False)
-    engine = get_engine(engine_name, model=model, tokenizer=tokenizer)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
-    stream = PromptStream(prompt_task(args, tokenizer), seed=0)
-    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
-    logprobs = LogProbSettings.of(cfg.trainer, cfg.rollout)  # the config's temperature is 1.0, as the sampling above
-    precision = Precision.of(cfg.trainer.autocast, device)
+    run = start_run(cfg, log=lambda *_: None)
+    policy, engine = run.parts.policy, run.evaluation.engine
+    args.uses_reference = run.parts.objective.uses_reference()
     step = 0
 
-    def run() -> dict:
+    def one_step() -> dict:
         nonlocal step
         step += 1
-        sync(device)
-        t0 = time.perf_counter()
-        model.eval()
-        scored, _ = collect(
-            engine, stream, parity_reward, cfg.rollout, params, seed=step, pad_id=tokenizer.pad_token_id
-        )
-        model.train()
-        sync(device)
-        t1 = time.perf_counter()
-        tokens = to_tokens(scored.rollout, tokenizer.pad_token_id, device)
-        adv = obj.advantages(scored.rewards, scored.group_ids).to(device)
-        old_lp = old_policy_logprobs(model, tokens, scored.rollout, cfg.trainer, logprobs, precision)
-        ref_lp = batched_logprobs(reference, tokens, logprobs) if reference is not None else None
-        sync(device)
-        t2 = time.perf_counter()
-        gen = torch.Generator().manual_seed(step)
-        batch = UpdateBatch(tokens, adv, scored.rewards.to(device), scored.group_ids.to(device), old_lp, ref_lp)
-        update(Optimiser(model, optimizer, scheduler), obj, batch, cfg.trainer, gen, logprobs, precision)
-        t3 = time.perf_counter()  # update ends with a host sync
+        _, m = rl_step(run.parts, run.progress.counters, step)
         return {
-            "total": t3 - t0,
-            "generation": t1 - t0,
-            "logprobs": t2 - t1,
-            "update": t3 - t2,
-            "tokens": float(scored.rollout.mask.sum()),
+            "total": m["time/step_s"],
+            "generation": m["time/sample_s"] + m["time/score_s"],
+            "logprobs": m["time/old_logprobs_s"] + m["time/ref_logprobs_s"],
+            "update": m["time/update_s"],
+            "tokens": m["rollout/len_mean"] * batch,
             "sync": getattr(engine, "sync_seconds", 0.0),
             "start": getattr(engine, "start_seconds", 0.0),
         }
 
-    args.n_trainable = sum(t.numel() for t in model.parameters() if t.requires_grad)
-    return run, sum(t.numel() for t in model.parameters())
+    args.n_trainable = sum(t.numel() for t in policy.model.parameters() if t.requires_grad)
+    return one_step, sum(t.numel() for t in policy.model.parameters())
 
 
 def prompt_task(args, tokenizer):

@@ -307,6 +307,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="registered objectives, presets and trust-region intervals")
     p.set_defaults(func=cmd_list)
+    add_train_parsers(sub)
+    add_compare_parsers(sub)
+    add_export_parser(sub)
+    add_eval_parser(sub)
+    return parser
+
+
+def add_train_parsers(sub) -> None:
+    """`tether train`, `tether sft` and `tether init-model`."""
     p = sub.add_parser(
         "train",
         help="train a model with verifiable rewards",
@@ -334,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
         "for a tiny model with a real LLM's head and sampling cost",
     )
     p.set_defaults(func=cmd_init_model)
+
+
+def add_compare_parsers(sub) -> None:
+    """`tether compare` and `tether report`."""
     p = sub.add_parser(
         "compare",
         help="train several objectives x seeds on one budget and write a report",
@@ -386,6 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
         "p, Holm-corrected p), detectable difference, verdict",
     )
     p.set_defaults(func=cmd_report)
+
+
+def add_export_parser(sub) -> None:
+    """`tether export`."""
     p = sub.add_parser(
         "export",
         help="write a checkpoint as a Hugging Face model directory (from_pretrained loads it)",
@@ -406,8 +423,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="replace OUT when it exists and is not empty")
     p.set_defaults(func=cmd_export)
-    add_eval_parser(sub)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,11 @@ and why, the attribute it lacks) and the expected shape (`REWARD_SHAPE`, `TASK_S
 current directory is searched after `sys.path`, as `python -m` would search it first, so a module
 next to the config file is found by the `tether` command too (a module that shadows an installed
 one is not: name it differently).
+
+What a user's object leaves out gets its default here, once, where it is loaded, so that the trainer
+and the rewards never ask an object what it has: a task becomes a `UserTask` (`finite` False, no
+`template`), and `label` and `batches` are what `tether.rewards` reads to give a user's reward the
+whole reward protocol (`rewards.UserReward`, `rewards.as_reward`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import inspect
 import os
 import re
 import sys
+from dataclasses import dataclass
 from typing import Any
 import typing
 
@@ -141,7 +147,9 @@ def _name(fn: Any) -> str:
 
 
 def check_task(task: Any, spec: str, needs_solution: bool) -> None:
-    """A task built from an import path has what the trainer calls (ConfigError naming what is missing)."""
+    """A task built from an import path has what the trainer calls (ConfigError naming what is missing);
+    a `UserTask` is checked as the object the user's code built (`built`)."""
+    task = built(task)
     missing = [a for a in ("reward", "examples") if not hasattr(task, a)]
     if needs_solution and not callable(getattr(task, "solution", None)):
         missing.append("solution (the warm start trains on it; or set warm_start.enabled=false)")
@@ -152,3 +160,62 @@ def check_task(task: Any, spec: str, needs_solution: bool) -> None:
         )
     if not callable(task.examples):
         raise ConfigError(f"data.task={spec!r}: {type(task).__name__}.examples is not a method; expected {TASK_SHAPE}")
+
+
+@dataclass(frozen=True, eq=False)
+class UserTask:
+    """A task from the user's code (`data.task=MODULE:NAME`) with the whole `tether.tasks.Task` protocol:
+    `reward`, `examples` and `solution` are the user's object's own, and what TASK_SHAPE lets it leave
+    out has its default (`user_task`). Compared by identity."""
+
+    task: Any
+    """The object the user's class or factory built (`built`)."""
+    name: str
+    """Its `name` when that is a string, else the import path."""
+    finite: bool
+    """Its `finite` (True: a fixed dataset, read in epochs); False when it has none."""
+    template: str | None
+    """Its prompt `template` when that is a string (strict \\boxed{} extraction follows it), else None."""
+
+    @property
+    def reward(self) -> Any:
+        """Its reward: a reward name, an import path, or its own function (completion, example) -> float."""
+        return self.task.reward
+
+    def examples(self, split: str, *args: Any, **kwargs: Any) -> list:
+        """Its `examples(split, n=None, *, seed=None, unique=True)`, called with exactly the arguments given."""
+        return self.task.examples(split, *args, **kwargs)
+
+    def solution(self, example: Any) -> str:
+        """Its `solution(example)` (the warm start's target; `check_task` requires one when the warm start runs)."""
+        return self.task.solution(example)
+
+
+def user_task(task: Any, spec: str) -> UserTask:
+    """The task the user's code built from `spec`, checked (`check_task`, ConfigError) and wrapped: the one
+    place a user's task is asked what it has."""
+    check_task(task, spec, needs_solution=False)
+    name, template = getattr(task, "name", None), getattr(task, "template", None)
+    return UserTask(
+        task,
+        name if isinstance(name, str) else spec,
+        bool(getattr(task, "finite", False)),
+        template if isinstance(template, str) else None,
+    )
+
+
+def built(task: Any) -> Any:
+    """The object a user's task factory built: what a `UserTask` wraps, or `task` itself."""
+    return task.task if isinstance(task, UserTask) else task
+
+
+def label(obj: Any) -> str:
+    """What messages call a user's reward (or any callable): its `name` when that is a string, else its
+    function's or class's name."""
+    name = getattr(obj, "name", None)
+    return name if isinstance(name, str) else getattr(obj, "__name__", type(obj).__name__)
+
+
+def batches(reward: Any) -> bool:
+    """Whether a user's reward scores whole batches itself: it has a `score_batch(completions, examples)`."""
+    return hasattr(reward, "score_batch")

@@ -195,9 +195,9 @@ def verl_updates(tmp_path_factory):
 
 
 def _tether_update(model_dir: Path, batch: dict, spec) -> tuple[dict, dict]:
-    """tether's own trainer's update (`tether.trainer.step.update`) on the same batch: (metrics, weights after)."""
+    """tether's own trainer's update (`tether.trainer.update.update`) on the same batch: (metrics, weights after)."""
     from tether.config.loading import load_config
-    from tether.trainer.step import Optimiser, UpdateBatch, update
+    from tether.trainer.update import Policy, UpdateBatch, update
 
     model, _ = load_model(str(model_dir), dtype="float32")
     obj = objectives.build(spec)
@@ -220,16 +220,11 @@ def _tether_update(model_dir: Path, batch: dict, spec) -> tuple[dict, dict]:
         old_logprobs=batch["old_log_probs"],
         ref_logprobs=batch["ref_log_prob"] if obj.uses_reference() else None,
     )
-    done = update(
-        Optimiser(model, sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0)),
-        obj,
-        ub,
-        cfg.trainer,
-        torch.Generator().manual_seed(0),
-        LogProbSettings(share_prompts=False),
-        Precision.of("off", torch.device("cpu")),
-    )
-    return done.metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    cpu = torch.device("cpu")
+    schedule = torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0)
+    policy = Policy(model, None, sgd, schedule, cpu, Precision.of("off", cpu), LogProbSettings(share_prompts=False))
+    metrics, _ = update(policy, obj, ub, cfg.trainer, torch.Generator().manual_seed(0))
+    return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _assert_same_update(verl_result: dict, tether_after: dict, before: dict) -> None:

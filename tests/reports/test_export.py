@@ -156,7 +156,7 @@ def test_the_model_card_names_the_objective_data_and_metrics(real_run, tmp_path)
     rows = [json.loads(line) for line in (real_run / "metrics.jsonl").read_text().splitlines()]
     acc = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     assert card.startswith("---\nlibrary_name: transformers\n")
-    assert "step 1" in card and "task `arithmetic`" in card and f"`{DIGIT_REWARD}`" in card
+    assert "step 1" in card and "task `arithmetic`" in card and f"- reward: {DIGIT_REWARD}\n" in card
     assert "eps_high: 0.28" in card  # dapo's resolved parameters, from config.yaml
     assert "(objective **dapo (ppo_clip)**)" in card and "- dapo\n" in card  # the chosen name, also as a tag
     assert f"| start | 0 | {acc[0]:.4f} |" in card and f"| end | 2 | {acc[2]:.4f} |" in card
@@ -337,3 +337,12 @@ def test_a_lora_checkpoint_whose_base_is_gone_is_refused(tiny_dir, tmp_path, cap
     shutil.rmtree(base)
     _refused(capsys, ["export", str(run), str(tmp_path / "out")], f"trained on {base}", "no longer there")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_model_card_names_the_reward_as_the_summary_does():
+    """`reward.name: auto` is the task's own verifier: the card says which, as summary.md does (it said `auto`)."""
+    from tether.reports.export import model_card
+
+    cfg = {"data": {"task": "arithmetic"}, "reward": {"name": "auto"}, "objective": {"name": "ppo_clip"}}
+    card = model_card(Path("/nowhere/run"), Path("/nowhere/run/checkpoints/step_000003"), cfg)
+    assert "- reward: exact_match (the task's own verifier)\n" in card and "`auto`" not in card

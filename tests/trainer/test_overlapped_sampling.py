@@ -75,20 +75,10 @@ def _sampler(monkeypatch, s, total_steps, fail_seed=None):
     monkeypatch.setattr("tether.trainer.overlap.get_engine", get_engine)
     cfg = SimpleNamespace(
         rollout=SimpleNamespace(engine="stub", compile=False, prompts_per_step=2, group_size=2),
-        trainer=SimpleNamespace(seed=0, total_steps=total_steps),
+        trainer=SimpleNamespace(seed=0, sampling_seed=None, total_steps=total_steps),
     )
     model, stream = _Policy(), _Stream()
-    overlap = OverlappedSampler(
-        cfg.rollout,
-        cfg.trainer.seed,
-        cfg.trainer.total_steps,
-        model,
-        None,
-        StalePolicies(model, s),
-        stream,
-        PARAMS,
-        contextlib.nullcontext,
-    )
+    overlap = OverlappedSampler(cfg, model, None, StalePolicies(model, s), stream, PARAMS, contextlib.nullcontext)
     return overlap, model, stream, gate, engines[0]
 
 

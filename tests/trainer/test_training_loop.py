@@ -343,7 +343,8 @@ def _etr_update(tiny_dir, micro: int):
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.model.causal_lm import LogProbSettings, Precision, to_tokens, Tokens
-    from tether.trainer.step import old_policy_logprobs, Optimiser, update, UpdateBatch
+    from tether.trainer.step import old_policy_logprobs
+    from tether.trainer.update import Policy, UpdateBatch, update
 
     torch.manual_seed(0)
     model, tok = load_model(str(tiny_dir), device="cpu")
@@ -374,19 +375,12 @@ def _etr_update(tiny_dir, micro: int):
         tokens.mask.double(),
         tokens.prompt_len,
     )
-    settings = LogProbSettings.of(cfg.trainer, cfg.rollout)
-    old = old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, Precision.of("off", torch.device("cpu")))
+    settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
     opt = _RecordingSGD(model.parameters(), lr=0.5)
+    policy = Policy(model, None, opt, _NoSchedule(), cpu, Precision.of("off", cpu), settings)
+    old = old_policy_logprobs(policy, tokens, rollout, cfg.trainer)
     batch = UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old)
-    metrics = update(
-        Optimiser(model, opt, _NoSchedule()),
-        obj,
-        batch,
-        cfg.trainer,
-        torch.Generator().manual_seed(7),
-        settings,
-        Precision.of("off", torch.device("cpu")),
-    ).metrics
+    metrics, _ = update(policy, obj, batch, cfg.trainer, torch.Generator().manual_seed(7))
     return metrics, opt.grads
 
 
@@ -416,6 +410,7 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     from tether.rollout import SamplingParams, get_engine
     from tether.model.causal_lm import LogProbSettings, Precision, to_tokens
     from tether.trainer.step import old_policy_logprobs
+    from tether.trainer.update import Policy
 
     model, tok = load_model(str(tiny_dir), device="cpu")
     model.config.attention_dropout = 0.5
@@ -427,9 +422,10 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     tokens = to_tokens(rollout, tok.pad_token_id, torch.device("cpu"))
     cfg = _cfg(tiny_dir, "unused")
     model.train()
-    settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), Precision.of("off", torch.device("cpu"))
-    a = old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, cpu)
-    b = old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, cpu)
+    settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
+    policy = Policy(model, None, None, None, cpu, Precision.of("off", cpu), settings)
+    a = old_policy_logprobs(policy, tokens, rollout, cfg.trainer)
+    b = old_policy_logprobs(policy, tokens, rollout, cfg.trainer)
     assert model.training
     torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout noise
     torch.testing.assert_close(a, rollout.sampler_logprobs * tokens.mask, rtol=1e-4, atol=1e-5)
@@ -449,13 +445,13 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
 def test_reference_refresh_is_checked_once_per_rollout_step(every, kl, before, after, window, want):
     from types import SimpleNamespace
 
-    from tether.trainer.setup import Counters
-    from tether.trainer.step import refresh_reference
+    from tether.trainer.progress import Counters
+    from tether.trainer.step import Reference, refresh_reference
 
     policy, reference = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     t = SimpleNamespace(ref_update_every=every, ref_update_kl=kl)
     counters = Counters(opt_steps=after, kl_window=list(window))  # `after - before` steps taken in this rollout step
-    done = refresh_reference(reference, policy, t, counters, after - before, 0.1)
+    done = refresh_reference(Reference(reference), policy, t, counters, after - before, 0.1)
     assert done == want and counters.ref_updates == int(want)
     assert torch.equal(reference.weight, policy.weight) == want
     assert counters.kl_window == ([] if want else (window + [0.1] if kl else window)[-5:])
@@ -486,7 +482,8 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.model.causal_lm import batched_logprobs, LogProbSettings, Precision, to_tokens, Tokens
-    from tether.trainer.step import old_policy_logprobs, Optimiser, update, UpdateBatch
+    from tether.trainer.step import old_policy_logprobs
+    from tether.trainer.update import Policy, UpdateBatch, update
 
     model, tok = load_model(str(tiny_dir), device="cpu")
     model = model.double()
@@ -503,9 +500,11 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
         tokens.mask.double(),
         tokens.prompt_len,
     )
-    settings = LogProbSettings.of(cfg.trainer, cfg.rollout)
+    settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
     assert (
-        old_policy_logprobs(model, tokens, rollout, cfg.trainer, settings, Precision.of("off", torch.device("cpu")))
+        old_policy_logprobs(
+            Policy(model, None, None, None, cpu, Precision.of("off", cpu), settings), tokens, rollout, cfg.trainer
+        )
         is None
     )
     recomputed = batched_logprobs(model, tokens, LogProbSettings(temperature=1.0, micro_batch_size=64))
@@ -514,15 +513,9 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     grads = []
     for old in (None, recomputed):
         opt = _RecordingSGD(model.parameters(), lr=0.0)
-        m = update(
-            Optimiser(model, opt, _NoSchedule()),
-            obj,
-            UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old),
-            cfg.trainer,
-            torch.Generator().manual_seed(0),
-            settings,
-            Precision.of("off", torch.device("cpu")),
-        ).metrics
+        policy = Policy(model, None, opt, _NoSchedule(), cpu, Precision.of("off", cpu), settings)
+        batch = UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old)
+        m, _ = update(policy, obj, batch, cfg.trainer, torch.Generator().manual_seed(0))
         assert m["policy/ratio_max"] == pytest.approx(1.0, abs=1e-12)
         grads.append(opt.grads[0])
     for a, b in zip(*grads):

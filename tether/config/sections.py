@@ -204,7 +204,8 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 disables it."""
     ref_update_every: int = 0
-    """Replace the reference/anchor model by the policy every K optimiser steps (0: never). SPEC 2.5.
+    """Replace the reference/anchor model by the policy every K optimiser steps (0: never); [RPG] arXiv
+    2505.17508 section 5, docs/algorithms/rpg.md "Iterative reference update".
     Checked once per rollout step, after its updates: the refresh happens at the end of the rollout
     step in which the optimiser-step count reaches a multiple of K, and takes effect from the next
     rollout step (whose reference log-probs are computed then)."""
@@ -260,6 +261,13 @@ class TrainerConfig:
     held-out evaluation) when the output is not a terminal (a file, nohup, Slurm, tee)."""
     log_every: int = 25
     """Rollout steps between plain progress lines when the output is not a terminal."""
+
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimiser steps per rollout batch, ppo_epochs x mini_batches: with 1 every update is on-policy
+        (ratio 1, pi_old is the policy being differentiated), and a trust region cannot act."""
+        return self.ppo_epochs * self.mini_batches
+
     plots: bool = True
     """Write PNG plots of the metrics at the end."""
 

@@ -28,18 +28,19 @@ lengths to whiten over tokens, as OpenRLHF and verl (`reinforce_plus_plus_baseli
 each sequence once.
 
 Departures of `reinforce_pp` from verl's `reinforce_plus_plus_baseline` (equal elsewhere, tested):
-1. A zero-variance group (and a group of one) gets exactly 0, as every tether estimator (SPEC 4), after
-   taking part in the batch statistics. verl gives it (0 - mean_B) / std_B, which is not 0 when lengths differ;
-   a group of one gets (R - mean_B) / std_B there (its baseline is 0).
+1. A zero-variance group (and a group of one) gets exactly 0, as every tether estimator
+   (docs/algorithms/advantages_aggregation.md), after taking part in the batch statistics. verl gives it
+   (0 - mean_B) / std_B, which is not 0 when lengths differ; a group of one gets (R - mean_B) / std_B there
+   (its baseline is 0).
 2. verl computes the Bessel factor n / (n - 1) of its variance in float32 (an integer tensor division), a
    relative error up to ~3e-8 in the advantages; tether's is float64. (verl's "+ 1e-8" in its masked means is
    added to a float32 count and vanishes.)
 
 Departures of `reinforce_pp_no_baseline` from verl's `reinforce_plus_plus` (equal elsewhere, tested):
-1. A zero-variance group (and a group of one) gets exactly 0 (SPEC 4), after taking part in the batch
-   statistics; verl gives it (R - mean_B) / std_B, so an all-correct group is pushed up there. This also means
-   that with one sample per prompt (REINFORCE++'s original setting, which tether's trainer does not run:
-   rollout.group_size >= 2) every advantage is 0.
+1. A zero-variance group (and a group of one) gets exactly 0 (docs/algorithms/advantages_aggregation.md),
+   after taking part in the batch statistics; verl gives it (R - mean_B) / std_B, so an all-correct group is
+   pushed up there. This also means that with one sample per prompt (REINFORCE++'s original setting, which
+   tether's trainer does not run: rollout.group_size >= 2) every advantage is 0.
 2. Only outcome rewards with gamma = 1 (verl's default): tether's estimators see one reward per sequence.
 3. verl's float32 Bessel factor, as for reinforce_pp.
 

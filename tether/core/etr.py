@@ -3,7 +3,7 @@
 The paper replaces one static clip range by per-sample ranges that widen (micro level) with
 the advantage magnitude and (macro level) for groups whose reward variance is high (pass rate
 near 1/2). Its exact functional forms were not available to us; this module implements the
-documented family of SPEC section 3, every factor switchable:
+documented family of docs/algorithms/etr.md, every factor switchable:
 
     eps_i(side) = clamp(eps_base(side) * micro_i * macro_g, eps_min, eps_max)
     micro_i     = 1 + alpha tanh(|A_i|)                           (alpha = 0: off)
@@ -16,8 +16,8 @@ already grows with the group's spread. The surrogate is PPO clip with these per-
 The group statistics (nu_g, nu_bar, the pass rate, |R - mean_g R|) are computed ONCE per rollout
 batch by `etr_group_stats` and handed, per sequence, to every micro-batch (`etr_bounds` reads only
 per-sequence values): with one group per micro-batch, a per-micro-batch nu_bar would equal nu_g and
-the macro factor would vanish (SPEC 3). tether's trainer, the TRL adapter and the verl plugin all
-use this one path.
+the macro factor would vanish (docs/algorithms/etr.md, departure 3). tether's trainer, the TRL
+adapter and the verl plugin all use this one path.
 
 Departures (all ours, since the paper's forms are reconstructed):
 1. R_min, R_max default to the rollout batch's observed reward range (configurable as

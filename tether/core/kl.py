@@ -8,7 +8,7 @@ With r = pi_ref / pi_theta and w = pi_theta / pi_old, and samples from pi_old:
     k3     r - 1 - log r               GRPO's term, no importance weight. On-policy its gradient is
                                        grad KL(pi_ref || pi_theta) (the FORWARD KL, not the reverse KL
                                        it estimates); off-policy it is the gradient of no KL at all.
-    k3_iw  w (r - 1 - log r)           the corrected term [RPG section 2.2; SPEC 2.1]: the gradient of
+    k3_iw  w (r - 1 - log r)           the corrected term [RPG section 2.2; docs/algorithms/rpg.md]: the gradient of
                                        UKL(pi_theta || pi_ref) exactly, on- or off-policy; for
                                        normalised policies that is grad KL(pi_theta || pi_ref).
                                        Identical to RPG's `urkl` term with anchor = ref.

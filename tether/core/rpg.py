@@ -21,17 +21,19 @@ Stabilised forms:
                      for ufkl, rkl, urkl and not clamped for fkl    ([RPG] Algorithm 1, as released)
 
 Departures from the paper:
-1. A general anchor pi_a (the reference model, refreshed every K steps; SPEC 2.5) besides
-   pi_old; the formulas above reduce to the paper's tables at q = 1.
+1. A general anchor pi_a (the reference model, refreshed every K steps: [RPG] section 5,
+   docs/algorithms/rpg.md "Iterative reference update") besides pi_old; the formulas above
+   reduce to the paper's tables at q = 1.
 2. RPG-Style Clip evaluates C_KL at the clipped weight w_bar both in the loss and in A'
    (Algorithm 2 uses the unclipped C_KL inside A'; the two differ only outside the trust
    region and only through beta-sized terms). `branch_on="advantage"` branches on the sign
    of A instead of A', as the authors' released code does.
 3. The loss of the paper's Algorithm 2 uses l = -log pi and branches on psi = A' l; since
    l > 0 that is the sign of A', which is what is implemented. A' = 0 takes the positive
-   branch (SPEC 2.2). With `branch_on="advantage"` the branch is A > 0, as in the released
-   code (`torch.where(advantages > 0, ...)`): A = 0, every token of a zero-variance group,
-   takes the negative branch (mask 1 - eps_low < w < c).
+   branch (docs/algorithms/rpg.md, "RPG-Style Clip": the branch is A' >= 0). With
+   `branch_on="advantage"` the branch is A > 0, as in the released code
+   (`torch.where(advantages > 0, ...)`): A = 0, every token of a zero-variance group, takes
+   the negative branch (mask 1 - eps_low < w < c).
 4. The fkl term is written -q log rho (the released code's `-(lp - ref_lp)`), not -q lp: the
    same gradient, but a value near 0, and it is never clamped, as in the released code. The
    clamp of the clipped differentiable form applies to ufkl, rkl and urkl only, whose terms

@@ -32,7 +32,8 @@ was checked against); each hook only adapts:
   (departure 8), into TRL's logged metrics as one value each, then logs as TRL does.
 
 Where the loss path departs from TRL's, and why:
-1. Gradient accumulation (SPEC section 4): every micro-batch's loss is its share of the objective
+1. Gradient accumulation (docs/algorithms/advantages_aggregation.md, "Gradient accumulation:
+   `loss_norm`"): every micro-batch's loss is its share of the objective
    on the whole optimiser step (all accumulation steps of all processes): `loss_norm` is that
    step's normaliser divided by the number of processes, since data parallelism averages the
    gradients. The gradient of one optimiser step is then the objective's gradient on its

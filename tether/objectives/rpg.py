@@ -39,8 +39,8 @@ class RPGConfig(ClipRange):
     dual_clip_c: Optional[float] = 10.0
     """Dual-clip bound for negative advantages; null disables it."""
     branch_on: Literal["regularized_advantage", "advantage"] = "regularized_advantage"
-    """RPG-Style Clip's positive branch: A' = A + C_KL / w >= 0 (SPEC), or A > 0 (the authors' code; A = 0 then
-    takes the negative branch)."""
+    """RPG-Style Clip's positive branch: A' = A + C_KL / w >= 0 ([RPG] Algorithm 2; docs/algorithms/rpg.md,
+    "RPG-Style Clip"), or A > 0 (the authors' code; A = 0 then takes the negative branch)."""
     advantage: str = "dr_grpo"
     """RPG uses A = R - group mean, no std division ([RPG] Algorithm 2, lines 6 and 12)."""
 
@@ -83,7 +83,8 @@ def _rpg_loss(cfg: RPGConfig, b: TokenBatch, lp, old):
     m = b.mask
     extra = {
         "rpg/c_kl_mean": masked_mean(_rpg.c_kl(cfg.kl, cfg.beta, log_w, log_q), m),
-        # k3 estimate of the divergence between the policy and its anchor (drives SPEC 2.5's refresh).
+        # k3 estimate of the divergence between the policy and its anchor (drives the reference refresh:
+        # docs/algorithms/rpg.md, "Iterative reference update").
         "rpg/kl_anchor": masked_mean(k3_of_log(log_q - log_w), m),
     }
     return out, extra

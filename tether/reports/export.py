@@ -27,6 +27,9 @@ from ..records.checkpoint import step_of
 from ..model.loading import is_adapter_dir
 from ..records.runlog import ACCURACY, accuracy, best, read_config, read_metrics, values
 from ..objectives import display
+from ..config.sections import RewardConfig
+from ..records.summary import reward_text
+from ..schema import from_dict
 
 WHICH = ("last", "best")  # besides a step number
 TOKEN_HELP = "set HF_TOKEN=hf_... or log in once with `hf auth login` (`huggingface-cli login` in older versions)"
@@ -215,11 +218,8 @@ def generation_config(cfg: dict, model_dir: Path, tokenizer) -> Any:
 def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
     """README.md: what the model is, how it was trained (resolved objective, data, reward,
     sampling) and what it scored (metrics.jsonl), with a snippet that loads it."""
-
     step = step_of(ckpt)
     model = (cfg.get("model") or {}).get("name_or_path", "?")
-    data = cfg.get("data") or {}
-    rollout, trainer = cfg.get("rollout") or {}, cfg.get("trainer") or {}
     obj = cfg.get("objective") or {}
     # The name the user chose (a preset's), with the objective it builds: `dapo (ppo_clip)`.
     name = (obj.get("label") or obj.get("name", obj)) if isinstance(obj, dict) else obj
@@ -227,52 +227,65 @@ def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
     front = {"library_name": "transformers", "tags": ["tether", "rlvr", "reinforcement-learning", str(name)]}
     if _hub_id(model):
         front["base_model"] = model
-    lines = [
-        "---",
-        yaml.safe_dump(front, sort_keys=False).strip(),
-        "---",
-        "",
-        f"# {run_dir.name}, step {step}",
-        "",
-        f"A causal language model trained with reinforcement learning from verifiable rewards by "
-        f"tether (objective **{shown}**), exported from `{ckpt}`.",
-        "",
+    return "\n".join(
+        [
+            "---",
+            yaml.safe_dump(front, sort_keys=False).strip(),
+            "---",
+            "",
+            f"# {run_dir.name}, step {step}",
+            "",
+            f"A causal language model trained with reinforcement learning from verifiable rewards by "
+            f"tether (objective **{shown}**), exported from `{ckpt}`.",
+            "",
+            *_training(cfg, step),
+            "",
+            "## Metrics",
+            "",
+            *_metrics(run_dir, ckpt),
+            "",
+            *_use(run_dir),
+        ]
+    )
+
+
+def _training(cfg: dict, step: int) -> list[str]:
+    """The card's "Training" section: base model, data, reward, budget, sampling and the resolved objective."""
+    m = cfg.get("model") or {}
+    data, rollout, trainer = cfg.get("data") or {}, cfg.get("rollout") or {}, cfg.get("trainer") or {}
+    lora = f"; trained as a LoRA adapter ({_lora(cfg)}), merged into the base weights here" if m.get("lora") else ""
+    args = f" with {data['task_args']}" if data.get("task_args") else ""
+    stops = (
+        f"; tether also stopped at the strings {rollout['stop_strings']} (pass `stop_strings=..., "
+        f"tokenizer=tokenizer` to `generate` for the same)"
+        if rollout.get("stop_strings")
+        else ""
+    )
+    return [
         "## Training",
         "",
-        f"- base model: `{model}`"
-        + (
-            f"; trained as a LoRA adapter ({_lora(cfg)}), merged into the base weights here"
-            if (cfg.get("model") or {}).get("lora")
-            else ""
-        ),
-        f"- data: task `{data.get('task', '?')}`"
-        + (f" with {data['task_args']}" if data.get("task_args") else "")
-        + f"; held-out accuracy on {data.get('eval_size', '?')} test examples",
-        f"- reward: {_reward(cfg.get('reward') or {})}",
+        f"- base model: `{m.get('name_or_path', '?')}`{lora}",
+        f"- data: task `{data.get('task', '?')}`{args}; held-out accuracy on {data.get('eval_size', '?')} test examples",
+        f"- reward: {_reward(cfg.get('reward') or {}, data.get('task', ''))}",
         f"- steps: this is step {step} of {trainer.get('total_steps', '?')}; "
         f"{rollout.get('prompts_per_step', '?')} prompts x {rollout.get('group_size', '?')} samples per step, "
         f"lr {trainer.get('lr', '?')}, seed {trainer.get('seed', '?')}",
         f"- sampling (also in generation_config.json): temperature {rollout.get('temperature')}, "
-        f"top_p {rollout.get('top_p')}, max_new_tokens {rollout.get('max_new_tokens')}"
-        + (
-            f"; tether also stopped at the strings {rollout['stop_strings']} (pass `stop_strings=..., "
-            f"tokenizer=tokenizer` to `generate` for the same)"
-            if rollout.get("stop_strings")
-            else ""
-        ),
+        f"top_p {rollout.get('top_p')}, max_new_tokens {rollout.get('max_new_tokens')}{stops}",
         "",
         "Objective, with every parameter resolved:",
         "",
         "```yaml",
-        yaml.safe_dump({"objective": obj}, sort_keys=False).strip(),
+        yaml.safe_dump({"objective": cfg.get("objective") or {}}, sort_keys=False).strip(),
         "```",
         "",
         "The whole config is in `tether_config.yaml`; `tether train tether_config.yaml output_dir=DIR` reruns it.",
-        "",
-        "## Metrics",
-        "",
-        *_metrics(run_dir, ckpt),
-        "",
+    ]
+
+
+def _use(run_dir: Path) -> list[str]:
+    """The card's "Use" section: loading the exported model in plain transformers."""
+    return [
         "## Use",
         "",
         "```python",
@@ -286,7 +299,6 @@ def model_card(run_dir: Path, ckpt: Path, cfg: dict) -> str:
         "```",
         "",
     ]
-    return "\n".join(lines)
 
 
 def _metrics(run_dir: Path, ckpt: Path) -> list[str]:
@@ -322,9 +334,9 @@ def _lora(cfg: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in lora.items() if k in ("r", "alpha", "dropout"))
 
 
-def _reward(reward: dict) -> str:
-    weights = reward.get("weights") or {}
-    return f"`{reward.get('name', '?')}`" if not weights else ", ".join(f"`{k}`: {v}" for k, v in weights.items())
+def _reward(reward: dict, task: str) -> str:
+    """The reward as summary.md names it (`records.summary.reward_text`: `auto` is the task's own verifier)."""
+    return reward_text(from_dict(RewardConfig, reward), task)
 
 
 def _hub_id(name: str) -> bool:

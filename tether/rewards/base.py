@@ -16,8 +16,9 @@ import math
 import numbers
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence, runtime_checkable
 
+from ..plugins import batches, label
 from ..tasks import Example
 
 if TYPE_CHECKING:  # the rewards import without torch, which the rollout brings
@@ -46,9 +47,65 @@ class RewardResult:
 
 
 class RewardFn(Protocol):
-    """`(completion, example) -> RewardResult`; may also offer `score_batch`."""
+    """`(completion, example) -> RewardResult`; may also offer `score_batch`. What a user may hand to
+    `score_batch`; `as_reward` gives it the whole `Reward` protocol."""
 
     def __call__(self, completion: str, example: Example) -> RewardResult: ...
+
+
+@runtime_checkable
+class Reward(Protocol):
+    """The whole reward protocol: what every reward tether builds offers (`get_reward`, `task_reward`,
+    `user_reward`, and each reward class of this package), so that scoring and the trainer ask a reward for
+    nothing it might lack. A bare `RewardFn` becomes one through `as_reward`."""
+
+    name: str
+    """What messages and warnings call it (`reward_label`)."""
+    parts: tuple[tuple[str, float, Reward], ...] | None
+    """A weighted combination's (name, weight, reward) triples, in scoring order; None for one reward."""
+
+    def __call__(self, completion: str, example: Example) -> RewardResult: ...
+
+    def score_batch(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
+        """(N,) results of N completions, `examples[i]` the one `completions[i]` answers."""
+        ...
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """A bare `RewardFn` with the whole `Reward` protocol (`as_reward`): a function scored one completion
+    at a time, each guarded (`score_each`), or, when `batched`, an object whose own `score_batch` scores
+    the whole batch. tether's plain reward functions (`exact_match`, `countdown`) are registered so."""
+
+    fn: RewardFn
+    """The function or object."""
+    name: str
+    """What messages call it: its `name`, else its function's or class's name (`tether.plugins.label`)."""
+    batched: bool = False
+    """It has its own `score_batch`."""
+    parts: ClassVar[None] = None
+
+    @property
+    def __name__(self) -> str:
+        """The function's name, for code that names a reward function by `__name__` (a TRL reward function)."""
+        return self.name
+
+    def __call__(self, completion: str, example: Example) -> RewardResult:
+        return self.fn(completion, example)
+
+    def score_batch(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
+        if self.batched:
+            return self.fn.score_batch(completions, examples)  # type: ignore[attr-defined]
+        return score_each(self.fn, completions, examples)
+
+
+def as_reward(reward: RewardFn) -> Reward:
+    """`reward` as a `Reward`: itself when it is one (every reward tether builds), else `Adapted`. The
+    one place a bare callable is given the protocol; the public scoring functions pass what they are
+    given through it, so a function of the user's Python code scores as it always has."""
+    if isinstance(reward, Reward):
+        return reward
+    return Adapted(reward, label(reward), batches(reward))
 
 
 def score_batch(reward: RewardFn, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
@@ -58,10 +115,11 @@ def score_batch(reward: RewardFn, completions: Sequence[str], examples: Sequence
     A completion the reward raises on, or scores with something that is not a finite number, scores
     0 (`score_all`); a reward that does so on every completion of the batch raises `RewardBroken`.
     """
+    reward = as_reward(reward)
     results = score_all(reward, completions, examples)
     failed = [r for r in results if r.reason.startswith(REWARD_ERROR)]
     if results and len(failed) == len(results):
-        raise RewardBroken(reward_label(reward), failed[0].reason, completions[0])
+        raise RewardBroken(reward.name, failed[0].reason, completions[0])
     return results
 
 
@@ -69,11 +127,8 @@ def score_all(reward: RewardFn, completions: Sequence[str], examples: Sequence[E
     """`score_batch` without its every-completion check: what an isolated reward's worker runs."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
-    batched = getattr(reward, "score_batch", None)
-    if batched is None:
-        return [_guarded(reward, c, e) for c, e in zip(completions, examples)]
     try:
-        results = batched(completions, examples)
+        results = as_reward(reward).score_batch(completions, examples)
     except RewardBroken:
         raise
     except Exception as err:  # a user's batched reward that raises: every completion of it scores 0
@@ -81,6 +136,12 @@ def score_all(reward: RewardFn, completions: Sequence[str], examples: Sequence[E
     if len(results) != len(completions):
         return [_error(f"returned {len(results)} results for {len(completions)} completions")] * len(completions)
     return [_checked(r) for r in results]
+
+
+def score_each(reward: RewardFn, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
+    """The `score_batch` of a reward that scores one completion at a time: each call guarded (`_guarded`),
+    so one completion it raises on scores 0 and the others are scored."""
+    return [_guarded(reward, c, e) for c, e in zip(completions, examples)]
 
 
 REWARD_ERROR = "reward error"
@@ -124,15 +185,10 @@ def _guarded(reward: RewardFn, completion: str, example: Example) -> RewardResul
         return _error(f"{type(err).__name__}: {str(err)[:80]}")
 
 
-def reward_label(reward: Any) -> str:
-    """The name a message calls a reward by: its `name`, a combination's parts, else its function's or class's."""
-    parts = getattr(reward, "parts", None)
-    if parts is not None:
-        return " + ".join(name for name, _, _ in parts)
-    name = getattr(reward, "name", None)
-    if isinstance(name, str):
-        return name
-    return getattr(reward, "__name__", type(reward).__name__)
+def reward_label(reward: RewardFn) -> str:
+    """The name a message calls a reward by (`Reward.name`): a combination's part names joined by " + ",
+    else its `name`, else its function's or class's name."""
+    return as_reward(reward).name
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ import pickle
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
-from ..tasks import Example
+from ..tasks import Example, Task
 from ._math_worker import math_verify_score
 from .base import RewardResult
 from .worker import Worker
@@ -124,6 +124,8 @@ class Math:
     False: lenient extraction, any answer math-verify finds in the completion. Use
     `strict_for_task` to decide from a task's template."""
     _verifier: MathVerifier | None = field(default=None, init=False, repr=False)
+    name: ClassVar[str] = "Math"  # what messages call it (`Reward.name`): the class's name
+    parts: ClassVar[None] = None
 
     @property
     def verifier(self) -> MathVerifier:
@@ -152,12 +154,11 @@ def asks_for_boxed(template: str) -> bool:
     return "\\boxed{}" in apply_template(template, "")
 
 
-def strict_for_task(task: Any, strict: bool = True) -> bool:
+def strict_for_task(task: Task, strict: bool = True) -> bool:
     """The `strict` to build a task's math reward with: `strict` when the task's prompt template
     asks for `\\boxed{}` (math tasks' default "boxed"), else False, since a prompt that asks for
     no box cannot be held to one (synthetic tasks have no template: their answers are bare)."""
-    template = getattr(task, "template", None)
-    return bool(strict) and isinstance(template, str) and asks_for_boxed(template)
+    return bool(strict) and task.template is not None and asks_for_boxed(task.template)
 
 
 __all__ = ["Math", "MathVerifier", "asks_for_boxed", "math_verify_score", "strict_for_task"]

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import ClassVar, Sequence
 
 from ..tasks import Example, check_countdown
 from ._math_worker import boxed_answers  # one scanner, shared with the math worker
-from .base import RewardResult, brief
+from .base import RewardResult, brief, score_each
 
 
 def exact_match(completion: str, example: Example) -> RewardResult:
@@ -48,6 +49,11 @@ class Format:
     pattern: str | None = None
     """A regular expression that must match somewhere in the completion (`re.search`); None means
     "contains a non-empty, brace-balanced \\boxed{...}"."""
+    name: ClassVar[str] = "Format"  # what messages call it (`Reward.name`): the class's name
+    parts: ClassVar[None] = None
+
+    def score_batch(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
+        return score_each(self, completions, examples)
 
     def __call__(self, completion: str, example: Example) -> RewardResult:
         if self.pattern is None:
@@ -75,10 +81,15 @@ class Overlong:
     """The generation limit L_max, normally rollout.max_new_tokens."""
     cache: int
     """Length C of the linear penalty band ending at max_tokens, 0 < cache <= max_tokens."""
+    name: ClassVar[str] = "Overlong"  # what messages call it (`Reward.name`): the class's name
+    parts: ClassVar[None] = None
 
     def __post_init__(self) -> None:
         if not 0 < self.cache <= self.max_tokens:
             raise ValueError(f"need 0 < cache <= max_tokens, got cache={self.cache}, max_tokens={self.max_tokens}")
+
+    def score_batch(self, completions: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
+        return score_each(self, completions, examples)
 
     def __call__(self, completion: str, example: Example) -> RewardResult:
         num_tokens = example.meta.get("completion_tokens")

@@ -20,7 +20,7 @@ from .countdown import Countdown, solve_all
 from .expression import Evaluated, ExpressionError, check_countdown, evaluate
 from .math import TEMPLATES, MathTask, apply_template, load_math_dataset, render_prompt
 from ..core.registry import Registry, did_you_mean
-from ..plugins import check_task, entry, is_import_path, parameters, type_hints
+from ..plugins import entry, is_import_path, parameters, type_hints, user_task
 from ..schema import ConfigError, coerce, field_docs
 
 TASKS: Registry[Callable[..., Task]] = Registry("task")
@@ -46,7 +46,8 @@ def get_task(name: str, **knobs: Any) -> Task:
     """Build the task called `name` (registered, or an import path) with its knobs (the keyword
     parameters of its class or factory: a registered task's dataclass fields).
 
-    An unknown knob or a missing one raises ConfigError (`check_task_knobs`).
+    An unknown knob or a missing one raises ConfigError (`check_task_knobs`). A user's task is
+    checked and given the whole `Task` protocol here (`tether.plugins.user_task`), once.
     """
 
     check_task_knobs(name, knobs)
@@ -57,9 +58,7 @@ def get_task(name: str, **knobs: Any) -> Task:
             f"get_task({name!r}, tokenizer=...), or train it with `tether train`, which passes the model's"
         )
     task = factory(**knobs)
-    if is_import_path(name):
-        check_task(task, name, needs_solution=False)
-    return task
+    return user_task(task, name) if is_import_path(name) else task
 
 
 def check_task_knobs(name: str, knobs: Mapping[str, Any], key: str = "", types: bool = False) -> None:

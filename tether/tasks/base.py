@@ -45,12 +45,16 @@ class Task(Protocol):
     """A verifiable task.
 
     `reward` names its default reward in `tether.rewards`; `finite` is True for a fixed
-    dataset (iterate it in epochs) and False for a generator (draw as many as needed).
+    dataset (iterate it in epochs) and False for a generator (draw as many as needed);
+    `template` is the prompt template its prompts are rendered with (math's), None when they
+    are not templated. A user's task (`data.task=MODULE:NAME`) gets what it leaves out
+    (`tether.plugins.UserTask`).
     """
 
     name: str
     reward: str
     finite: bool
+    template: str | None
 
     def examples(
         self, split: Split, n: int | None = None, *, seed: int | None = None, unique: bool = True
@@ -125,6 +129,7 @@ class Synthetic:
 
     name: ClassVar[str]
     finite: ClassVar[bool] = False
+    template: ClassVar[str | None] = None  # no prompt template: the answers are bare
     seed: int
     test_fraction: float
 

@@ -26,11 +26,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from ..config.loading import load_config
-from ..config.sections import config_differences
+from ..config.sections import Config, config_differences
 from ..records import checkpoint
 from ..records.runlog import read_config, read_metrics
 from ..reports.claims import load_claims
@@ -72,60 +73,72 @@ def compare(
 
     jobs > 1: that many runs at a time, each in a child `tether train` process (module header).
     null_control: one of `objectives`, run again with an independent sampling stream (module header)."""
-    out_dir = Path(out)
     if null_control is not None and null_control not in objectives:
         raise ConfigError(
             f"--null-control {null_control!r}: name one of the compared objectives ({', '.join(objectives)})"
         )
-    # Validate every combination, and that runs already there used the same settings, before any work.
-    plans = []
-    for label, objective, extra in _arms(objectives, null_control):
-        for seed in range(seeds):
-            run = run_dir(out_dir, label, seed)
-            shared_step0 = f"trainer.step0_cache={out_dir / STEP0_DIR}"  # the user's own setting, given later, wins
-            run_overrides = [
-                shared_step0,
-                *overrides,
-                f"objective={objective}",
-                f"trainer.seed={seed}",
-                f"output_dir={run}",
-            ]
-            run_overrides += extra(seed)
-            cfg = load_config(config, run_overrides)
-            _check_same_settings(run, cfg, out_dir)
-            plans.append((label, seed, run, cfg, run_overrides))
+    out_dir = Path(out)
+    plans = _plans(config, _arms(objectives, null_control), seeds, overrides, out_dir)
     if claims:
         load_claims(claims)  # a bad claims file fails now, not after the runs
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: expected 1 or more runs at a time")
     out_dir.mkdir(parents=True, exist_ok=True)
     pending = []
-    for i, (label, seed, run, cfg, run_overrides) in enumerate(plans, 1):
-        tag = f"[{i}/{len(plans)}] {label} seed {seed}"
-        if is_finished(run):
+    for i, plan in enumerate(plans, 1):
+        tag = f"[{i}/{len(plans)}] {plan.label} seed {plan.seed}"
+        if is_finished(plan.run):
             log(f"{tag}: finished, skipped")
             continue
-        resume = checkpoint.latest(run) is not None
-        if not resume and run.exists():
-            shutil.rmtree(run)  # started but never checkpointed: nothing to keep
+        resume = checkpoint.latest(plan.run) is not None
+        if not resume and plan.run.exists():
+            shutil.rmtree(plan.run)  # started but never checkpointed: nothing to keep
         action = "resuming" if resume else "training"
-        if jobs > 1:
-            command = [
-                sys.executable,
-                "-m",
-                "tether.cli",
-                "train",
-                *([config] if config else []),
-                *run_overrides,
-                *(["--resume", str(run)] if resume else []),
-            ]
-            pending.append((tag, action, command, out_dir / "logs" / f"{label}-seed{seed}.log"))
+        if jobs == 1:
+            log(f"{tag}: {action}")
+            train(plan.cfg, resume_dir=str(plan.run) if resume else None, log=log)
             continue
-        log(f"{tag}: {action}")
-        train(cfg, resume_dir=str(run) if resume else None, log=log)
+        resumed = ["--resume", str(plan.run)] if resume else []
+        command = [
+            sys.executable,
+            "-m",
+            "tether.cli",
+            "train",
+            *([config] if config else []),
+            *plan.overrides,
+            *resumed,
+        ]
+        pending.append((tag, action, command, out_dir / "logs" / f"{plan.label}-seed{plan.seed}.log"))
     if pending:
         _run_children(pending, jobs, log)
-    return write_report({out_dir.name: [p[2] for p in plans]}, out_dir, threshold, claims)
+    return write_report({out_dir.name: [plan.run for plan in plans]}, out_dir, threshold, claims)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One run of a comparison: its label and seed, directory, overrides and the config they give."""
+
+    label: str
+    seed: int
+    run: Path
+    overrides: list[str]
+    cfg: Config
+
+
+def _plans(config: Optional[str], arms, seeds: int, overrides: list[str], out_dir: Path) -> list[_Plan]:
+    """Every arm x seed's plan, each config loaded and checked against a run already there (the same settings)
+    before any work."""
+    plans = []
+    for label, objective, extra in arms:
+        for seed in range(seeds):
+            run = run_dir(out_dir, label, seed)
+            shared_step0 = f"trainer.step0_cache={out_dir / STEP0_DIR}"  # the user's own setting, given later, wins
+            run_overrides = [shared_step0, *overrides, f"objective={objective}", f"trainer.seed={seed}"]
+            run_overrides += [f"output_dir={run}", *extra(seed)]
+            cfg = load_config(config, run_overrides)
+            _check_same_settings(run, cfg, out_dir)
+            plans.append(_Plan(label, seed, run, run_overrides, cfg))
+    return plans
 
 
 def _arms(objectives: list[str], null_control: Optional[str]) -> list[tuple[str, str, Callable[[int], list[str]]]]:

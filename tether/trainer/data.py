@@ -9,21 +9,20 @@ which the checkpoint stores; resuming at the same position yields the same promp
 from __future__ import annotations
 
 import random
-from typing import Any
 
-from ..tasks import DataError, Example
+from ..tasks import DataError, Example, Task
 
 CHUNK = 1024
 
 
 class PromptStream:
-    def __init__(self, task: Any, seed: int, position: int = 0):
+    def __init__(self, task: Task, seed: int, position: int = 0):
         self.task = task
         self.seed = seed
         self.position = position
         self._chunk_id = -1
         self._chunk: list[Example] = []
-        self._finite = getattr(task, "finite", False)
+        self._finite = task.finite
 
     def _load(self, k: int) -> None:
         if self._finite:

@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 from ..schema import ConfigError
 from ..model.loading import init_model, local_source
 from ..rollout.hf import encode_prompts
+from ..tasks import Task
 
 PROMPT_SAMPLE = 512
 """Training prompts whose length is checked (with every held-out one): a sample, not the whole split."""
@@ -43,7 +44,7 @@ def model_context(name_or_path: str) -> Optional[int]:
     return None
 
 
-def check_lengths(cfg: Any, task: Any, tokenizer: Any, eval_examples: Sequence[Any]) -> None:
+def check_lengths(cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[Any]) -> None:
     """ConfigError when the run cannot progress for a length (module docstring)."""
 
     budget = cfg.rollout.max_new_tokens
@@ -51,7 +52,7 @@ def check_lengths(cfg: Any, task: Any, tokenizer: Any, eval_examples: Sequence[A
     if context is not None:
         train = (
             task.examples("train")[:PROMPT_SAMPLE]
-            if getattr(task, "finite", False)
+            if task.finite
             else task.examples("train", PROMPT_SAMPLE, seed=cfg.trainer.seed)
         )
         prompts = [e.prompt for e in [*eval_examples, *train]]

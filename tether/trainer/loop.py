@@ -8,8 +8,8 @@
         A        <- objective.advantages(rewards, groups)
         old, ref <- log-probs recomputed before any update        (ref only when the objective needs it)
         for epoch in ppo_epochs, mini-batch in mini_batches:      one optimiser step per mini-batch
-            micro-batches accumulate with the mini-batch normaliser (SPEC 4)
-        reference refresh every K optimiser steps or on a KL threshold (SPEC 2.5)
+            micro-batches accumulate with the mini-batch normaliser   (tether.trainer.update)
+        reference refresh every K optimiser steps or on a KL threshold (docs/algorithms/rpg.md)
         log metrics (one host sync), evaluate held-out accuracy, checkpoint (weights, optimiser, `Counters`)
 
 The setup lives in `tether.trainer.setup`, one step in `tether.trainer.step`; this module is the loop that
@@ -27,6 +27,7 @@ from transformers.utils import logging as hf_logging
 
 from .. import faults
 from ..config.sections import Config, RolloutConfig
+from ..model.causal_lm import shared_prompt_reason
 from ..records.checkpoint import rng_state, set_rng_state
 from ..records.plots import plot_run
 from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
@@ -47,30 +48,32 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     """
     hf_logging.disable_progress_bar()  # tether draws its own progress bar
     run, t = start_run(cfg, resume_dir, log), cfg.trainer
+    at, parts, counters = run.progress, run.parts, run.progress.counters
     sinks, samples_file = _open_logs(run, resume_dir)
-    progress = make_progress(t.total_steps, run.start, t.progress, t.log_every, log)
+    progress = make_progress(t.total_steps, at.start, t.progress, t.log_every, log)
     tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
-    reward_warnings = FaultWarnings(reward_label(run.reward_fn))
+    reward_warnings = FaultWarnings(reward_label(parts.rollouts.reward_fn))
     try:
         with stop, _broken_reward(run):
-            if run.start == 0:
+            if at.start == 0:
                 _log_step_zero(run, sinks, progress, log)
-            for step in range(run.start + 1, t.total_steps + 1):
+            for step in range(at.start + 1, t.total_steps + 1):
                 if stop.signum is not None:
                     break
                 with _droppable(run, stop, step, log) as dropped:
-                    scored, metrics = rl_step(run, step, log)  # counts the step in run.counters
+                    scored, metrics = rl_step(parts, counters, step)  # counts the step in `counters`
                 if dropped:
                     break
+                if step == at.start + 1:
+                    _log_shared_prompts(run, log)
                 for line in reward_warnings.lines(step, scored.rollout.completions, scored.results):
                     log(line)
                 skipped = _skipped_updates(metrics, step, scored)
                 bad_steps = bad_steps + 1 if skipped else 0
                 if skipped:
                     log(skipped)
-                streak, warning = flat_streak(metrics, cfg.rollout, t.log_every, run.counters.flat_streak)
-                run.counters.flat_streak = streak
-                metrics["rollout/flat_streak"] = float(run.counters.flat_streak)
+                counters.flat_streak, warning = flat_streak(metrics, cfg.rollout, t.log_every, counters.flat_streak)
+                metrics["rollout/flat_streak"] = float(counters.flat_streak)
                 if warning:
                     log(warning)
                 if bad_steps >= t.max_nonfinite_steps:
@@ -83,20 +86,20 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 progress.update(step, metrics)
                 faults.point("logged")
                 acc = metrics.get("eval/accuracy")
-                if step % t.save_every == 0 or step == t.total_steps or (acc is not None and acc > run.best_accuracy):
+                if step % t.save_every == 0 or step == t.total_steps or (acc is not None and acc > at.best_accuracy):
                     run.save(acc)  # also at every new best held-out accuracy: `tether export --step best`
-            if stop.signum is not None and run.saved_step != run.counters.step:
+            if stop.signum is not None and at.saved_step != counters.step:
                 run.save()  # the last finished step, so the resume loses nothing
     finally:
-        run.sampler.close()  # the overlap's batch prefetched past a stop or an error: waited for, dropped
+        parts.rollouts.sampler.close()  # the overlap's batch prefetched past a stop or an error: waited for, dropped
         progress.close()
         samples_file.close()
         for s in sinks:
             s.close()
     _finish(run, time.perf_counter() - tic, stop.signum, log)
     if stop.signum is not None:
-        raise Interrupted(stop.signum, run.counters.step, str(run.run_dir))
-    return run.run_dir
+        raise Interrupted(stop.signum, counters.step, str(run.records.run_dir))
+    return run.records.run_dir
 
 
 @contextlib.contextmanager
@@ -107,18 +110,19 @@ def _droppable(run: Run, stop: StopSignals, step: int, log):
     thread has already taken the next batch's prompts) nor trainer.staleness (its FIFO of policies
     has moved on): those finish the step."""
     dropped: list[bool] = []
-    if not run.sampler.droppable:
+    rollouts, policy = run.parts.rollouts, run.parts.policy
+    if not rollouts.sampler.droppable:
         yield dropped
         return
-    position, rng = run.stream.position, rng_state()
-    hook = run.optimizer.register_step_pre_hook(lambda *_: stop.before_update())
+    position, rng = rollouts.stream.position, rng_state()
+    hook = policy.optimizer.register_step_pre_hook(lambda *_: stop.before_update())
     stop.droppable = True
     try:
         yield dropped
     except StopNow:
-        run.stream.position = position
+        rollouts.stream.position = position
         set_rng_state(rng)
-        run.model.train()
+        policy.model.train()
         log(f"step {step} stopped before it changed the weights: dropped (a resume redoes it)")
         dropped.append(True)
     finally:
@@ -135,7 +139,7 @@ def _broken_reward(run: Run):
     try:
         yield
     except RewardBroken as err:
-        if run.start != 0 or run.counters.step != 0:
+        if run.progress.start != 0 or run.progress.counters.step != 0:
             raise
         removed = run.discard()
         raise ConfigError(f"{err} ({removed})") from None
@@ -144,26 +148,27 @@ def _broken_reward(run: Run):
 def _open_logs(run: Run, resume_dir: Optional[str]):
     """The metric sinks and samples.jsonl, open for appending; on resume, what was logged after the
     checkpoint is dropped first (everything, when there is none)."""
-    resume_after = run.start if run.start else (-1 if resume_dir else None)
-    sinks = [JsonlSink(run.run_dir / "metrics.jsonl", resume_after)]
+    run_dir, start = run.records.run_dir, run.progress.start
+    resume_after = start if start else (-1 if resume_dir else None)
+    sinks = [JsonlSink(run_dir / "metrics.jsonl", resume_after)]
     if run.cfg.trainer.tensorboard:
-        sinks.append(TensorBoardSink(run.run_dir / "tb"))
+        sinks.append(TensorBoardSink(run_dir / "tb"))
     if run.cfg.trainer.wandb:
-        sinks.append(WandbSink(run.cfg.trainer.wandb_project, run.run_dir, to_dict(run.cfg)))
-    if resume_after is not None and (run.run_dir / "samples.jsonl").exists():
-        truncate_jsonl(run.run_dir / "samples.jsonl", resume_after)
-    return sinks, (run.run_dir / "samples.jsonl").open("a")
+        sinks.append(WandbSink(run.cfg.trainer.wandb_project, run_dir, to_dict(run.cfg)))
+    if resume_after is not None and (run_dir / "samples.jsonl").exists():
+        truncate_jsonl(run_dir / "samples.jsonl", resume_after)
+    return sinks, (run_dir / "samples.jsonl").open("a")
 
 
 def evaluate(run: Run) -> dict[str, float]:
     """Held-out greedy accuracy of the policy as it is (`rewards.greedy_accuracy`: the task's 0/1 verifier)."""
-    r, t = run.cfg.rollout, run.cfg.trainer
-    run.model.eval()
-    with run.precision():
+    r, t, e, policy = run.cfg.rollout, run.cfg.trainer, run.evaluation, run.parts.policy
+    policy.model.eval()
+    with policy.precision():
         return greedy_accuracy(
-            run.engine,
-            run.test_examples,
-            run.verifier,
+            e.engine,
+            e.examples,
+            e.verifier,
             r.max_new_tokens,
             r.stop_strings,
             seed=t.seed,
@@ -174,12 +179,20 @@ def evaluate(run: Run) -> dict[str, float]:
 def _log_step_zero(run: Run, sinks, progress, log) -> None:
     """A new run's step 0: held-out accuracy before any update, with the warm start's metrics."""
     evaluated, cached = step_zero.shared(run.cfg, lambda: evaluate(run))
-    m = {**evaluated, **run.warm_start}
+    m = {**evaluated, **run.records.warm_start}
     for s in sinks:
         s.log(0, m)
     progress.update(0, m)
     shared = f" (shared: evaluated once for this initial model, {cached})" if cached else ""
     log(f"step 0: held-out accuracy {m['eval/accuracy']:.3f}{shared}")
+
+
+def _log_shared_prompts(run: Run, log) -> None:
+    """After a run's first step, when trainer.share_prompts could not be honoured, why (the fused head's check
+    of the model's cached forward runs in that step)."""
+    t, model = run.cfg.trainer, run.parts.policy.model
+    if t.share_prompts and t.fused_logprobs and not run.records.unfused and shared_prompt_reason(model):
+        log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
 
 
 FLAT_WARN_AFTER = 3
@@ -225,7 +238,7 @@ def _skipped_updates(metrics: dict[str, float], step: int, scored: Scored) -> st
 
 def _stop_nonfinite(run: Run, bad_steps: int, metrics: dict[str, float], sinks) -> None:
     """trainer.max_nonfinite_steps bad steps in a row: log the step, checkpoint it, raise."""
-    step = run.counters.step
+    step = run.progress.counters.step
     for sink in sinks:
         sink.log(step, metrics)
     run.save()
@@ -233,13 +246,14 @@ def _stop_nonfinite(run: Run, bad_steps: int, metrics: dict[str, float], sinks) 
         f"stopping at step {step}: {bad_steps} steps in a row had a non-finite loss or gradient "
         f"(see metrics.jsonl 'optim/skipped_updates'; check rewards for NaN, lower trainer.lr). The "
         f"weights are those of the last good update; a checkpoint was written to "
-        f"{run.run_dir / 'checkpoints'}."
+        f"{run.records.run_dir / 'checkpoints'}."
     )
 
 
 def _finish(run: Run, wall_s: float, signum: Optional[int], log) -> None:
     """summary.md (what the run was, then the metrics table) and the plots."""
-    log(write_summary(run.cfg, run.run_dir, run.start, run.counters.step, wall_s, run.device, signum))
+    run_dir, at = run.records.run_dir, run.progress
+    log(write_summary(run.cfg, run_dir, at.start, at.counters.step, wall_s, run.parts.policy.device, signum))
     if run.cfg.trainer.plots:
-        plot_run(run.run_dir)
-    log(f"run directory: {run.run_dir}")
+        plot_run(run_dir)
+    log(f"run directory: {run_dir}")

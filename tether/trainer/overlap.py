@@ -51,7 +51,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 
 import torch
 
-from ..config.sections import RolloutConfig
+from ..config.sections import Config
 from ..rollout import RolloutBatch, SamplingParams, get_engine
 from . import seeds
 from .staleness import StalePolicies, load_trainable, stale_metrics
@@ -80,9 +80,9 @@ class OverlappedSampler:
     A `tether.trainer.sampling.Sampler`: the trainer's `collect` calls its `generate` within `sampling(step)`.
 
     Args:
-        rollout: the run's rollout section (engine, compile, prompts_per_step, group_size).
-        seed: the sampling root (`seeds.sampling_root`: trainer.sampling_seed, else trainer.seed).
-        total_steps: trainer.total_steps (nothing is prefetched past the last step).
+        cfg: the run's config: its rollout section (engine, compile, prompts_per_step, group_size), the sampling
+            root (`seeds.sampling_root`: trainer.sampling_seed, else trainer.seed) and trainer.total_steps
+            (nothing is prefetched past the last step).
         model: the policy; copied once, never read by the background thread.
         tokenizer: its tokenizer; copied once for the background engine.
         stale: the run's FIFO of stale policies (the checkpoint's, on resume).
@@ -95,9 +95,7 @@ class OverlappedSampler:
 
     def __init__(
         self,
-        rollout: RolloutConfig,
-        seed: int,
-        total_steps: int,
+        cfg: Config,
         model: Any,
         tokenizer: Any,
         stale: StalePolicies,
@@ -105,9 +103,10 @@ class OverlappedSampler:
         params: SamplingParams,
         precision: Callable[[], ContextManager],
     ):
+        rollout = cfg.rollout
         self.model, self.stale, self.stream, self.params, self.precision = model, stale, stream, params, precision
         self.want, self.n = rollout.prompts_per_step, rollout.group_size
-        self.seed, self.total_steps = seed, total_steps
+        self.seed, self.total_steps = seeds.sampling_root(cfg.trainer), cfg.trainer.total_steps
         # eval mode; `requires_grad` flags kept as the policy's: under inference mode they still pick the kernels
         # (a copy with requires_grad off gave log-probs 5e-7 apart), and the engine runs without gradients anyway
         self.sampler = copy.deepcopy(model).eval()

@@ -13,17 +13,18 @@ the loop calls `close()` at the end. None of them changes what is sampled for a 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol
+from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol, runtime_checkable
 
 import torch
 
-from ..config.sections import RolloutConfig
+from ..config.sections import Config
 from ..rollout import RolloutBatch, RolloutEngine, SamplingParams
 from .data import PromptStream
 from .overlap import OverlappedSampler
 from .staleness import StalePolicies, stale_metrics
 
 
+@runtime_checkable
 class Sampler(Protocol):
     """What a step asks of its sampler (module docstring)."""
 
@@ -101,11 +102,7 @@ class StaleSampler:
 
 
 def make_sampler(
-    rollout: RolloutConfig,
-    seed: int,
-    total_steps: int,
-    staleness: int,
-    overlap: bool,
+    cfg: Config,
     engine: RolloutEngine,
     model: Any,
     tokenizer: Any,
@@ -116,9 +113,10 @@ def make_sampler(
 ) -> Sampler:
     """The run's sampler: on-policy for `trainer.staleness` 0, else stale, overlapped with `trainer.overlap`;
     `saved` is a checkpoint's `state()` (the stale policies) on resume."""
-    if not staleness:
+    t = cfg.trainer
+    if not t.staleness:
         return OnPolicySampler(engine)
-    stale = StalePolicies(model, staleness, saved)
-    if overlap:
-        return OverlappedSampler(rollout, seed, total_steps, model, tokenizer, stale, stream, params, precision)
+    stale = StalePolicies(model, t.staleness, saved)
+    if t.overlap:
+        return OverlappedSampler(cfg, model, tokenizer, stale, stream, params, precision)
     return StaleSampler(engine, model, stale)

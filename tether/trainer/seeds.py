@@ -2,8 +2,9 @@
 
 Two roots (`trainer.seed` and `trainer.sampling_seed`), and the streams drawn from them:
 
-    init and data   trainer.seed            the warm start and LoRA initialisation (`torch.manual_seed`),
-                                            the prompt order (`trainer.data.PromptStream`)
+    init and data   trainer.seed            the warm start and LoRA initialisation (`torch.manual_seed`), the
+                                            warm start's batches (`sft_batch`), the prompt order
+                                            (`trainer.data.PromptStream`)
     sampling        trainer.sampling_seed   the rollout tokens of each step (`rollout`, its refill rounds
                     (None: trainer.seed)    `refill`) and the order of the mini-batches (`minibatch_order`)
 
@@ -33,6 +34,11 @@ def rollout(root: int, step: int) -> int:
 def refill(seed: int, round: int) -> int:
     """Round `round` of dynamic sampling's refills (0: the first) of a step sampled with `seed`."""
     return seed + REFILL * round
+
+
+def sft_batch(seed: int, step: int) -> int:
+    """The seed of the warm start's (supervised) training batch at SFT step `step` (`trainer.sft`)."""
+    return seed * ROLLOUT + step
 
 
 def minibatch_order(root: int, step: int) -> int:

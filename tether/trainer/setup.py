@@ -1,5 +1,5 @@
-"""A training run's setup: what it holds (`Run`), where it is (`Counters`, saved in every checkpoint
-as a whole), and `start_run`, which builds both, new or resumed from the latest checkpoint.
+"""A training run's setup: what it holds (`Run`: its config, the parts each step reads, held-out evaluation, its
+progress and bookkeeping) and `start_run`, which builds it, new or resumed from the latest checkpoint.
 
 The order of `start_run` keeps resumed runs bitwise identical: the directory, the objective, task
 and verifiers (checked before any model loads), the models, the optimiser, on resume the
@@ -39,105 +39,84 @@ from ..rewards import RewardFn, check_user_rewards, task_reward
 from ..rollout import RolloutEngine, SamplingParams, get_engine
 from ..schema import ConfigError
 from ..tasks import DataError, Example, get_task, takes_tokenizer
-from . import seeds
 from .data import PromptStream
 from .limits import check_lengths
-from .sampling import Sampler, make_sampler
+from .progress import Counters, Progress
+from .sampling import make_sampler
+from .step import Reference, Rollouts, StepParts
+from .update import Policy
 from .warmstart import initial_model, warm_start_metrics
 
 
-@dataclass
-class Counters:
-    """Where a run is: the part of every checkpoint's state that is not a tensor store. `Run.save`
-    writes it whole and `start_run` reads it back whole (a field missing from an older checkpoint
-    takes its default), so what a resume continues from cannot drift from what was saved."""
+@dataclass(frozen=True)
+class Evaluation:
+    """Held-out accuracy: the policy's engine (greedy), the task's 0/1 verifier, the problems."""
 
-    step: int = 0  # the last finished RL step
-    position: int = 0  # examples the prompt stream has handed out (`PromptStream.position`)
-    opt_steps: int = 0  # optimiser steps taken (skipped non-finite updates not counted)
-    ref_updates: int = 0  # reference refreshes (`step.refresh_reference`)
-    kl_window: list[float] = dataclasses.field(default_factory=list)  # the last `kl/ref` values (KL_WINDOW)
-    flat_streak: int = 0  # rollout steps in a row with no reward variance (`train.flat_streak`)
+    engine: RolloutEngine  # the policy's engine: held-out accuracy, and the on-policy and stale samplers
+    verifier: RewardFn  # the task's 0/1 verifier (never a shaped training reward)
+    examples: list[Example]
 
-    def state(self) -> dict[str, Any]:
-        """Plain Python for `state.pt` (read with `torch.load(weights_only=True)`), one key per field."""
-        return dataclasses.asdict(self)
 
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "Counters":
-        return cls(**{f.name: state[f.name] for f in dataclasses.fields(cls) if f.name in state})
+@dataclass(frozen=True)
+class Records:
+    """Bookkeeping: where the run writes, and what it reports once."""
+
+    run_dir: Path
+    tokenizer: Any  # saved with every checkpoint
+    created_dir: Optional[Path] = None  # the outermost directory this run made (run_dir or a parent): `discard`
+    warm_start: dict[str, float] = dataclasses.field(default_factory=dict)  # warm_start/* metrics, logged at step 0
+    unfused: str = ""  # why the fused head is off, or ""
 
 
 @dataclass
 class Run:
-    """What a training run holds while it runs: built once by `start_run`, then used by the loop."""
+    """A training run, split by lifetime: its config, what each step reads (`StepParts`, built once), held-out
+    evaluation, the progress that changes each step, and bookkeeping."""
 
     cfg: Config
-    run_dir: Path
-    obj: objectives.Objective
-    reward_fn: RewardFn  # the training reward (may be shaped)
-    verifier: RewardFn  # the task's 0/1 verifier: held-out accuracy
-    test_examples: list[Example]
-    model: Any
-    tokenizer: Any
-    reference: Any  # the frozen reference policy, or None
-    engine: RolloutEngine  # the policy's engine: held-out accuracy, and the on-policy and stale samplers
-    sampler: Sampler  # where each step's batch is sampled from (on-policy, stale or overlapped), chosen once
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    stream: PromptStream
-    params: SamplingParams
-    device: torch.device
-    precision: Precision  # bf16 autocast or not, for every forward pass
-    logprobs: LogProbSettings  # how every log-prob pass runs (old policy, reference, update)
-    unfused: str  # why the fused head is off, or ""
-    counters: Counters  # saved in every checkpoint
-    start: int  # the step the run resumes after (0 for a new run)
-    peft: Any = None  # the peft wrapper under model.lora (`model` is its base, adapters injected), else None
-    saved_step: int = -1
-    best_accuracy: float = -math.inf  # the best held-out accuracy a checkpoint holds
-    warm_start: dict[str, float] = dataclasses.field(default_factory=dict)  # warm_start/* metrics, logged at step 0
-    created_dir: Optional[Path] = (
-        None  # the outermost directory this run made (run_dir or a parent): `discard` removes it
-    )
+    parts: StepParts
+    evaluation: Evaluation
+    progress: Progress
+    records: Records
 
     def discard(self) -> str:
         """Remove what a new run wrote before its first step finished (a run that cannot start), and say
         what: the directory when this run created it, else only the files it wrote there."""
-
-        if self.created_dir is not None:
-            shutil.rmtree(self.created_dir, ignore_errors=True)
-            return f"removed the run directory {self.run_dir}" + (
-                f" and {self.created_dir}, which it had made" if self.created_dir != self.run_dir else ""
+        created, run_dir = self.records.created_dir, self.records.run_dir
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+            return f"removed the run directory {run_dir}" + (
+                f" and {created}, which it had made" if created != run_dir else ""
             )
         for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "tb", "checkpoints"):
-            path = self.run_dir / name
+            path = run_dir / name
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-        return f"removed the files it had written in {self.run_dir}"
+        return f"removed the files it had written in {run_dir}"
 
     def save(self, accuracy: Optional[float] = None) -> None:
         """A checkpoint of the weights, the optimiser and the counters after the last finished step
         (atomic), with the held-out accuracy measured on these weights when there is one (pruning
         keeps the best)."""
-        step = self.saved_step = self.counters.step
+        progress, policy, rollouts = self.progress, self.parts.policy, self.parts.rollouts
+        step = progress.saved_step = progress.counters.step
         if accuracy is not None:
-            self.best_accuracy = max(self.best_accuracy, accuracy)
-        self.counters.position = self.stream.position
+            progress.best_accuracy = max(progress.best_accuracy, accuracy)
+        progress.counters.position = rollouts.stream.position
         state = {
-            **self.counters.state(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            **progress.counters.state(),
+            "optimizer": policy.optimizer.state_dict(),
+            "scheduler": policy.scheduler.state_dict(),
         }
-        sampler_state = self.sampler.state()
+        sampler_state = rollouts.sampler.state()
         if sampler_state is not None:
             state["stale_policies"] = sampler_state
         checkpoint.save(
-            self.run_dir,
+            self.records.run_dir,
             step,
-            self.peft or self.model,
-            self.tokenizer,
+            policy.peft or policy.model,
+            self.records.tokenizer,
             state,
-            reference=self.reference,
+            reference=self.parts.reference.model,
             keep_last=self.cfg.trainer.keep_last,
             accuracy=accuracy,
         )  # under LoRA: the adapter only
@@ -145,10 +124,62 @@ class Run:
 
 def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     """Everything a run needs, in the order that keeps resumed runs bitwise identical (module docstring)."""
-
-    if cfg.trainer.wandb and wandb_problem():  # before anything is written
-        raise ConfigError(wandb_problem())
     run_dir = _run_path(cfg, resume_dir)
+    checked = _checked(cfg, log)  # every check that needs no model: nothing is written before it passes
+    created_dir = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
+    _open_run_dir(cfg, run_dir, resume_dir, log)
+    if checked.threads_note:
+        log(checked.threads_note)
+    ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
+    # The initial (warm-started) model: the policy of a new run, the base under LoRA, the reference.
+    needs_base = ckpt is None or cfg.model.lora is not None or checked.obj.uses_reference()
+    base = initial_model(cfg, checked.task, checked.verifier, log=log) if needs_base else None
+    model, tokenizer, device, peft, reference = _models(cfg, checked.obj, base, ckpt, log)
+    t, r = cfg.trainer, cfg.rollout
+    unfused = fused_head_reason(model) if t.fused_logprobs else ""
+    if unfused:
+        log(f"fused log-probs off: {unfused}; using the model's logits")
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=t.lr, weight_decay=t.weight_decay
+    )
+    scheduler = _scheduler(optimizer, t, t.total_steps * t.updates_per_batch)
+    progress, state = Progress(Counters(), 0, 0), {}
+    if ckpt:
+        progress, state = _restore(run_dir, ckpt, optimizer, scheduler, log)
+    params = SamplingParams(
+        temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, stop_strings=tuple(r.stop_strings)
+    )
+    stream = PromptStream(checked.task, t.seed, progress.counters.position)
+    precision = Precision.of(t.autocast, device)
+    engine = _engine(r, model, tokenizer, device, log)
+    policy = Policy(model, peft, optimizer, scheduler, device, precision, LogProbSettings.of(t, r))
+    saved = state.get("stale_policies") if t.staleness else None
+    sampler = make_sampler(cfg, engine, model, tokenizer, stream, params, precision, saved)
+    rollouts = Rollouts(sampler, stream, checked.reward_fn, params, tokenizer.pad_token_id)
+    parts = StepParts(policy, rollouts, checked.obj, Reference(reference), t, r)
+    warm = warm_start_metrics(cfg.warm_start, base) if base is not None else {}
+    records = Records(run_dir, tokenizer, created_dir, warm, unfused)
+    return Run(cfg, parts, Evaluation(engine, checked.verifier, checked.test_examples), progress, records)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What `_checked` built while checking a config: the objective, the task, its rewards and held-out set."""
+
+    obj: objectives.Objective
+    task: Any
+    reward_fn: RewardFn
+    verifier: RewardFn
+    test_examples: list[Example]
+    threads_note: str  # why the thread count is what it is, or ""
+
+
+def _checked(cfg: Config, log) -> Checked:
+    """Every check a run can make before it writes anything or loads a model: the wandb setup, the thread
+    count, the device, the model's source, the objective, the task and rewards (a missing data file), the
+    held-out set, and the lengths of the prompts against the model's context. Warnings are logged here."""
+    if cfg.trainer.wandb and wandb_problem():
+        raise ConfigError(wandb_problem())
     t = cfg.trainer
     threads, why = cpu_threads(t.threads)
     if threads:
@@ -164,74 +195,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg.data.eval_size)
     check_lengths(cfg, task, _tokenizer(cfg.model.name_or_path), test_examples)  # a run that could not progress
-    created_dir = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
-    _open_run_dir(cfg, run_dir, resume_dir, log)
-    if why:
-        log(why)
-    ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
-    # The initial (warm-started) model: the policy of a new run, the base under LoRA, the reference.
-    needs_base = ckpt is None or cfg.model.lora is not None or obj.uses_reference()
-    base = initial_model(cfg, task, verifier, log=log) if needs_base else None
-    model, tokenizer, device, peft, reference = _models(cfg, obj, base, ckpt, log)
-    unfused = fused_head_reason(model) if t.fused_logprobs else ""
-    if unfused:
-        log(f"fused log-probs off: {unfused}; using the model's logits")
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=t.lr, weight_decay=t.weight_decay
-    )
-    scheduler = _scheduler(optimizer, t, t.total_steps * t.ppo_epochs * t.mini_batches)
-    counters, state, best_accuracy = Counters(), {}, -math.inf
-    if ckpt:
-        counters, state, best_accuracy = _restore(run_dir, ckpt, optimizer, scheduler, log)
-    r = cfg.rollout
-    params = SamplingParams(
-        temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, stop_strings=tuple(r.stop_strings)
-    )
-    stream = PromptStream(task, t.seed, counters.position)
-    precision = Precision.of(t.autocast, device)
-    engine = _engine(r, model, tokenizer, device, log)
-    sampler = make_sampler(
-        r,
-        seeds.sampling_root(t),
-        t.total_steps,
-        t.staleness,
-        t.overlap,
-        engine,
-        model,
-        tokenizer,
-        stream,
-        params,
-        precision,
-        state["stale_policies"] if ckpt and t.staleness else None,
-    )
-    return Run(
-        cfg=cfg,
-        run_dir=run_dir,
-        obj=obj,
-        reward_fn=reward_fn,
-        verifier=verifier,
-        test_examples=test_examples,
-        model=model,
-        tokenizer=tokenizer,
-        reference=reference,
-        engine=engine,
-        sampler=sampler,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        stream=stream,
-        params=params,
-        device=device,
-        precision=precision,
-        logprobs=LogProbSettings.of(t, r),
-        unfused=unfused,
-        counters=counters,
-        start=counters.step,
-        peft=peft,
-        saved_step=counters.step,
-        best_accuracy=best_accuracy,
-        warm_start=warm_start_metrics(cfg.warm_start, base) if base is not None else {},
-        created_dir=created_dir,
-    )
+    return Checked(obj, task, reward_fn, verifier, test_examples, why or "")
 
 
 def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
@@ -257,9 +221,9 @@ def _models(cfg: Config, obj, base: Optional[str], ckpt: Optional[Path], log):
     return model, tokenizer, device, peft, reference
 
 
-def _restore(run_dir: Path, ckpt: Path, optimizer, scheduler, log) -> tuple[Counters, dict[str, Any], float]:
-    """The checkpoint's counters, state (its optimiser, schedule and random-number streams restored here)
-    and the best held-out accuracy a checkpoint of the run records (-inf: none)."""
+def _restore(run_dir: Path, ckpt: Path, optimizer, scheduler, log) -> tuple[Progress, dict[str, Any]]:
+    """The checkpoint's progress (its counters, and the best held-out accuracy a checkpoint of the run records,
+    -inf: none) and its state, whose optimiser, schedule and random-number streams are restored here."""
     state = checkpoint.load_state(ckpt)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -268,7 +232,7 @@ def _restore(run_dir: Path, ckpt: Path, optimizer, scheduler, log) -> tuple[Coun
     log(f"resuming {run_dir} from step {counters.step}")
     kept = checkpoint.best(run_dir, log=log)
     best = checkpoint.recorded_accuracy(kept) if kept is not None else None
-    return counters, state, -math.inf if best is None else best
+    return Progress(counters, counters.step, counters.step, -math.inf if best is None else best), state
 
 
 # ---------------------------------------------------------------- the parts start_run builds
@@ -347,7 +311,7 @@ def _eval_examples(task, eval_size: int) -> list:
 def config_warnings(t: TrainerConfig, obj: objectives.Objective) -> list[str]:
     """Settings that are valid but almost certainly not what was meant."""
     warnings = []
-    if obj.has_trust_region() and t.ppo_epochs * t.mini_batches == 1:
+    if obj.has_trust_region() and t.updates_per_batch == 1:
         warnings.append(
             f"objective {obj.name!r} clips by the ratio to the sampling policy, but trainer.ppo_epochs x "
             f"trainer.mini_batches = 1 update per batch: every update is on-policy (ratio 1), so the clip is "

@@ -26,6 +26,7 @@ import torch
 from ..rewards import RewardFn, task_reward, verdicts
 from ..rollout import HFEngine, encode_prompts
 from ..tasks import Example, Task
+from . import seeds
 
 
 def greedy_accuracy(
@@ -130,23 +131,15 @@ def sft(
     start, accuracy, step, gave_up = time.perf_counter(), 0.0, 0, ""
     model.train()
     for step in range(1, s.steps_max + 1):
-        examples = task.examples("train", s.batch_size, seed=s.seed * 1_000_003 + step, unique=False)
+        examples = task.examples("train", s.batch_size, seed=seeds.sft_batch(s.seed, step), unique=False)
         batch = sft_batch(tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples], device)
         losses.append(_sft_step(model, optimizer, batch))
         if step % s.eval_every and step != s.steps_max:
             continue
-        accuracy = greedy_accuracy(model, tokenizer, held_out, reward, s.max_new_tokens)
-        model.train()
-        row = {
-            "step": step,
-            "loss": torch.stack(losses).mean().item(),
-            "accuracy": accuracy,
-            "seconds": time.perf_counter() - start,
-        }
+        loss = torch.stack(losses).mean().item()
+        row = _check(model, tokenizer, held_out, reward, s, {"step": step, "loss": loss}, start, log)
         history.append(row)
-        losses = []
-        if log is not None:
-            log(f"sft step {step}: loss {row['loss']:.4f}, greedy accuracy {accuracy:.3f} ({row['seconds']:.1f} s)")
+        accuracy, losses = row["accuracy"], []
         if accuracy >= s.target_accuracy:
             break
         gave_up = stalled(history, s.give_up_checks)
@@ -163,6 +156,19 @@ def sft(
         "history": history,
         "gave_up": gave_up,
     }
+
+
+def _check(model, tokenizer, held_out, reward, s: SFTSettings, row: dict, start: float, log) -> dict[str, float]:
+    """One check of the warm start: `row` (its step, the mean loss since the last check) with the greedy
+    held-out accuracy and the seconds so far, logged."""
+    row = {**row, "accuracy": greedy_accuracy(model, tokenizer, held_out, reward, s.max_new_tokens)}
+    row["seconds"] = time.perf_counter() - start
+    model.train()
+    if log is not None:
+        log(
+            f"sft step {row['step']}: loss {row['loss']:.4f}, greedy accuracy {row['accuracy']:.3f} ({row['seconds']:.1f} s)"
+        )
+    return row
 
 
 CONVERGED_LOSS = 0.05
