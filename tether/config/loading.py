@@ -66,7 +66,7 @@ def check_model_and_device(cfg: Config) -> None:
     trainer.device names a device (whether this machine has it is checked when a run starts)."""
     from ..model.loading import device_problem, model_source_problem  # lazy: torch
 
-    if cfg.model.name_or_path != "tiny":
+    if not cfg.model.builtin_tiny:
         problem = model_source_problem(cfg.model.name_or_path)
         if problem:
             raise ConfigError(f"model.name_or_path: {problem}")

@@ -41,9 +41,13 @@ class LoRAConfig:
             )
 
 
+TINY = "tiny"
+"""model.name_or_path of the built-in tiny model (`ModelConfig.builtin_tiny`)."""
+
+
 @dataclass
 class ModelConfig:
-    name_or_path: str = "tiny"
+    name_or_path: str = TINY
     """A hub id or local directory for `from_pretrained`, a `.gguf` file (dequantised through transformers
     once, into $TETHER_CACHE/gguf/, with the tokenizer and chat template from the same file; needs the gguf
     extra), or `tiny`: a tiny model built by `tether init-model`. Checked on load without the network (a
@@ -63,6 +67,12 @@ class ModelConfig:
     """Hidden size of the `tiny` model."""
     tiny_layers: int = 4
     """Number of layers of the `tiny` model."""
+
+    @property
+    def builtin_tiny(self) -> bool:
+        """Whether this is the built-in tiny model (built by `init_model` from the tiny_* settings and the seed,
+        warm-started), not a model from files: the one place the name `tiny` is read."""
+        return self.name_or_path == TINY
 
 
 @dataclass

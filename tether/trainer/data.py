@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 from ..tasks import DataError, Example, Task
+from . import seeds
 
 CHUNK = 1024
 
@@ -32,7 +33,7 @@ class PromptStream:
             random.Random(f"{self.seed}:epoch:{k}").shuffle(rows)
             self._chunk = rows
         else:
-            self._chunk = self.task.examples("train", CHUNK, seed=self.seed * 1_000_003 + k, unique=False)
+            self._chunk = self.task.examples("train", CHUNK, seed=seeds.data_chunk(self.seed, k), unique=False)
         self._chunk_id = k
 
     def take(self, n: int) -> list[Example]:

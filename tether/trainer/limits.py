@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
+from ..config.sections import ModelConfig
 from ..schema import ConfigError
 from ..model.loading import init_model, local_source
 from ..rollout.hf import encode_prompts
@@ -29,14 +30,14 @@ PROMPT_SAMPLE = 512
 """Training prompts whose length is checked (with every held-out one): a sample, not the whole split."""
 
 
-def model_context(name_or_path: str) -> Optional[int]:
+def model_context(m: ModelConfig) -> Optional[int]:
     """Positions the model can read (`max_position_embeddings`, or the older names of it), None when its
-    config does not say. "tiny" is the model `init_model` builds."""
-    if name_or_path == "tiny":
+    config does not say; the built-in tiny model's is what `init_model` builds."""
+    if m.builtin_tiny:
         return int(init_model.__kwdefaults__["max_positions"])
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(local_source(name_or_path), trust_remote_code=False)
+    config = AutoConfig.from_pretrained(local_source(m.name_or_path), trust_remote_code=False)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
@@ -48,7 +49,7 @@ def check_lengths(cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[
     """ConfigError when the run cannot progress for a length (module docstring)."""
 
     budget = cfg.rollout.max_new_tokens
-    context = model_context(cfg.model.name_or_path)
+    context = model_context(cfg.model)
     if context is not None:
         train = (
             task.examples("train")[:PROMPT_SAMPLE]

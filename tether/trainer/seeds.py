@@ -41,6 +41,11 @@ def sft_batch(seed: int, step: int) -> int:
     return seed * ROLLOUT + step
 
 
+def data_chunk(seed: int, chunk: int) -> int:
+    """The seed of chunk `chunk` of an unbounded task's prompt stream (`trainer.data.PromptStream`)."""
+    return seed * ROLLOUT + chunk
+
+
 def minibatch_order(root: int, step: int) -> int:
     """The seed of the order in which step `step` splits its batch into mini-batches."""
     return root * MINIBATCH + step

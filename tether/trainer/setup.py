@@ -186,7 +186,7 @@ def _checked(cfg: Config, log) -> Checked:
         torch.set_num_threads(threads)
     if t.device != "auto":
         pick_device(t.device, 0, 0)  # a missing CUDA device fails here, before any warm start
-    if cfg.model.name_or_path != "tiny":
+    if not cfg.model.builtin_tiny:
         check_model_loads(cfg.model.name_or_path)  # a hub id that does not resolve, too: nothing written yet
     torch.manual_seed(t.seed)
     obj = objectives.build(cfg.objective)  # resolved on load (tether.config.sections): every parameter is recorded
@@ -194,7 +194,7 @@ def _checked(cfg: Config, log) -> Checked:
     for warning in config_warnings(t, obj):
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg.data.eval_size)
-    check_lengths(cfg, task, _tokenizer(cfg.model.name_or_path), test_examples)  # a run that could not progress
+    check_lengths(cfg, task, _tokenizer(cfg.model), test_examples)  # a run that could not progress
     return Checked(obj, task, reward_fn, verifier, test_examples, why or "")
 
 
@@ -261,8 +261,8 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
 
     args = dict(cfg.data.task_args)
     if takes_tokenizer(cfg.data.task):
-        if tokenizer is None and cfg.model.name_or_path != "tiny":
-            tokenizer = _tokenizer(cfg.model.name_or_path)
+        if tokenizer is None and not cfg.model.builtin_tiny:
+            tokenizer = _tokenizer(cfg.model)
         args.setdefault("tokenizer", tokenizer)
     try:
         task = get_task(cfg.data.task, **args)
@@ -286,16 +286,16 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
     return task, reward, verifier
 
 
-def _tokenizer(name_or_path: str):
-    """The tokenizer of model.name_or_path (for rendering prompts and checking lengths; "tiny": the
-    character tokenizer `init_model` saves), or ConfigError saying why not."""
-    if name_or_path == "tiny":
+def _tokenizer(m: ModelConfig):
+    """The tokenizer of model.name_or_path (for rendering prompts and checking lengths; the built-in tiny
+    model's: the character tokenizer `init_model` saves), or ConfigError saying why not."""
+    if m.builtin_tiny:
         return char_tokenizer()
     try:
-        return load_tokenizer(name_or_path)
+        return load_tokenizer(m.name_or_path)
     except (OSError, ValueError) as err:
         raise ConfigError(
-            f"model.name_or_path={name_or_path!r}: its tokenizer cannot be loaded "
+            f"model.name_or_path={m.name_or_path!r}: its tokenizer cannot be loaded "
             f"({str(err).splitlines()[0]}); check the path or hub id"
         ) from None
 

@@ -33,7 +33,7 @@ SAMPLING_ONLY = ("temperature", "top_p", "prompts_per_step", "group_size")
 def key(cfg: Config) -> str:
     """The digest of every setting step 0's evaluation depends on (module docstring)."""
     t = cfg.trainer
-    seeded = cfg.warm_start.enabled or cfg.model.name_or_path == "tiny"
+    seeded = cfg.warm_start.enabled or cfg.model.builtin_tiny
     parts = {
         "tether": __version__,
         "model": to_dict(cfg.model),

@@ -61,7 +61,7 @@ def warm_start_key(cfg: Config, base: str) -> dict:
     their defaults: a cached warm start stays valid across tether versions that add them)."""
     model = {k: v for k, v in to_dict(cfg.model).items() if k != "lora"}
     return {
-        "base": base if cfg.model.name_or_path != "tiny" else model,
+        "base": model if cfg.model.builtin_tiny else base,
         "task": cfg.data.task,
         "task_args": cfg.data.task_args,
         "warm_start": {k: v for k, v in to_dict(cfg.warm_start).items() if k != "cache_dir"},
@@ -107,7 +107,7 @@ def warm_start_metrics(ws: WarmStartConfig, path: str) -> dict[str, float]:
 def initial_model(cfg: Config, task, verifier, log=print) -> str:
     """Path or hub id of the model RL starts from (building and warm-starting it if needed); a
     warm start that ended below its target accuracy logs a warning, cached or not."""
-    base = str(_tiny_model(cfg)) if cfg.model.name_or_path == "tiny" else cfg.model.name_or_path
+    base = str(_tiny_model(cfg)) if cfg.model.builtin_tiny else cfg.model.name_or_path
     ws = cfg.warm_start
     if not ws.enabled:
         return base
