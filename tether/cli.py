@@ -196,8 +196,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import evaluation
+    from .evaluation.data import run_template
     from .rewards import asks_for_boxed
 
+    runs = [spec for spec in args.data if spec.startswith("run:")]
+    if runs and args.template == "boxed" and run_template(runs[0]) is not None:
+        args.template = run_template(runs[0])  # a run's own template: its answers extracted as its trainer did
     # First, before the progress lines (docs/eval.md), by the rule the settings record (evaluation.settings).
     try:
         extraction = "strict" if not args.lenient and asks_for_boxed(args.template) else "lenient"
@@ -226,6 +230,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             template=args.template,
             limit=args.limit,
+            batch_prompts=args.batch_prompts,
             strict=not args.lenient,
             engine=args.engine,
             threads=args.threads,
@@ -255,7 +260,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         "eval",
         help="benchmark a model: avg@n, pass@k, maj@k per source",
         description="tether eval MODEL DATA... : sample n completions per problem and verify them. "
-        "DATA is task:NAME[:KEY=VALUE...], a .jsonl/.parquet file, or a datasets name[@split]. "
+        "DATA is task:NAME[:KEY=VALUE...], a .jsonl/.parquet file, a datasets name[@split], or run:RUN_DIR "
+        "(the held-out problems of a training run, exactly as its trainer scores them). "
         "Rerunning with the same --out resumes.",
     )
     p.add_argument("model", metavar="MODEL", help="hub id, local model directory, or a .gguf file")
@@ -284,6 +290,13 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         "final \\boxed{} one (strict is the default with a template that asks for \\boxed{})",
     )
     p.add_argument("--limit", type=int, default=None, help="problems per data spec (tasks: default 200)")
+    p.add_argument(
+        "--batch-prompts",
+        type=int,
+        default=8,
+        help="problems per generate call (default 8); the run's trainer.eval_batch_size reproduces its held-out "
+        "number to the bit (greedy ties aside, batch shapes change the float rounding)",
+    )
     p.add_argument("--seed", type=int, default=0, help="base sampling seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(

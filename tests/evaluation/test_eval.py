@@ -588,3 +588,47 @@ def test_a_settings_clash_names_out_and_a_failed_start_leaves_no_folder(tmp_path
     with pytest.raises(Exception):
         evaluate("m", [str(tmp_path / "missing.jsonl")], n=1, ks=(1,), out_dir=fresh, progress=False, engine=engine)
     assert not fresh.exists()  # no folder holding only settings.json
+
+
+@pytest.mark.slow  # a one-step LoRA run on the warm-started tiny model, then an evaluation through the CLI
+def test_a_lora_checkpoint_evaluated_on_its_runs_held_out_set_reproduces_the_runs_number(
+    default_warm_start_cache, tmp_path
+):
+    """`tether eval RUN/checkpoints/step_N/model run:RUN` takes a LoRA run's checkpoint (an adapter directory: its
+    base with the adapter merged) and scores exactly the problems the trainer scored, so greedy decoding with
+    the trainer's batch size gives the run's own held-out accuracy. (Before: the adapter directory was refused,
+    "Unrecognized model ... model_type", and `--limit 40` took the first rows, not the trainer's draw.)"""
+    from conftest import metrics_rows
+    from tether.config.loading import load_config
+    from tether.trainer.loop import train
+
+    cfg = load_config(
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            f"warm_start.cache_dir={default_warm_start_cache}",
+            "model.lora.r=4",
+            "model.lora.alpha=8",
+            "trainer.total_steps=1",
+            "trainer.eval_every=1",
+            "trainer.eval_batch_size=16",
+            "data.eval_size=40",
+            "trainer.progress=false",
+            "trainer.plots=false",
+            "trainer.tensorboard=false",
+            "trainer.threads=1",
+        ],
+    )
+    run = train(cfg, log=lambda *_: None)
+    want = [r["eval/accuracy"] for r in metrics_rows(run) if r["step"] == 1 and "eval/accuracy" in r][0]
+    assert want > 0.05  # a model that solves some problems: the comparison can fail
+    model = run / "checkpoints" / "step_000001" / "model"
+    assert (model / "adapter_config.json").is_file()
+    argv = ["eval", str(model), f"run:{run}", "--n", "1", "--k", "1", "--temperature", "0", "--threads", "1"]
+    argv += ["--max-new-tokens", str(cfg.rollout.max_new_tokens), "--batch-prompts", "16"]
+    argv += ["--out", str(tmp_path / "eval"), "--no-progress"]
+    assert cmd_eval(build_parser().parse_args(argv)) == 0
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    (source,) = results["summary"]
+    assert source == "run:run" and results["summary"][source]["problems"] == 40
+    assert results["summary"][source]["avg@1"] == want

@@ -7,7 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..tasks import Example, get_task, load_math_dataset, render_prompt
+from ..records.runlog import read_config
+from ..tasks import Example, get_task, load_math_dataset, render_prompt, takes_tokenizer
 
 DEFAULT_TASK_PROBLEMS = 200  # = the trainer's data.eval_size default: `task:X` is its held-out set
 
@@ -47,6 +48,39 @@ def _task_examples(spec: str, limit: int | None) -> list[Example]:
     return [replace(ex, meta={**ex.meta, "source": source, "task": name}) for ex in examples]
 
 
+def _run_examples(spec: str, tokenizer: Any, limit: int | None) -> list[Example]:
+    """`run:RUN_DIR`: the held-out problems a training run scores (its task, `data.eval_size` of the test split,
+    in the trainer's order), prompts rendered as the trainer rendered them (the task's template, the model's
+    chat template). Source: `run:` and the run directory's name."""
+    run_dir = Path(spec[len("run:") :]).expanduser()
+    if not (run_dir / "config.yaml").is_file():
+        raise EvalError(f"{spec!r}: {run_dir} is not a run directory (it has no config.yaml)")
+    data = read_config(run_dir)["data"]
+    knobs = dict(data.get("task_args") or {})
+    if takes_tokenizer(data["task"]):
+        knobs["tokenizer"] = tokenizer
+    try:
+        examples = get_task(data["task"], **knobs).examples("test", data["eval_size"])
+    except (KeyError, ValueError, FileNotFoundError) as err:
+        raise EvalError(f"{spec!r}: the run's task {data['task']!r} cannot be built here: {err}") from None
+    source = f"run:{run_dir.name}"
+    examples = examples if limit is None else examples[:limit]
+    return [
+        replace(ex, meta={**ex.meta, "source": source, "task": ex.meta.get("task", data["task"])}) for ex in examples
+    ]
+
+
+def run_template(spec: str) -> str | None:
+    """The prompt template of the run a `run:RUN_DIR` spec names (its math task's `template`), None for a task
+    without one or a directory without a config: with it, `tether eval` extracts answers as that run's trainer
+    did (strict only when the template asks for \\boxed{})."""
+    config = Path(spec[len("run:") :]).expanduser() / "config.yaml"
+    if not config.is_file():
+        return None
+    data = read_config(config.parent)["data"]
+    return (data.get("task_args") or {}).get("template", "boxed") if data["task"] == "math" else None
+
+
 def _math_examples(
     spec: str, tokenizer: Any, template: str, limit: int | None, problem_field: str, answer_field: str
 ) -> list[Example]:
@@ -84,6 +118,8 @@ def load_eval_data(
         `task:NAME[:KEY=VALUE...]`  the held-out split of a synthetic task (`task:arithmetic`,
             `task:countdown:count=4:max_target=99`); `limit` problems, default 200. Prompts are
             the task's own (no template). Source: NAME, or NAME:knobs when knobs are given.
+        `run:RUN_DIR`  the held-out problems a training run scores, exactly: its task and knobs,
+            `data.eval_size` of them in the trainer's order, rendered as it rendered them.
         a `.jsonl` / `.parquet` path  rows with `problem_field` and `answer_field`; the first
             `limit` rows. Source: the row's `source` field, else the file stem.
         a `datasets` hub name  `owner/name` or `owner/name@split` (default split "test").
@@ -94,6 +130,8 @@ def load_eval_data(
         raise EvalError(f"limit must be >= 1 or None, got {limit}")
     if spec.startswith("task:"):
         return _task_examples(spec, limit)
+    if spec.startswith("run:"):
+        return _run_examples(spec, tokenizer, limit)
     return _math_examples(spec, tokenizer, template, limit, problem_field, answer_field)
 
 
@@ -112,4 +150,4 @@ def unique_problems(examples: list[Example]) -> list[Example]:
     return list(seen.values())
 
 
-__all__ = ["DEFAULT_TASK_PROBLEMS", "EvalError", "load_eval_data", "problem_key", "unique_problems"]
+__all__ = ["DEFAULT_TASK_PROBLEMS", "EvalError", "load_eval_data", "problem_key", "run_template", "unique_problems"]

@@ -21,6 +21,8 @@ It adds no BOS/EOS when encoding: `decode(encode(s)) == s` for every string over
 
 from __future__ import annotations
 
+import json
+
 import os
 import re
 import string
@@ -162,7 +164,22 @@ def apply_lora(model: Any, lora: Any, adapter_dir: str | Path | None = None) -> 
 
 def is_adapter_dir(path: str | Path) -> bool:
     """Whether a model directory holds a LoRA adapter (a checkpoint of a model.lora run), not full weights."""
-    return (Path(path) / "adapter_config.json").is_file()
+    return (Path(path).expanduser() / "adapter_config.json").is_file()
+
+
+def adapter_base(adapter_dir: str | Path) -> str:
+    """The base model a LoRA adapter was trained on (its adapter_config.json's base_model_name_or_path); a
+    ValueError when it names none, FileNotFoundError when that local base is no longer there."""
+    adapter_dir = Path(adapter_dir).expanduser()
+    base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{adapter_dir}/adapter_config.json does not name its base model (base_model_name_or_path)")
+    if (base.startswith(("/", ".", "~")) or base.count("/") != 1) and not Path(base).expanduser().exists():
+        raise FileNotFoundError(
+            f"the LoRA adapter in {adapter_dir} was trained on {base}, which is no longer there; restore it (a "
+            "warm-start model is cached under $TETHER_CACHE, default ~/.cache/tether)"
+        )
+    return base
 
 
 def model_source_problem(name_or_path: str) -> str:
@@ -264,9 +281,10 @@ def load_tokenizer(name_or_path: str | Path) -> Any:
 
     source = local_source(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-    config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    model_source = local_source(adapter_base(source)) if is_adapter_dir(source) else source  # a LoRA checkpoint
+    config = AutoConfig.from_pretrained(model_source, trust_remote_code=False)
     try:
-        generation = GenerationConfig.from_pretrained(source)
+        generation = GenerationConfig.from_pretrained(model_source)
     except OSError:  # no generation_config.json: the config's own ids
         generation = None
     return prepare_tokenizer(fix_special_tokens(tokenizer, config, generation))
@@ -311,7 +329,13 @@ def load_model(
     source = local_source(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     # trust_remote_code stays off: a model directory (a run's checkpoint included) cannot run code.
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=False).to(device)
+    if is_adapter_dir(source):  # a LoRA run's checkpoint: its base with the adapter merged in
+        from peft import PeftModel
+
+        base = AutoModelForCausalLM.from_pretrained(local_source(adapter_base(source)), dtype=torch_dtype)
+        model = PeftModel.from_pretrained(base, source).merge_and_unload().to(device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=False).to(device)
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     tokenizer = prepare_tokenizer(fix_special_tokens(tokenizer, model.config, model.generation_config))
     if model.config.pad_token_id is None:

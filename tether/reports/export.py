@@ -24,7 +24,7 @@ import yaml
 
 from ..records import checkpoint
 from ..records.checkpoint import step_of
-from ..model.loading import is_adapter_dir
+from ..model.loading import adapter_base as model_adapter_base, is_adapter_dir
 from ..records.runlog import ACCURACY, accuracy, best, read_config, read_metrics, values
 from ..objectives import display
 from ..config.sections import RewardConfig
@@ -150,21 +150,16 @@ def _write(dest: Path, run_dir: Path, ckpt: Path, cfg: dict) -> None:
 
 
 def adapter_base(adapter_dir: Path) -> str:
-    """The base model a LoRA checkpoint's adapter was trained on (its adapter_config.json), checked to
+    """The base model a LoRA checkpoint's adapter was trained on (`model.loading.adapter_base`), checked to
     be loadable: peft installed, and a local base still there."""
     try:
         import peft  # noqa: F401
     except ImportError:
         raise ExportError(f"{adapter_dir} holds a LoRA adapter; merging it needs peft: pip install peft") from None
-    base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    if not base:
-        raise ExportError(f"{adapter_dir}/adapter_config.json does not name its base model (base_model_name_or_path)")
-    if (base.startswith(("/", ".", "~")) or base.count("/") != 1) and not Path(base).expanduser().exists():
-        raise ExportError(
-            f"the LoRA adapter in {adapter_dir} was trained on {base}, which is no longer there; "
-            f"restore it (a warm-start model is cached under ~/.cache/tether) and export again"
-        )
-    return base
+    try:
+        return model_adapter_base(adapter_dir)
+    except (ValueError, FileNotFoundError) as err:
+        raise ExportError(f"{err}; then export again") from None
 
 
 def _merge_adapter(adapter_dir: Path, dest: Path) -> None:
