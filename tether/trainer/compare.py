@@ -126,11 +126,12 @@ class _Plan:
 
 
 def _plans(config: Optional[str], arms, seeds: int, overrides: list[str], out_dir: Path) -> list[_Plan]:
-    """Every arm x seed's plan, each config loaded and checked against a run already there (the same settings)
-    before any work."""
+    """Every seed x arm's plan, seed by seed (an interrupted comparison's finished runs are whole seeds, which
+    its report can already pair), each config loaded and checked against a run already there (the same
+    settings) before any work."""
     plans = []
-    for label, objective, extra in arms:
-        for seed in range(seeds):
+    for seed in range(seeds):  # seed by seed: the runs finished so far always hold whole seeds of every arm
+        for label, objective, extra in arms:
             run = run_dir(out_dir, label, seed)
             shared_step0 = f"trainer.step0_cache={out_dir / STEP0_DIR}"  # the user's own setting, given later, wins
             run_overrides = [shared_step0, *overrides, f"objective={objective}", f"trainer.seed={seed}"]
