@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import Any
 
 LIST_DELTAS = (0.01, 0.02, 0.0231, 0.0331, 0.05)
@@ -438,6 +439,24 @@ def add_export_parser(sub) -> None:
     p.set_defaults(func=cmd_export)
 
 
+LIBRARY_NOTICES = (
+    r".*`past_key_values`.*deprecated",
+    r".*`is_gradient_checkpointing`.*deprecated",
+    r".*torch\.distributed\.reduce_op.*deprecated",
+)
+"""Deprecation notices of the libraries tether calls that a user of tether cannot act on (they concern how
+tether or vLLM calls transformers and torch), kept off a run's output; `python -W` settings still win."""
+
+
+def quiet_library_notices() -> None:
+    """Ignore LIBRARY_NOTICES (FutureWarning and DeprecationWarning) unless the user set -W or PYTHONWARNINGS."""
+    if sys.warnoptions:
+        return
+    for message in LIBRARY_NOTICES:
+        for category in (FutureWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", message=message, category=category)
+
+
 def main(argv: list[str] | None = None) -> int:
     if not sys.stdout.isatty() and hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # `tether train > log`: each line lands as it is printed
@@ -452,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     # tether draws its own progress bars: transformers' and the hub's are off (read when they are
     # imported, so no import of transformers here; a user's explicit setting wins).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    quiet_library_notices()
     from .schema import ConfigError, RunsFailed
     from .trainer.stopping import Interrupted
     from .tasks import DataError

@@ -265,11 +265,7 @@ def test_a_progress_line_says_which_step_its_accuracy_is_from():
     p.update(2, {"reward/mean": 0.5})
     p.update(3, {"reward/mean": 0.5, "eval/accuracy": 0.5})
     p.update(4, {"reward/mean": 0.5})
-    assert [re.search(r"held-out acc (.*?)  ", line).group(1) for line in lines] == [
-        "0.250 (at step 0)",
-        "0.500 (at step 3)",
-        "0.500 (at step 3)",
-    ]
+    assert [re.search(r"  acc (.*?)  ETA", line).group(1) for line in lines] == ["0.250 @0", "0.500 @3", "0.500 @3"]
     assert not any("(new)" in line for line in lines)
 
 

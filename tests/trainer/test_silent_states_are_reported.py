@@ -142,12 +142,63 @@ def test_plain_progress_speaks_during_a_slow_step_and_at_the_next_step_after_a_q
         progress.update(1, {"reward/mean": 0.5})  # off the step cadence (every 1000), not yet quiet: no line
         assert lines == []
         _wait_for(lambda: lines)  # step 2 takes "long": the heartbeat names it while it runs
-        assert lines and lines[0].startswith("step 2/100 under way")
-        progress._heartbeat._last -= 1.0  # a quiet spell without a thread tick: the next step's line is due
+        assert lines and lines[0].startswith("step 2/100 under way for 0m00s")
+        progress._quiet_since -= 1.0  # a quiet spell of the log: the next step's line is due
         progress.update(2, {"reward/mean": 0.5})
         assert lines[-1].startswith("step 2/100  reward 0.500")
     finally:
         progress.close()
+
+
+def test_a_heartbeat_never_speaks_while_steps_finish_without_lines():
+    """Steps that finish within the heartbeat's period keep it quiet even when none of them prints a line
+    (it said "no step finished in the last 1m00s" after three had finished, unprinted)."""
+    lines = []
+    progress = PlainProgress(total=1000, start=0, every=1000, log=lines.append, heartbeat_s=0.4)
+    try:
+        for step in range(1, 9):  # a step every 0.1 s, none on the cadence
+            time.sleep(0.1)
+            progress.update(step, {"reward/mean": 0.5})
+        assert not any("under way" in line for line in lines), lines
+    finally:
+        progress.close()
+
+
+def test_a_step_line_says_what_a_practitioner_reads_and_a_sample_comes_with_it():
+    from tether.records.sinks import step_line
+
+    m = {
+        "reward/mean": 0.531,
+        "adv/zero_var_frac": 0.25,
+        "policy/clipfrac_low": 0.008,
+        "policy/clipfrac_high": 0.002,
+        "rollout/len_mean": 31.4,
+        "rollout/truncation_rate": 0.125,
+        "policy/entropy": 0.52,
+        "kl/ref": 0.0011,
+        "time/sample_s": 9.1,
+        "time/old_logprobs_s": 2.0,
+        "time/ref_logprobs_s": 1.0,
+        "time/update_s": 10.2,
+    }
+    assert step_line(5, 20, m, 22.4) == (
+        "step 5/20  reward 0.531  flat 0.25  clip 0.8%/0.2%  len 31 (trunc 12.5%)  ent 0.520  kl 0.0011  "
+        "22.4 s/step (sample 9.1, logp 3.0, update 10.2)"
+    )
+    lines = []
+    progress = PlainProgress(total=20, start=0, every=1, log=lines.append)
+    try:
+        progress.update(1, {**m, "time/step_s": 22.4}, ("What is 2 + 3?\nAnswer:", "5", 1.0))
+        progress.update(2, {**m, "time/step_s": 22.4}, ("What is 2 + 4?", "7", 0.0))  # no sample: not due
+        progress.update(3, {**m, "time/step_s": 22.4, "eval/accuracy": 0.5}, ("What is 1 + 1?", "2", 1.0))
+    finally:
+        progress.close()
+    assert (
+        lines[0].startswith("step 1/20  reward 0.531")
+        and lines[1] == "  sample (reward 1.00): ...What is 2 + 3? Answer: -> 5"
+    )
+    assert lines[2].startswith("step 2/20") and lines[3].startswith("step 3/20") and "acc 0.500 @3" in lines[3]
+    assert lines[4] == "  sample (reward 1.00): ...What is 1 + 1? -> 2"
 
 
 # ---------------------------------------------------------------- tether eval to a file (item 15)

@@ -269,8 +269,16 @@ class TrainerConfig:
     progress: bool = True
     """Show progress: a live bar on a terminal; plain log lines (every `log_every` steps and at each
     held-out evaluation) when the output is not a terminal (a file, nohup, Slurm, tee)."""
-    log_every: int = 25
-    """Rollout steps between plain progress lines when the output is not a terminal."""
+    log_every: int = 0
+    """Rollout steps between plain progress lines when the output is not a terminal; 0: every step for runs of
+    up to 100 steps, else a fortieth of the run (25 for 1000 steps). `log_every_steps` resolves it."""
+
+    @property
+    def log_every_steps(self) -> int:
+        """`log_every`, with 0 resolved (its docstring)."""
+        if self.log_every > 0:
+            return self.log_every
+        return 1 if self.total_steps <= 100 else max(1, self.total_steps // 40)
 
     @property
     def updates_per_batch(self) -> int:

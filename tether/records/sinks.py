@@ -156,8 +156,12 @@ class Heartbeat:
         with self._lock:
             self._last = time.perf_counter()
 
+    @property
+    def every(self) -> float:
+        return self._every
+
     def due(self) -> bool:
-        """True when `every_s` seconds have passed since the last line."""
+        """True when `every_s` seconds have passed since the last beat."""
         with self._lock:
             return time.perf_counter() - self._last >= self._every
 
@@ -175,48 +179,94 @@ class Heartbeat:
         self._thread.join()
 
 
+def step_line(step: int, total: int, m: dict[str, float], seconds: float) -> str:
+    """One step as a practitioner reads it at a glance (docs/training.md, "What a run prints"): the reward, the
+    share of groups with no reward variance (`flat`: nothing trains there), the share of tokens the trust region
+    clipped low / high, the mean completion length and the truncated share, entropy, the reference KL where
+    there is one, and the seconds of the step and where they went."""
+
+    def pct(key: str) -> str:
+        return f"{100 * m[key]:.1f}%" if m.get(key) is not None else "-"
+
+    parts = [f"step {step}/{total}", f"reward {m.get('reward/mean', float('nan')):.3f}"]
+    if m.get("adv/zero_var_frac") is not None:
+        parts.append(f"flat {m['adv/zero_var_frac']:.2f}")
+    if m.get("policy/clipfrac_low") is not None:
+        parts.append(f"clip {pct('policy/clipfrac_low')}/{pct('policy/clipfrac_high')}")
+    if m.get("rollout/len_mean") is not None:
+        parts.append(f"len {m['rollout/len_mean']:.0f} (trunc {pct('rollout/truncation_rate')})")
+    if m.get("policy/entropy") is not None:
+        parts.append(f"ent {m['policy/entropy']:.3f}")
+    if m.get("kl/ref") is not None:
+        parts.append(f"kl {m['kl/ref']:.4f}")
+    if seconds == seconds:  # the step's own seconds and its phases
+        phases = [
+            ("sample", m.get("time/sample_s")),
+            ("logp", (m.get("time/old_logprobs_s") or 0.0) + (m.get("time/ref_logprobs_s") or 0.0)),
+            ("update", m.get("time/update_s")),
+        ]
+        shown = ", ".join(f"{name} {v:.1f}" for name, v in phases if v)
+        parts.append(f"{seconds:.1f} s/step" + (f" ({shown})" if shown and seconds >= 1.0 else ""))
+    return "  ".join(parts)
+
+
+def sample_line(sample: tuple[str, str, float], width: int = 120) -> str:
+    """A sampled completion with its reward, on one line: the prompt's last characters, then the completion."""
+    prompt, completion, reward = sample
+    prompt = " ".join(prompt.split())
+    completion = " ".join(completion.split())
+    tail = prompt[-48:] if len(prompt) > 48 else prompt
+    text = f"  sample (reward {reward:.2f}): ...{tail} -> {completion}"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 class PlainProgress:
-    """Progress as plain log lines, for output that is not a terminal (a file, nohup, Slurm, tee):
-    one line every `every` steps, at every held-out evaluation, and at the first step after
-    `heartbeat_s` seconds without one, each complete on its own and flushed; while a single step
-    takes longer than `heartbeat_s`, a "still on step N" line every `heartbeat_s` seconds."""
+    """Progress as plain log lines, for output that is not a terminal (a file, nohup, Slurm, tee): a step line
+    (`step_line`) every `every` steps, at every held-out evaluation and at the first step after `heartbeat_s`
+    seconds without a line, each complete on its own and flushed, with a sampled completion (`sample_line`) at
+    every evaluation and every fifth line; while one step takes longer than `heartbeat_s`, a "step N under
+    way" line every `heartbeat_s` seconds, and only then: a finished step resets the heartbeat's clock."""
+
+    SAMPLE_EVERY = 5
+    """Step lines between sampled completions (besides the one at every evaluation)."""
 
     def __init__(self, total: int, start: int = 0, every: int = 25, log=print, heartbeat_s: float = HEARTBEAT_S):
         self._total, self._start, self._every = total, start, max(1, every)
-        self._tic = time.perf_counter()
+        self._tic = self._last_step = time.perf_counter()
         self._acc, self._acc_step = float("nan"), None
-        self._step = start
-        log = flushed(log)
-        self._heartbeat = Heartbeat(log, self._still, heartbeat_s)
-
-        def log_and_beat(line: str) -> None:
-            self._heartbeat.beat()
-            log(line)
-
-        self._log = log_and_beat
+        self._step, self._lines = start, 0
+        self._log = flushed(log)
+        self._heartbeat = Heartbeat(self._log, self._still, heartbeat_s)
+        self._quiet_since = time.perf_counter()  # the last line printed
 
     def _still(self, quiet: float) -> str:
         return (
-            f"step {self._step + 1}/{self._total} under way: no step finished in the last {_duration(quiet)}, "
+            f"step {self._step + 1}/{self._total} under way for {_duration(time.perf_counter() - self._last_step)}, "
             f"elapsed {_duration(time.perf_counter() - self._tic)}"
         )
 
-    def update(self, step: int, m: dict[str, float]) -> None:
+    def update(self, step: int, m: dict[str, float], sample: Optional[tuple[str, str, float]] = None) -> None:
         evaluated = "eval/accuracy" in m
         if evaluated:  # the latest held-out accuracy and the step it was measured at
             self._acc, self._acc_step = m["eval/accuracy"], step
+        now = time.perf_counter()
+        seconds, self._last_step = m.get("time/step_s", float("nan")), now
+        self._heartbeat.beat()  # a step finished: the heartbeat speaks only during a step that outlasts it
         self._step = max(self._step, step)
-        due = self._heartbeat.due()
-        if step <= self._start or not (evaluated or due or step % self._every == 0 or step == self._total):
+        quiet = now - self._quiet_since >= self._heartbeat.every
+        if step <= self._start or not (evaluated or quiet or step % self._every == 0 or step == self._total):
             return
-        elapsed = time.perf_counter() - self._tic
-        rate = (step - self._start) / max(elapsed, 1e-9)
-        eta = (self._total - step) / rate if rate > 0 else float("nan")
-        acc = f"  held-out acc {self._acc:.3f} (at step {self._acc_step})" if self._acc == self._acc else ""
-        self._log(
-            f"step {step}/{self._total}  reward {m.get('reward/mean', float('nan')):.3f}{acc}  "
-            f"{rate:.2f} steps/s  elapsed {_duration(elapsed)}  ETA {_duration(eta) if eta == eta else '?'}"
-        )
+        elapsed = now - self._tic
+        done = step - self._start
+        eta = (self._total - step) * elapsed / done if done > 0 else float("nan")
+        acc = f"  acc {self._acc:.3f} @{self._acc_step}" if self._acc == self._acc else ""
+        lines = [f"{step_line(step, self._total, m, seconds)}{acc}  ETA {_duration(eta) if eta == eta else '?'}"]
+        if sample is not None and (evaluated or self._lines % self.SAMPLE_EVERY == 0):
+            lines.append(sample_line(sample))
+        self._lines += 1
+        self._quiet_since = now
+        for line in lines:
+            self._log(line)
 
     def close(self) -> None:
         self._heartbeat.close()
@@ -251,9 +301,11 @@ class Progress:
         self._bar.start()
         self._acc = float("nan")
 
-    def update(self, step: int, m: dict[str, float]) -> None:
+    def update(self, step: int, m: dict[str, float], sample: Optional[tuple[str, str, float]] = None) -> None:
         if self._bar is None:
             return
+        if sample is not None and "eval/accuracy" in m:  # a sampled completion above the bar at each evaluation
+            self._bar.console.print(sample_line(sample, width=self._bar.console.width))
         self._acc = m.get("eval/accuracy", self._acc)
         status = (
             f"reward {m.get('reward/mean', float('nan')):.3f}  acc {self._acc:.3f}  "

@@ -30,6 +30,7 @@ from ..config.sections import Config, RolloutConfig
 from ..model.causal_lm import shared_prompt_reason
 from ..records.checkpoint import rng_state, set_rng_state
 from ..records.plots import plot_run
+from ..records.runlog import accuracy, read_metrics
 from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
 from ..records.summary import write_samples, write_summary
 from ..rewards import FaultWarnings, RewardBroken, Scored, greedy_accuracy, reward_label
@@ -50,7 +51,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     run, t = start_run(cfg, resume_dir, log), cfg.trainer
     at, parts, counters = run.progress, run.parts, run.progress.counters
     sinks, samples_file = _open_logs(run, resume_dir)
-    progress = make_progress(t.total_steps, at.start, t.progress, t.log_every, log)
+    progress = make_progress(t.total_steps, at.start, t.progress, t.log_every_steps, log)
     tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
     reward_warnings = FaultWarnings(reward_label(parts.rollouts.reward_fn))
     try:
@@ -64,18 +65,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                     scored, metrics = rl_step(parts, counters, step)  # counts the step in `counters`
                 if dropped:
                     break
-                if step == at.start + 1:
-                    _log_shared_prompts(run, log)
-                for line in reward_warnings.lines(step, scored.rollout.completions, scored.results):
-                    log(line)
-                skipped = _skipped_updates(metrics, step, scored)
-                bad_steps = bad_steps + 1 if skipped else 0
-                if skipped:
-                    log(skipped)
-                counters.flat_streak, warning = flat_streak(metrics, cfg.rollout, t.log_every, counters.flat_streak)
-                metrics["rollout/flat_streak"] = float(counters.flat_streak)
-                if warning:
-                    log(warning)
+                bad_steps = _checks(run, step, scored, metrics, bad_steps, reward_warnings, log)
                 if bad_steps >= t.max_nonfinite_steps:
                     _stop_nonfinite(run, bad_steps, metrics, sinks)
                 if step % t.eval_every == 0 or step == t.total_steps:
@@ -83,7 +73,9 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 for s in sinks:
                     s.log(step, metrics)
                 write_samples(samples_file, step, scored.rollout, scored.examples, scored.rewards, t.log_samples)
-                progress.update(step, metrics)
+                progress.update(
+                    step, metrics, (scored.examples[0].prompt, scored.rollout.completions[0], float(scored.rewards[0]))
+                )
                 faults.point("logged")
                 acc = metrics.get("eval/accuracy")
                 if step % t.save_every == 0 or step == t.total_steps or (acc is not None and acc > at.best_accuracy):
@@ -100,6 +92,29 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     if stop.signum is not None:
         raise Interrupted(stop.signum, counters.step, str(run.records.run_dir))
     return run.records.run_dir
+
+
+def _checks(
+    run: Run, step: int, scored: Scored, metrics: dict[str, float], bad_steps: int, reward_warnings, log
+) -> int:
+    """What a finished step may need to say: after the first, the shared-prompt fallback and the early warnings;
+    the reward's faults; skipped non-finite updates; a streak of flat steps (`rollout/flat_streak`, added to
+    `metrics`). Returns the count of steps in a row with skipped updates."""
+    cfg, counters = run.cfg, run.progress.counters
+    if step == run.progress.start + 1:
+        _log_shared_prompts(run, log)
+        for line in first_step_warnings(metrics, cfg.rollout):
+            log(line)
+    for line in reward_warnings.lines(step, scored.rollout.completions, scored.results):
+        log(line)
+    skipped = _skipped_updates(metrics, step, scored)
+    if skipped:
+        log(skipped)
+    counters.flat_streak, warning = flat_streak(metrics, cfg.rollout, cfg.trainer.log_every_steps, counters.flat_streak)
+    metrics["rollout/flat_streak"] = float(counters.flat_streak)
+    if warning:
+        log(warning)
+    return bad_steps + 1 if skipped else 0
 
 
 @contextlib.contextmanager
@@ -224,6 +239,37 @@ def flat_streak(metrics: dict[str, float], r: RolloutConfig, log_every: int, str
     )
 
 
+TRUNCATED_WARN = 0.5
+"""The share of a first step's samples cut off by rollout.max_new_tokens above which the trainer warns."""
+
+
+def first_step_warnings(metrics: dict[str, float], r: RolloutConfig) -> list[str]:
+    """`warning:` lines after a run's first step when it cannot learn as set up, naming the likely cause: no
+    group had reward variance (every advantage 0: nothing trains), or most samples ran out of their token
+    budget before they stopped (their answers are cut off, so they score 0)."""
+    lines = []
+    truncated = metrics.get("rollout/truncation_rate", 0.0)
+    if truncated >= TRUNCATED_WARN:
+        lines.append(
+            f"warning: {100 * truncated:.0f}% of the first step's samples ran out of rollout.max_new_tokens="
+            f"{r.max_new_tokens} before they stopped, so their answers are cut off and score 0: raise "
+            "rollout.max_new_tokens, or ask for a shorter answer (data.task_args.template)"
+        )
+    flat = (
+        metrics.get("rollout/dynamic_kept_frac") == 0.0
+        if r.dynamic_sampling
+        else metrics.get("adv/zero_var_frac") == 1.0
+    )
+    if flat:
+        lines.append(
+            f"warning: in the first step no group's samples differed in reward (reward/mean "
+            f"{metrics.get('reward/mean', float('nan')):.3f}), so every advantage is 0 and nothing trains. The task "
+            "is too hard (or too easy) for this model as prompted: check the prompt template and the reward on a "
+            "few samples (samples.jsonl), or raise rollout.group_size or rollout.temperature"
+        )
+    return lines
+
+
 def _skipped_updates(metrics: dict[str, float], step: int, scored: Scored) -> str:
     """A log line when this step skipped updates with a non-finite loss or gradient, else ""."""
     if metrics["optim/skipped_updates"] == 0:
@@ -256,4 +302,14 @@ def _finish(run: Run, wall_s: float, signum: Optional[int], log) -> None:
     log(write_summary(run.cfg, run_dir, at.start, at.counters.step, wall_s, run.parts.policy.device, signum))
     if run.cfg.trainer.plots:
         plot_run(run_dir)
+    evals = accuracy(read_metrics(run_dir, missing_ok=True))
+    if evals:
+        (first_step, first), (last_step, last) = evals[0], evals[-1]
+        best_step, best = max(evals, key=lambda e: (e[1], -e[0]))
+        plots = f"; plots in {run_dir / 'plots'}" if run.cfg.trainer.plots else ""
+        log(
+            f"held-out accuracy {first:.3f} (step {first_step}) -> {last:.3f} (step {last_step}), best {best:.3f} at "
+            f"step {best_step}; checkpoints in {run_dir / 'checkpoints'} (`tether export {run_dir} --step best OUT`)"
+            f"{plots}"
+        )
     log(f"run directory: {run_dir}")
