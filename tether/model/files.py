@@ -220,6 +220,19 @@ def convert_gguf(gguf: Path, out: Path, record: dict) -> Path:
     return out
 
 
+PINNED_PREFIX = "tether:"
+"""model.name_or_path of a pinned model: `tether:smollm2-135m` (fetched on first use by `pinned_dir`)."""
+
+
+def pinned_dir(name: str, log: Callable[[str], object] = print) -> Path:
+    """The model directory of the pinned model `name`, from the cache, or fetched now (the first use)."""
+    pin = PINNED.get(name)
+    out = cache_root() / "models" / name
+    if pin is not None and _recorded(out, pin.gguf_sha256):
+        return out
+    return fetch_model(name, log=log)
+
+
 def fetch_model(name: str, cache: Path | None = None, log: Callable[[str], object] = print) -> Path:
     """The pinned model `name` as a model directory in the cache, fetched and converted if needed."""
     if name not in PINNED:

