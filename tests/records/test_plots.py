@@ -155,3 +155,26 @@ def test_plot_run_without_a_config_or_with_an_objective_name_only(tmp_path):
     (run / "config.yaml").unlink()
     assert plots.objective_label(run) == ""
     assert len(plots.plot_run(run)) == 6
+
+
+def test_a_long_objective_is_wrapped_in_the_title_not_cut(tmp_path):
+    """The objective's parameters go on as many title lines as they need ("entrop..." was cut at 100 characters)."""
+    params = {f"knob_{i}": 0.125 for i in range(12)}
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump({"objective": {"name": "ppo_clip", **params, "entropy_coef": 0}})
+    )
+    label = plots.objective_label(tmp_path)
+    lines = label.splitlines()
+    assert lines[0] == "ppo_clip" and len(lines) >= 3 and all(len(line) <= 90 for line in lines)
+    assert "entropy_coef=0" in label and "..." not in label
+
+
+@pytest.mark.parametrize("last", [10, 12, 20, 1000])
+def test_a_runs_last_step_is_a_tick_of_its_x_axis(last):
+    plt = plots.pyplot()
+    fig, ax = plt.subplots()
+    plots._x_axis(ax, list(range(0, last + 1)), list(range(1, last + 1)))
+    ax.plot(range(last + 1), range(last + 1))
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    plt.close(fig)
+    assert ticks[0] == 0 and ticks[-1] == last, ticks

@@ -83,6 +83,19 @@ def test_resume_matches_an_uninterrupted_run(tiny_dir, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_resuming_a_finished_run_changes_nothing_and_says_how_to_extend_it(tiny_dir, tmp_path):
+    """It rewrote summary.md's wall time to 0 s and added a second TensorBoard file."""
+    cfg = _cfg(tiny_dir, tmp_path / "run", "trainer.total_steps=2", "trainer.tensorboard=true")
+    run = train(cfg, log=lambda *_: None)
+    before = {p.name: p.read_bytes() for p in [run / "summary.md", run / "metrics.jsonl"]}
+    events = sorted(p.name for p in (run / "tb").iterdir())
+    logs: list[str] = []
+    assert train(cfg, resume_dir=str(run), log=logs.append) == run
+    assert {p.name: p.read_bytes() for p in [run / "summary.md", run / "metrics.jsonl"]} == before
+    assert sorted(p.name for p in (run / "tb").iterdir()) == events
+    assert any("already finished its 2 steps" in line and "trainer.total_steps=N" in line for line in logs), logs
+
+
 def test_reference_refresh_and_dynamic_sampling(tiny_dir, tmp_path):
     run = train(
         _cfg(

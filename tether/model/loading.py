@@ -25,9 +25,11 @@ import json
 
 import os
 import re
+import socket
 import string
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
+from urllib.parse import urlparse
 
 import torch
 
@@ -250,9 +252,6 @@ HUB_HOST = "huggingface.co"
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
     """Whether the hub's host answers on its port at once: a machine without network fails here in seconds,
     not after the hub client's retries (about 30 s of retry lines). HF_ENDPOINT, when set, is the host."""
-    import socket
-    from urllib.parse import urlparse
-
     host = urlparse(os.environ.get("HF_ENDPOINT", "")).hostname or HUB_HOST
     try:
         socket.create_connection((host, 443), timeout=timeout_s).close()

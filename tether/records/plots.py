@@ -18,6 +18,7 @@ second evaluation) says so in its legend.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -151,10 +152,10 @@ def save_panel(
     return path
 
 
-def objective_label(run_dir: Path, width: int = 100) -> str:
+def objective_label(run_dir: Path, width: int = 90) -> str:
     """The run's objective for a plot title, from RUN_DIR/config.yaml (resolved, so every parameter
     is there): the name the user chose with the objective it builds (`atr_grpo (divergence_clip)`),
-    then its parameters on a second line, cut at `width` characters; '' without a config.yaml."""
+    then its parameters on the lines below, wrapped at `width` characters (never cut); '' without a config.yaml."""
     from ..objectives import display  # lazy: torch (objectives); plots read a run without it
 
     if not (Path(run_dir) / "config.yaml").is_file():
@@ -162,8 +163,8 @@ def objective_label(run_dir: Path, width: int = 100) -> str:
     obj = read_config(run_dir).get("objective")
     if not isinstance(obj, dict):
         return str(obj or "")
-    head, params = display(obj, width, skip=("max_len",))
-    return f"{head}\n{params}" if params else head
+    head, params = display(obj, skip=("max_len",))
+    return "\n".join([head, *textwrap.wrap(params, width, break_long_words=False, break_on_hyphens=False)])
 
 
 def _drawn(rows: list[dict], panel: Panel) -> list[tuple[str, list[int], list[float]]]:
@@ -229,7 +230,7 @@ def _x_axis(ax, steps: list[int], points: list[int]) -> Optional[str]:
     lo, hi = min(steps), max(steps)
     pad = 0.03 * (hi - lo) if hi > lo else 1.0
     ax.set_xlim(lo - pad, hi + pad)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))  # 0, 5, ..., 20: the last step a tick
     if len(points) != 1:
         return None
     return f"one value only, at step {points[0]}" + (f"; the run ended at step {hi}" if hi > points[0] else "")

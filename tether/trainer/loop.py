@@ -50,6 +50,13 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     hf_logging.disable_progress_bar()  # tether draws its own progress bar
     run, t = start_run(cfg, resume_dir, log), cfg.trainer
     at, parts, counters = run.progress, run.parts, run.progress.counters
+    if resume_dir is not None and at.start >= t.total_steps:  # nothing to do: leave its summary and logs as they are
+        parts.rollouts.sampler.close()
+        log(
+            f"{run.records.run_dir} already finished its {t.total_steps} steps; to train it further, resume with a "
+            f"larger trainer.total_steps (`tether train --resume {run.records.run_dir} trainer.total_steps=N`)"
+        )
+        return run.records.run_dir
     sinks, samples_file = _open_logs(run, resume_dir)
     progress = make_progress(t.total_steps, at.start, t.progress, t.log_every_steps, log)
     tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
