@@ -134,7 +134,9 @@ def test_jobs_run_children_side_by_side_and_a_failed_child_is_named_with_its_log
     # other runs are untouched, and nothing is reported as done for it.
     (tmp_path / "broken_reward.py").write_text("def score(completion, example):\n    raise ValueError('broken')\n")
     monkeypatch.chdir(tmp_path)  # `module:name` is found in the current directory, by the children too
-    with pytest.raises(RunsFailed, match=r"1 run\(s\) failed: \[1/1\] grpo seed 0 \(exit 2, log: .*grpo-seed0\.log\)"):
+    with pytest.raises(
+        RunsFailed, match=r"1 run\(s\) failed or stopped: \[1/1\] grpo seed 0 \(exit 2, log: .*grpo-seed0\.log\)"
+    ):
         compare(None, ["grpo"], 1, [*overrides, "reward.name=broken_reward:score"], str(tmp_path / "bad"), jobs=2)
     assert "broken" in (tmp_path / "bad" / "logs" / "grpo-seed0.log").read_text()
 
@@ -159,3 +161,34 @@ def test_the_null_control_reruns_the_baseline_with_an_independent_sampling_strea
     assert "grpo_null vs grpo (1 seed, paired)" in text and "False verdicts in the null control: 0 of 0 tests" in text
     with pytest.raises(Exception, match="--null-control 'dapo': name one of the compared objectives"):
         compare(None, ["grpo"], 1, overrides, str(tmp_path / "x"), null_control="dapo")
+
+
+def test_a_child_stopped_by_a_signal_stops_the_comparison(tmp_path, monkeypatch):
+    """A scheduler that stops a comparison's processes (SIGTERM to each) must not see it start the next runs: a
+    child that exits as stopped (143) empties the queue, the other running children are asked to stop (SIGTERM:
+    they finish their step and checkpoint it), and the comparison raises, saying a rerun resumes."""
+    import subprocess
+    import sys
+
+    from tether.schema import RunsFailed
+    from tether.trainer import compare as runner
+
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+        "if sys.argv[1] == 'stop':\n    sys.exit(143)\n"
+        "time.sleep(60)\n"
+    )
+    pending = [
+        (f"[{i}/4] run {i}", "training", [sys.executable, str(script), kind], tmp_path / f"{i}.log")
+        for i, kind in enumerate(["stop", "long", "long", "long"], 1)
+    ]
+    started = []
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or real_popen(cmd, **kw))
+    logs = []
+    with pytest.raises(RunsFailed, match="stopped by a signal"):
+        runner._run_children(pending, jobs=2, log=logs.append)
+    assert len(started) == 2  # the two first runs; none after the stop
+    assert any("starting no further run" in line for line in logs)

@@ -59,7 +59,9 @@ def test_output_to_a_file_has_the_run_directory_and_plain_progress_lines(tiny_di
     steps = [int(m) for m in re.findall(r"^step (\d+)/6  reward [0-9.]+", text, re.M)]
     assert steps == [2, 4, 5, 6]  # every 2 steps, and at the evaluations (5, 6)
     assert re.search(r"^step 5/6 .*flat [0-9.]+  clip .* s/step .*acc [0-9.]+ @5  ETA", text, re.M)
-    assert re.search(r"^  sample \(reward [0-9.]+\): \.\.\.", text, re.M)  # a sampled completion at the evaluation
+    assert re.search(
+        r"^  sample \(reward [0-9.]+, answer \S+\): ", text, re.M
+    )  # a sampled completion at the evaluation
 
 
 @pytest.mark.slow

@@ -188,17 +188,14 @@ def test_a_step_line_says_what_a_practitioner_reads_and_a_sample_comes_with_it()
     lines = []
     progress = PlainProgress(total=20, start=0, every=1, log=lines.append)
     try:
-        progress.update(1, {**m, "time/step_s": 22.4}, ("What is 2 + 3?\nAnswer:", "5", 1.0))
-        progress.update(2, {**m, "time/step_s": 22.4}, ("What is 2 + 4?", "7", 0.0))  # no sample: not due
-        progress.update(3, {**m, "time/step_s": 22.4, "eval/accuracy": 0.5}, ("What is 1 + 1?", "2", 1.0))
+        progress.update(1, {**m, "time/step_s": 22.4}, ("2 + 3 =\n 5", "5", 1.0))
+        progress.update(2, {**m, "time/step_s": 22.4}, ("7", "6", 0.0))  # no sample: not due
+        progress.update(3, {**m, "time/step_s": 22.4, "eval/accuracy": 0.5}, ("2", "2", 1.0))
     finally:
         progress.close()
-    assert (
-        lines[0].startswith("step 1/20  reward 0.531")
-        and lines[1] == "  sample (reward 1.00): ...What is 2 + 3? Answer: -> 5"
-    )
+    assert lines[0].startswith("step 1/20  reward 0.531") and lines[1] == "  sample (reward 1.00, answer 5): 2 + 3 = 5"
     assert lines[2].startswith("step 2/20") and lines[3].startswith("step 3/20") and "acc 0.500 @3" in lines[3]
-    assert lines[4] == "  sample (reward 1.00): ...What is 1 + 1? -> 2"
+    assert lines[4] == "  sample (reward 1.00, answer 2): 2"
 
 
 # ---------------------------------------------------------------- tether eval to a file (item 15)

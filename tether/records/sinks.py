@@ -211,12 +211,11 @@ def step_line(step: int, total: int, m: dict[str, float], seconds: float) -> str
 
 
 def sample_line(sample: tuple[str, str, float], width: int = 120) -> str:
-    """A sampled completion with its reward, on one line: the prompt's last characters, then the completion."""
-    prompt, completion, reward = sample
-    prompt = " ".join(prompt.split())
+    """A sampled completion with its reward and the example's answer, on one line (a rendered prompt is mostly
+    the chat template: the answer says what the completion was asked for)."""
+    completion, answer, reward = sample
     completion = " ".join(completion.split())
-    tail = prompt[-48:] if len(prompt) > 48 else prompt
-    text = f"  sample (reward {reward:.2f}): ...{tail} -> {completion}"
+    text = f"  sample (reward {reward:.2f}, answer {' '.join(answer.split())[:24]}): {completion}"
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

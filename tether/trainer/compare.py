@@ -151,11 +151,18 @@ def _arms(objectives: list[str], null_control: Optional[str]) -> list[tuple[str,
     return arms
 
 
+STOPPED = {130, 143, -signal.SIGINT, -signal.SIGTERM}
+"""Exit codes of a child `tether train` stopped by a signal (a scheduler's SIGTERM, a Ctrl-C sent to it)."""
+
+
 def _run_children(pending: list[tuple[str, str, list[str], Path]], jobs: int, log) -> None:
     """Run (tag, action, command, log file) children, `jobs` at a time; raise naming every one that failed.
 
-    Ctrl-C (or any error here) passes SIGINT to the children still running, which drop their
-    unfinished step as `tether train` does, and waits for them before re-raising."""
+    Ctrl-C or SIGTERM (or any error here) passes SIGTERM to the children still running, which stop as
+    `tether train` does (drop a step not yet updated, else finish and checkpoint it), and waits for them before
+    re-raising. A child stopped by a
+    signal (a scheduler stopping its processes) stops the comparison too: no further run is started, the
+    others finish their step, and a rerun resumes them all."""
     running: list[tuple[str, subprocess.Popen, Path]] = []
     failed: list[str] = []
     queue = list(pending)
@@ -171,14 +178,20 @@ def _run_children(pending: list[tuple[str, str, list[str], Path]], jobs: int, lo
             for item in [r for r in running if r[1].poll() is not None]:
                 running.remove(item)
                 tag, child, log_file = item
-                if child.returncode:
+                if child.returncode in STOPPED:
+                    log(f"{tag}: stopped by a signal; starting no further run (rerun the command to resume)")
+                    failed.append(f"{tag} (stopped by a signal, log: {log_file})")
+                    queue.clear()
+                    for _, other, _ in running:
+                        other.send_signal(signal.SIGTERM)  # they finish their step and checkpoint it
+                elif child.returncode:
                     failed.append(f"{tag} (exit {child.returncode}, log: {log_file})")
                     log(f"{tag}: failed, exit {child.returncode}; see {log_file}")
                 else:
                     log(f"{tag}: done")
     except BaseException:
-        for _, child, _ in running:
-            child.send_signal(signal.SIGINT)
+        for _, child, _ in running:  # SIGTERM, not SIGINT: a background job's children may ignore SIGINT
+            child.send_signal(signal.SIGTERM)
         for _, child, _ in running:
             try:
                 child.wait(timeout=120)
@@ -187,9 +200,9 @@ def _run_children(pending: list[tuple[str, str, list[str], Path]], jobs: int, lo
         raise
     if failed:
         raise RunsFailed(
-            f"{len(failed)} run(s) failed: "
+            f"{len(failed)} run(s) failed or stopped: "
             + "; ".join(failed)
-            + ". Fix the cause and rerun the same command: finished runs are skipped, the rest resume."
+            + ". Fix the cause (if any) and rerun the same command: finished runs are skipped, the rest resume."
         )
 
 

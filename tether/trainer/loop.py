@@ -81,7 +81,9 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                     s.log(step, metrics)
                 write_samples(samples_file, step, scored.rollout, scored.examples, scored.rewards, t.log_samples)
                 progress.update(
-                    step, metrics, (scored.examples[0].prompt, scored.rollout.completions[0], float(scored.rewards[0]))
+                    step,
+                    metrics,
+                    (scored.rollout.completions[0], str(scored.examples[0].answer), float(scored.rewards[0])),
                 )
                 faults.point("logged")
                 acc = metrics.get("eval/accuracy")
@@ -246,8 +248,9 @@ def flat_streak(metrics: dict[str, float], r: RolloutConfig, log_every: int, str
     )
 
 
-TRUNCATED_WARN = 0.5
-"""The share of a first step's samples cut off by rollout.max_new_tokens above which the trainer warns."""
+TRUNCATED_WARN = 0.75
+"""The share of a first step's samples cut off by rollout.max_new_tokens from which the trainer warns (most of
+them: a few cut off at first is usual, and RL shortens them)."""
 
 
 def first_step_warnings(metrics: dict[str, float], r: RolloutConfig) -> list[str]:
