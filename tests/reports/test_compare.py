@@ -97,6 +97,8 @@ def test_a_rerun_with_other_settings_is_refused_and_overrides_go_anywhere(tiny_d
     err = capsys.readouterr().err
     assert "holds runs made with other settings" in err and "trainer.total_steps: 3 there, 4 now" in err
     assert "--out DIR" in err
+    # what a run shows (its progress lines, plots) is not a setting of the comparison: the rerun resumes
+    assert main([*args, *_overrides(tiny_dir), "trainer.log_every=1", "trainer.plots=true"]) == 0
 
 
 def test_a_bad_claims_file_fails_before_any_run_or_report_is_written(tiny_dir, tmp_path, capsys):

@@ -151,6 +151,16 @@ def _arms(objectives: list[str], null_control: Optional[str]) -> list[tuple[str,
     return arms
 
 
+PRESENTATION_KEYS = (
+    "trainer.log_every",
+    "trainer.progress",
+    "trainer.plots",
+    "trainer.tensorboard",
+    "trainer.wandb",
+    "trainer.wandb_project",
+)
+"""Settings that change what a run shows, never what it computes: a run already there may differ in them."""
+
 STOPPED = {130, 143, -signal.SIGINT, -signal.SIGTERM}
 """Exit codes of a child `tether train` stopped by a signal (a scheduler's SIGTERM, a Ctrl-C sent to it)."""
 
@@ -213,7 +223,7 @@ def _check_same_settings(run: Path, cfg, out_dir: Path) -> None:
     saved = run / "config.yaml"
     if not saved.exists():
         return
-    diff = config_differences(cfg, load_config(str(saved)), ignore=("output_dir",))
+    diff = config_differences(cfg, load_config(str(saved)), ignore=("output_dir", *PRESENTATION_KEYS))
     if diff:
         shown = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, old, new in diff[:5])
         raise ConfigError(
