@@ -194,3 +194,22 @@ def test_a_child_stopped_by_a_signal_stops_the_comparison(tmp_path, monkeypatch)
         runner._run_children(pending, jobs=2, log=logs.append)
     assert len(started) == 2  # the two first runs; none after the stop
     assert any("starting no further run" in line for line in logs)
+
+
+@pytest.mark.slow
+def test_jobs_resume_an_interrupted_run_of_a_config_file(tiny_dir, tmp_path):
+    """With --jobs a resumed child was `tether train CONFIG ... --resume RUN`, which `--resume` refuses (it takes
+    overrides only): every interrupted run of a comparison built from a config file failed with exit 2."""
+    config = tmp_path / "cmp.yaml"
+    config.write_text("trainer:\n  total_steps: 3\n  save_every: 1\n")
+    overrides = [o for o in _overrides(tiny_dir) if not o.startswith(("trainer.total_steps", "trainer.save_every"))]
+    overrides = [o for o in overrides if not o.startswith("reward.name=")]
+    out = tmp_path / "cmp"
+    compare(str(config), ["grpo", "dapo"], 1, overrides, str(out), threshold=0.5, log=lambda *_: None, jobs=2)
+    run = out / "dapo" / "seed0"
+    shutil.rmtree(run / "checkpoints" / "step_000003")
+    (run / "summary.md").unlink()
+    logs = []
+    compare(str(config), ["grpo", "dapo"], 1, overrides, str(out), threshold=0.5, log=logs.append, jobs=2)
+    assert any("dapo seed 0: resuming" in line for line in logs) and any("dapo seed 0: done" in line for line in logs)
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3]

@@ -98,16 +98,13 @@ def compare(
             log(f"{tag}: {action}")
             train(plan.cfg, resume_dir=str(plan.run) if resume else None, log=log)
             continue
-        resumed = ["--resume", str(plan.run)] if resume else []
-        command = [
-            sys.executable,
-            "-m",
-            "tether.cli",
-            "train",
-            *([config] if config else []),
-            *plan.overrides,
-            *resumed,
-        ]
+        # A resumed run reads its own config.yaml (`tether train --resume` takes overrides only; the file's values
+        # are in it); a new one is built from the file and the overrides, as `load_config` built `plan.cfg`.
+        train_cli = [sys.executable, "-m", "tether.cli", "train"]
+        if resume:
+            command = [*train_cli, *plan.overrides, "--resume", str(plan.run)]
+        else:
+            command = [*train_cli, *([config] if config else []), *plan.overrides]
         pending.append((tag, action, command, out_dir / "logs" / f"{plan.label}-seed{plan.seed}.log"))
     if pending:
         _run_children(pending, jobs, log)
