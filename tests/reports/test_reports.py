@@ -406,9 +406,10 @@ def test_a_summary_alone_is_tested_again_and_its_report_rewritten(tmp_path):
     assert after.startswith(before.rstrip("\n")) and "## Claims" in after
     (r,) = json.loads(summary.read_text())["claims"]
     assert r["verdict"] == "supported" and r["test"] == "paired t" and r["seeds"] == [4, 4]
+    assert "![claims](plots/claims.png)" in after and (tmp_path / "cmp" / "plots" / "claims.png").stat().st_size > 1000
     # Again: the claims section is replaced, not appended.
     assert main(["report", str(summary), "--claims", str(claims)]) == 0
     assert (tmp_path / "cmp" / "report.md").read_text() == after
     assert main(["report", str(summary), "--claims", str(claims), "--out", str(tmp_path / "c.md")]) == 0
-    assert "| ATR beats GRPO |" in (tmp_path / "c.md").read_text()
+    assert "| ATR beats GRPO |" in (tmp_path / "c.md").read_text() and (tmp_path / "cmp" / "plots" / "c.png").exists()
     assert (tmp_path / "cmp" / "report.md").read_text() == after

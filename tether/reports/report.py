@@ -36,6 +36,7 @@ from .claims import (
     per_seed,
     skipped_claims,
 )
+from .forest import plot_claims
 from .sweep import axis_section, setting_axis
 
 CURVES = [  # (file, title, metric, smoothed); the y-axis label is the run plots' (ylabel_of), the window theirs
@@ -139,7 +140,9 @@ DERIVED = ("## Against", "## Claims", "## Null control")
 """The headings of the sections computed from summary.json's per-seed values alone, in the order written."""
 
 
-def derived_sections(summary: dict, out_dir: Path, claims: Optional[str], claim_list, axis: bool = True) -> list[str]:
+def derived_sections(
+    summary: dict, out_dir: Path, claims: Optional[str], claim_list, axis: bool = True, figure: str = "claims"
+) -> list[str]:
     """The sweep's axis section (unless `axis` is False), the claims and the null control, from `summary`'s
     per-seed values; the results are added to `summary` ("axis", "claims", "skipped_claims", "null_control")."""
     lines: list[str] = []
@@ -169,6 +172,9 @@ def derived_sections(summary: dict, out_dir: Path, claims: Optional[str], claim_
             "",
         ]
     controls = _null_controls(per_regime, claim_list)
+    drawn = plot_claims(summary.get("claims", []), controls, out_dir / "plots" / f"{figure}.png")
+    if drawn is not None:
+        lines += [f"![{figure}]({drawn.relative_to(out_dir)})", ""]
     if controls:
         summary["null_control"] = controls
         lines += [
@@ -198,7 +204,10 @@ def rewrite_from_summary(summary_path: str | Path, claims: Optional[str] = None,
     out_dir = summary_path.parent
     summary = _read_summary(summary_path)
     if out is not None:
-        sections = derived_sections({"regimes": summary["regimes"]}, out_dir, claims, claim_list, axis=False)
+        figure = Path(out).stem  # its own picture beside report.md's
+        sections = derived_sections(
+            {"regimes": summary["regimes"]}, out_dir, claims, claim_list, axis=False, figure=figure
+        )
         made = f"Made with `tether report {summary_path} --claims {claims} --out {out}` (docs/compare.md)."
         Path(out).write_text("\n".join([f"# Claims tested on {summary_path}", "", made, "", *sections]).rstrip() + "\n")
         return Path(out)
