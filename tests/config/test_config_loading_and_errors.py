@@ -169,3 +169,25 @@ def test_building_a_config_imports_no_plugin_reads_no_file_and_checks_no_package
     assert cfg.objective == "atr_grpo" and "no_such_module_for_tether" not in sys.modules
     with pytest.raises(ConfigError, match="data.task"):
         check_config(cfg)
+
+
+def test_a_config_files_data_is_found_from_any_directory(tmp_path, monkeypatch):
+    """A relative data file in a config file that is not there from the working directory is read from beside
+    the config file (configs/math_gsm8k.yaml's data, run from anywhere); one that is there from the working
+    directory, and the command line's, stay as typed."""
+    from tether.config.loading import load_config
+
+    (tmp_path / "cfg" / "data").mkdir(parents=True)
+    (tmp_path / "cfg" / "data" / "train.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
+    config = tmp_path / "cfg" / "job.yaml"
+    config.write_text("data:\n  task: math\n  task_args: {train: data/train.jsonl, test: data/train.jsonl}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(str(config))
+    assert cfg.data.task_args["train"] == str((tmp_path / "cfg" / "data" / "train.jsonl").resolve())
+    (elsewhere / "data").mkdir()
+    (elsewhere / "data" / "train.jsonl").write_text('{"problem": "2+2", "answer": "4"}\n')
+    assert load_config(str(config)).data.task_args["train"] == "data/train.jsonl"  # there from here: as typed
+    override = load_config(str(config), ["data.task_args.test=mine.jsonl"]).data.task_args["test"]
+    assert override == "mine.jsonl"

@@ -184,7 +184,7 @@ def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[st
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
         loaded.pop(VERSION_KEY, None)  # a run directory's config.yaml records its version
-        tree = loaded
+        tree = _data_files_beside(loaded, p.parent)
     for text in overrides:
         key, value = parse_override(text)
         top = key.split(".")[0]
@@ -192,6 +192,27 @@ def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[st
             raise unknown_key_error("", top, list(Config.__dataclass_fields__))
         _set_dotted(tree, key, value)
     return check_config(from_dict(Config, tree))
+
+
+DATA_FILE_KEYS = ("train", "test", "path")
+"""The data.task_args keys that name a data file."""
+
+
+def _data_files_beside(tree: dict, config_dir: Path) -> dict:
+    """A config file's data files found wherever the command runs: a relative `data.task_args.train` (or
+    `test`, `path`) that is not there from the working directory but is from the config file's own
+    directory is read from there (recorded as that absolute path). Overrides on the command line stay
+    relative to the working directory, as the user typed them."""
+    args = (tree.get("data") or {}).get("task_args")
+    if not isinstance(args, dict):
+        return tree
+    for key in DATA_FILE_KEYS:
+        value = args.get(key)
+        if isinstance(value, str) and not value.startswith(("/", "~", "tether:")) and not Path(value).exists():
+            beside = (config_dir / value).resolve()
+            if beside.exists():
+                args[key] = str(beside)
+    return tree
 
 
 def check_resume(cfg: Config, run_dir: Path) -> None:
