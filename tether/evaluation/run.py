@@ -135,7 +135,7 @@ def _sample_batch(
     batch_seed = stable_hash("\x00".join([str(settings.seed), *keys])) % 2**63
     rollout = engine.generate([ex.prompt for ex in batch], n=settings.n, params=params, seed=batch_seed)
     scored = score_rollout(verifiers.reward, rollout, batch)  # the trainer's scoring path
-    correct, lengths = verifiers.verdicts(scored), [int(x) for x in rollout.mask.sum(1).tolist()]
+    correct, lengths = verifiers.verdicts(scored), [int(x) for x in rollout.completion_lengths.tolist()]
     records = []
     for p, ex in enumerate(batch):
         rows = [i for i, q in enumerate(rollout.prompt_index) if q == p]

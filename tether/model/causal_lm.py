@@ -74,7 +74,9 @@ class Tokens:
     attention_mask: torch.Tensor  # (N, P + T)
     position_ids: torch.Tensor  # (N, P + T)
     completion_ids: torch.Tensor  # (N, T)
-    mask: torch.Tensor  # (N, T) float, 1 for counted completion tokens (stop token included)
+    mask: (
+        torch.Tensor
+    )  # (N, T) float, 1 for counted completion tokens: the policy's (stop token included), never an environment's
     prompt_len: int
 
     def select(self, idx: torch.Tensor) -> "Tokens":
@@ -89,10 +91,12 @@ class Tokens:
 
 
 def to_tokens(rollout, pad_id: int, device: torch.device) -> Tokens:
-    """A rollout's prompts (left-padded, `left_pad`) and completions as model inputs on `device`."""
+    """A rollout's prompts (left-padded, `left_pad`) and completions as model inputs on `device`: attention over
+    every real token, the loss mask (`Tokens.mask`) over the tokens the policy sampled (`trained_mask`)."""
     prompt, prompt_mask, _ = left_pad(rollout.prompt_ids, pad_id)
     completion = rollout.completion_ids.cpu()
-    mask = rollout.mask.cpu().long()
+    mask = rollout.mask.cpu().long()  # every real token: the model reads an environment's tokens too
+    trained = rollout.trained_mask.cpu().long()  # the loss counts only the policy's own
     input_ids = torch.cat([prompt, completion], 1)
     attention = torch.cat([prompt_mask, mask], 1)
     return Tokens(
@@ -100,7 +104,7 @@ def to_tokens(rollout, pad_id: int, device: torch.device) -> Tokens:
         attention.to(device),
         positions(attention).to(device),
         completion.to(device),
-        mask.to(device=device, dtype=torch.float32),
+        trained.to(device=device, dtype=torch.float32),
         prompt.shape[1],
     )
 

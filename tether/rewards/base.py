@@ -232,7 +232,7 @@ def rollout_examples(rollout: RolloutBatch, examples: Sequence[Example]) -> list
     """The example of each sample of `rollout` (a `tether.rollout.RolloutBatch`): its prompt's
     (`rollout.prompt_index`), with its completion length in tokens attached for length-aware rewards."""
     return with_completion_tokens(
-        [examples[i] for i in rollout.prompt_index], [int(n) for n in rollout.mask.sum(1).tolist()]
+        [examples[i] for i in rollout.prompt_index], [int(n) for n in rollout.completion_lengths.tolist()]
     )
 
 

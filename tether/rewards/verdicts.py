@@ -57,7 +57,7 @@ def greedy_accuracy(
         with torch.no_grad():
             rollout = engine.generate([e.prompt for e in chunk], n=1, params=params, seed=seed)
         results += score_rollout(verifier, rollout, chunk).results
-        lengths += rollout.mask.sum(1).tolist()
+        lengths += rollout.completion_lengths.tolist()
     return {"eval/accuracy": accuracy(results, verifier), "eval/len_mean": sum(lengths) / len(lengths)}
 
 

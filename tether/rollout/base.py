@@ -16,6 +16,11 @@ The stop token counts: when generation stopped on eos, a stop token id or a stop
 token that ended it is in `completion_ids` with `mask` True (the policy chose to stop, and
 that choice is trained). `completions` is the decoded text without the stop token, cut before
 a stop string, without padding: what rewards see.
+
+Multi-turn episodes (tether.envs): the completion holds every turn after the prompt, the model's and the
+environment's, in order; `mask` marks every real token (the model reads them all) and `loss_mask` only the
+tokens the policy sampled, which alone are trained. An environment's tokens carry sampler log-prob 0 and
+`loss_mask` False. Single-turn batches leave `loss_mask` None: every real token is the policy's.
 """
 
 from __future__ import annotations
@@ -69,8 +74,12 @@ class RolloutBatch:
             distribution; 0 at padding.
         mask: (N, T) bool, True for real completion tokens (the stop token included).
         finish_reasons: N of "stop" (eos, stop token or stop string) or "length".
-        completions: N decoded texts, without the stop token, stop string or padding.
+        completions: N decoded texts, without the stop token, stop string or padding (multi-turn: the
+            model's last turn, what the task's verifier scores).
         prompt_index: N indices into the prompt list; a prompt's samples are contiguous.
+        loss_mask: (N, T) bool, True for the tokens the policy sampled; None: `mask` (single turn).
+        episodes: N dicts of an episode's facts (turns, tool calls, environment tokens, rewards by turn), or
+            None for single-turn batches (tether.envs.episodes).
     """
 
     prompt_ids: list[list[int]]
@@ -80,10 +89,18 @@ class RolloutBatch:
     finish_reasons: list[FinishReason]
     completions: list[str]
     prompt_index: list[int] = field(default_factory=list)
+    loss_mask: torch.Tensor | None = None
+    episodes: list[dict] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
         shapes = {self.completion_ids.shape, self.sampler_logprobs.shape, self.mask.shape}
+        if self.loss_mask is not None:
+            shapes.add(self.loss_mask.shape)
+            if (self.loss_mask.bool() & ~self.mask.bool()).any():
+                raise ValueError("loss_mask marks a token that mask does not: a trained token must be a real one")
+        if self.episodes is not None and len(self.episodes) != n:
+            raise ValueError(f"episodes must have {n} entries, got {len(self.episodes)}")
         if len(shapes) != 1 or self.completion_ids.dim() != 2 or self.completion_ids.shape[0] != n:
             raise ValueError(f"inconsistent shapes for {n} samples: {sorted(map(tuple, shapes))}")
         lists = {len(self.finish_reasons), len(self.completions), len(self.prompt_index)}
@@ -94,9 +111,14 @@ class RolloutBatch:
         return len(self.prompt_ids)
 
     @property
+    def trained_mask(self) -> torch.Tensor:
+        """(N, T) bool: the tokens the policy sampled (`loss_mask`, else `mask`): what is trained and counted."""
+        return self.mask if self.loss_mask is None else self.loss_mask
+
+    @property
     def completion_lengths(self) -> torch.Tensor:
-        """(N,) number of real completion tokens per sample."""
-        return self.mask.sum(-1)
+        """(N,) number of tokens the policy sampled per sample (an environment's tokens left out)."""
+        return self.trained_mask.sum(-1)
 
     def select(self, idx: list[int]) -> "RolloutBatch":
         """The samples `idx`, in that order (prompt indices kept)."""
@@ -108,6 +130,8 @@ class RolloutBatch:
             finish_reasons=[self.finish_reasons[i] for i in idx],
             completions=[self.completions[i] for i in idx],
             prompt_index=[self.prompt_index[i] for i in idx],
+            loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
+            episodes=None if self.episodes is None else [self.episodes[i] for i in idx],
         )
 
     @staticmethod
@@ -130,6 +154,12 @@ class RolloutBatch:
             finish_reasons=[r for p in parts for r in p.finish_reasons],
             completions=[c for p in parts for c in p.completions],
             prompt_index=index,
+            loss_mask=None
+            if all(p.loss_mask is None for p in parts)
+            else torch.cat([pad(p.trained_mask, False) for p in parts]),
+            episodes=None
+            if all(p.episodes is None for p in parts)
+            else [e for p in parts for e in p.episodes or [{}] * len(p)],
         )
 
 

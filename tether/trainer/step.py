@@ -98,7 +98,7 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     policy.model.train()
     tokens, nonfinite = tokens_for_update(scored.rollout, parts)
     by_part = reward_parts(parts.rollouts.reward_fn, scored.results) if obj.needs_reward_parts() else None
-    lengths = scored.rollout.mask.sum(1).float()
+    lengths = scored.rollout.completion_lengths.float()  # the policy's tokens
     advantages = obj.advantages(scored.rewards, scored.group_ids, lengths, by_part).to(policy.device)
     clock = {"start": _clocked(policy.device)}
     old_lp = old_policy_logprobs(policy, tokens, scored.rollout, t)
@@ -128,7 +128,7 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
 
 
 def rollout_metrics(rollout: RolloutBatch, rewards: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
-    lengths = rollout.mask.sum(1).float()
+    lengths = rollout.completion_lengths.float()
     return {
         "reward/mean": rewards.mean().item(),
         "reward/pass_rate": (rewards >= 1.0).float().mean().item(),
