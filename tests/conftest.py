@@ -171,6 +171,34 @@ def tether_child(*args, kill_at=None, timeout=300):
     )
 
 
+# ---------------------------------------------------------------- a scripted engine for episodes
+
+
+class Scripted:
+    """A rollout engine whose turns are scripted replies ending on eos, the same for every row (an untrained
+    model seldom samples eos): call k returns replies[k % len(replies)]; log-prob -0.5 per token."""
+
+    def __init__(self, tok, replies=("4", " x y", "7+5=12")):
+        self.tok, self.replies, self.calls = tok, replies, 0
+
+    def generate_ids(self, rows, params, seed=None):
+        from tether.rollout import RolloutBatch
+
+        text = self.replies[self.calls % len(self.replies)]
+        self.calls += 1
+        reply = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+        ids = torch.tensor([reply] * len(rows))
+        return RolloutBatch(
+            prompt_ids=[list(r) for r in rows],
+            completion_ids=ids,
+            sampler_logprobs=torch.full(ids.shape, -0.5),
+            mask=torch.ones(ids.shape, dtype=torch.bool),
+            finish_reasons=["stop"] * len(rows),
+            completions=[text] * len(rows),
+            prompt_index=list(range(len(rows))),
+        )
+
+
 # ---------------------------------------------------------------- a float64 causal LM
 
 

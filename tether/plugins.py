@@ -1,4 +1,4 @@
-"""User code by import path: `module:name` wherever a reward or a task is named.
+"""User code by import path: `module:name` wherever a reward, a task, an environment or a tool is named.
 
     tether train reward.name=myrewards:score              # a function (completion, example) -> float
     tether train data.task=mytask:JsonlTask data.task_args.path=qa.jsonl warm_start.enabled=false
@@ -44,6 +44,14 @@ TASK_SHAPE = (
     "unique=True) -> list[Example], and optionally finite, solution(example) -> str (the warm start's), name"
 )
 
+ENV_SHAPE = (
+    "a class or factory called with env.args as keywords (and `judge`, the run's reward as a function "
+    "(reply, example) -> float, when it takes one), returning an environment: reset(example) -> str | None "
+    "and step(reply: str) -> tether.envs.Step"
+)
+TOOL_SHAPE = "a function with type hints and a docstring (its schema), returning the result as text"
+SHAPES = {"reward": REWARD_SHAPE, "environment": ENV_SHAPE, "tool": TOOL_SHAPE}
+
 _PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 
@@ -57,7 +65,7 @@ def entry(registry: Any, name: str, key: str) -> Any:
     KeyError), or imported from `module:attribute` (a failure raises ConfigError naming `key`)."""
     if not is_import_path(name):
         return registry.get(name)
-    return _import(name, key, REWARD_SHAPE if registry.kind == "reward" else TASK_SHAPE)
+    return _import(name, key, SHAPES.get(registry.kind, TASK_SHAPE))
 
 
 def _import(spec: str, key: str, shape: str) -> Any:

@@ -83,7 +83,7 @@ def _sampler(monkeypatch, s, total_steps, fail_seed=None):
 
 
 def _collect(overlap, stream, step):
-    return overlap.generate([e.prompt for e in stream.take(2)], 2, PARAMS, rollout_seed(0, step))
+    return overlap.generate(stream.take(2), 2, PARAMS, rollout_seed(0, step))
 
 
 @pytest.mark.parametrize("s", [1, 2, 3])
@@ -114,7 +114,9 @@ def test_a_prefetch_that_does_not_match_the_trainers_call_is_an_error(monkeypatc
     with overlap.sampling(1):
         _collect(overlap, stream, 1)
     with pytest.raises(RuntimeError, match="prefetched batch"), overlap.sampling(2):
-        overlap.generate(["another prompt", "p3"], 2, PARAMS, rollout_seed(0, 2))
+        overlap.generate(
+            [SimpleNamespace(prompt="another prompt"), SimpleNamespace(prompt="p3")], 2, PARAMS, rollout_seed(0, 2)
+        )
     overlap.close()
 
 

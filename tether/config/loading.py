@@ -100,6 +100,10 @@ def check_names(cfg: Config) -> None:
     problem = engine_problem(cfg.rollout.engine)  # unknown, or its package (vLLM) not installed
     if problem:
         raise ConfigError(f"rollout.engine: {problem}")
+    if cfg.env.enabled:
+        from ..envs import environment_factory
+
+        environment_factory(cfg.env, judge=lambda reply, example: 0.0)  # names, imports, tools' schemas, args
 
 
 def _check_reward(reward: str, spec: Any, key: str) -> None:

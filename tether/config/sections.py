@@ -121,6 +121,47 @@ class RolloutConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn episodes (docs/environments.md): an environment answers each model turn until it says done.
+    Off (single-turn prompts) unless `name` or `tools` is set."""
+
+    name: str = ""
+    """The environment: retry (a wrong answer is told so and retried), tools (the model calls `env.tools`),
+    single_turn, or your own class or factory as an import path, MODULE:NAME, built once per episode with
+    `env.args` (and `judge`, the run's reward, when it takes one). "" with `tools` set: tools."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keywords for the environment's class or factory, e.g. {feedback: "Wrong.", penalty: 0.5} for retry."""
+    tools: list[str] = field(default_factory=list)
+    """Tool functions the model may call: calculator (exact arithmetic), or your own as MODULE:NAME (type hints
+    and a docstring are the schema)."""
+    max_turns: int = 3
+    """Most model turns per episode."""
+    max_turn_tokens: int = 0
+    """Most tokens per model turn (0: rollout.max_new_tokens)."""
+    max_episode_tokens: int = 0
+    """Most completion tokens per episode, the model's and the environment's together (0: 2 x max_turns x
+    max_turn_tokens); with the longest prompt it must fit the model's context (checked at load)."""
+    timeout_s: float = 10.0
+    """Seconds an environment call (building it, reset, step) may take before its episode ends (env/timeouts)."""
+    reward: Literal["task", "env"] = "task"
+    """task: the task's reward scores the model's last turn; env: the sum of the rewards the environment's
+    steps returned."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether episodes are multi-turn (an environment or tools is set)."""
+        return bool(self.name or self.tools)
+
+    def turn_tokens(self, rollout: "RolloutConfig") -> int:
+        """Tokens per model turn: max_turn_tokens, else rollout.max_new_tokens."""
+        return self.max_turn_tokens or rollout.max_new_tokens
+
+    def episode_tokens(self, rollout: "RolloutConfig") -> int:
+        """Completion tokens per episode: max_episode_tokens, else 2 x max_turns x the turn's tokens."""
+        return self.max_episode_tokens or 2 * self.max_turns * self.turn_tokens(rollout)
+
+
+@dataclass
 class RewardConfig:
     name: str = "auto"
     """Reward function name, auto (the task's own verifier), or your own function (completion, example)
@@ -309,6 +350,8 @@ class Config:
     """Sampling."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """The verifier."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Multi-turn episodes: the environment or tools that answer the model (off by default)."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """Supervised warm start."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -371,11 +414,28 @@ class Config:
                 "model.lora with trainer.ref_update_every/ref_update_kl: under LoRA the reference is the base model "
                 "with the adapters disabled, which a refresh cannot move; set both to 0 (or train without model.lora)"
             )
+        self._check_env()
         if t.old_logprobs == "sampler" and (r.top_p < 1 or r.temperature == 0):
             raise ConfigError(
                 "trainer.old_logprobs=sampler: the sampler's log-probs are those of the full softmax only "
                 f"with rollout.top_p=1 and rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); "
                 "use trainer.old_logprobs=recompute"
+            )
+
+    def _check_env(self) -> None:
+        e = self.env
+        if e.max_turns < 1 or e.max_turn_tokens < 0 or e.max_episode_tokens < 0 or e.timeout_s <= 0:
+            raise ConfigError(
+                f"env: got max_turns={e.max_turns}, max_turn_tokens={e.max_turn_tokens}, max_episode_tokens="
+                f"{e.max_episode_tokens}, timeout_s={e.timeout_s}; expected max_turns >= 1, token limits >= 0 "
+                "(0: the default) and timeout_s > 0"
+            )
+        if e.reward == "env" and not e.enabled:
+            raise ConfigError("env.reward=env takes the environment's rewards, but no env.name or env.tools is set")
+        if e.enabled and e.episode_tokens(self.rollout) < e.turn_tokens(self.rollout):
+            raise ConfigError(
+                f"env.max_episode_tokens={e.max_episode_tokens} is less than one model turn's "
+                f"{e.turn_tokens(self.rollout)} tokens; raise it (or 0: 2 x max_turns x the turn's tokens)"
             )
 
 

@@ -149,19 +149,19 @@ def write_summary(
 
 
 def write_samples(f, step: int, rollout, examples: Sequence, rewards: torch.Tensor, k: int) -> None:
-    """The first `k` samples of a step as JSON lines: prompt, completion, answer, reward, finish."""
+    """The first `k` samples of a step as JSON lines: prompt, completion, answer, reward, finish; a multi-turn
+    episode's also its turns, [role, text] in order ("model" for the policy's), and the rewards its steps gave."""
     for i in range(min(k, len(rollout.completions))):
-        f.write(
-            json.dumps(
-                {
-                    "step": step,
-                    "prompt": examples[i].prompt,
-                    "completion": rollout.completions[i],
-                    "answer": examples[i].answer,
-                    "reward": float(rewards[i]),
-                    "finish": rollout.finish_reasons[i],
-                }
-            )
-            + "\n"
-        )
+        line = {
+            "step": step,
+            "prompt": examples[i].prompt,
+            "completion": rollout.completions[i],
+            "answer": examples[i].answer,
+            "reward": float(rewards[i]),
+            "finish": rollout.finish_reasons[i],
+        }
+        if rollout.episodes is not None:
+            facts = rollout.episodes[i]
+            line.update(turns=[list(t) for t in facts["transcript"]], env_rewards=facts["rewards"])
+        f.write(json.dumps(line) + "\n")
     f.flush()

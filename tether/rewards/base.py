@@ -230,10 +230,14 @@ def with_completion_tokens(examples: Sequence[Example], num_tokens: Sequence[int
 
 def rollout_examples(rollout: RolloutBatch, examples: Sequence[Example]) -> list[Example]:
     """The example of each sample of `rollout` (a `tether.rollout.RolloutBatch`): its prompt's
-    (`rollout.prompt_index`), with its completion length in tokens attached for length-aware rewards."""
-    return with_completion_tokens(
+    (`rollout.prompt_index`), with its completion length in tokens attached for length-aware rewards, and a
+    multi-turn episode's facts as `meta["episode"]` (the `episode` reward's)."""
+    per_sample = with_completion_tokens(
         [examples[i] for i in rollout.prompt_index], [int(n) for n in rollout.completion_lengths.tolist()]
     )
+    if rollout.episodes is None:
+        return per_sample
+    return [replace(ex, meta={**ex.meta, "episode": facts}) for ex, facts in zip(per_sample, rollout.episodes)]
 
 
 def score_rollout(reward: RewardFn, rollout: RolloutBatch, examples: Sequence[Example]) -> Scored:

@@ -25,7 +25,7 @@ from .base import Reward, as_reward
 from .combined import Combined
 from .isolated import isolate
 from .math_verifier import Math, strict_for_task
-from .simple import Format, Overlong, countdown, exact_match
+from .simple import Format, Overlong, countdown, episode, exact_match
 from .user import user_reward
 
 
@@ -50,6 +50,7 @@ REWARDS.register("countdown")(countdown)
 REWARDS.register("format")(Format)
 REWARDS.register("overlong")(Overlong)
 REWARDS.register("math")(Math)
+REWARDS.register("episode")(episode)
 
 
 def reward_entry(name: str) -> Any:

@@ -1,4 +1,5 @@
-"""Rewards that need no worker process: exact match, countdown, format, DAPO overlong penalty.
+"""Rewards that need no worker process: exact match, countdown, format, DAPO overlong penalty, and an
+episode's environment rewards.
 
 Overlong penalty (DAPO, arXiv 2503.14476, eq. 13), with L = completion tokens, L_max the
 generation limit and C the soft "cache" band before it:
@@ -40,6 +41,15 @@ def countdown(completion: str, example: Example) -> RewardResult:
         return RewardResult(0.0, {"countdown": 0.0}, "example has no meta['numbers'] / meta['target']")
     ok, reason = check_countdown(completion.strip(), numbers, target)
     return RewardResult(float(ok), {"countdown": float(ok)}, reason)
+
+
+def episode(completion: str, example: Example) -> RewardResult:
+    """The environment's rewards over a multi-turn episode, summed (`env.reward=env`, tether.envs): the
+    `meta["episode"]` facts `rollout_examples` attaches."""
+    facts = example.meta.get("episode")
+    if facts is None:
+        raise ValueError("the episode reward needs a multi-turn episode (set env.name or env.tools)")
+    return RewardResult(float(facts["reward"]), {"episode": float(facts["reward"])})
 
 
 @dataclass(frozen=True)

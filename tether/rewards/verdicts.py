@@ -42,23 +42,30 @@ def greedy_accuracy(
     """Held-out accuracy as the trainer measures it: one greedy completion per example of `engine`
     (a `tether.rollout.RolloutEngine`), scored by the task's 0/1 `verifier` (`accuracy`, never a
     shaped training reward), and the mean completion length in tokens: {"eval/accuracy", "eval/len_mean"}.
-    `batch_size` examples per `generate` call (None: all at once; `trainer.eval_batch_size`)."""
+    `batch_size` examples per `generate` call (None: all at once; `trainer.eval_batch_size`). On an
+    `EpisodeRunner` (multi-turn) each example plays one greedy episode, the verifier scores its last model
+    turn, and the episodes' metrics come too (`eval/turns`, `eval/reward_turn_1`, ...: `episode_summary`)."""
     import torch
 
-    from ..rollout import SamplingParams  # lazy: torch; rewards import without it (a config error is reported first)
+    from ..envs import draw, episode_summary  # lazy: torch; rewards import without it (a config error first)
+    from ..rollout import SamplingParams
 
     if not examples:
         raise ValueError("no examples to evaluate")
     params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
     size = batch_size or len(examples)
-    results, lengths = [], []
+    results, lengths, episodes = [], [], []
     for start in range(0, len(examples), size):
         chunk = list(examples[start : start + size])
         with torch.no_grad():
-            rollout = engine.generate([e.prompt for e in chunk], n=1, params=params, seed=seed)
+            rollout = draw(engine, chunk, 1, params, seed)
         results += score_rollout(verifier, rollout, chunk).results
         lengths += rollout.completion_lengths.tolist()
-    return {"eval/accuracy": accuracy(results, verifier), "eval/len_mean": sum(lengths) / len(lengths)}
+        episodes += rollout.episodes or []
+    metrics = {"eval/accuracy": accuracy(results, verifier), "eval/len_mean": sum(lengths) / len(lengths)}
+    if episodes:
+        metrics.update({f"eval/{k.split('/', 1)[1]}": v for k, v in episode_summary(episodes).items()})
+    return metrics
 
 
 __all__ = ["accuracy", "check_verdicts", "greedy_accuracy"]

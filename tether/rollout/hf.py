@@ -231,11 +231,22 @@ class HFEngine:
         """Sample `n` completions per prompt; the same seed gives the same tokens."""
         if n < 1 or not prompts:
             raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
-        device = self.model.device
-        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
         encoded = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
         prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
-        rows = [encoded[i] for i in prompt_index]
+        return self._sample([encoded[i] for i in prompt_index], prompt_index, params, seed)
+
+    def generate_ids(self, rows: list[list[int]], params: SamplingParams, seed: int | None = None) -> RolloutBatch:
+        """One completion per row of token ids, sampled from exactly those ids (token in, token out: the
+        multi-turn episodes of tether.envs); `prompt_index` is the row's index."""
+        if not rows or not all(rows):
+            raise ValueError("need at least one row, and no empty row, of token ids")
+        return self._sample([list(r) for r in rows], list(range(len(rows))), params, seed)
+
+    def _sample(
+        self, rows: list[list[int]], prompt_index: list[int], params: SamplingParams, seed: int | None
+    ) -> RolloutBatch:
+        device = self.model.device
+        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
         size = self.batch_size or len(rows)
         with eval_mode(self.model), torch.inference_mode(), compile_limits():
             chunks = [self._generate_chunk(rows[s : s + size], params, generator) for s in range(0, len(rows), size)]

@@ -187,7 +187,20 @@ class VLLMEngine:
         if n < 1 or not prompts:
             raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
         encoded = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
-        longest = max(len(e) for e in encoded) + params.max_new_tokens
+        prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
+        return self._sample([encoded[i] for i in prompt_index], prompt_index, params, seed)
+
+    def generate_ids(self, rows: list[list[int]], params: SamplingParams, seed: int | None = None) -> RolloutBatch:
+        """One completion per row of token ids, sampled from exactly those ids (token in, token out: the
+        multi-turn episodes of tether.envs); `prompt_index` is the row's index."""
+        if not rows or not all(rows):
+            raise ValueError("need at least one row, and no empty row, of token ids")
+        return self._sample([list(r) for r in rows], list(range(len(rows))), params, seed)
+
+    def _sample(
+        self, rows: list[list[int]], prompt_index: list[int], params: SamplingParams, seed: int | None
+    ) -> RolloutBatch:
+        longest = max(len(e) for e in rows) + params.max_new_tokens
         if longest > self.max_model_len:
             raise ValueError(
                 f"a prompt of {longest - params.max_new_tokens} tokens + max_new_tokens "
@@ -195,8 +208,6 @@ class VLLMEngine:
                 "shorten the prompts or max_new_tokens, or build the engine with a larger max_model_len"
             )
         self.sync_weights()
-        prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
-        rows = [encoded[i] for i in prompt_index]
         stop_ids = _eos_ids(self.model, self.tokenizer, params.stop_token_ids)
         requests = [
             vllm_compat.sampling_params(

@@ -203,7 +203,14 @@ class MathTask:
                 f"data.task_args.{knob}: {err}; set data.task_args.{knob}=PATH to an existing "
                 ".jsonl or .parquet file, or a Hugging Face dataset name"
             ) from None
-        return [replace(ex, prompt=render_prompt(self.tokenizer, self.template, ex.prompt)) for ex in rows]
+        return [
+            replace(
+                ex,
+                prompt=render_prompt(self.tokenizer, self.template, ex.prompt),
+                meta={**ex.meta, "user_message": apply_template(self.template, ex.prompt)},
+            )
+            for ex in rows
+        ]
 
     def __post_init__(self) -> None:
         train = self._load(self.train, "train")

@@ -48,7 +48,9 @@ def model_context(m: ModelConfig) -> Optional[int]:
 def check_lengths(cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[Any]) -> None:
     """ConfigError when the run cannot progress for a length (module docstring)."""
 
-    budget = cfg.rollout.max_new_tokens
+    env = getattr(cfg, "env", None)
+    episodes = env is not None and env.enabled
+    budget = env.episode_tokens(cfg.rollout) if episodes else cfg.rollout.max_new_tokens
     context = model_context(cfg.model)
     if context is not None:
         train = (
@@ -58,6 +60,13 @@ def check_lengths(cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[
         )
         prompts = [e.prompt for e in [*eval_examples, *train]]
         longest = max(map(len, encode_prompts(tokenizer, prompts)), default=0)
+        if longest + budget > context and episodes:
+            raise ConfigError(
+                f"an episode of env.max_episode_tokens={budget} tokens (the model's turns and the environment's; "
+                f"0 means 2 x env.max_turns x the turn's tokens) after prompts of up to {longest} tokens needs "
+                f"{longest + budget} positions, but the model {cfg.model.name_or_path!r} has a context of {context}: "
+                f"set env.max_episode_tokens to at most {max(context - longest, 0)}, or fewer or shorter turns"
+            )
         if longest + budget > context:
             room = context - longest
             fix = (

@@ -33,6 +33,7 @@ from ..records.plots import plot_run
 from ..records.runlog import accuracy, read_metrics
 from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
 from ..records.summary import write_samples, write_summary
+from ..envs import EnvironmentBroken, EnvWarnings, env_label
 from ..rewards import FaultWarnings, RewardBroken, Scored, greedy_accuracy, reward_label
 from ..schema import ConfigError, to_dict
 from . import step_zero
@@ -60,7 +61,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     sinks, samples_file = _open_logs(run, resume_dir)
     progress = make_progress(t.total_steps, at.start, t.progress, t.log_every_steps, log)
     tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
-    reward_warnings = FaultWarnings(reward_label(parts.rollouts.reward_fn))
+    warnings = (FaultWarnings(reward_label(parts.rollouts.reward_fn)), EnvWarnings(env_label(run.cfg.env)))
     try:
         with stop, _broken_reward(run):
             if at.start == 0:
@@ -72,7 +73,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                     scored, metrics = rl_step(parts, counters, step)  # counts the step in `counters`
                 if dropped:
                     break
-                bad_steps = _checks(run, step, scored, metrics, bad_steps, reward_warnings, log)
+                bad_steps = _checks(run, step, scored, metrics, bad_steps, warnings, log)
                 if bad_steps >= t.max_nonfinite_steps:
                     _stop_nonfinite(run, bad_steps, metrics, sinks)
                 if step % t.eval_every == 0 or step == t.total_steps:
@@ -103,18 +104,19 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     return run.records.run_dir
 
 
-def _checks(
-    run: Run, step: int, scored: Scored, metrics: dict[str, float], bad_steps: int, reward_warnings, log
-) -> int:
+def _checks(run: Run, step: int, scored: Scored, metrics: dict[str, float], bad_steps: int, warnings, log) -> int:
     """What a finished step may need to say: after the first, the shared-prompt fallback and the early warnings;
-    the reward's faults; skipped non-finite updates; a streak of flat steps (`rollout/flat_streak`, added to
+    the reward's and the environment's faults (`warnings`: their rate-limited warners); skipped non-finite updates; a streak of flat steps (`rollout/flat_streak`, added to
     `metrics`). Returns the count of steps in a row with skipped updates."""
     cfg, counters = run.cfg, run.progress.counters
     if step == run.progress.start + 1:
         _log_shared_prompts(run, log)
         for line in first_step_warnings(metrics, cfg.rollout):
             log(line)
+    reward_warnings, env_warnings = warnings
     for line in reward_warnings.lines(step, scored.rollout.completions, scored.results):
+        log(line)
+    for line in env_warnings.lines(step, scored.rollout.episodes or []):
         log(line)
     skipped = _skipped_updates(metrics, step, scored)
     if skipped:
@@ -156,13 +158,13 @@ def _droppable(run: Run, stop: StopSignals, step: int, log):
 
 @contextlib.contextmanager
 def _broken_reward(run: Run):
-    """A reward that fails on every completion before a new run's first step has finished
-    (`RewardBroken`) is a ConfigError (the CLI's `error:`, exit 2), and the run directory it leaves
+    """A reward that fails on every completion (`RewardBroken`), or an environment on every episode
+    (`EnvironmentBroken`), before a new run's first step has finished is a ConfigError (the CLI's `error:`, exit 2), and the run directory it leaves
     is removed (`Run.discard`): nothing was learned, and a directory holding a config and a step-0
     line would pass for a run. Later, or on resume, it propagates as it is."""
     try:
         yield
-    except RewardBroken as err:
+    except (RewardBroken, EnvironmentBroken) as err:
         if run.progress.start != 0 or run.progress.counters.step != 0:
             raise
         removed = run.discard()

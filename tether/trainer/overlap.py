@@ -52,7 +52,9 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 import torch
 
 from ..config.sections import Config
+from ..envs import draw
 from ..rollout import RolloutBatch, SamplingParams, get_engine
+from ..tasks import Example
 from . import seeds
 from .staleness import StalePolicies, load_trainable, stale_metrics
 
@@ -61,7 +63,7 @@ from .staleness import StalePolicies, load_trainable, stale_metrics
 class _Request:
     """One `generate` call, as `collect` will make it."""
 
-    prompts: tuple[str, ...]
+    examples: tuple[Example, ...]
     n: int
     params: SamplingParams
     seed: int
@@ -89,6 +91,7 @@ class OverlappedSampler:
         stream: the run's prompt stream (read through a copy; only `collect` moves it).
         params: how the run samples.
         precision: a new autocast context for a forward pass (autocast is per thread).
+        episodes: puts an `EpisodeRunner` on the background engine for multi-turn episodes (identity: none).
     """
 
     droppable = False  # the thread has already taken the next batch's prompts: a stop finishes the step
@@ -102,6 +105,7 @@ class OverlappedSampler:
         stream: Any,
         params: SamplingParams,
         precision: Callable[[], ContextManager],
+        episodes: Callable[[Any], Any] = lambda engine: engine,
     ):
         rollout = cfg.rollout
         self.model, self.stale, self.stream, self.params, self.precision = model, stale, stream, params, precision
@@ -110,8 +114,8 @@ class OverlappedSampler:
         # eval mode; `requires_grad` flags kept as the policy's: under inference mode they still pick the kernels
         # (a copy with requires_grad off gave log-probs 5e-7 apart), and the engine runs without gradients anyway
         self.sampler = copy.deepcopy(model).eval()
-        self.engine = get_engine(
-            rollout.engine, model=self.sampler, tokenizer=copy.deepcopy(tokenizer), compile=rollout.compile
+        self.engine = episodes(
+            get_engine(rollout.engine, model=self.sampler, tokenizer=copy.deepcopy(tokenizer), compile=rollout.compile)
         )
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-overlap")
         self.pending: Optional[_Pending] = None
@@ -137,12 +141,14 @@ class OverlappedSampler:
         if step < self.total_steps:
             self._prefetch(step + 1)
 
-    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: Optional[int] = None) -> RolloutBatch:
+    def generate(
+        self, examples: list[Example], n: int, params: SamplingParams, seed: Optional[int] = None
+    ) -> RolloutBatch:
         """The prefetched batch when this is the call it was made for, else a batch sampled now by the copy."""
         pending, self.pending = self.pending, None
         if pending is None:
-            return self.engine.generate(prompts, n, params, seed)
-        if pending.request != _Request(tuple(prompts), n, params, seed):
+            return draw(self.engine, examples, n, params, seed)
+        if pending.request != _Request(tuple(examples), n, params, seed):
             raise RuntimeError(
                 f"the prefetched batch was sampled for {pending.request.seed=} and other prompts than "
                 f"this call's (seed {seed}); the overlap no longer follows the trainer's collect"
@@ -171,13 +177,13 @@ class OverlappedSampler:
     def _prefetch(self, step: int) -> None:
         weights, sampler_step = self.stale.next_sampler()
         load_trainable(self.sampler, weights)
-        prompts = tuple(e.prompt for e in copy.copy(self.stream).take(self.want))  # the stream does not move
-        request = _Request(prompts, self.n, self.params, seeds.rollout(self.seed, step))
+        examples = tuple(copy.copy(self.stream).take(self.want))  # the stream does not move
+        request = _Request(examples, self.n, self.params, seeds.rollout(self.seed, step))
         self.pending = _Pending(request, sampler_step, self.pool.submit(self._sample, request))
 
     def _sample(self, request: _Request) -> RolloutBatch:
         with self.precision():
-            return self.engine.generate(list(request.prompts), request.n, request.params, request.seed)
+            return draw(self.engine, list(request.examples), request.n, request.params, request.seed)
 
     def _drop(self) -> None:
         pending, self.pending = self.pending, None

@@ -18,7 +18,9 @@ from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol, 
 import torch
 
 from ..config.sections import Config
+from ..envs import draw
 from ..rollout import RolloutBatch, RolloutEngine, SamplingParams
+from ..tasks import Example
 from .data import PromptStream
 from .overlap import OverlappedSampler
 from .staleness import StalePolicies, stale_metrics
@@ -35,8 +37,10 @@ class Sampler(Protocol):
     def sampling(self, step: int) -> ContextManager[int]:
         """Within the block `generate` samples step `step`; yields the step whose policy samples it."""
 
-    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: Optional[int] = None) -> RolloutBatch:
-        """The `RolloutEngine` call `collect` makes."""
+    def generate(
+        self, examples: list[Example], n: int, params: SamplingParams, seed: Optional[int] = None
+    ) -> RolloutBatch:
+        """The batch `collect` asks for: n samples of each example's prompt, or n episodes of it (tether.envs.draw)."""
 
     def metrics(
         self, lag: int, sampler_logprobs: torch.Tensor, old_logprobs: Optional[torch.Tensor], mask: torch.Tensor
@@ -61,8 +65,10 @@ class OnPolicySampler:
     def sampling(self, step: int) -> ContextManager[int]:
         return contextlib.nullcontext(step)
 
-    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: Optional[int] = None) -> RolloutBatch:
-        return self.engine.generate(prompts, n=n, params=params, seed=seed)
+    def generate(
+        self, examples: list[Example], n: int, params: SamplingParams, seed: Optional[int] = None
+    ) -> RolloutBatch:
+        return draw(self.engine, examples, n, params, seed)
 
     def metrics(self, lag, sampler_logprobs, old_logprobs, mask) -> dict[str, float]:
         return {}
@@ -88,8 +94,10 @@ class StaleSampler:
         with self.stale.sampling(self.model, step) as sampler_step:
             yield sampler_step
 
-    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: Optional[int] = None) -> RolloutBatch:
-        return self.engine.generate(prompts, n=n, params=params, seed=seed)
+    def generate(
+        self, examples: list[Example], n: int, params: SamplingParams, seed: Optional[int] = None
+    ) -> RolloutBatch:
+        return draw(self.engine, examples, n, params, seed)
 
     def metrics(self, lag, sampler_logprobs, old_logprobs, mask) -> dict[str, float]:
         return stale_metrics(lag, sampler_logprobs, old_logprobs, mask)
@@ -110,13 +118,15 @@ def make_sampler(
     params: SamplingParams,
     precision: Callable[[], ContextManager],
     saved: Optional[dict] = None,
+    episodes: Callable[[Any], Any] = lambda engine: engine,
 ) -> Sampler:
     """The run's sampler: on-policy for `trainer.staleness` 0, else stale, overlapped with `trainer.overlap`;
-    `saved` is a checkpoint's `state()` (the stale policies) on resume."""
+    `saved` is a checkpoint's `state()` (the stale policies) on resume. `engine` is an engine or, for
+    multi-turn episodes, an `EpisodeRunner` on one; `episodes` puts a runner on the overlap's own engine."""
     t = cfg.trainer
     if not t.staleness:
         return OnPolicySampler(engine)
     stale = StalePolicies(model, t.staleness, saved)
     if t.overlap:
-        return OverlappedSampler(cfg, model, tokenizer, stale, stream, params, precision)
+        return OverlappedSampler(cfg, model, tokenizer, stale, stream, params, precision, episodes)
     return StaleSampler(engine, model, stale)

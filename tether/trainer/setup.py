@@ -14,13 +14,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from .. import objectives
 from ..config.loading import check_resume, save_config
 from ..config.sections import Config, ModelConfig, RolloutConfig, TrainerConfig
+from ..envs import build_runner, env_label, environment_factory, judge_with
 from ..model.causal_lm import LogProbSettings, Precision, fused_head_reason
 from ..model.loading import (
     apply_lora,
@@ -40,7 +41,7 @@ from ..rollout import RolloutEngine, SamplingParams, get_engine
 from ..schema import ConfigError
 from ..tasks import DataError, Example, get_task, takes_tokenizer
 from .data import PromptStream
-from .limits import check_lengths
+from .limits import check_lengths, model_context
 from .progress import Counters, Progress
 from .sampling import make_sampler
 from .step import Reference, Rollouts, StepParts
@@ -151,10 +152,11 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     )
     stream = PromptStream(checked.task, t.seed, progress.counters.position)
     precision = Precision.of(t.autocast, device)
-    engine = _engine(r, model, tokenizer, device, log)
+    episodes = _episodes(cfg, tokenizer, checked.task, log)
+    engine = episodes(_engine(r, model, tokenizer, device, log))  # an EpisodeRunner on it for multi-turn episodes
     policy = Policy(model, peft, optimizer, scheduler, device, precision, LogProbSettings.of(t, r))
     saved = state.get("stale_policies") if t.staleness else None
-    sampler = make_sampler(cfg, engine, model, tokenizer, stream, params, precision, saved)
+    sampler = make_sampler(cfg, engine, model, tokenizer, stream, params, precision, saved, episodes)
     rollouts = Rollouts(sampler, stream, checked.reward_fn, params, tokenizer.pad_token_id)
     parts = StepParts(policy, rollouts, checked.obj, Reference(reference), t, r)
     warm = warm_start_metrics(cfg.warm_start, base) if base is not None else {}
@@ -278,7 +280,10 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
     except KeyError as err:  # a user's task that names a reward no registry has
         raise ConfigError(f"data.task={cfg.data.task}: its reward {task.reward!r}: {err.args[0]}") from None
     own = r.name in ("auto", task.reward) and not r.weights
-    reward = verifier if own else task_reward(task, r.name, r.weights, r.timeout_s, r.strict, r.isolate)
+    name = "episode" if cfg.env.reward == "env" and r.name == "auto" else r.name  # the environment's rewards
+    reward = (
+        verifier if own and name == r.name else task_reward(task, name, r.weights, r.timeout_s, r.strict, r.isolate)
+    )
     if is_import_path(cfg.data.task) or any(map(is_import_path, [r.name, *r.weights])):
         for example in task.examples("test", 1)[:1]:  # none: _eval_examples says so
             check_user_rewards(reward, example)
@@ -352,6 +357,26 @@ def _load_policy(m: ModelConfig, t: TrainerConfig, source: str, log):
     model, tokenizer = load_model(source, dtype=m.dtype, device="cpu", gradient_checkpointing=m.gradient_checkpointing)
     device = place_model(model, t.device, t.small_model_params, log=log)
     return model.train(), tokenizer, device
+
+
+def _episodes(cfg: Config, tokenizer, task, log) -> Callable[[Any], Any]:
+    """What puts the run's `EpisodeRunner` (tether.envs) on an engine: identity for single-turn prompts. The
+    environment is built and its chat-template check made here, once (a ConfigError before the first step)."""
+    e = cfg.env
+    if not e.enabled:
+        return lambda engine: engine
+    r = cfg.reward
+    name = "auto" if r.name == "episode" else r.name  # the run's reward, its own copy, in this process
+    judge = judge_with(
+        task_reward(task, name, {k: v for k, v in r.weights.items() if k != "episode"}, r.timeout_s, r.strict)
+    )
+    context = model_context(cfg.model)
+    environment_factory(e, judge)  # a bad env.args fails now, before the engine starts
+    log(
+        f"episodes: {env_label(e)}, at most {e.max_turns} turns of {e.turn_tokens(cfg.rollout)} tokens, "
+        f"{e.episode_tokens(cfg.rollout)} in all; reward: {'the environment' if e.reward == 'env' else 'the task'}"
+    )
+    return lambda engine: build_runner(e, cfg.rollout, engine, tokenizer, judge, context)
 
 
 def _engine(r: RolloutConfig, model, tokenizer, device: torch.device, log):

@@ -38,6 +38,7 @@ from .. import faults, objectives
 from ..config.sections import RolloutConfig, TrainerConfig
 from ..core.advantages import zero_variance_fraction
 from ..core.masked import group_summary
+from ..envs import episode_metrics
 from ..model.causal_lm import Tokens, batched_logprobs, eval_mode, to_tokens
 from ..rewards import Reward, Scored, reward_parts, score_rollout, verifier_faults
 from ..rollout import RolloutBatch, SamplingParams
@@ -161,9 +162,7 @@ def collect(source: Rollouts, r: RolloutConfig, seed: int) -> tuple[Scored, dict
     for k in range(rounds):
         examples = stream.take(want - have if k else want)
         tic = time.perf_counter()
-        rollout = sampler.generate(
-            [e.prompt for e in examples], n=r.group_size, params=params, seed=seeds.refill(seed, k)
-        )
+        rollout = sampler.generate(examples, n=r.group_size, params=params, seed=seeds.refill(seed, k))
         faults.point("rollout")
         seconds["time/sample_s"] += _clocked(rollout.mask.device) - tic
         tic = time.perf_counter()
@@ -172,7 +171,11 @@ def collect(source: Rollouts, r: RolloutConfig, seed: int) -> tuple[Scored, dict
         rewards, per_sample, results = scored.rewards, scored.examples, scored.results
         groups = torch.tensor(rollout.prompt_index)
         if first_metrics is None:
-            first_metrics = {**rollout_metrics(rollout, rewards, groups), **verifier_faults(results)}
+            first_metrics = {
+                **rollout_metrics(rollout, rewards, groups),
+                **verifier_faults(results),
+                **episode_metrics(rollout),
+            }
             first_metrics.update(seconds)  # the same dict: the later rounds' seconds add to it
             seconds = first_metrics
         if not r.dynamic_sampling:
