@@ -257,6 +257,7 @@ def trl_compute_loss(
     level="token",
     max_len=None,
     is_ratio=None,
+    tool_mask=None,
     **args,
 ):
     """TRL's own `GRPOTrainer._compute_loss` (the installed trl, 1.16) on these tensors: a trainer built without a
@@ -264,7 +265,8 @@ def trl_compute_loss(
     `steps_per_generation` 1, no entropy bonus; its log-prob forward returns a copy of `lp` (N, T). `adv` is (N,)
     or (N, T); `ref` (with `beta`) turns TRL's k3 term on; `is_ratio` is TRL's vLLM `importance_sampling_ratio`
     (vLLM correction on); `args` override GRPOConfig fields (`use_bias_correction_kl`, `vespo_*`, `sapo_*`,
-    `delta`). Returns (loss, d loss / d lp, TRL's logged metrics for the step)."""
+    `delta`); `tool_mask` (N, T) is TRL's multi-turn mask (0 at tool output). Returns (loss, d loss / d lp, TRL's
+    logged metrics for the step)."""
     from collections import defaultdict
     from types import SimpleNamespace
 
@@ -316,12 +318,14 @@ def trl_compute_loss(
         "completion_mask": mask.to(torch.long),
         "advantages": adv,
         "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum().to(lp.dtype),
+        "num_items_in_batch": (mask if tool_mask is None else mask * tool_mask).sum().to(lp.dtype),  # as TRL counts
     }
     if ref is not None:
         inputs["ref_per_token_logps"] = ref
     if is_ratio is not None:
         inputs["importance_sampling_ratio"] = is_ratio
+    if tool_mask is not None:
+        inputs["tool_mask"] = tool_mask.to(torch.long)
     loss = trainer._compute_loss(None, inputs)
     loss.backward()
     return loss.detach(), leaf.grad, trainer._metrics["train"]

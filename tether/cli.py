@@ -135,6 +135,7 @@ def cmd_init_model(args: argparse.Namespace) -> int:
         num_heads=args.heads,
         seed=args.seed,
         vocab_size=args.vocab_size,
+        max_positions=args.max_positions,
     )
     print(f"wrote a tiny {args.arch} model and its character tokenizer to {args.out_dir}")
     return 0
@@ -197,12 +198,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import evaluation
-    from .evaluation.data import run_template
+    from .evaluation.data import eval_env, run_template
     from .rewards import asks_for_boxed
 
     runs = [spec for spec in args.data if spec.startswith("run:")]
     if runs and args.template == "boxed" and run_template(runs[0]) is not None:
         args.template = run_template(runs[0])  # a run's own template: its answers extracted as its trainer did
+    try:
+        env = eval_env(args.env, runs[0] if runs else None)
+    except evaluation.EvalError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     # First, before the progress lines (docs/eval.md), by the rule the settings record (evaluation.settings).
     try:
         extraction = "strict" if not args.lenient and asks_for_boxed(args.template) else "lenient"
@@ -235,6 +241,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             strict=not args.lenient,
             engine=args.engine,
             threads=args.threads,
+            env=env,
         )
     except evaluation.EvalError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -312,6 +319,14 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="torch CPU threads: 0 auto (half the cores, 1 to 8; the rule of trainer.threads), "
         "-1 torch's default of every core, or N (default 0)",
     )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="multi-turn episodes: a setting of the env section (name=retry, tools=[calculator], max_turns=3, ...; "
+        "docs/environments.md), repeatable; a run:RUN_DIR spec brings its run's env section",
+    )
     p.set_defaults(func=cmd_eval)
     return p
 
@@ -355,6 +370,12 @@ def add_train_parsers(sub) -> None:
         default=None,
         help="pad the character vocabulary with filler tokens to this size (e.g. 151936, Qwen2.5's), "
         "for a tiny model with a real LLM's head and sampling cost",
+    )
+    p.add_argument(
+        "--max-positions",
+        type=int,
+        default=256,
+        help="the model's context in tokens (characters), default 256; more for long prompts (tools' descriptions)",
     )
     p.set_defaults(func=cmd_init_model)
 

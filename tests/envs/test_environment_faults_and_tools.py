@@ -81,7 +81,7 @@ def test_the_tools_environment_answers_calls_and_ends_on_a_reply_without_one():
         '<tool_call>not json</tool_call><tool_call>{"name": "multiply", "arguments": {"a": 2, "b": 2}}</tool_call>'
     )
     assert bad.info == {"tool_calls": 2, "tool_errors": 1} and "error:" in bad.observation and "4" in bad.observation
-    assert env.step("The answer is 42.").done
+    assert env.step("The answer is 42.").done and env.step("42").info == {"tool_calls": 0, "tool_errors": 0}
 
 
 def test_the_calculator_is_exact_and_evaluates_nothing_but_arithmetic():

@@ -127,7 +127,7 @@ def test_an_environment_token_gets_no_gradient_in_a_whole_update(tiny_dir, tmp_p
     )
     tokens, _ = tokens_of(rollout)
     policy, obj, t = parts.policy, parts.objective, parts.trainer
-    grads, rows = [], []
+    grads = []
     original = upd.token_logprobs
 
     def capture(model, toks, settings, with_entropy=False):
@@ -212,3 +212,25 @@ def test_a_multi_turn_run_killed_mid_rollout_resumes_bitwise(tiny_dir, tmp_path)
         assert untimed(ra) == untimed(rb), ra["step"]
     wa, wb = checkpoint_weights(full, 5), checkpoint_weights(killed, 5)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_tether_eval_plays_the_same_episodes_and_records_the_env(tiny_dir, tmp_path, env_module):
+    from tether.evaluation import EvalError, evaluate
+    from tether.evaluation.data import eval_env
+
+    env = eval_env(["name=mtenvs:Countdown", "max_turn_tokens=4", "max_episode_tokens=40", "args={feedback: again}"])
+    out = tmp_path / "eval"
+    kw = dict(n=2, limit=3, progress=False, out_dir=out, max_new_tokens=4, reward=DIGIT_REWARD)
+    results = evaluate(tiny_dir, ["task:arithmetic"], env=env, **kw)
+    rows = [json.loads(line) for line in (out / "problems.jsonl").read_text().splitlines()]
+    for row in rows:
+        for turns in row["turns"]:
+            assert [role for role, _ in turns] == ["model", "user", "model", "user", "model"]
+            assert all(text == "again" for _, text in turns[1::2])
+    assert json.loads((out / "settings.json").read_text())["env"]["name"] == "mtenvs:Countdown"
+    assert results["summary"]
+    with pytest.raises(EvalError, match="env"):  # another env is another evaluation: refused in the same directory
+        evaluate(tiny_dir, ["task:arithmetic"], env={**env, "max_turns": 2}, **kw)
+    with pytest.raises(EvalError, match="max_turns"):
+        eval_env(["name=retry", "max_turns=0"])
+    assert eval_env([]) is None

@@ -403,12 +403,14 @@ def test_settings_json_is_exactly_the_settings_object_the_run_passes(tmp_path):
     )
     recorded = json.loads((tmp_path / "settings.json").read_text())
     fields = [f.name for f in dataclasses.fields(EvalSettings)]
-    assert list(recorded) == [f for f in fields if f != "engine"]  # the engine only when it is not hf
+    assert list(recorded) == [f for f in fields if f not in ("engine", "env")]  # engine and env only when set
     assert recorded == results["settings"] and recorded["stop_strings"] == ["\n"]
     settings = EvalSettings(**{**recorded, "engine": None, "stop_strings": tuple(recorded["stop_strings"])})
     assert settings.to_json() == recorded
     vllm = EvalSettings.of("m", ["task:arithmetic"], EvalOptions(engine="vllm")).to_json()
-    assert list(vllm) == fields and vllm["engine"] == "vllm"
+    assert list(vllm) == [f for f in fields if f != "env"] and vllm["engine"] == "vllm"
+    episodes = EvalSettings.of("m", ["task:arithmetic"], EvalOptions(env={"name": "retry"})).to_json()
+    assert list(episodes) == [f for f in fields if f != "engine"] and episodes["env"] == {"name": "retry"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.n = 2
 

@@ -761,7 +761,7 @@ def test_the_example_defaults_make_the_trust_region_act(tmp_path):
 # ---------------------------------------------------------------- rows with no counted token (issue 30, item 3)
 
 
-def _adapters_loss(objective, lp, old, adv, mask, max_len, train=True):
+def _adapters_loss(objective, lp, old, adv, mask, max_len, train=True, tool_mask=None, ref=None, beta=0.0):
     """The adapter's loss path (`TetherGRPOTrainer.on_new_buffer`, `_step_normalizer`, `_token_batch`,
     `objective_loss`) on a stand-in trainer: one process, one accumulation step, the batch its own buffer."""
     from types import MethodType, SimpleNamespace
@@ -769,7 +769,7 @@ def _adapters_loss(objective, lp, old, adv, mask, max_len, train=True):
     leaf = lp.clone().requires_grad_()
     stub = SimpleNamespace(
         tether_objective=objectives.build(objective, max_len=max_len),
-        beta=0.0,
+        beta=beta,
         on_objective=None,
         model=SimpleNamespace(training=train),
         current_gradient_accumulation_steps=1,
@@ -782,6 +782,10 @@ def _adapters_loss(objective, lp, old, adv, mask, max_len, train=True):
     for name in ("on_new_buffer", "_step_normalizer", "_token_batch"):
         setattr(stub, name, MethodType(getattr(TetherGRPOTrainer, name), stub))
     inputs = {"completion_mask": mask, "advantages": adv, "old_per_token_logps": old}
+    if tool_mask is not None:
+        inputs["tool_mask"] = tool_mask
+    if ref is not None:
+        inputs["ref_per_token_logps"] = ref
     stub.on_new_buffer([inputs])
     loss = TetherGRPOTrainer.objective_loss(stub, inputs, leaf, torch.zeros_like(leaf))
     loss.backward()
@@ -828,3 +832,35 @@ def test_the_adapters_loss_and_gradient_are_trls_own_with_empty_rows(loss_type, 
     loss, grad = _adapters_loss(spec, lp, old, adv, mask, t + 2)
     torch.testing.assert_close(loss, trl_loss, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(grad, trl_grad, rtol=1e-12, atol=1e-15)
+
+
+# ---------------------------------------------------------------- multi-turn batches: TRL's tool_mask
+
+
+@pytest.mark.parametrize("loss_type, spec", [("grpo", "grpo"), ("dr_grpo", DR_GRPO), ("dapo", "dapo")])
+@pytest.mark.parametrize("seed", range(2))
+def test_tool_outputs_are_masked_out_of_the_loss_and_the_kl_as_trl_masks_them(loss_type, spec, seed):
+    """A TRL batch of tool-calling completions carries `tool_mask` (0 at the tools' output): the adapter's loss
+    and gradient are TRL's own `_compute_loss` on the same inputs, the KL penalty included (grpo: beta 0.04),
+    and a tool-output token gets no gradient."""
+    g = torch.Generator().manual_seed(seed)
+    n, t = 4, 8
+    old = -torch.rand(n, t, generator=g, dtype=torch.float64) * 2 - 0.1
+    lp = old + 0.3 * torch.randn(n, t, generator=g, dtype=torch.float64)
+    ref = old + 0.2 * torch.randn(n, t, generator=g, dtype=torch.float64)
+    adv = torch.randn(n, generator=g, dtype=torch.float64)
+    mask = (torch.arange(t)[None, :] < torch.tensor([8, 6, 7, 5])[:, None]).long()
+    tool = torch.ones(n, t, dtype=torch.long)
+    tool[0, 2:5] = 0  # a tool's result inside a completion, the model's tokens after it
+    tool[2, 1:3] = 0
+    tool[3, :5] = 0  # a row that is all tool output
+    objective = objectives.build(spec).config
+    beta = objective.kl_penalty.coef if getattr(objective, "kl_penalty", None) else 0.0
+    eps = (objective.eps_low, objective.eps_high)
+    trl_loss, trl_grad, _ = trl_compute_loss(
+        loss_type, lp, old, adv, mask, ref=ref if beta else None, beta=beta, eps=eps, max_len=t, tool_mask=tool
+    )
+    loss, grad = _adapters_loss(spec, lp, old, adv, mask, t, tool_mask=tool, ref=ref if beta else None, beta=beta)
+    torch.testing.assert_close(loss, trl_loss, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad, trl_grad, rtol=1e-12, atol=1e-15)
+    assert torch.all(grad[tool == 0] == 0) and grad[(tool * mask) == 1].abs().sum() > 0

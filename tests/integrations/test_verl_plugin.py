@@ -1138,3 +1138,71 @@ def test_one_gpu_example_data_and_reward(tmp_path):
     reward = load("reward")
     assert reward.compute_score("tether_arithmetic", f"So the answer is \\boxed{{{gold}}}.", gold) == 1.0
     assert reward.compute_score("tether_arithmetic", f"\\boxed{{{int(gold) + 1}}}", gold) == 0.0
+
+
+# ---------------------------------------------------------------- multi-turn batches: verl's response_mask
+
+
+def _multi_turn(d):
+    """`d` as verl's agent loop hands a multi-turn batch over: `response_mask` 0 at the tools' and the
+    environment's tokens between the model's turns (attention still reads them), their log-probs garbage."""
+    mask = d["mask"].clone()
+    mask[0, 1:3] = False  # a tool response inside the first row
+    mask[5, 0] = False  # an observation at a row's start
+    mask[7, 2:4] = False
+    env = d["mask"] & ~mask
+    lp = torch.where(env, torch.full_like(d["lp"], -3.0), d["lp"])
+    return {**d, "mask": mask, "lp": lp, "env": env}
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_response_mask_holes_are_honoured_like_verls_own_loss(agg):
+    """verl's agent loop marks only the model's tokens in `response_mask`: tether's loss through verl's
+    registry equals verl's vanilla loss on the same mask, and an environment token gets no gradient."""
+    d = _multi_turn(_data(seed=3))
+    assert d["env"].any()
+    d["adv_tok"] = torch.randn(d["mask"].shape[0], 1, dtype=D) * d["mask"]
+    d["returns"] = d["adv_tok"]
+    kw = dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    overrides = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0, "aggregation": agg}
+    ours = _actor_config(
+        tv.TetherPolicyLossConfig(loss_mode="tether_ppo_clip", objective="ppo_clip", overrides=overrides),
+        loss_agg_mode=agg,
+    )
+    theirs = _actor_config(loss_agg_mode=agg, **kw)
+    o_loss, o_grad, _ = _verl_loss("tether_ppo_clip", d, ours, agg)
+    v_loss, v_grad, _ = _verl_loss("vanilla", d, theirs, agg)
+    torch.testing.assert_close(o_loss, v_loss, rtol=1e-11, atol=1e-13)
+    torch.testing.assert_close(o_grad, v_grad, rtol=1e-11, atol=1e-13)
+    assert torch.all(o_grad[d["env"]] == 0) and o_grad[d["mask"]].abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "loss_mode, objective",
+    [
+        ("tether_divergence_clip", "atr_grpo"),
+        ("tether_gspo", "gspo"),
+        ("tether_rpg", "rpg_urkl"),
+        ("tether_etr", "etr"),
+    ],
+)
+def test_environment_tokens_change_no_loss_of_a_tether_objective_under_verl(loss_mode, objective):
+    """Sequence-level ratios (GSPO) and group statistics (ETR) included: the log-probs at the environment's
+    tokens change neither the loss nor the gradient at the model's tokens."""
+    d = _multi_turn(_data(seed=4))
+    obj = tv.objective_from(loss_mode, objective, {})
+    est = core_algos.get_adv_estimator_fn(f"tether_{obj.config.advantage}")
+    d["adv_tok"], d["returns"] = est(token_level_rewards=d["token_rewards"], response_mask=d["mask"], index=d["uids"])
+    agg = obj.config.aggregation
+    cfg = _actor_config(tv.TetherPolicyLossConfig(loss_mode=loss_mode, objective=objective), loss_agg_mode=agg)
+    a_loss, a_grad, _ = _verl_loss(loss_mode, d, cfg, agg)
+    moved = {
+        **d,
+        "lp": torch.where(d["env"], d["lp"] + 1.7, d["lp"]),
+        "old": torch.where(d["env"], d["old"] - 0.9, d["old"]),
+        "ref": torch.where(d["env"], d["ref"] + 0.4, d["ref"]),
+    }
+    b_loss, b_grad, _ = _verl_loss(loss_mode, moved, cfg, agg)
+    assert a_loss.abs() > 1e-4
+    torch.testing.assert_close(a_loss, b_loss, rtol=0, atol=0)
+    assert torch.equal(a_grad, b_grad) and torch.all(a_grad[d["env"]] == 0)

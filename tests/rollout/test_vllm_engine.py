@@ -456,3 +456,35 @@ def test_rollout_vllm_kv_cache_mb_reaches_the_engine_it_starts(tiny_dir, monkeyp
     with pytest.raises(Started):
         setup._engine(RolloutConfig(engine="vllm", vllm_kv_cache_mb=300), model, tokenizer, torch.device("cpu"), print)
     assert given["kv_cache_memory_bytes"] == 300 << 20
+
+
+@needs_vllm
+def test_token_ids_in_are_sampled_as_the_text_they_encode_and_episodes_run_on_vllm(setup):
+    """`generate_ids` (multi-turn episodes' token in, token out) samples from exactly the ids given: the same
+    tokens and log-probs as `generate` from the text they encode, seed for seed; and an episode runner on the
+    vLLM engine plays multi-turn episodes whose model tokens carry the teacher-forced log-probs."""
+    from tether.envs import EpisodeRunner, Limits, Step
+    from tether.tasks import Example
+
+    model, tok, engine, _ = setup
+    params = SamplingParams(max_new_tokens=8)
+    by_text = engine.generate(PROMPTS, n=1, params=params, seed=3)
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    by_ids = engine.generate_ids(ids, params, seed=3)
+    assert torch.equal(by_text.completion_ids, by_ids.completion_ids)
+    assert torch.equal(by_text.sampler_logprobs, by_ids.sampler_logprobs)
+
+    class Again:
+        def reset(self, example):
+            pass
+
+        def step(self, reply):
+            return Step(observation="again", reward=float(reply[:1].isdigit()))
+
+    runner = EpisodeRunner(engine, tok, Again, Limits(3, 4, 40), "again")
+    batch = runner.run([Example(str(i), p, "") for i, p in enumerate(PROMPTS)], 2, params, seed=5)
+    assert all(f["turns"] == 3 for f in batch.episodes) and (batch.mask & ~batch.loss_mask).any()
+    lp = teacher_forced(model, tok, batch)
+    model_tokens = batch.loss_mask
+    torch.testing.assert_close(batch.sampler_logprobs[model_tokens], lp[model_tokens], rtol=0, atol=2e-4)
+    assert torch.all(batch.sampler_logprobs[batch.mask & ~model_tokens] == 0)

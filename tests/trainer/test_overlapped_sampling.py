@@ -188,8 +188,9 @@ def test_an_overlapped_run_is_the_sequential_lag_bitwise(tiny_dir, tmp_path):
     [
         ["rollout.dynamic_sampling=true", "rollout.dynamic_sampling_max_rounds=2"],
         ["model.lora={r: 4, alpha: 8}", "trainer.lr=3e-2"],
+        ["env.name=retry", "env.reward=env", "env.max_turn_tokens=4", "env.max_turns=2"],  # multi-turn episodes
     ],
-    ids=["dynamic_sampling", "lora"],
+    ids=["dynamic_sampling", "lora", "episodes"],
 )
 def test_an_overlapped_run_is_the_sequential_lag_bitwise_with(tiny_dir, tmp_path, extra):
     _same_run(tiny_dir, tmp_path, *extra)

@@ -101,7 +101,7 @@ def check_names(cfg: Config) -> None:
     if problem:
         raise ConfigError(f"rollout.engine: {problem}")
     if cfg.env.enabled:
-        from ..envs import environment_factory
+        from ..envs import environment_factory  # lazy: torch, and a user's environment module, only for an env
 
         environment_factory(cfg.env, judge=lambda reply, example: 0.0)  # names, imports, tools' schemas, args
 

@@ -147,6 +147,16 @@ class EnvConfig:
     """task: the task's reward scores the model's last turn; env: the sum of the rewards the environment's
     steps returned."""
 
+    def __post_init__(self):
+        if self.max_turns < 1 or self.max_turn_tokens < 0 or self.max_episode_tokens < 0 or self.timeout_s <= 0:
+            raise ConfigError(
+                f"env: got max_turns={self.max_turns}, max_turn_tokens={self.max_turn_tokens}, max_episode_tokens="
+                f"{self.max_episode_tokens}, timeout_s={self.timeout_s}; expected max_turns >= 1, token limits >= 0 "
+                "(0: the default) and timeout_s > 0"
+            )
+        if self.reward not in ("task", "env"):
+            raise ConfigError(f"env.reward: got {self.reward!r}, expected task or env")
+
     @property
     def enabled(self) -> bool:
         """Whether episodes are multi-turn (an environment or tools is set)."""
@@ -424,12 +434,6 @@ class Config:
 
     def _check_env(self) -> None:
         e = self.env
-        if e.max_turns < 1 or e.max_turn_tokens < 0 or e.max_episode_tokens < 0 or e.timeout_s <= 0:
-            raise ConfigError(
-                f"env: got max_turns={e.max_turns}, max_turn_tokens={e.max_turn_tokens}, max_episode_tokens="
-                f"{e.max_episode_tokens}, timeout_s={e.timeout_s}; expected max_turns >= 1, token limits >= 0 "
-                "(0: the default) and timeout_s > 0"
-            )
         if e.reward == "env" and not e.enabled:
             raise ConfigError("env.reward=env takes the environment's rewards, but no env.name or env.tools is set")
         if e.enabled and e.episode_tokens(self.rollout) < e.turn_tokens(self.rollout):

@@ -8,7 +8,7 @@ Two layers: tools are plain functions (`tether.envs.tools`); an environment is a
 `reset(example)` and `step(reply) -> Step` (`tether.envs.base`). Both plug in as rewards and tasks do:
 a registered name, or `module:name` (tether.plugins). `EpisodeRunner` (`tether.envs.episodes`) plays the
 episodes token in, token out, on the hf or vllm engine; the trainer and `tether eval` call it through
-`draw` wherever they would sample a prompt.
+`tether.rollout.draw` wherever they would sample a prompt.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from ..plugins import entry, parameters
 from ..schema import ConfigError
 from ..tasks import Example
 from .base import Environment, EnvironmentBroken, SingleTurn, Step
-from .episodes import ChatTurns, EnvWarnings, EpisodeRunner, Limits, draw, episode_metrics, episode_summary
+from ..rollout import draw, episode_summary
+from .episodes import ChatTurns, EnvWarnings, EpisodeRunner, Limits, episode_metrics
 from .retry import Retry
 from .tools import Tools, calculator, plain_instructions, tool_schema
 
@@ -104,7 +105,7 @@ def build_runner(
 
 def judge_with(reward: Any) -> Callable[[str, Example], float]:
     """The run's reward as a judge for environments: (reply, example) -> score (0 when it fails)."""
-    from ..rewards import score_batch
+    from ..rewards import score_batch  # lazy: rewards' workers load only when an environment judges
 
     def judge(reply: str, example: Example) -> float:
         return float(score_batch(reward, [reply], [example])[0].score)

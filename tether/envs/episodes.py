@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..tasks.base import stable_hash
-from ..rollout import RolloutBatch, SamplingParams
+from ..rollout import RolloutBatch, SamplingParams, episode_summary
 from ..rollout.hf import encode_prompts
 from ..tasks import Example
 from .base import EnvironmentBroken, Step
@@ -250,6 +250,13 @@ class EpisodeRunner:
         self.turns = ChatTurns(tokenizer, tools)
         self.first_batch = True
 
+    def generate_examples(
+        self, examples: list[Example], n: int, params: SamplingParams, seed: Optional[int]
+    ) -> RolloutBatch:
+        """n episodes per example, contiguous per example (`prompt_index`), as one `RolloutBatch` (what
+        `tether.rollout.draw` asks of an engine that plays episodes)."""
+        return self.run(examples, n, params, seed)
+
     def run(self, examples: list[Example], n: int, params: SamplingParams, seed: Optional[int]) -> RolloutBatch:
         """n episodes per example, contiguous per example (`prompt_index`), as one `RolloutBatch`."""
         episodes = [self._start(ex) for ex in examples for _ in range(n)]
@@ -361,39 +368,9 @@ def _turn_seed(seed: int, turn: int) -> int:
     return seed if turn == 0 else stable_hash(f"{seed}:turn:{turn}") % 2**63
 
 
-def draw(engine: Any, examples: list[Example], n: int, params: SamplingParams, seed: Optional[int]) -> RolloutBatch:
-    """A batch for `examples`: an `EpisodeRunner` plays their episodes, any other engine samples their prompts
-    (one turn). The one call the trainer's samplers and `tether eval` make."""
-    if isinstance(engine, EpisodeRunner):
-        return engine.run(examples, n, params, seed)
-    return engine.generate([e.prompt for e in examples], n=n, params=params, seed=seed)
-
-
 def episode_metrics(rollout: RolloutBatch) -> dict[str, float]:
-    """A multi-turn batch's metrics (`episode_summary`); {} for a single-turn batch."""
+    """A multi-turn batch's metrics (`tether.rollout.episode_summary`); {} for a single-turn batch."""
     return {} if rollout.episodes is None else episode_summary(rollout.episodes)
-
-
-def episode_summary(facts: list[dict]) -> dict[str, float]:
-    """Episodes' metrics (docs/metrics.md): turns, model and environment tokens and each `Step.info` key per
-    episode, the environment's faults, and the mean environment reward at each turn among the episodes that
-    reached it (`env/reward_turn_<k>`)."""
-    count = len(facts)
-    out = {
-        "env/turns": sum(f["turns"] for f in facts) / count,
-        "env/model_tokens": sum(f["model_tokens"] for f in facts) / count,
-        "env/env_tokens": sum(f["env_tokens"] for f in facts) / count,
-        "env/errors": float(sum(any(x.startswith("error") for x in f["faults"]) for f in facts)),
-        "env/timeouts": float(sum(any(x.startswith("timeout") for x in f["faults"]) for f in facts)),
-    }
-    for key in sorted({k for f in facts for k in f["info"]}):
-        out[f"env/{key}"] = sum(f["info"].get(key, 0.0) for f in facts) / count
-    longest = max((len(f["rewards"]) for f in facts), default=0)
-    for k in range(longest):
-        at_k = [f["rewards"][k] for f in facts if len(f["rewards"]) > k and f["rewards"][k] is not None]
-        if at_k:
-            out[f"env/reward_turn_{k + 1}"] = sum(at_k) / len(at_k)
-    return out
 
 
 @dataclass

@@ -169,7 +169,7 @@ class Tools:
     def step(self, reply: str) -> Step:
         calls = CALL.findall(reply)
         if not calls:
-            return Step(done=True)
+            return Step(done=True, info={"tool_calls": 0, "tool_errors": 0})
         results = [tool_result(self.by_name, c.strip()) for c in calls]
         text = "\n".join(f"<tool_response>{r}</tool_response>" for r, _ in results)
         errors = sum(e for _, e in results)

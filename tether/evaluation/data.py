@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from ..config.loading import parse_override
+from ..config.sections import EnvConfig
 from ..records.runlog import read_config
+from ..schema import ConfigError, from_dict
 from ..tasks import Example, get_task, load_math_dataset, render_prompt, takes_tokenizer
 
 DEFAULT_TASK_PROBLEMS = 200  # = the trainer's data.eval_size default: `task:X` is its held-out set
@@ -79,6 +82,26 @@ def run_template(spec: str) -> str | None:
         return None
     data = read_config(config.parent)["data"]
     return (data.get("task_args") or {}).get("template", "boxed") if data["task"] == "math" else None
+
+
+def eval_env(settings: Sequence[str], run_spec: str | None = None) -> dict[str, Any] | None:
+    """The env section `tether eval` plays episodes with: `--env KEY=VALUE` settings over the env section of the
+    run a `run:RUN_DIR` spec names (its episodes, as its trainer played them); None for single-turn prompts.
+    An EvalError names a bad setting."""
+    section: dict[str, Any] = {}
+    if run_spec is not None and (Path(run_spec[len("run:") :]).expanduser() / "config.yaml").is_file():
+        section = dict(read_config(Path(run_spec[len("run:") :]).expanduser()).get("env") or {})
+    for text in settings:
+        try:
+            key, value = parse_override(text)
+        except ConfigError as err:
+            raise EvalError(f"--env {text!r}: {err}") from None
+        section[key.removeprefix("env.")] = value
+    try:
+        env = from_dict(EnvConfig, section, "env")
+    except (ConfigError, TypeError) as err:
+        raise EvalError(f"--env: {err}") from None
+    return section if env.enabled else None
 
 
 def _math_examples(

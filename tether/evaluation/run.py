@@ -9,8 +9,18 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..config.sections import SMALL_MODEL_PARAMS
-from ..rewards import PerExample, RewardFn, Scored, check_verdicts, get_reward, reward_options, score_rollout
+from ..config.sections import SMALL_MODEL_PARAMS, EnvConfig, RolloutConfig
+from ..rewards import (
+    PerExample,
+    RewardFn,
+    Scored,
+    check_verdicts,
+    get_reward,
+    reward_options,
+    score_batch,
+    score_rollout,
+)
+from ..schema import ConfigError, from_dict
 from ..tasks import TASKS, Example, stable_hash
 from .data import EvalError, load_eval_data, problem_key, unique_problems
 from .metrics import extract_answer
@@ -74,6 +84,8 @@ def _run(
         engine = _engine_for(model_path, options.device, options.dtype, engine or "hf")
     check_settings(out, settings)
     verifiers, params = Verifiers(options.reward, settings.strict), settings.sampling()
+    if todo and settings.env:
+        engine = _episodes(engine, settings, verifiers)
     try:
         with (
             (out / PROBLEMS_FILE).open("a", encoding="utf-8") as f,
@@ -133,7 +145,9 @@ def _sample_batch(
     """Generate and verify n samples for each problem of `batch`; one record per problem."""
     keys = ("\x01".join(problem_key(ex)) for ex in batch)
     batch_seed = stable_hash("\x00".join([str(settings.seed), *keys])) % 2**63
-    rollout = engine.generate([ex.prompt for ex in batch], n=settings.n, params=params, seed=batch_seed)
+    from ..rollout import draw  # lazy: torch
+
+    rollout = draw(engine, batch, settings.n, params, batch_seed)  # n episodes each with an environment
     scored = score_rollout(verifiers.reward, rollout, batch)  # the trainer's scoring path
     correct, lengths = verifiers.verdicts(scored), [int(x) for x in rollout.completion_lengths.tolist()]
     records = []
@@ -152,9 +166,35 @@ def _sample_batch(
                 "lengths": [lengths[i] for i in rows],
                 "finish": [rollout.finish_reasons[i] for i in rows],
                 "completions": [rollout.completions[i] for i in rows],
+                **(
+                    {"turns": [rollout.episodes[i]["transcript"] for i in rows]} if rollout.episodes is not None else {}
+                ),
             }
         )
     return records
+
+
+def _episodes(engine: Any, settings: EvalSettings, verifiers: Verifiers) -> Any:
+    """An `EpisodeRunner` on `engine` for the settings' env section, its environments judged by each problem's
+    verifier (the `judge` of an environment that takes one)."""
+    from ..envs import build_runner  # lazy: torch, and a user's environment module, only for an env
+
+    def judge(reply: str, example: Example) -> float:
+        return float(score_batch(verifiers.pick(example), [reply], [example])[0].score)
+
+    env = from_dict(EnvConfig, settings.env, "env")
+    context = getattr(getattr(engine, "model", None), "config", None)
+    try:
+        return build_runner(
+            env,
+            RolloutConfig(max_new_tokens=settings.max_new_tokens),
+            engine,
+            engine.tokenizer,
+            judge,
+            getattr(context, "max_position_embeddings", None),
+        )
+    except ConfigError as err:
+        raise EvalError(str(err)) from None
 
 
 # ---------------------------------------------------------------- the model

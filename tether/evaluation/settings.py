@@ -67,6 +67,9 @@ class EvalOptions:
     threads: int = 0
     """torch CPU threads, as `trainer.threads`: 0 auto (half the cores this process may use, 1 to 8),
     -1 torch's default (every core), N. Not a setting (the samples do not depend on it)."""
+    env: dict[str, Any] | None = None
+    """Multi-turn episodes: an env section (the fields of `tether.config.sections.EnvConfig`, `eval_env`), each
+    sample one episode scored on its last model turn; None: one turn per sample."""
 
     def kept_ks(self) -> list[int]:
         """The distinct k <= n, sorted; an EvalError unless n >= 1, batch_prompts >= 1 and one is left."""
@@ -110,6 +113,8 @@ class EvalSettings:
     """"strict" (only the final `\\boxed{}` answer counts) or "lenient" (any answer math-verify finds)."""
     reward: str | None
     """The reward used for every problem (its name), or None: each task's own verifier."""
+    env: dict[str, Any] | None = None
+    """The env section of multi-turn episodes (recorded only when set: single-turn samples are the default)."""
 
     @classmethod
     def of(cls, model_path: str | Path, data_specs: Sequence[str], options: EvalOptions) -> EvalSettings:
@@ -134,6 +139,7 @@ class EvalSettings:
             reward=reward
             if reward is None or isinstance(reward, str)
             else getattr(reward, "__name__", type(reward).__name__),
+            env=dict(options.env) if options.env else None,
         )
 
     @property
@@ -154,8 +160,9 @@ class EvalSettings:
     def to_json(self) -> dict[str, Any]:
         """`settings.json`'s content (the engine only when it is not hf)."""
         fields = dataclasses.asdict(self)
-        if fields["engine"] is None:
-            del fields["engine"]
+        for optional in ("engine", "env"):
+            if fields[optional] is None:
+                del fields[optional]
         return json.loads(json.dumps(fields))
 
 

@@ -47,8 +47,7 @@ def greedy_accuracy(
     turn, and the episodes' metrics come too (`eval/turns`, `eval/reward_turn_1`, ...: `episode_summary`)."""
     import torch
 
-    from ..envs import draw, episode_summary  # lazy: torch; rewards import without it (a config error first)
-    from ..rollout import SamplingParams
+    from ..rollout import SamplingParams, draw, episode_summary  # lazy: torch; rewards import without it
 
     if not examples:
         raise ValueError("no examples to evaluate")

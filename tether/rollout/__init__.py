@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..core.registry import Registry, unknown_name_message
-from .base import FinishReason, RolloutBatch, RolloutEngine, SamplingParams
+from .base import FinishReason, RolloutBatch, RolloutEngine, SamplingParams, draw, episode_summary
 from .hf import HFEngine, encode_prompts, sample_categorical, sample_tokens, top_p_filter
 from .vllm_engine import VLLMEngine
 
@@ -49,7 +49,9 @@ __all__ = [
     "RolloutEngine",
     "SamplingParams",
     "VLLMEngine",
+    "draw",
     "encode_prompts",
+    "episode_summary",
     "engine_names",
     "engine_problem",
     "get_engine",

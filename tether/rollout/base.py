@@ -26,7 +26,7 @@ tokens the policy sampled, which alone are trained. An environment's tokens carr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, Sequence
 
 import torch
 
@@ -169,3 +169,37 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None) -> RolloutBatch:
         """Sample `n` completions for each prompt (samples of a prompt contiguous)."""
         ...
+
+
+def draw(engine: Any, examples: Sequence[Any], n: int, params: SamplingParams, seed: int | None) -> RolloutBatch:
+    """A batch for `examples` (tether.tasks.Example): an engine that plays episodes (`generate_examples`, the
+    `tether.envs.EpisodeRunner`) gets the examples, any other engine samples their prompts (one turn). The one
+    call the trainer's samplers, its held-out evaluation and `tether eval` make."""
+    play = getattr(engine, "generate_examples", None)
+    if play is not None:
+        return play(list(examples), n, params, seed)
+    return engine.generate([e.prompt for e in examples], n=n, params=params, seed=seed)
+
+
+def episode_summary(facts: Sequence[dict]) -> dict[str, float]:
+    """The metrics of multi-turn episodes' facts (`RolloutBatch.episodes`, docs/metrics.md): turns, model and
+    environment tokens and each `Step.info` key per episode, the environment's faults, and the mean environment
+    reward at each turn among the episodes that reached it (`env/reward_turn_<k>`); {} for none."""
+    count = len(facts)
+    if not count:
+        return {}
+    out = {
+        "env/turns": sum(f["turns"] for f in facts) / count,
+        "env/model_tokens": sum(f["model_tokens"] for f in facts) / count,
+        "env/env_tokens": sum(f["env_tokens"] for f in facts) / count,
+        "env/errors": float(sum(any(x.startswith("error") for x in f["faults"]) for f in facts)),
+        "env/timeouts": float(sum(any(x.startswith("timeout") for x in f["faults"]) for f in facts)),
+    }
+    for key in sorted({k for f in facts for k in f["info"]}):
+        out[f"env/{key}"] = sum(f["info"].get(key, 0.0) for f in facts) / count
+    longest = max((len(f["rewards"]) for f in facts), default=0)
+    for k in range(longest):
+        at_k = [f["rewards"][k] for f in facts if len(f["rewards"]) > k and f["rewards"][k] is not None]
+        if at_k:
+            out[f"env/reward_turn_{k + 1}"] = sum(at_k) / len(at_k)
+    return out

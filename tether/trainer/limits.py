@@ -59,13 +59,23 @@ def check_lengths(cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[
             else task.examples("train", PROMPT_SAMPLE, seed=cfg.trainer.seed)
         )
         prompts = [e.prompt for e in [*eval_examples, *train]]
+        if episodes and env.tools:  # the prompts the episodes start from: the tools described in them
+            from ..envs import ChatTurns, resolve_tools  # lazy: the tools are a user's code, imported only for them
+
+            turns = ChatTurns(tokenizer, resolve_tools(env))
+            prompts = [turns.prompt(e, None) for e in [*eval_examples, *train]]
         longest = max(map(len, encode_prompts(tokenizer, prompts)), default=0)
         if longest + budget > context and episodes:
             raise ConfigError(
                 f"an episode of env.max_episode_tokens={budget} tokens (the model's turns and the environment's; "
                 f"0 means 2 x env.max_turns x the turn's tokens) after prompts of up to {longest} tokens needs "
                 f"{longest + budget} positions, but the model {cfg.model.name_or_path!r} has a context of {context}: "
-                f"set env.max_episode_tokens to at most {max(context - longest, 0)}, or fewer or shorter turns"
+                + (
+                    f"set env.max_episode_tokens to at most {context - longest}, or fewer or shorter turns"
+                    if context - longest > 0
+                    else "the prompts alone fill it (with env.tools, their description is part of the prompt): "
+                    "use a model with a longer context, or shorter prompts or fewer tools"
+                )
             )
         if longest + budget > context:
             room = context - longest

@@ -52,8 +52,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 import torch
 
 from ..config.sections import Config
-from ..envs import draw
-from ..rollout import RolloutBatch, SamplingParams, get_engine
+from ..rollout import RolloutBatch, SamplingParams, draw, get_engine
 from ..tasks import Example
 from . import seeds
 from .staleness import StalePolicies, load_trainable, stale_metrics

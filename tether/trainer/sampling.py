@@ -18,8 +18,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol, 
 import torch
 
 from ..config.sections import Config
-from ..envs import draw
-from ..rollout import RolloutBatch, RolloutEngine, SamplingParams
+from ..rollout import RolloutBatch, RolloutEngine, SamplingParams, draw
 from ..tasks import Example
 from .data import PromptStream
 from .overlap import OverlappedSampler
