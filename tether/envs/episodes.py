@@ -250,6 +250,10 @@ class EpisodeRunner:
         self.turns = ChatTurns(tokenizer, tools)
         self.first_batch = True
 
+    def on(self, engine: Any) -> "EpisodeRunner":
+        """The same episodes on another engine (the overlapped sampler's copy of the policy)."""
+        return EpisodeRunner(engine, self.tokenizer, self.make_env, self.limits, self.name, self.turns.tools)
+
     def generate_examples(
         self, examples: list[Example], n: int, params: SamplingParams, seed: Optional[int]
     ) -> RolloutBatch:

@@ -42,7 +42,7 @@ The package, by concern:
     run.py       `evaluate`: load, sample and verify whole batches, append, report
     report.py    per-source metrics, results.json and results.md
     progress.py  progress over problems
-The `tether eval` command is `tether.cli.cmd_eval`; held-out greedy accuracy (training's
+The `tether eval` command is `tether.evaluation.command.cmd_eval`; held-out greedy accuracy (training's
 `eval/accuracy`) is `tether.rewards.greedy_accuracy`.
 """
 

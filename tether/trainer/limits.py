@@ -45,6 +45,16 @@ def model_context(m: ModelConfig) -> Optional[int]:
     return None
 
 
+def _first_prompts(env: Any, tokenizer: Any, examples: Sequence[Any]) -> list[str]:
+    """The prompts runs start from: the examples', or with env.tools the episodes' (the tools described in them)."""
+    if env is None or not env.tools:
+        return [e.prompt for e in examples]
+    from ..envs import ChatTurns, resolve_tools  # lazy: the tools are a user's code, imported only for them
+
+    turns = ChatTurns(tokenizer, resolve_tools(env))
+    return [turns.prompt(e, None) for e in examples]
+
+
 def check_lengths(cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[Any]) -> None:
     """ConfigError when the run cannot progress for a length (module docstring)."""
 
@@ -58,12 +68,7 @@ def check_lengths(cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[
             if task.finite
             else task.examples("train", PROMPT_SAMPLE, seed=cfg.trainer.seed)
         )
-        prompts = [e.prompt for e in [*eval_examples, *train]]
-        if episodes and env.tools:  # the prompts the episodes start from: the tools described in them
-            from ..envs import ChatTurns, resolve_tools  # lazy: the tools are a user's code, imported only for them
-
-            turns = ChatTurns(tokenizer, resolve_tools(env))
-            prompts = [turns.prompt(e, None) for e in [*eval_examples, *train]]
+        prompts = _first_prompts(env if episodes else None, tokenizer, [*eval_examples, *train])
         longest = max(map(len, encode_prompts(tokenizer, prompts)), default=0)
         if longest + budget > context and episodes:
             raise ConfigError(

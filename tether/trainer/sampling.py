@@ -18,6 +18,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol, 
 import torch
 
 from ..config.sections import Config
+from ..envs import EpisodeRunner
 from ..rollout import RolloutBatch, RolloutEngine, SamplingParams, draw
 from ..tasks import Example
 from .data import PromptStream
@@ -117,15 +118,15 @@ def make_sampler(
     params: SamplingParams,
     precision: Callable[[], ContextManager],
     saved: Optional[dict] = None,
-    episodes: Callable[[Any], Any] = lambda engine: engine,
 ) -> Sampler:
     """The run's sampler: on-policy for `trainer.staleness` 0, else stale, overlapped with `trainer.overlap`;
     `saved` is a checkpoint's `state()` (the stale policies) on resume. `engine` is an engine or, for
-    multi-turn episodes, an `EpisodeRunner` on one; `episodes` puts a runner on the overlap's own engine."""
+    multi-turn episodes, an `EpisodeRunner` on one (the overlap's own engine then plays the same episodes)."""
     t = cfg.trainer
     if not t.staleness:
         return OnPolicySampler(engine)
     stale = StalePolicies(model, t.staleness, saved)
     if t.overlap:
+        episodes = engine.on if isinstance(engine, EpisodeRunner) else (lambda own: own)
         return OverlappedSampler(cfg, model, tokenizer, stale, stream, params, precision, episodes)
     return StaleSampler(engine, model, stale)

@@ -156,7 +156,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     engine = episodes(_engine(r, model, tokenizer, device, log))  # an EpisodeRunner on it for multi-turn episodes
     policy = Policy(model, peft, optimizer, scheduler, device, precision, LogProbSettings.of(t, r))
     saved = state.get("stale_policies") if t.staleness else None
-    sampler = make_sampler(cfg, engine, model, tokenizer, stream, params, precision, saved, episodes)
+    sampler = make_sampler(cfg, engine, model, tokenizer, stream, params, precision, saved)
     rollouts = Rollouts(sampler, stream, checked.reward_fn, params, tokenizer.pad_token_id)
     parts = StepParts(policy, rollouts, checked.obj, Reference(reference), t, r)
     warm = warm_start_metrics(cfg.warm_start, base) if base is not None else {}
