@@ -1,0 +1,118 @@
+"""What RL changes in the multi-turn job (configs/multi_turn.yaml), drawn and tabulated from the committed runs.
+
+    python benchmarks/multi_turn/figure.py    # plots/learning.png and table.md in benchmarks/results/multi_turn_cpu
+
+Reads benchmarks/results/multi_turn_cpu/seed*/metrics.jsonl. Three panels: held-out first-turn accuracy (one
+greedy episode per problem, `eval/solved_turn_1`), the training episodes' first-turn accuracy (`env/solved_turn_1`,
+temperature 0.6) and the turns they used (`env/turns`), one line per seed and their mean. The table gives each
+seed's numbers at the start and the end; the training columns average the first and the last three steps, since
+one step's 32 episodes are noisy. Remade from the files alone, so the picture follows the results it shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tether.records.plots import pyplot  # noqa: E402
+from tether.records.runlog import read_metrics, series, values  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "multi_turn_cpu"
+PANELS = (
+    ("eval/solved_turn_1", "held-out first-turn accuracy (greedy, 40)"),
+    ("env/solved_turn_1", "training first-turn accuracy (T=0.6)"),
+    ("env/turns", "turns per training episode"),
+)
+COLUMNS = (  # (header, metric, how: "evals" = first/last evaluation, "steps" = mean of first/last 3 steps)
+    ("held-out first-turn acc", "eval/solved_turn_1", "evals"),
+    ("held-out turns", "eval/turns", "evals"),
+    ("train first-turn acc", "env/solved_turn_1", "steps"),
+    ("train reward", "reward/mean", "steps"),
+    ("train turns", "env/turns", "steps"),
+    ("model tokens / episode", "env/model_tokens", "steps"),
+)
+
+
+def runs(results: Path) -> list[Path]:
+    found = sorted(p for p in results.glob("seed*") if (p / "metrics.jsonl").exists())
+    if not found:
+        raise SystemExit(f"no seed*/metrics.jsonl under {results}")
+    return found
+
+
+def ends(rows: list[dict], metric: str, how: str) -> tuple[float, float]:
+    """(start, end) of `metric`: the first and last evaluation, or the means of the first and last 3 steps."""
+    v = values(rows, metric)
+    if not v:
+        raise SystemExit(f"{metric} is not in the metrics: is this a multi-turn run?")
+    return (v[0], v[-1]) if how == "evals" else (statistics.fmean(v[:3]), statistics.fmean(v[-3:]))
+
+
+def table(results: Path) -> str:
+    head = "| seed | " + " | ".join(h for h, _, _ in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 1)]
+    per_column: list[list[tuple[float, float]]] = [[] for _ in COLUMNS]
+    for run in runs(results):
+        rows = read_metrics(run)
+        cells = []
+        for i, (_, metric, how) in enumerate(COLUMNS):
+            a, b = ends(rows, metric, how)
+            per_column[i].append((a, b))
+            cells.append(f"{a:.3g} -> {b:.3g}")
+        lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
+    mean = [
+        f"{statistics.fmean(a for a, _ in col):.3g} -> {statistics.fmean(b for _, b in col):.3g}" for col in per_column
+    ]
+    lines.append("| mean | " + " | ".join(mean) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def draw(results: Path) -> Path:
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, 3, figsize=(12.6, 3.6), dpi=120)
+    found = runs(results)
+    for ax, (metric, title) in zip(axes, PANELS):
+        curves = [series(read_metrics(run), metric) for run in found]
+        for run, points in zip(found, curves):
+            ax.plot([s for s, _ in points], [v for _, v in points], lw=1, alpha=0.55, marker="o", ms=2, label=run.name)
+        n = min(len(c) for c in curves)
+        steps = [s for s, _ in curves[0][:n]]
+        mean = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
+        ax.plot(steps, mean, color="black", lw=2, label=f"mean of {len(found)} seeds")
+        ax.set(title=title, xlabel="RL step")
+        if metric == "env/turns":
+            ax.set_ylim(1, 3)
+        else:
+            ax.set_ylim(0, 1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        "Retry-on-feedback episodes (up to 3 turns), SmolLM2-135M-Instruct, LoRA, GRPO, 2 CPU cores", fontsize=10
+    )
+    fig.tight_layout()
+    out = results / "plots" / "learning.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", type=Path, default=RESULTS)
+    a = p.parse_args()
+    (a.results / "table.md").write_text(table(a.results))
+    print(draw(a.results))
+    print((a.results / "table.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
