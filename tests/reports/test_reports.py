@@ -129,11 +129,15 @@ def test_summary_plots_and_report_show_the_chosen_name(tmp_path):
             ],
             "weighted: 1 x exact_match + 0.5 x overlong (max_tokens=8, cache=2)",
         ),  # weights win over the name
+        # the trainer scores episodes by the environment's rewards here (it said the task's verifier)
+        (["env.name=retry", "env.reward=env"], "episode (the environment's rewards: env.reward=env)"),
+        (["env.name=retry"], "exact_match (the task's own verifier)"),  # env.reward=task: the last turn
+        (["env.name=retry", "env.reward=env", "reward.name=format"], "format"),  # a named reward wins
     ],
 )
 def test_the_summary_names_the_reward_actually_used(overrides, text):
     cfg = load_config(None, overrides)
-    assert reward_text(cfg.reward, cfg.data.task) == text
+    assert reward_text(cfg.reward, cfg.data.task, cfg.env) == text
 
 
 def test_the_best_checkpoint_is_worded_by_what_export_takes(tmp_path):

@@ -17,7 +17,7 @@ import torch
 
 from . import checkpoint
 from .. import objectives
-from ..config.sections import Config, RewardConfig
+from ..config.sections import Config, EnvConfig, RewardConfig
 from .runlog import ACCURACY, accuracy, best, read_metrics, series
 from ..tasks import TASKS
 
@@ -49,7 +49,7 @@ def summary_header(
             f"# Run {run_dir.name}",
             "",
             f"- objective: {what}",
-            f"- model: {cfg.model.name_or_path} (dtype {cfg.model.dtype}); task: {task}; reward: {reward_text(cfg.reward, cfg.data.task)}",
+            f"- model: {cfg.model.name_or_path} (dtype {cfg.model.dtype}); task: {task}; reward: {reward_text(cfg.reward, cfg.data.task, cfg.env)}",
             f"- steps: {steps_done} of {cfg.trainer.total_steps} ({status})",
             f"- wall time: {wall_s:.0f} s on {device}" + (f" (this session, resumed at step {start})" if start else ""),
             f"- best held-out accuracy: {best_text(rows, run_dir)}",
@@ -59,9 +59,11 @@ def summary_header(
     )
 
 
-def reward_text(r: RewardConfig, task: str) -> str:
+def reward_text(r: RewardConfig, task: str, env: EnvConfig | None = None) -> str:
     """The reward the run trained on, as configured: the weighted parts when `reward.weights` is set
-    (it wins over `reward.name`), else the named reward, `auto` naming the verifier of `task` (`data.task`)."""
+    (it wins over `reward.name`), else the named reward, `auto` naming the verifier of `task` (`data.task`),
+    or the environment's rewards where episodes are scored by them (`env.reward=env`, as the trainer's setup
+    chooses)."""
     if r.weights:
         parts = []
         for name, spec in r.weights.items():
@@ -71,6 +73,8 @@ def reward_text(r: RewardConfig, task: str) -> str:
             else:
                 parts.append(f"{spec:g} x {name}")
         return "weighted: " + " + ".join(parts)
+    if r.name == "auto" and env is not None and env.enabled and env.reward == "env":
+        return "episode (the environment's rewards: env.reward=env)"
     if r.name == "auto":
         own = getattr(TASKS.get(task), "reward", None) if task in TASKS else None
         return f"{own or 'auto'} (the task's own verifier)"

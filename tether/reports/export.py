@@ -27,7 +27,7 @@ from ..records.checkpoint import step_of
 from ..model.loading import adapter_base as model_adapter_base, is_adapter_dir
 from ..records.runlog import ACCURACY, accuracy, best, read_config, read_metrics, values
 from ..objectives import display
-from ..config.sections import RewardConfig
+from ..config.sections import EnvConfig, RewardConfig
 from ..records.summary import reward_text
 from ..schema import from_dict
 
@@ -261,7 +261,7 @@ def _training(cfg: dict, step: int) -> list[str]:
         "",
         f"- base model: `{m.get('name_or_path', '?')}`{lora}",
         f"- data: task `{data.get('task', '?')}`{args}; held-out accuracy on {data.get('eval_size', '?')} test examples",
-        f"- reward: {_reward(cfg.get('reward') or {}, data.get('task', ''))}",
+        f"- reward: {_reward(cfg.get('reward') or {}, data.get('task', ''), cfg.get('env') or {})}",
         f"- steps: this is step {step} of {trainer.get('total_steps', '?')}; "
         f"{rollout.get('prompts_per_step', '?')} prompts x {rollout.get('group_size', '?')} samples per step, "
         f"lr {trainer.get('lr', '?')}, seed {trainer.get('seed', '?')}",
@@ -329,9 +329,9 @@ def _lora(cfg: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in lora.items() if k in ("r", "alpha", "dropout"))
 
 
-def _reward(reward: dict, task: str) -> str:
+def _reward(reward: dict, task: str, env: dict) -> str:
     """The reward as summary.md names it (`records.summary.reward_text`: `auto` is the task's own verifier)."""
-    return reward_text(from_dict(RewardConfig, reward), task)
+    return reward_text(from_dict(RewardConfig, reward), task, from_dict(EnvConfig, env))
 
 
 def _hub_id(name: str) -> bool:
