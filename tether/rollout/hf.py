@@ -47,6 +47,35 @@ def encode_prompts(tokenizer: Any, prompts: list[str], add_special_tokens: bool 
     return tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
 
 
+class PromptsOrIds:
+    """`generate` (text prompts, `n` samples each) and `generate_ids` (token ids in, token ids out: the
+    multi-turn episodes of tether.envs) over an engine's `_sample(rows, prompt_index, params, seed)`; the
+    engine has `tokenizer` and `add_special_tokens`. Shared by the hf and vllm engines."""
+
+    tokenizer: Any
+    add_special_tokens: bool
+
+    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None) -> RolloutBatch:
+        """Sample `n` completions per prompt from the current policy; the same seed gives the same tokens."""
+        if n < 1 or not prompts:
+            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
+        encoded = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
+        prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
+        return self._sample([encoded[i] for i in prompt_index], prompt_index, params, seed)
+
+    def generate_ids(self, rows: list[list[int]], params: SamplingParams, seed: int | None = None) -> RolloutBatch:
+        """One completion per row of token ids, sampled from exactly those ids; `prompt_index` is the row's
+        index."""
+        if not rows or not all(rows):
+            raise ValueError("need at least one row, and no empty row, of token ids")
+        return self._sample([list(r) for r in rows], list(range(len(rows))), params, seed)
+
+    def _sample(
+        self, rows: list[list[int]], prompt_index: list[int], params: SamplingParams, seed: int | None
+    ) -> RolloutBatch:
+        raise NotImplementedError
+
+
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Logits with every token outside the top-p nucleus set to -inf.
 
@@ -195,7 +224,7 @@ class _EagerDecoder:
         return out.logits[:, -1]
 
 
-class HFEngine:
+class HFEngine(PromptsOrIds):
     """Batched sampling from a Hugging Face causal LM with the KV cache (module docstring).
 
     Args:
@@ -226,21 +255,6 @@ class HFEngine:
         self.batch_size, self.add_special_tokens, self.compile = batch_size, add_special_tokens, compile
         self._static: StaticDecoder | None = None  # the model's, once used (it holds the graphs and caches)
         self._static_reason = static_decode_reason(model) if compile == "auto" else None
-
-    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None) -> RolloutBatch:
-        """Sample `n` completions per prompt; the same seed gives the same tokens."""
-        if n < 1 or not prompts:
-            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
-        encoded = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
-        prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
-        return self._sample([encoded[i] for i in prompt_index], prompt_index, params, seed)
-
-    def generate_ids(self, rows: list[list[int]], params: SamplingParams, seed: int | None = None) -> RolloutBatch:
-        """One completion per row of token ids, sampled from exactly those ids (token in, token out: the
-        multi-turn episodes of tether.envs); `prompt_index` is the row's index."""
-        if not rows or not all(rows):
-            raise ValueError("need at least one row, and no empty row, of token ids")
-        return self._sample([list(r) for r in rows], list(range(len(rows))), params, seed)
 
     def _sample(
         self, rows: list[list[int]], prompt_index: list[int], params: SamplingParams, seed: int | None

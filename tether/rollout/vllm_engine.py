@@ -54,7 +54,7 @@ import torch
 
 from . import vllm_compat
 from .base import FinishReason, RolloutBatch, SamplingParams
-from .hf import _eos_ids, completion_texts, encode_prompts
+from .hf import PromptsOrIds, _eos_ids, completion_texts
 
 
 def request_seed(seed: int, row: int) -> int:
@@ -93,7 +93,7 @@ def _fingerprint(model: torch.nn.Module) -> tuple:
     return tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
 
 
-class VLLMEngine:
+class VLLMEngine(PromptsOrIds):
     """Batched sampling with an in-process vLLM engine that follows the live policy (module docstring).
 
     Args:
@@ -181,21 +181,6 @@ class VLLMEngine:
             )
         self._pushed, self.sync_seconds = fingerprint, time.perf_counter() - tic
         return True
-
-    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int | None = None) -> RolloutBatch:
-        """Sample `n` completions per prompt from the current policy; the same seed gives the same tokens."""
-        if n < 1 or not prompts:
-            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
-        encoded = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
-        prompt_index = [i for i in range(len(prompts)) for _ in range(n)]
-        return self._sample([encoded[i] for i in prompt_index], prompt_index, params, seed)
-
-    def generate_ids(self, rows: list[list[int]], params: SamplingParams, seed: int | None = None) -> RolloutBatch:
-        """One completion per row of token ids, sampled from exactly those ids (token in, token out: the
-        multi-turn episodes of tether.envs); `prompt_index` is the row's index."""
-        if not rows or not all(rows):
-            raise ValueError("need at least one row, and no empty row, of token ids")
-        return self._sample([list(r) for r in rows], list(range(len(rows))), params, seed)
 
     def _sample(
         self, rows: list[list[int]], prompt_index: list[int], params: SamplingParams, seed: int | None
