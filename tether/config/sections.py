@@ -443,18 +443,24 @@ class Config:
             )
 
 
-RESUMABLE_KEYS = (
-    "trainer.total_steps",
-    "trainer.eval_every",
-    "trainer.eval_batch_size",
-    "trainer.save_every",
-    "trainer.keep_last",
+PRESENTATION_KEYS = (
     "trainer.log_every",
     "trainer.progress",
     "trainer.plots",
     "trainer.tensorboard",
     "trainer.wandb",
     "trainer.wandb_project",
+)
+"""Settings that change what a run shows, never what it computes (`tether compare` keeps a run already there
+that differs in them)."""
+
+RESUMABLE_KEYS = (
+    "trainer.total_steps",
+    "trainer.eval_every",
+    "trainer.eval_batch_size",
+    "trainer.save_every",
+    "trainer.keep_last",
+    *PRESENTATION_KEYS,
     "trainer.threads",
     "trainer.log_samples",
     "trainer.max_nonfinite_steps",

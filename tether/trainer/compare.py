@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..config.loading import load_config
-from ..config.sections import Config, config_differences
+from ..config.sections import PRESENTATION_KEYS, Config, config_differences
 from ..records import checkpoint
 from ..records.runlog import read_config, read_metrics
 from ..reports.claims import load_claims
@@ -147,16 +147,6 @@ def _arms(objectives: list[str], null_control: Optional[str]) -> list[tuple[str,
         arms.append((label, null_control, lambda seed: [f"trainer.sampling_seed={seed + NULL_SAMPLING_OFFSET}"]))
     return arms
 
-
-PRESENTATION_KEYS = (
-    "trainer.log_every",
-    "trainer.progress",
-    "trainer.plots",
-    "trainer.tensorboard",
-    "trainer.wandb",
-    "trainer.wandb_project",
-)
-"""Settings that change what a run shows, never what it computes: a run already there may differ in them."""
 
 STOPPED = {130, 143, -signal.SIGINT, -signal.SIGTERM}
 """Exit codes of a child `tether train` stopped by a signal (a scheduler's SIGTERM, a Ctrl-C sent to it)."""
