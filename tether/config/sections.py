@@ -170,6 +170,11 @@ class EnvConfig:
         """Completion tokens per episode: max_episode_tokens, else 2 x max_turns x the turn's tokens."""
         return self.max_episode_tokens or 2 * self.max_turns * self.turn_tokens(rollout)
 
+    def reward_name(self, name: str) -> str:
+        """The reward a run with `reward.name=name` trains on: `episode` (the environment's rewards) for `auto`
+        when episodes are scored by the environment (`reward: env`), else `name`."""
+        return "episode" if name == "auto" and self.enabled and self.reward == "env" else name
+
 
 @dataclass
 class RewardConfig:

@@ -73,7 +73,7 @@ def reward_text(r: RewardConfig, task: str, env: EnvConfig | None = None) -> str
             else:
                 parts.append(f"{spec:g} x {name}")
         return "weighted: " + " + ".join(parts)
-    if r.name == "auto" and env is not None and env.enabled and env.reward == "env":
+    if r.name == "auto" and env is not None and env.reward_name(r.name) == "episode":
         return "episode (the environment's rewards: env.reward=env)"
     if r.name == "auto":
         own = getattr(TASKS.get(task), "reward", None) if task in TASKS else None

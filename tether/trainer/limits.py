@@ -47,7 +47,7 @@ def model_context(m: ModelConfig) -> Optional[int]:
 
 def _first_prompts(env: Any, tokenizer: Any, examples: Sequence[Any]) -> list[str]:
     """The prompts runs start from: the examples', or with env.tools the episodes' (the tools described in them)."""
-    if env is None or not env.tools:
+    if not env.tools:
         return [e.prompt for e in examples]
     from ..envs import ChatTurns, resolve_tools  # lazy: the tools are a user's code, imported only for them
 
@@ -58,8 +58,8 @@ def _first_prompts(env: Any, tokenizer: Any, examples: Sequence[Any]) -> list[st
 def check_lengths(cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[Any]) -> None:
     """ConfigError when the run cannot progress for a length (module docstring)."""
 
-    env = getattr(cfg, "env", None)
-    episodes = env is not None and env.enabled
+    env = cfg.env
+    episodes = env.enabled
     budget = env.episode_tokens(cfg.rollout) if episodes else cfg.rollout.max_new_tokens
     context = model_context(cfg.model)
     if context is not None:
@@ -68,7 +68,7 @@ def check_lengths(cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[
             if task.finite
             else task.examples("train", PROMPT_SAMPLE, seed=cfg.trainer.seed)
         )
-        prompts = _first_prompts(env if episodes else None, tokenizer, [*eval_examples, *train])
+        prompts = _first_prompts(env, tokenizer, [*eval_examples, *train])
         longest = max(map(len, encode_prompts(tokenizer, prompts)), default=0)
         if longest + budget > context and episodes:
             raise ConfigError(

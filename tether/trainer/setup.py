@@ -280,7 +280,7 @@ def build_task_and_reward(cfg: Config, tokenizer=None):
     except KeyError as err:  # a user's task that names a reward no registry has
         raise ConfigError(f"data.task={cfg.data.task}: its reward {task.reward!r}: {err.args[0]}") from None
     own = r.name in ("auto", task.reward) and not r.weights
-    name = "episode" if cfg.env.reward == "env" and r.name == "auto" else r.name  # the environment's rewards
+    name = cfg.env.reward_name(r.name)
     reward = (
         verifier if own and name == r.name else task_reward(task, name, r.weights, r.timeout_s, r.strict, r.isolate)
     )
