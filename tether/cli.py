@@ -174,12 +174,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"report: {rewrite_from_summary(args.run_dirs[0], args.claims, args.out)}")
         return 0
     # Several compare directories: one regime each, named by its directory; else one regime.
+    left_out: list[str] = []  # runs of a comparison still in progress (or interrupted): reported when finished
     if len(args.run_dirs) > 1 and all(not (Path(d) / "metrics.jsonl").exists() for d in args.run_dirs):
-        regimes = {Path(d).name: discover([d]) for d in args.run_dirs}
+        regimes = {Path(d).name: discover([d], left_out) for d in args.run_dirs}
     else:
-        regimes = {Path(args.run_dirs[0]).name: discover(args.run_dirs)}
+        regimes = {Path(args.run_dirs[0]).name: discover(args.run_dirs, left_out)}
+    for run in left_out:
+        print(f"report: left out, not finished: {run}", file=sys.stderr)
     out = Path(args.out or args.run_dirs[0])
-    print(f"report: {write_report(regimes, out, args.threshold, args.claims)}")
+    print(f"report: {write_report(regimes, out, args.threshold, args.claims, tuple(left_out))}")
     return 0
 
 

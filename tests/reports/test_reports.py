@@ -233,6 +233,29 @@ def test_report_claims_with_one_seed_per_method(tmp_path, capsys):
     assert [s["claim"] for s in summary["skipped_claims"]] == ["ETR beats GRPO"]
 
 
+# ---------------------------------------------------------------- a comparison still running (issue 40)
+
+
+def test_a_comparison_in_progress_is_reported_from_its_finished_runs_and_names_the_others(tmp_path, capsys):
+    """Its runs still training were read as finished (a run at step 1 of 12 counted as a seed ending at its
+    step-0 accuracy); they are left out, named on stderr and in report.md, and a run named directly is taken."""
+    from tether.cli import main
+
+    cmp = tmp_path / "cmp"
+    for seed, last in ((0, 3), (1, 1)):
+        _run(cmp / "grpo" / f"seed{seed}", ["trainer.total_steps=3"], _rows({0: 0.1, 3: 0.5}, last))
+    assert main(["report", str(cmp), "--threshold", "0.3"]) == 0
+    text = (cmp / "report.md").read_text()
+    assert f"Not finished, so left out: {cmp / 'grpo' / 'seed1'} (step 1 of 3)." in text
+    assert "| grpo | 1 | 0.100 | 0.500 |" in text
+    assert f"left out, not finished: {cmp / 'grpo' / 'seed1'} (step 1 of 3)" in capsys.readouterr().err
+    assert main(["report", str(cmp / "grpo" / "seed1"), "--out", str(tmp_path / "one"), "--threshold", "0.3"]) == 0
+    assert "| grpo | 1 | 0.100 | 0.100 |" in (tmp_path / "one" / "report.md").read_text()
+    shutil.rmtree(cmp / "grpo" / "seed0")
+    assert main(["report", str(cmp)]) != 0
+    assert re.search(r"no finished run.*seed1 \(step 1 of 3\).*name a run directory", capsys.readouterr().err)
+
+
 # ---------------------------------------------------------------- item 10: the default model's size
 
 

@@ -71,3 +71,17 @@ def tail_mean(rows: list[dict[str, Any]], key: str) -> float:
 def read_config(run_dir: str | Path) -> dict[str, Any]:
     """RUN_DIR/config.yaml as a plain mapping (the run's resolved config; {} when empty)."""
     return yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+
+
+def unfinished(run_dir: str | Path) -> tuple[int, int] | None:
+    """(last logged step, total steps) for a run that has not yet logged the last step its config.yaml asks
+    for (a run in progress, or one interrupted and not resumed); None when it has, or when its config.yaml
+    or metrics.jsonl does not say."""
+    if not (Path(run_dir) / "config.yaml").exists():
+        return None
+    total = (read_config(run_dir).get("trainer") or {}).get("total_steps")
+    rows = read_metrics(run_dir, missing_ok=True)
+    last = rows[-1].get("step") if rows else None
+    if not isinstance(total, int) or not isinstance(last, int) or last >= total:
+        return None
+    return last, total

@@ -23,7 +23,17 @@ from ..records.plots import (
     window_note,
     ylabel_of,
 )
-from ..records.runlog import ACCURACY, METRICS_FILE, accuracy, has_metrics, read_config, read_metrics, tail_mean, values
+from ..records.runlog import (
+    ACCURACY,
+    METRICS_FILE,
+    accuracy,
+    has_metrics,
+    read_config,
+    read_metrics,
+    tail_mean,
+    unfinished,
+    values,
+)
 from ..config.sections import Config, flatten, one_line
 from ..schema import to_dict
 from .claims import (
@@ -64,16 +74,30 @@ def _label(run: Path) -> str:
     return label_of(read_config(run)["objective"])
 
 
-def discover(paths: list[str]) -> list[Path]:
-    """Run directories under the given paths (a run dir, or a compare dir holding runs)."""
+def discover(paths: list[str], left_out: Optional[list[str]] = None) -> list[Path]:
+    """Run directories under the given paths (a run dir, or a compare dir holding runs). A run found under a
+    compare dir that has not reached its last step (in progress, or interrupted: `runlog.unfinished`) is
+    left out, and named in `left_out` when given; a run dir named directly is always taken as it stands."""
     runs = []
     for p in map(Path, paths):
         if has_metrics(p):
             runs.append(p)
-        else:
-            runs.extend(sorted(q.parent for q in p.glob(f"**/{METRICS_FILE}")))
+            continue
+        for run in sorted(q.parent for q in p.glob(f"**/{METRICS_FILE}")):
+            short = unfinished(run)
+            if short is None:
+                runs.append(run)
+            elif left_out is not None:
+                left_out.append(f"{run} (step {short[0]} of {short[1]})")
     if not runs:
-        raise FileNotFoundError(f"no run directories (with metrics.jsonl) under {', '.join(paths)}")
+        raise FileNotFoundError(
+            f"no finished run directories (with metrics.jsonl) under {', '.join(paths)}"
+            + (
+                f"; not finished: {', '.join(left_out)} (name a run directory to report it as it stands)"
+                if left_out
+                else ""
+            )
+        )
     return runs
 
 
@@ -109,16 +133,23 @@ def _ms(values: list[float], digits: int = 3) -> str:
 
 
 def write_report(
-    regimes: dict[str, list[Path]], out_dir: Path, threshold: Optional[float] = None, claims: Optional[str] = None
+    regimes: dict[str, list[Path]],
+    out_dir: Path,
+    threshold: Optional[float] = None,
+    claims: Optional[str] = None,
+    left_out: tuple[str, ...] = (),
 ) -> Path:
     """report.md (per regime: its settings, a table of mean ± std over seeds, overlay plots; then the
-    claims with their intervals and verdicts) and summary.json (per-seed values, `tether.reports.claims`)."""
+    claims with their intervals and verdicts) and summary.json (per-seed values, `tether.reports.claims`).
+    `left_out`: the runs `discover` left out as not finished, named under the title."""
 
     claim_list = load_claims(claims) if claims else None  # checked before anything is written
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = {name: _by_method(runs) for name, runs in regimes.items()}
     lines = ["# Method comparison", ""]
+    if left_out:
+        lines += [f"Not finished, so left out: {', '.join(left_out)}.", ""]
     summary: dict = {"regimes": {}, "claims": []}
     for name, methods in groups.items():
         plot_dir = out_dir / "plots" if len(groups) == 1 else out_dir / "plots" / name

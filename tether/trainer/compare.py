@@ -33,7 +33,7 @@ from typing import Callable, Optional
 from ..config.loading import load_config
 from ..config.sections import PRESENTATION_KEYS, Config, config_differences
 from ..records import checkpoint
-from ..records.runlog import read_config, read_metrics
+from ..records.runlog import METRICS_FILE, read_metrics, unfinished
 from ..reports.claims import load_claims
 from ..reports.report import NULL_SUFFIX, write_report
 from ..schema import ConfigError, RunsFailed
@@ -50,11 +50,9 @@ def run_dir(out: Path, objective: str, seed: int) -> Path:
 
 
 def is_finished(run: Path) -> bool:
-    if not (run / "config.yaml").exists() or not (run / "summary.md").exists():
-        return False
-    total = read_config(run)["trainer"]["total_steps"]
-    rows = read_metrics(run)
-    return bool(rows) and rows[-1]["step"] >= total
+    """It logged its last step (`runlog.unfinished`, which `tether report` leaves out) and wrote its summary."""
+    files = [run / name for name in ("config.yaml", "summary.md", METRICS_FILE)]
+    return all(f.exists() for f in files) and bool(read_metrics(run)) and unfinished(run) is None
 
 
 def compare(
