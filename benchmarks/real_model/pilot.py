@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tether.records.runlog import accuracy, read_metrics, values  # noqa: E402
+from tether.records.runlog import accuracy, finished, read_metrics, values  # noqa: E402
 from tether.reports.claims import METRICS  # noqa: E402
 
 SETTINGS = [  # (name, what it varies, overrides on configs/real_model.yaml with objective=dapo)
@@ -44,11 +44,6 @@ SETTINGS = [  # (name, what it varies, overrides on configs/real_model.yaml with
         ["trainer.staleness=4", "trainer.old_logprobs=sampler"],
     ),
 ]
-
-
-def finished(run: Path, steps: int) -> bool:
-    rows = read_metrics(run) if (run / "metrics.jsonl").exists() else []
-    return (run / "summary.md").exists() and bool(rows) and rows[-1]["step"] >= steps
 
 
 def command(config: str, name: str, overrides: list[str], out: Path, steps: int) -> list[str]:
@@ -74,7 +69,7 @@ def command(config: str, name: str, overrides: list[str], out: Path, steps: int)
 
 def run_all(args) -> None:
     out = Path(args.out)
-    queue = [(n, o) for n, _, o in SETTINGS if not finished(out / n, args.steps)]
+    queue = [(n, o) for n, _, o in SETTINGS if not finished(out / n)]
     running: list[tuple[str, subprocess.Popen]] = []
     while queue or running:
         while queue and len(running) < args.jobs:
@@ -123,9 +118,7 @@ def table(args) -> str:
     ]
     for name, what, _ in SETTINGS:
         run = out / name
-        lines.append(
-            row(name, what, run) if finished(run, args.steps) else f"| {name} | {what} | not finished | | | | |"
-        )
+        lines.append(row(name, what, run) if finished(run) else f"| {name} | {what} | not finished | | | | |")
     return "\n".join(lines)
 
 

@@ -85,3 +85,11 @@ def unfinished(run_dir: str | Path) -> tuple[int, int] | None:
     if not isinstance(total, int) or not isinstance(last, int) or last >= total:
         return None
     return last, total
+
+
+def finished(run_dir: str | Path) -> bool:
+    """It logged the last step its config.yaml asks for (not `unfinished`) and wrote its summary.md (what
+    `tether compare` skips on a rerun)."""
+    run = Path(run_dir)
+    files = [run / name for name in ("config.yaml", "summary.md", METRICS_FILE)]
+    return all(f.exists() for f in files) and bool(read_metrics(run)) and unfinished(run) is None

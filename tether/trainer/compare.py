@@ -33,7 +33,7 @@ from typing import Callable, Optional
 from ..config.loading import load_config
 from ..config.sections import PRESENTATION_KEYS, Config, config_differences
 from ..records import checkpoint
-from ..records.runlog import METRICS_FILE, read_metrics, unfinished
+from ..records.runlog import finished as is_finished
 from ..reports.claims import load_claims
 from ..reports.report import NULL_SUFFIX, write_report
 from ..schema import ConfigError, RunsFailed
@@ -47,12 +47,6 @@ NULL_SAMPLING_OFFSET = 10_000
 
 def run_dir(out: Path, objective: str, seed: int) -> Path:
     return Path(out) / objective / f"seed{seed}"
-
-
-def is_finished(run: Path) -> bool:
-    """It logged its last step (`runlog.unfinished`, which `tether report` leaves out) and wrote its summary."""
-    files = [run / name for name in ("config.yaml", "summary.md", METRICS_FILE)]
-    return all(f.exists() for f in files) and bool(read_metrics(run)) and unfinished(run) is None
 
 
 def compare(

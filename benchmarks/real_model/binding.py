@@ -1,0 +1,102 @@
+"""The binding-regime comparison's per-run table and per-step values, from its compare directory.
+
+    tether compare configs/real_model_compare.yaml --objectives grpo,dapo,atr_grpo,rpg_urkl,etr --seeds 6 \
+        --null-control grpo --jobs 2 --claims configs/claims_real_model.yaml --out RUNS
+    tether report RUNS --claims configs/claims_real_model.yaml --out benchmarks/results/real_model_compare_cpu/binding
+    python benchmarks/real_model/binding.py RUNS --out benchmarks/results/real_model_compare_cpu/binding
+
+Writes OUT/table.md (one row per finished run, seed by seed, then each method's mean ± std over its seeds: the
+fraction of tokens its trust region constrained, `constrained_frac` of tether.reports.claims; the mean KL(old, new)
+per update; the held-out accuracy at every evaluation; the final entropy; the train time) and OUT/metrics.json
+(every finished run's logged rows, without the timings). Runs still training are left out, as `tether report`
+leaves them out, so the files can be remade while the comparison runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tether.records.runlog import accuracy, read_metrics, values  # noqa: E402
+from tether.reports.claims import METRICS  # noqa: E402
+from tether.reports.report import discover  # noqa: E402
+
+ARMS = ["grpo", "dapo", "atr_grpo", "rpg_urkl", "etr", "grpo_null"]
+
+
+def row(rows: list[dict]) -> dict:
+    return {
+        "constrained": METRICS["constrained_frac"](rows),
+        "kl_old": statistics.fmean(values(rows, "policy/kl_old")),
+        "acc": [a for _, a in accuracy(rows)],
+        "entropy": METRICS["final_entropy"](rows),
+        "time_s": sum(values(rows, "time/step_s")),
+    }
+
+
+def _ms(xs: list[float], fmt: str) -> str:
+    return (
+        format(xs[0], fmt)
+        if len(xs) == 1
+        else f"{format(statistics.fmean(xs), fmt)} ± {format(statistics.stdev(xs), fmt)}"
+    )
+
+
+def table(runs: dict[str, dict[int, dict]]) -> list[str]:
+    lines = [
+        "| method | seed | constrained | mean KL(old, new) | held-out acc at each evaluation | final entropy | train time |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm, seeds in runs.items():
+        for seed, r in seeds.items():
+            acc = " / ".join(f"{a:.3f}" for a in r["acc"])
+            lines.append(
+                f"| {arm} | {seed} | {r['constrained']:.1%} | {r['kl_old']:.3f} | {acc} | {r['entropy']:.2f} | "
+                f"{r['time_s']:.0f} s |"
+            )
+    lines += ["", "Mean ± std over seeds:", "", *lines[:2]]
+    for arm, seeds in runs.items():
+        rs = list(seeds.values())
+        evals = zip(*(r["acc"] for r in rs))
+        acc = " / ".join(_ms(list(a), ".3f") for a in evals)
+        lines.append(
+            f"| {arm} | {len(rs)} seeds | {_ms([100 * r['constrained'] for r in rs], '.1f')}% | "
+            f"{_ms([r['kl_old'] for r in rs], '.3f')} | {acc} | {_ms([r['entropy'] for r in rs], '.2f')} | "
+            f"{_ms([r['time_s'] for r in rs], '.0f')} s |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", help="the comparison's --out directory")
+    ap.add_argument("--out", required=True, help="where table.md and metrics.json go")
+    args = ap.parse_args(argv)
+    left_out: list[str] = []
+    found = discover([args.runs], left_out)
+    runs: dict[str, dict[int, dict]] = {}
+    logged: dict[str, dict[str, list[dict]]] = {}
+    for run in sorted(found, key=lambda p: (ARMS.index(p.parent.name), int(p.name[4:]))):
+        rows = read_metrics(run)
+        runs.setdefault(run.parent.name, {})[int(run.name[4:])] = row(rows)
+        logged.setdefault(run.parent.name, {})[run.name] = [
+            {k: v for k, v in r.items() if not k.startswith("time/")} for r in rows
+        ]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(logged, indent=0) + "\n")
+    (out / "table.md").write_text("\n".join(table(runs)) + "\n")
+    for run in left_out:
+        print(f"left out, not finished: {run}", file=sys.stderr)
+    print(f"{out / 'table.md'}: {len(found)} finished runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
