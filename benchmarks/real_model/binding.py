@@ -7,7 +7,9 @@
 
 Writes OUT/table.md (one row per finished run, seed by seed, then each method's mean ± std over its seeds: the
 fraction of tokens its trust region constrained, `constrained_frac` of tether.reports.claims; the mean KL(old, new)
-per update; the held-out accuracy at every evaluation; the final entropy; the train time) and OUT/metrics.json
+per update; the held-out accuracy at every evaluation; the final entropy; the train time; then, from the
+OUT/summary.json `tether report` wrote, each claim's and the null control's spread of paired differences and the
+seeds that spread needs to detect a difference of 0.05, `tether.reports.stats.seeds_for`) and OUT/metrics.json
 (every finished run's logged rows, without the timings). Runs still training are left out, as `tether report`
 leaves them out, so the files can be remade while the comparison runs.
 """
@@ -26,7 +28,10 @@ sys.path.insert(0, str(ROOT))
 from tether.records.runlog import accuracy, read_metrics, values  # noqa: E402
 from tether.reports.claims import METRICS  # noqa: E402
 from tether.reports.report import discover  # noqa: E402
+from tether.reports.stats import seeds_for  # noqa: E402
 
+ACCURACIES = ("final_accuracy", "best_accuracy", "auc")
+"""The metrics in units of held-out accuracy, where a difference of 0.05 means 5 problems in 100."""
 ARMS = ["grpo", "dapo", "atr_grpo", "rpg_urkl", "etr", "grpo_null"]
 
 
@@ -73,6 +78,32 @@ def table(runs: dict[str, dict[int, dict]]) -> list[str]:
     return lines
 
 
+def seeds_needed(summary: dict, difference: float = 0.05) -> list[str]:
+    """Per claim and null-control test on an accuracy (ACCURACIES) of a one-regime summary.json: the spread of its paired differences and
+    the seeds that spread needs for `difference` (80% power, 5% per test; Holm's correction over the claims
+    asks for more)."""
+    (regime,) = summary["regimes"].values()
+    methods = regime["methods"]
+    lines = [
+        f"Seeds to detect a difference of {difference} (80% power, alpha 0.05 per test), from the spread of the"
+        " paired per-seed differences so far:",
+        "",
+        "| test | metric | seeds | sd of the differences | detectable now | seeds for " + f"{difference} |",
+        "|---|---|---|---|---|---|",
+    ]
+    tests = [(c["claim"], c) for c in summary.get("claims", [])]
+    tests += [(f"null control ({c['method']} vs {c['baseline']})", c) for c in summary.get("null_control", [])]
+    for name, c in tests:
+        a, b = (dict(zip(methods[m]["seeds"], methods[m][c["metric"]])) for m in (c["method"], c["baseline"]))
+        d = [a[k] - b[k] for k in sorted(set(a) & set(b))]
+        if len(d) < 2 or c["metric"] not in ACCURACIES:
+            continue
+        sd = statistics.stdev(d)
+        mde = "n/a" if c.get("mde80") is None else f"{c['mde80']:.3f}"
+        lines.append(f"| {name} | {c['metric']} | {len(d)} | {sd:.3f} | {mde} | {seeds_for(sd, difference)} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", help="the comparison's --out directory")
@@ -91,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(logged, indent=0) + "\n")
-    (out / "table.md").write_text("\n".join(table(runs)) + "\n")
+    lines = table(runs)
+    if (out / "summary.json").exists():
+        lines += ["", *seeds_needed(json.loads((out / "summary.json").read_text()))]
+    (out / "table.md").write_text("\n".join(lines) + "\n")
     for run in left_out:
         print(f"left out, not finished: {run}", file=sys.stderr)
     print(f"{out / 'table.md'}: {len(found)} finished runs")

@@ -2,6 +2,7 @@
 none, and the opposite, Holm's correction over a report's claims, the null control, and claims files checked
 on load. (Their false-verdict rate: test_claims_false_verdict_rate.py.)"""
 
+import math
 import random
 
 import pytest
@@ -234,3 +235,21 @@ def test_a_bad_claims_file_names_the_problem(tmp_path, text, match):
     path.write_text(text)
     with pytest.raises(ConfigError, match=match):
         load_claims(path)
+
+
+def test_seeds_for_is_the_fewest_seeds_whose_detectable_difference_is_small_enough():
+    from tether.reports.stats import paired_t, seeds_for
+
+    def mde(sd, n):  # a paired test on n differences whose sample spread is exactly sd
+        d = [sd * (1 if k % 2 else -1) * math.sqrt((n - 1) / n) for k in range(n)] if n % 2 == 0 else None
+        return paired_t(d).mde80
+
+    assert seeds_for(0.0, 0.05) == 2
+    for sd in (0.02, 0.04, 0.063):
+        n = seeds_for(sd, 0.05)
+        assert mde(sd, n + n % 2) <= 0.05 + 1e-12  # at n (or n + 1, for an even-length check)
+        assert n == 2 or mde(sd, (n - 1) - (n - 1) % 2) > 0.05  # not at fewer
+    assert seeds_for(0.04, 0.05) == 8 and seeds_for(0.063, 0.05) == 15  # the binding study's spreads
+    assert seeds_for(1.0, 0.05, most=10) == 11
+    with pytest.raises(ValueError, match="positive"):
+        seeds_for(0.04, 0.0)
