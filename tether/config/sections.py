@@ -171,8 +171,7 @@ class EnvConfig:
         return self.max_episode_tokens or 2 * self.max_turns * self.turn_tokens(rollout)
 
     def reward_name(self, name: str) -> str:
-        """The reward a run with `reward.name=name` trains on: `episode` (the environment's rewards) for `auto`
-        when episodes are scored by the environment (`reward: env`), else `name`."""
+        """The reward `reward.name=name` trains on: `episode` for `auto` when the environment scores (`reward: env`)."""
         return "episode" if name == "auto" and self.enabled and self.reward == "env" else name
 
 
