@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tether.records.runlog import accuracy, read_metrics, values  # noqa: E402
-from tether.reports.claims import METRICS  # noqa: E402
-from tether.reports.report import discover  # noqa: E402
+from tether.reports.claims import METRICS, aligned  # noqa: E402
+from tether.reports.report import discover, mean_std  # noqa: E402
 from tether.reports.stats import seeds_for  # noqa: E402
 
 ACCURACIES = ("final_accuracy", "best_accuracy", "auc")
@@ -43,14 +43,6 @@ def row(rows: list[dict]) -> dict:
         "entropy": METRICS["final_entropy"](rows),
         "time_s": sum(values(rows, "time/step_s")),
     }
-
-
-def _ms(xs: list[float], fmt: str) -> str:
-    return (
-        format(xs[0], fmt)
-        if len(xs) == 1
-        else f"{format(statistics.fmean(xs), fmt)} ± {format(statistics.stdev(xs), fmt)}"
-    )
 
 
 def table(runs: dict[str, dict[int, dict]]) -> list[str]:
@@ -69,38 +61,39 @@ def table(runs: dict[str, dict[int, dict]]) -> list[str]:
     for arm, seeds in runs.items():
         rs = list(seeds.values())
         evals = zip(*(r["acc"] for r in rs))
-        acc = " / ".join(_ms(list(a), ".3f") for a in evals)
+        acc = " / ".join(mean_std(list(a)) for a in evals)
         lines.append(
-            f"| {arm} | {len(rs)} seeds | {_ms([100 * r['constrained'] for r in rs], '.1f')}% | "
-            f"{_ms([r['kl_old'] for r in rs], '.3f')} | {acc} | {_ms([r['entropy'] for r in rs], '.2f')} | "
-            f"{_ms([r['time_s'] for r in rs], '.0f')} s |"
+            f"| {arm} | {len(rs)} seeds | {mean_std([100 * r['constrained'] for r in rs], 1)}% | "
+            f"{mean_std([r['kl_old'] for r in rs])} | {acc} | {mean_std([r['entropy'] for r in rs], 2)} | "
+            f"{mean_std([r['time_s'] for r in rs], 0)} s |"
         )
     return lines
 
 
 def seeds_needed(summary: dict, difference: float = 0.05) -> list[str]:
-    """Per claim and null-control test on an accuracy (ACCURACIES) of a one-regime summary.json: the spread of its paired differences and
-    the seeds that spread needs for `difference` (80% power, 5% per test; Holm's correction over the claims
-    asks for more)."""
+    """Per claim and null-control test on an accuracy (ACCURACIES) of a one-regime summary.json: the spread of
+    its paired differences (paired as the test pairs them, `claims.aligned`) and the seeds that spread needs for
+    `difference` (80% power, 5% per test; Holm's correction over the claims asks for more)."""
     (regime,) = summary["regimes"].values()
     methods = regime["methods"]
     lines = [
         f"Seeds to detect a difference of {difference} (80% power, alpha 0.05 per test), from the spread of the"
         " paired per-seed differences so far:",
         "",
-        "| test | metric | seeds | sd of the differences | detectable now | seeds for " + f"{difference} |",
+        f"| test | metric | seeds | sd of the differences | detectable now | seeds for {difference} |",
         "|---|---|---|---|---|---|",
     ]
     tests = [(c["claim"], c) for c in summary.get("claims", [])]
     tests += [(f"null control ({c['method']} vs {c['baseline']})", c) for c in summary.get("null_control", [])]
     for name, c in tests:
-        a, b = (dict(zip(methods[m]["seeds"], methods[m][c["metric"]])) for m in (c["method"], c["baseline"]))
-        d = [a[k] - b[k] for k in sorted(set(a) & set(b))]
-        if len(d) < 2 or c["metric"] not in ACCURACIES:
+        if c["metric"] not in ACCURACIES:
             continue
-        sd = statistics.stdev(d)
+        a, b, paired = aligned(methods[c["method"]], methods[c["baseline"]], c["metric"])
+        if not paired or len(a) < 2:
+            continue
+        sd = statistics.stdev([x - y for x, y in zip(a, b)])
         mde = "n/a" if c.get("mde80") is None else f"{c['mde80']:.3f}"
-        lines.append(f"| {name} | {c['metric']} | {len(d)} | {sd:.3f} | {mde} | {seeds_for(sd, difference)} |")
+        lines.append(f"| {name} | {c['metric']} | {len(a)} | {sd:.3f} | {mde} | {seeds_for(sd, difference)} |")
     return lines
 
 

@@ -240,15 +240,16 @@ def test_a_bad_claims_file_names_the_problem(tmp_path, text, match):
 def test_seeds_for_is_the_fewest_seeds_whose_detectable_difference_is_small_enough():
     from tether.reports.stats import paired_t, seeds_for
 
-    def mde(sd, n):  # a paired test on n differences whose sample spread is exactly sd
-        d = [sd * (1 if k % 2 else -1) * math.sqrt((n - 1) / n) for k in range(n)] if n % 2 == 0 else None
-        return paired_t(d).mde80
+    def mde(sd, n):  # the paired test's detectable difference on n differences whose sample spread is exactly sd
+        z = [k - (n - 1) / 2 for k in range(n)]
+        scale = sd / math.sqrt(sum(x * x for x in z) / (n - 1))
+        return paired_t([scale * x for x in z]).mde80
 
     assert seeds_for(0.0, 0.05) == 2
     for sd in (0.02, 0.04, 0.063):
         n = seeds_for(sd, 0.05)
-        assert mde(sd, n + n % 2) <= 0.05 + 1e-12  # at n (or n + 1, for an even-length check)
-        assert n == 2 or mde(sd, (n - 1) - (n - 1) % 2) > 0.05  # not at fewer
+        assert mde(sd, n) <= 0.05 + 1e-12
+        assert n == 2 or mde(sd, n - 1) > 0.05  # not at fewer
     assert seeds_for(0.04, 0.05) == 8 and seeds_for(0.063, 0.05) == 15  # the binding study's spreads
     assert seeds_for(1.0, 0.05, most=10) == 11
     with pytest.raises(ValueError, match="positive"):

@@ -73,23 +73,27 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
     return yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
 
 
-def unfinished(run_dir: str | Path) -> tuple[int, int] | None:
-    """(last logged step, total steps) for a run that has not yet logged the last step its config.yaml asks
-    for (a run in progress, or one interrupted and not resumed); None when it has, or when its config.yaml
-    or metrics.jsonl does not say."""
+def _progress(run_dir: str | Path) -> tuple[int, int] | None:
+    """(last logged step, the total steps its config.yaml asks for); None when config.yaml or metrics.jsonl
+    does not say."""
     if not (Path(run_dir) / "config.yaml").exists():
         return None
     total = (read_config(run_dir).get("trainer") or {}).get("total_steps")
     rows = read_metrics(run_dir, missing_ok=True)
     last = rows[-1].get("step") if rows else None
-    if not isinstance(total, int) or not isinstance(last, int) or last >= total:
-        return None
-    return last, total
+    return (last, total) if isinstance(total, int) and isinstance(last, int) else None
+
+
+def unfinished(run_dir: str | Path) -> tuple[int, int] | None:
+    """(last logged step, total steps) for a run that has not yet logged the last step its config.yaml asks
+    for (a run in progress, or one interrupted and not resumed); None when it has, or when its config.yaml
+    or metrics.jsonl does not say."""
+    progress = _progress(run_dir)
+    return progress if progress is not None and progress[0] < progress[1] else None
 
 
 def finished(run_dir: str | Path) -> bool:
-    """It logged the last step its config.yaml asks for (not `unfinished`) and wrote its summary.md (what
-    `tether compare` skips on a rerun)."""
-    run = Path(run_dir)
-    files = [run / name for name in ("config.yaml", "summary.md", METRICS_FILE)]
-    return all(f.exists() for f in files) and bool(read_metrics(run)) and unfinished(run) is None
+    """It logged the last step its config.yaml asks for and wrote its summary.md (what `tether compare` skips
+    on a rerun)."""
+    progress = _progress(run_dir) if (Path(run_dir) / "summary.md").exists() else None
+    return progress is not None and progress[0] >= progress[1]

@@ -257,13 +257,13 @@ def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[s
                 base = regimes[c.relative_to]
                 if c.method not in base or c.baseline not in base:
                     continue
-                a, b, paired = _aligned(
+                a, b, paired = aligned(
                     _change(methods[c.method], base[c.method], c.metric),
                     _change(methods[c.baseline], base[c.baseline], c.metric),
                     c.metric,
                 )
             else:
-                a, b, paired = _aligned(methods[c.method], methods[c.baseline], c.metric)
+                a, b, paired = aligned(methods[c.method], methods[c.baseline], c.metric)
             if not a or not b:
                 r = Comparison(float("nan"), None, None, None, NOT_ENOUGH, f"no run has a value of {c.metric}")
             else:
@@ -324,7 +324,7 @@ def null_control(
         if baseline not in methods or control not in methods:
             continue
         for metric in dict.fromkeys([*NULL_METRICS, *metrics]):
-            a, b, paired = _aligned(methods[control], methods[baseline], metric)
+            a, b, paired = aligned(methods[control], methods[baseline], metric)
             r = (
                 compare_values(a, b, "higher", paired=paired)
                 if a and b
@@ -421,7 +421,7 @@ def skipped_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, Any]]) 
     return out
 
 
-def _aligned(method: dict[str, list], baseline: dict[str, list], metric: str) -> tuple[list, list, bool]:
+def aligned(method: dict[str, list], baseline: dict[str, list], metric: str) -> tuple[list, list, bool]:
     """The two methods' values of `metric`, without the seeds where it is NaN (a run that never
     evaluated), in seed order and paired when both ran the same seeds, one seed included (each
     method's "seeds" list gives the seed of each value); unpaired as given otherwise."""

@@ -122,7 +122,7 @@ def run_summary(run: Path, threshold: float) -> dict:
     }
 
 
-def _ms(values: list[float], digits: int = 3) -> str:
+def mean_std(values: list[float], digits: int = 3) -> str:
     """mean ± std over seeds; a single seed has no spread to show."""
     vals = [v for v in values if v is not None and not math.isnan(v)]
     if not vals:
@@ -334,10 +334,10 @@ def _regime_section(
         reached = [x["steps_to_threshold"] for x in s if x["steps_to_threshold"] is not None]
         steps = f"{statistics.fmean(reached):.0f} ({len(reached)}/{len(s)} seeds)" if reached else f"never (0/{len(s)})"
         lines.append(
-            f"| {label} | {len(rs)} | {_ms([x['initial'] for x in s])} | {_ms([x['final'] for x in s])} | "
-            f"{_ms([x['best'] for x in s])} | {steps} | {_ms([x['final_entropy'] for x in s])} | "
-            f"{_ms([x['clip_low'] for x in s], 4)} | {_ms([x['clip_high'] for x in s], 4)} | "
-            f"{_ms([x['wall_s'] for x in s], 0)} |"
+            f"| {label} | {len(rs)} | {mean_std([x['initial'] for x in s])} | {mean_std([x['final'] for x in s])} | "
+            f"{mean_std([x['best'] for x in s])} | {steps} | {mean_std([x['final_entropy'] for x in s])} | "
+            f"{mean_std([x['clip_low'] for x in s], 4)} | {mean_std([x['clip_high'] for x in s], 4)} | "
+            f"{mean_std([x['wall_s'] for x in s], 0)} |"
         )
     plots = plot_comparison(methods, plot_dir)
     lines += ["", "Curves (mean line, band = min..max over seeds):", ""]
