@@ -221,6 +221,23 @@ def test_seeds_shared_by_both_methods_are_paired_and_pairing_removes_the_seed_ef
     assert "5 seeds, paired" in claims_markdown([paired])
 
 
+def test_a_method_given_extra_seeds_is_paired_over_the_seeds_both_ran_and_the_rest_are_counted():
+    # a comparison extended for one pair of methods: the method ran seeds 0-7, the baseline 0-5
+    seed_effect = [0.1, 0.5, 0.2, 0.4, 0.3, 0.6, 0.9, 0.0]
+    base = {"seeds": list(range(6)), "final_accuracy": seed_effect[:6]}
+    method = {"seeds": list(range(8)), "final_accuracy": [v + 0.02 for v in seed_effect[:7]] + [-5.0]}
+    claim = Claim(claim="m beats b", metric="final_accuracy", method="m", baseline="b")
+    (r,) = evaluate_claims([claim], {"r": {"m": method, "b": base}})
+    # seeds 6 and 7 (one of them wildly off) are left out: the difference is exactly the method's 0.02
+    assert r["paired"] and r["seeds"] == [6, 6] and r["left_out"] == 2 and r["verdict"] == "supported"
+    assert r["difference"] == pytest.approx(0.02)
+    assert "6 seeds, paired; 2 run by one side only left out" in claims_markdown([r])
+    # too few shared seeds for a paired test (3 < MIN_SEEDS): unpaired over every value, said so
+    few = {"seeds": [0, 1, 2, 10, 11, 12], "final_accuracy": [0.3, 0.4, 0.5, 0.3, 0.4, 0.5]}
+    (u,) = evaluate_claims([claim], {"r": {"m": few, "b": base}})
+    assert not u["paired"] and u["seeds"] == [6, 6] and u["left_out"] == 0 and "unpaired" in claims_markdown([u])
+
+
 @pytest.mark.parametrize(
     "text, match",
     [

@@ -23,7 +23,10 @@ For each regime, with a_1..a_n the method's per-seed values and b_1..b_m the bas
     difference = mean(a) - mean(b)
     test       = paired, when both methods ran the same seeds (tether compare's design: seed k of every
                  method has the same initial model and data order): Student's t on d_k = a_k - b_k;
-                 unpaired otherwise: Welch's t (tether.reports.stats, which argues the choice)
+                 when one side ran more seeds (a method given extra seeds), paired over the seeds both
+                 ran if they share at least MIN_SEEDS, the others left out and counted ("6 seeds,
+                 paired; 2 run by one side only left out"); unpaired otherwise: Welch's t over every
+                 value (tether.reports.stats, which argues the choice)
     p          = its two-sided p-value; ci95 its 95% interval; mde80 the smallest true difference it
                  would detect at 5% with 80% power, given the observed spread
     p_holm     = p adjusted by Holm's method over every claim-and-regime tested in the same report
@@ -257,13 +260,11 @@ def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[s
                 base = regimes[c.relative_to]
                 if c.method not in base or c.baseline not in base:
                     continue
-                a, b, paired = aligned(
-                    _change(methods[c.method], base[c.method], c.metric),
-                    _change(methods[c.baseline], base[c.baseline], c.metric),
-                    c.metric,
-                )
+                mine = _change(methods[c.method], base[c.method], c.metric)
+                theirs = _change(methods[c.baseline], base[c.baseline], c.metric)
             else:
-                a, b, paired = aligned(methods[c.method], methods[c.baseline], c.metric)
+                mine, theirs = methods[c.method], methods[c.baseline]
+            a, b, paired = aligned(mine, theirs, c.metric)
             if not a or not b:
                 r = Comparison(float("nan"), None, None, None, NOT_ENOUGH, f"no run has a value of {c.metric}")
             else:
@@ -280,6 +281,7 @@ def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[s
                     **_fields(r),
                     "seeds": [len(a), len(b)],
                     "paired": paired,
+                    "left_out": _left_out(mine, theirs, paired),
                 }
             )
     return with_holm(out)
@@ -341,6 +343,7 @@ def null_control(
                     "baseline": baseline,
                     "seeds": [len(a), len(b)],
                     "paired": paired,
+                    "left_out": _left_out(methods[control], methods[baseline], paired),
                     **fields,
                 }
             )
@@ -423,14 +426,17 @@ def skipped_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, Any]]) 
 
 def aligned(method: dict[str, list], baseline: dict[str, list], metric: str) -> tuple[list, list, bool]:
     """The two methods' values of `metric`, without the seeds where it is NaN (a run that never
-    evaluated), in seed order and paired when both ran the same seeds, one seed included (each
-    method's "seeds" list gives the seed of each value); unpaired as given otherwise."""
+    evaluated), in seed order and paired when both ran the same seeds, one seed included, or when they
+    share at least MIN_SEEDS seeds (the seeds only one side ran are then left out: the module docstring);
+    each method's "seeds" list gives the seed of each value. Unpaired, every value as given, otherwise."""
     a, b = method[metric], baseline[metric]
     sa, sb = method.get("seeds"), baseline.get("seeds")
-    if sa is None or sb is None or sorted(sa) != sorted(sb) or len(set(sa)) != len(sa):
+    unique = sa is not None and sb is not None and len(set(sa)) == len(sa) and len(set(sb)) == len(sb)
+    shared = set(sa) & set(sb) if unique else set()
+    if not unique or (shared != set(sa) | set(sb) and len(shared) < MIN_SEEDS):
         return [x for x in a if not math.isnan(x)], [y for y in b if not math.isnan(y)], False
     by_b = dict(zip(sb, b))
-    pairs = [(x, by_b[s]) for s, x in zip(sa, a) if not (math.isnan(x) or math.isnan(by_b[s]))]
+    pairs = [(x, by_b[s]) for s, x in zip(sa, a) if s in shared and not (math.isnan(x) or math.isnan(by_b[s]))]
     return [x for x, _ in pairs], [y for _, y in pairs], True
 
 
@@ -455,8 +461,15 @@ def claims_markdown(results: Sequence[dict[str, Any]], skipped: Sequence[dict[st
     return "\n".join(lines)
 
 
+def _left_out(method: dict[str, list], baseline: dict[str, list], paired: bool) -> int:
+    """How many seeds a paired test left out because only one side ran them (`aligned`)."""
+    return len(set(method["seeds"]) ^ set(baseline["seeds"])) if paired else 0
+
+
 def _seeds_text(r: dict[str, Any]) -> str:
     n, m = r["seeds"]
     if r.get("paired"):
-        return f"{n} seed{'s' * (n != 1)}, paired"
+        k = r.get("left_out", 0)
+        extra = f"; {k} run by one side only left out" if k else ""
+        return f"{n} seed{'s' * (n != 1)}, paired{extra}"
     return f"{n} / {m} seeds, unpaired"
