@@ -1,6 +1,7 @@
 """The claims machinery: per-run metrics by hand, the t-test verdicts on synthetic seeds with a known effect,
-none, and the opposite, Holm's correction over a report's claims, the null control, and claims files checked
-on load. (Their false-verdict rate: test_claims_false_verdict_rate.py.)"""
+none, and the opposite, Holm's correction over a report's claims, the null control in their family, zero spread
+as no test, and claims files checked on load. (Their false-verdict rate: test_claims_false_verdict_rate.py; the
+sequential designs: test_sequential.py.)"""
 
 import math
 import random
@@ -10,15 +11,14 @@ import pytest
 from tether.reports.claims import (
     METRICS,
     Claim,
-    claims_markdown,
     compare_values,
     evaluate_claims,
+    judge,
     load_claims,
-    null_control,
-    null_markdown,
     per_seed,
     skipped_claims,
 )
+from tether.reports.tables import claims_markdown, null_markdown
 from tether.schema import ConfigError
 
 
@@ -47,6 +47,8 @@ def test_per_run_metrics_by_hand():
     # s = 21 (1 - 21/40 = 0.475); the last 10% (3 steps: 28, 29, 30) average 1 - 29/40 = 0.275.
     assert m["entropy_half_step"] == 21 and m["final_entropy"] == pytest.approx(0.275)
     assert m["clipfrac"] == pytest.approx(0.03)
+    # entropy_retained: mean entropy over steps 1..30 = 1 - 15.5/40 = 0.6125, over step 1's 0.975 = 0.628205
+    assert m["entropy_retained"] == pytest.approx(0.6125 / 0.975)
     assert METRICS["entropy_half_step"](_rows([0.1, 0.2])) == 11  # never halves: last step + 1
 
 
@@ -61,9 +63,9 @@ def test_a_known_effect_is_supported_none_is_inconclusive_the_opposite_contradic
     assert compare_values(same, base, "higher").verdict == "inconclusive"
     assert compare_values(better, base, "lower").verdict == "contradicted"
     assert compare_values(base, better, "lower").verdict == "supported"
-    # A constant paired difference has no spread: a zero-width interval, p = 0.
+    # A constant paired difference has no spread to measure the noise by: no test, never p = 0.
     exact = compare_values([1.0] * 4, [0.0] * 4, paired=True)
-    assert exact.ci95 == (1.0, 1.0) and exact.mde80 == 0.0 and exact.p == 0.0 and exact.verdict == "supported"
+    assert exact.p is None and exact.ci95 is None and exact.verdict == "no test" and "zero spread" in exact.why
 
 
 def test_the_paired_test_by_hand():
@@ -114,10 +116,13 @@ def test_holm_corrects_the_verdicts_of_claims_tested_together():
     assert results["D"]["p_holm"] == pytest.approx(min(1.0, max(results["B"]["p_holm"], results["D"]["p"])))
     assert [results[m]["verdict"] for m in "BCD"] == ["inconclusive", "supported", "inconclusive"]
     assert all(r["family"] == 3 for r in results.values())
-    assert "| p | p (Holm) | detectable (80% power) |" in claims_markdown(list(results.values()))
+    assert "| p (t) | p (exact) | p (Holm) | detectable (80% power) |" in claims_markdown(list(results.values()))
+    # the detectable difference is at the level the family holds each claim to: 0.05 / 3, not 0.05
+    assert all(r["alpha_tested"] == pytest.approx(0.05 / 3) for r in results.values())
+    assert results["B"]["mde80"] > compare_values(regime["B"]["final_accuracy"], base, paired=True).mde80
 
 
-def test_the_null_control_is_tested_on_the_claims_metrics_outside_the_family():
+def test_the_null_control_is_tested_on_the_claims_metrics_in_their_family():
     seeds = [0, 1, 2, 3, 4, 5]
     base = {
         "seeds": seeds,
@@ -131,14 +136,30 @@ def test_the_null_control_is_tested_on_the_claims_metrics_outside_the_family():
         "auc": [0.41, 0.4, 0.39, 0.4, 0.42, 0.38],
         "max_drop": [0.0] * 6,
     }
-    off = {**base, "final_accuracy": [x + 0.1 for x in base["final_accuracy"]]}
-    results = null_control({"r": {"grpo": base, "grpo_null": same}}, "grpo", "grpo_null", ["max_drop", "auc"])
-    assert [r["metric"] for r in results] == ["final_accuracy", "auc", "max_drop"]
-    assert [r["verdict"] for r in results] == ["inconclusive"] * 3 and "p_holm" not in results[0]
-    # a constant shift in the control is a false verdict, counted as such
-    shifted = null_control({"r": {"grpo": base, "grpo_null": off}}, "grpo", "grpo_null")[0]
-    assert shifted["verdict"] == "false verdict"
-    assert "False verdicts in the null control: 1 of 3 tests at 5% each." in null_markdown([shifted, *results[:2]])
+    claims = [Claim(claim="c", metric=m, method="grpo_null", baseline="grpo") for m in ("max_drop", "auc")]
+    regime = {"r": {"grpo": base, "grpo_null": same}}
+    results, nulls = judge(claims, regime, controls=[("grpo", "grpo_null")])
+    assert [r["metric"] for r in nulls] == ["max_drop", "auc"]  # the metrics the claims name
+    assert [r["verdict"] for r in nulls] == ["no test", "inconclusive"]  # max_drop 0 everywhere: zero spread
+    assert nulls[1]["family"] == 2 and nulls[1]["p_holm"] is not None  # one family: auc claim and auc control
+    # the control's difference is signed by its seed's label coin (which run is called the control): differences
+    # of 0.1 on the side each coin names are a false verdict, counted as such
+    from tether.reports.family import label_sign
+
+    shift = [label_sign(k) * (0.1 + 0.01 * k) for k in seeds]
+    off = {**base, "final_accuracy": [x + d for x, d in zip(base["final_accuracy"], shift)]}
+    _, (shifted, _) = judge([], {"r": {"grpo": base, "grpo_null": off}}, controls=[("grpo", "grpo_null")])
+    assert shifted["metric"] == "final_accuracy" and shifted["verdict"] == "false verdict"
+    text = null_markdown([shifted, nulls[1]])
+    assert "False verdicts in the null control: 1 of 2 tests (in one Holm family of" in text
+
+
+def test_null_control_labels_are_a_fair_coin_per_seed():
+    from tether.reports.family import label_sign
+
+    signs = [label_sign(s) for s in range(2000)]
+    assert set(signs) == {-1, 1} and abs(sum(signs)) < 2000 * 0.06  # about half each (|z| < 2.7)
+    assert [label_sign(s) for s in range(8)] == [label_sign(s) for s in range(8)]  # fixed, not drawn anew
 
 
 def test_a_one_seed_report_says_not_enough_seeds_pairs_same_seeds_and_lists_skipped_claims():
@@ -163,7 +184,7 @@ def test_a_one_seed_report_says_not_enough_seeds_pairs_same_seeds_and_lists_skip
     text = claims_markdown([r], skipped)
     assert (
         "m vs b (1 seed, paired)" in text
-        and "| n/a | n/a | n/a | n/a | **not enough seeds** (1 paired seed; a verdict needs 4" in text
+        and "+0.4000 | n/a | n/a | n/a | n/a | n/a | **not enough seeds** (1 paired seed; a verdict needs 4" in text
     )
     assert "unpaired" not in text
     assert "Skipped claims (not tested):" in text and "- x beats b (regime on): 'x' not run here" in text
@@ -175,7 +196,7 @@ def test_a_one_seed_report_says_not_enough_seeds_pairs_same_seeds_and_lists_skip
     }
     (r5,) = evaluate_claims(claims[:1], {"on": regime5})
     assert r5["seeds"] == [4, 4] and r5["paired"] and r5["difference"] == pytest.approx(0.4)
-    assert r5["verdict"] == "supported"
+    assert r5["verdict"] == "no test" and r5["p"] is None  # every difference 0.4: zero spread, no test
 
 
 def test_claims_are_evaluated_per_regime_on_synthetic_runs(tmp_path):
@@ -197,7 +218,7 @@ def test_claims_are_evaluated_per_regime_on_synthetic_runs(tmp_path):
     assert verdicts == {
         ("B beats A", "r1"): "supported",
         ("B beats A", "r2"): "inconclusive",
-        ("C keeps entropy", "r2"): "inconclusive",
+        ("C keeps entropy", "r2"): "no test",  # C is A's seeds exactly: every difference 0
     }
 
 
@@ -207,11 +228,12 @@ def test_seeds_shared_by_both_methods_are_paired_and_pairing_removes_the_seed_ef
     seed_effect = [0.1, 0.5, 0.2, 0.4, 0.3]
     base = {"seeds": [0, 1, 2, 3, 4], "final_accuracy": seed_effect}
     order = [3, 0, 4, 1, 2]  # the method's runs listed in another order: aligned by seed, not position
-    method = {"seeds": order, "final_accuracy": [seed_effect[k] + 0.02 for k in order]}
+    noise = [0.001, -0.002, 0.002, 0.0, -0.001]  # small against the seed effect, so that there is a spread
+    method = {"seeds": order, "final_accuracy": [seed_effect[k] + 0.02 + noise[k] for k in order]}
     claim = Claim(claim="m beats b", metric="final_accuracy", method="m", baseline="b")
     (paired,) = evaluate_claims([claim], {"r": {"m": method, "b": base}})
     assert paired["paired"] and paired["verdict"] == "supported"
-    assert paired["difference"] == pytest.approx(0.02) and paired["ci95"] == pytest.approx([0.02, 0.02])
+    assert paired["difference"] == pytest.approx(0.02) and paired["ci95"] == pytest.approx([0.02, 0.02], abs=0.004)
     unpaired = compare_values(method["final_accuracy"], base["final_accuracy"], "higher")
     assert unpaired.verdict == "inconclusive" and unpaired.difference == pytest.approx(0.02)
     # different seed sets cannot be paired: the unpaired interval is used and said so
@@ -225,10 +247,11 @@ def test_a_method_given_extra_seeds_is_paired_over_the_seeds_both_ran_and_the_re
     # a comparison extended for one pair of methods: the method ran seeds 0-7, the baseline 0-5
     seed_effect = [0.1, 0.5, 0.2, 0.4, 0.3, 0.6, 0.9, 0.0]
     base = {"seeds": list(range(6)), "final_accuracy": seed_effect[:6]}
-    method = {"seeds": list(range(8)), "final_accuracy": [v + 0.02 for v in seed_effect[:7]] + [-5.0]}
+    noise = [0.001, -0.002, 0.002, 0.0, -0.001, 0.0, 0.0]
+    method = {"seeds": list(range(8)), "final_accuracy": [v + 0.02 + e for v, e in zip(seed_effect, noise)] + [-5.0]}
     claim = Claim(claim="m beats b", metric="final_accuracy", method="m", baseline="b")
     (r,) = evaluate_claims([claim], {"r": {"m": method, "b": base}})
-    # seeds 6 and 7 (one of them wildly off) are left out: the difference is exactly the method's 0.02
+    # seeds 6 and 7 (one of them wildly off) are left out: the difference is the method's 0.02
     assert r["paired"] and r["seeds"] == [6, 6] and r["left_out"] == 2 and r["verdict"] == "supported"
     assert r["difference"] == pytest.approx(0.02)
     assert "6 seeds, paired; 2 run by one side only left out" in claims_markdown([r])
@@ -245,6 +268,13 @@ def test_a_method_given_extra_seeds_is_paired_over_the_seeds_both_ran_and_the_re
         ("- {claim: x, metric: auc, method: a, baseline: b, direction: up}", "direction 'up'"),
         ("- {claim: x, metric: auc, method: a}", "missing keys \\['baseline'\\]"),
         ("claim: x", "expected a YAML list"),
+        ("- {claim: x, metric: entropy_half_step, method: a, baseline: b}", "cannot be tested: it is censored"),
+        ("- {claim: x, metric: auc, method: a, baseline: b, unit: problem}", "unit 'problem' is refused"),
+        ("{design: {looks: [4, 6]}}", "mapping with `claims:`"),
+        ("{design: {looks: [2, 6]}, claims: []}", "looks must increase from at least 4"),
+        ("{design: {looks: [4, 8], spending: obf}, claims: []}", "spending 'obf' is not one of"),
+        ("{design: {looks: 9}, claims: []}", "looks must be a list"),
+        ("{design: {looks: [4, 9], stop: 3}, claims: []}", "unknown keys \\['stop'\\]"),
     ],
 )
 def test_a_bad_claims_file_names_the_problem(tmp_path, text, match):
@@ -269,5 +299,7 @@ def test_seeds_for_is_the_fewest_seeds_whose_detectable_difference_is_small_enou
         assert n == 2 or mde(sd, n - 1) > 0.05  # not at fewer
     assert seeds_for(0.04, 0.05) == 8 and seeds_for(0.063, 0.05) == 15  # the binding study's spreads
     assert seeds_for(1.0, 0.05, most=10) == 11
+    # planned at the level the claim is tested at (Holm's first step over six claims): more seeds (issue 48: 9 -> 14)
+    assert seeds_for(0.045, 0.05) == 9 and seeds_for(0.045, 0.05, alpha=0.05 / 6) == 14
     with pytest.raises(ValueError, match="positive"):
         seeds_for(0.04, 0.0)

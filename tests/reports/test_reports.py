@@ -224,7 +224,8 @@ def test_report_claims_with_one_seed_per_method(tmp_path, capsys):
     text = (tmp_path / "cmp" / "report.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| ATR beats GRPO"))
     assert (
-        "atr_grpo vs grpo (1 seed, paired)" in row and "+0.3000 | n/a | n/a | n/a | n/a | **not enough seeds**" in row
+        "atr_grpo vs grpo (1 seed, paired)" in row
+        and "+0.3000 | n/a | n/a | n/a | n/a | n/a | **not enough seeds**" in row
     )
     assert "supported" not in row and "contradicted" not in row
     assert "- ETR beats GRPO (regime cmp): 'etr' not run here (methods run: atr_grpo, grpo)" in text

@@ -40,7 +40,7 @@ def test_a_claim_relative_to_a_regime_compares_each_seeds_change_from_it(tmp_pat
     # t_{0.975,4} = 2.776445: 0.15 +- 0.0124167
     assert r["ci95"] == pytest.approx([0.1375833, 0.1624167], abs=1e-6)
     # B lost more than A instead: contradicted.
-    regimes["s16"]["B"] = _values([v - 0.30 for v in seed_effect])
+    regimes["s16"]["B"] = _values([v - 0.30 + j for v, j in zip(seed_effect, jitter)])
     (r,) = evaluate_claims(load_claims(path), regimes)
     assert r["difference"] == pytest.approx(-0.10) and r["verdict"] == "contradicted"
 

@@ -299,7 +299,10 @@ class TrainerConfig:
     """Seed of data order, sampling and initialisation."""
     sampling_seed: Optional[int] = None
     """Seed of the sampling stream alone (rollout tokens, mini-batch order); null: `seed`. Another value keeps the
-    initial model, data order and held-out set and draws independent samples: `tether compare --null-control`."""
+    initial model, data order and held-out set and draws independent samples."""
+    minibatch_seed: Optional[int] = None
+    """Seed of the mini-batch order alone; null: the sampling stream's. Another value changes nothing but the order
+    in which each batch is split into mini-batches: `tether compare --null-control`'s A/A arm."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto: cuda when available, except for models under
     `small_model_params` parameters, which train faster on the CPU (launch-bound on a GPU; a log

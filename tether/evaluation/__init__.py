@@ -47,7 +47,8 @@ The `tether eval` command is `tether.evaluation.command.cmd_eval`; held-out gree
 """
 
 from .data import DEFAULT_TASK_PROBLEMS, EvalError, load_eval_data
-from .metrics import extract_answer, maj_at_k, majority_vote, normalize_math_answer, pass_at_k
+from ..rewards.answers import extract_answer, normalize_math_answer
+from .metrics import maj_at_k, majority_vote, pass_at_k
 from .report import problem_row, results_markdown, source_metrics, summarize, summary_markdown
 from .run import evaluate
 from .settings import DEFAULT_MAX_NEW_TOKENS, EvalOptions, EvalSettings, default_out_dir, read_problems

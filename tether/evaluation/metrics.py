@@ -10,11 +10,8 @@ package header, `tether.evaluation`.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from typing import Sequence
-
-from ..rewards import boxed_answers
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -32,40 +29,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     for i in range(n - c + 1, n + 1):
         miss *= 1.0 - k / i
     return 1.0 - miss
-
-
-_LATEX_NOISE = re.compile(r"\\left|\\right|\\[,;:! ]|\\displaystyle|\s+")
-
-
-def normalize_math_answer(text: str) -> str:
-    """A boxed answer reduced for voting: no whitespace, no `$`, no `\\left`/`\\right` or
-    spacing commands, `\\dfrac`/`\\tfrac` as `\\frac`, no trailing period."""
-    text = _LATEX_NOISE.sub("", text.strip().strip("$"))
-    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    return text.rstrip(".")
-
-
-_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
-
-
-def extract_answer(completion: str, kind: str, lenient: bool = False) -> str | None:
-    """The answer a completion gives, for majority voting; None when it gives none.
-
-    kind "math": the content of the last `\\boxed{}`, normalised (`normalize_math_answer`); with
-    `lenient` extraction (a template that asks for no box, or --lenient), a completion without a box
-    votes with its last number, thousands commas dropped, as the lenient verifier reads plain text
-    (the package header, departure 2). Any other kind: the stripped completion (what exact_match
-    and countdown compare).
-    """
-    if kind == "math":
-        boxes = boxed_answers(completion)
-        answer = normalize_math_answer(boxes[-1]) if boxes else ""
-        if not answer and lenient:
-            numbers = _NUMBER.findall(completion)
-            answer = numbers[-1].replace(",", "") if numbers else ""
-    else:
-        answer = completion.strip()
-    return answer or None
 
 
 def majority_vote(answers: Sequence[str | None], k: int) -> int | None:
@@ -98,4 +61,4 @@ def maj_at_k(answers: Sequence[str | None], correct_flags: Sequence[bool | int],
     return float(index is not None and bool(correct_flags[index]))
 
 
-__all__ = ["extract_answer", "maj_at_k", "majority_vote", "normalize_math_answer", "pass_at_k"]
+__all__ = ["maj_at_k", "majority_vote", "pass_at_k"]

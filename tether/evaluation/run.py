@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..config.sections import SMALL_MODEL_PARAMS, EnvConfig, RolloutConfig
+from ..rewards.answers import answer_kind, extract_answer
 from ..rewards import (
     PerExample,
     RewardFn,
@@ -23,7 +24,6 @@ from ..rewards import (
 from ..schema import ConfigError, from_dict
 from ..tasks import TASKS, Example, stable_hash
 from .data import EvalError, load_eval_data, problem_key, unique_problems
-from .metrics import extract_answer
 from .progress import progress
 from .report import write_results
 from .settings import PROBLEMS_FILE, EvalOptions, EvalSettings, check_settings, default_out_dir, read_problems
@@ -155,7 +155,7 @@ def _sample_batch(
         rows = [i for i, q in enumerate(rollout.prompt_index) if q == p]
         if len(rows) != settings.n:
             raise RuntimeError(f"engine returned {len(rows)} samples for problem {ex.id!r}, expected {settings.n}")
-        kind = "math" if ex.meta["task"] == "math" else "text"
+        kind = answer_kind(ex)
         records.append(
             {
                 "source": ex.meta["source"],

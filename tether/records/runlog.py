@@ -19,6 +19,9 @@ import yaml
 from .sinks import read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
+HELDOUT_FILE = "heldout.jsonl"
+"""Per-problem outcomes of each held-out evaluation: one line per evaluation, {"step", "id": [...], "correct": [0/1],
+"answer": [extracted answer or null], "length": [completion tokens]}, columns in the held-out set's order."""
 ACCURACY = "eval/accuracy"
 """Held-out greedy accuracy, the metric the reports, claims and `--step best` rank runs by."""
 
@@ -40,6 +43,13 @@ def read_metrics(run_dir: str | Path, missing_ok: bool = False) -> list[dict[str
     if missing_ok and not has_metrics(run_dir):
         return []
     return read_jsonl(metrics_path(run_dir))
+
+
+def heldout(run_dir: str | Path) -> dict[int, dict[str, list]]:
+    """{step: that evaluation's per-problem outcomes} from RUN_DIR/heldout.jsonl (HELDOUT_FILE); {} when the run has
+    none (one made before tether recorded them)."""
+    path = Path(run_dir) / HELDOUT_FILE
+    return {row["step"]: row for row in read_jsonl(path)} if path.exists() else {}
 
 
 def series(rows: list[dict[str, Any]], key: str) -> list[Point]:

@@ -1,16 +1,24 @@
-"""Claims about methods, tested on a comparison's runs: difference of means over seeds, a t-test
-(tether.reports.stats: its p-value, 95% interval and detectable difference), Holm's correction over the
-claims tested together, and a verdict.
+"""Claims about methods, tested on a comparison's runs as one family with its null control (tether.reports.family:
+the t-test or a design's looks, Holm's correction, the exact sign-flip p beside).
 
-A claim (YAML, `claims/*.yaml`) says that `method` beats `baseline` on `metric` in `direction`:
+A claims file (YAML) is a list of claims, or a mapping with that list under `claims:` and a `design:` fixed before
+the first look (tether.reports.sequential; docs/compare.md):
 
-    - claim: "ATR-GRPO's KL3 clip improves final accuracy over GRPO"
-      metric: final_accuracy        # one of METRICS
-      method: atr_grpo
-      baseline: grpo
-      direction: higher             # higher or lower is better for the claim
-      regime: off_policy            # optional: only this regime (default: every regime)
-      relative_to: s0               # optional: the change of the metric from this regime, per seed
+    design:
+      looks: [4, 6, 9]              # seeds at each look; the last is the most any claim gets
+      spending: obrien_fleming      # or pocock
+      test: t                       # or combination (later stages' sizes may change)
+      family: holm                  # or primary_first (secondary claims once every primary one is decided)
+      detect: 0.05                  # the difference the study is sized for (planning)
+    claims:
+      - claim: "ATR-GRPO's KL3 clip improves final accuracy over GRPO"
+        metric: final_accuracy      # one of METRICS but CENSORED
+        method: atr_grpo
+        baseline: grpo
+        direction: higher           # higher or lower is better for the claim
+        regime: off_policy          # optional: only this regime (default: every regime)
+        relative_to: s0             # optional: the change of the metric from this regime, per seed
+        primary: true               # optional (family: primary_first)
 
 With `relative_to: R`, each seed's value is metric(this regime) - metric(regime R) of the same
 method and seed (tether compare gives seed k of every regime the same initial model and data
@@ -18,24 +26,13 @@ order), so the claim compares how much each method lost or gained from R: "holds
 as staleness grows" is final_accuracy relative_to the on-policy regime, method higher than
 baseline. It is a paired difference of differences; regime R itself is not tested.
 
-For each regime, with a_1..a_n the method's per-seed values and b_1..b_m the baseline's:
-
-    difference = mean(a) - mean(b)
-    test       = paired, when both methods ran the same seeds (tether compare's design: seed k of every
-                 method has the same initial model and data order): Student's t on d_k = a_k - b_k;
-                 when one side ran more seeds (a method given extra seeds), paired over the seeds both
-                 ran if they share at least MIN_SEEDS, the others left out and counted ("6 seeds,
-                 paired; 2 run by one side only left out"); unpaired otherwise: Welch's t over every
-                 value (tether.reports.stats, which argues the choice)
-    p          = its two-sided p-value; ci95 its 95% interval; mde80 the smallest true difference it
-                 would detect at 5% with 80% power, given the observed spread
-    p_holm     = p adjusted by Holm's method over every claim-and-regime tested in the same report
-                 (the family), so that the chance of any false verdict in the report is at most 5%
-    verdict    = supported if p_holm < 0.05 and the difference lies on the claimed side of 0,
-                 contradicted if p_holm < 0.05 on the other side, inconclusive otherwise;
-                 "not enough seeds" (and no test) when a side has fewer than MIN_SEEDS = 4 values
-                 (paired: fewer than 4 shared seeds): below 4 the t-test's power is negligible and it
-                 rests on the normality of one or two degrees of freedom (tether.reports.stats)
+For each regime, with a_1..a_n the method's per-seed values and b_1..b_m the baseline's, the values are paired by
+seed when both methods ran the same seeds (tether compare's design: seed k of every method has the same initial
+model, data order and sampling stream); when one side ran more seeds, paired over the seeds both ran if they share
+at least MIN_SEEDS, the others left out and counted ("6 seeds, paired; 2 run by one side only left out"); unpaired
+(Welch's t, no design) otherwise. The seed is the unit of replication: a test that pools the held-out problems of
+every seed as independent outcomes is refused (`unit`, tests/reports/test_heldout.py shows its false verdicts).
+The tests, verdicts and fields are tether.reports.family's.
 
 A claim whose method or baseline was not run in a regime (or whose regime is not reported) is
 listed as skipped, with the reason (`skipped_claims`), never dropped without a word.
@@ -45,20 +42,17 @@ final_accuracy and best_accuracy (held-out greedy), auc (the mean held-out accur
 run, trapezoids over the evaluation steps divided by their span: it averages over the run's
 evaluations, so it carries less evaluation noise than one final value), max_drop (the largest fall of
 held-out accuracy between consecutive evaluations: stability), final_entropy (policy entropy,
-mean of the last 10% of steps), entropy_half_step (the first step whose entropy is below half
-the first step's: collapse; the run's last step + 1 when it never falls that far), clipfrac (the
-mean over steps of clipfrac_low + clipfrac_high), constrained_frac (the mean over steps of the
-fraction of tokens a trust region clipped or masked: clipfrac_low + clipfrac_high + the masked
-fractions of M2PO, the rollout correction and the off-policy sequence mask, so that methods that
-mask instead of clipping are counted too).
+mean of the last 10% of steps), entropy_retained (the mean policy entropy over the run divided by the
+first step's: how much of it the run kept, measured on every run), entropy_half_step (the first step whose
+entropy is below half the first step's; the run's last step + 1 when it never falls that far: censored, so kept
+for the tables and refused in a claim, CENSORED), clipfrac (the mean over steps of clipfrac_low + clipfrac_high),
+constrained_frac (the mean over steps of the fraction of tokens a trust region clipped or masked: clipfrac_low +
+clipfrac_high + the masked fractions of M2PO, the rollout correction and the off-policy sequence mask, so that
+methods that mask instead of clipping are counted too).
 
 Why paired: the seed (its warm start, its data order) moves final accuracy by more than any
 method does (seed spreads of 0.05-0.1 against method gaps of a few points), and it moves every
 method the same way; pairing removes that shared part, the unpaired test keeps it.
-
-A null control (`tether compare --null-control`) is the baseline run again from the same initial models
-and data with an independent sampling stream: `null_control` tests it against the baseline like a claim,
-outside the Holm family, where any verdict but "inconclusive" is a false one.
 """
 
 from __future__ import annotations
@@ -73,12 +67,12 @@ import yaml
 
 from ..records.runlog import accuracy, series, tail_mean
 from ..schema import ConfigError
-from . import stats
+from . import family, sequential, stats
 
 DIRECTIONS = ("higher", "lower")
-MIN_SEEDS = 4
-"""The fewest values per side (paired: shared seeds) a verdict needs (module docstring)."""
+MIN_SEEDS = stats.MIN_SEEDS
 NOT_ENOUGH = "not enough seeds"
+NO_TEST = "no test"
 
 
 # ---------------------------------------------------------------- per-run metrics
@@ -105,6 +99,13 @@ def _entropy_half_step(rows: list[dict]) -> float:
     return float(next((s for s, v in ent if v < half), ent[-1][0] + 1))
 
 
+def _entropy_retained(rows: list[dict]) -> float:
+    ent = series(rows, "policy/entropy")
+    if not ent or ent[0][1] <= 0:
+        return float("nan")
+    return statistics.fmean(v for _, v in ent) / ent[0][1]
+
+
 CLIPPED = ("policy/clipfrac_low", "policy/clipfrac_high")
 CONSTRAINED = (*CLIPPED, "m2po/masked_frac", "rollout_correction/masked_frac", "policy/off_policy_masked_frac")
 """The per-step fractions of tokens a trust region clipped or masked, summed by `constrained_frac`."""
@@ -123,10 +124,17 @@ METRICS: dict[str, Callable[[list[dict]], float]] = {
     "max_drop": _max_drop,
     "final_entropy": lambda rows: tail_mean(rows, "policy/entropy"),
     "entropy_half_step": _entropy_half_step,
+    "entropy_retained": _entropy_retained,
     "clipfrac": lambda rows: _mean_of_sum(rows, CLIPPED),
     "constrained_frac": lambda rows: _mean_of_sum(rows, CONSTRAINED),
 }
-"""Per-run metrics a claim can name (module docstring)."""
+"""Per-run metrics (module docstring); a claim can name any but those in CENSORED."""
+CENSORED = {
+    "entropy_half_step": "it is censored: a run whose entropy never halves gets the last step + 1, a bound the "
+    "t-test would treat as a measurement (too liberal with many such runs); test entropy_retained instead, the mean "
+    "entropy over the run relative to the first step's, which every run measures"
+}
+"""Metrics kept per run for the tables but refused in a claim, with why."""
 
 
 # ---------------------------------------------------------------- statistics
@@ -177,6 +185,8 @@ def compare_values(
         )
         return Comparison(difference, None, None, None, NOT_ENOUGH, why)
     t = stats.paired_t([x - y for x, y in zip(a, b)]) if paired else stats.welch_t(a, b)
+    if t.se == 0:
+        return Comparison(difference, None, None, None, NO_TEST, "zero spread: every difference is equal")
     return Comparison(
         difference,
         t.ci95,
@@ -211,14 +221,67 @@ class Claim:
     regime: Optional[str] = None
     relative_to: Optional[str] = None
     """A regime: the claim is about each seed's change of the metric from it (module docstring)."""
+    unit: str = "seed"
+    """The unit of replication: the seed, the only one accepted (`UNIT_REFUSED`)."""
+    primary: bool = True
+    """Under a design's `family: primary_first`, secondary claims (False) are tested once every primary one is
+    decided; otherwise every claim is in one Holm family."""
+
+
+UNIT_REFUSED = (
+    "a test that pools the held-out problems of every seed treats each seed x problem outcome as independent, but "
+    "the problems a run solves move together with its seed (its initial model, data and samples): with no true "
+    "difference such a test calls one in far more than 5% of comparisons (tests/reports/test_heldout.py). The seed "
+    "is the unit: use unit: seed (the default), and a larger held-out set to lower each seed's noise"
+)
+
+DESIGN_KEYS = ("looks", "alpha", "spending", "test", "family", "detect")
+
+
+def _read(path: str | Path) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"claims file {path}: {err.strerror}") from None
+
+
+def load_design(path: str | Path) -> Optional[sequential.Design]:
+    """The `design:` of a claims file (tether.reports.sequential), checked with the fix named; None when the file is
+    a plain list of claims (one look at the seeds there are)."""
+    raw = _read(path)
+    if not isinstance(raw, dict) or raw.get("design") is None:
+        return None
+    entry = raw["design"]
+    where = f"claims file {path}, design"
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: expected a mapping with {', '.join(DESIGN_KEYS)}")
+    unknown = set(entry) - set(DESIGN_KEYS)
+    if unknown or "looks" not in entry:
+        raise ConfigError(
+            f"{where}: unknown keys {sorted(unknown)}{', missing key looks' if 'looks' not in entry else ''} "
+            f"(keys: {', '.join(DESIGN_KEYS)})"
+        )
+    if not isinstance(entry["looks"], list):
+        raise ConfigError(f"{where}: looks must be a list of seed counts, for example [4, 6, 9]")
+    try:
+        return sequential.Design(**{**entry, "looks": tuple(entry["looks"])})
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from None
 
 
 def load_claims(path: str | Path) -> list[Claim]:
-    """Claims from a YAML list; each entry is checked (metric and direction names) with the fix named."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise ConfigError(f"claims file {path}: {err.strerror}") from None
+    """Claims from a YAML list, or from the `claims:` of a mapping that also holds a `design:` (`load_design`); each
+    entry is checked (metric and direction names) with the fix named."""
+    raw = _read(path)
+    if isinstance(raw, dict):
+        unknown = set(raw) - {"design", "claims"}
+        if unknown or not isinstance(raw.get("claims"), list):
+            raise ConfigError(
+                f"claims file {path}: expected a YAML list of claims, or a mapping with `claims:` (that list) and "
+                f"`design:`{f' (unknown keys {sorted(unknown)})' if unknown else ''}"
+            )
+        load_design(path)
+        raw = raw["claims"]
     if not isinstance(raw, list):
         raise ConfigError(f"claims file {path}: expected a YAML list of claims")
     claims = []
@@ -231,8 +294,13 @@ def load_claims(path: str | Path) -> list[Claim]:
         if unknown or missing:
             raise ConfigError(f"{where}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
         c = Claim(**entry)
+        if c.unit != "seed":
+            raise ConfigError(f"{where}: unit {c.unit!r} is refused: {UNIT_REFUSED}")
+        if c.metric in CENSORED:
+            raise ConfigError(f"{where}: metric {c.metric!r} cannot be tested: {CENSORED[c.metric]}")
         if c.metric not in METRICS:
-            raise ConfigError(f"{where}: metric {c.metric!r} is not one of {', '.join(METRICS)}")
+            testable = [m for m in METRICS if m not in CENSORED]
+            raise ConfigError(f"{where}: metric {c.metric!r} is not one of {', '.join(testable)}")
         if c.direction not in DIRECTIONS:
             raise ConfigError(f"{where}: direction {c.direction!r} is not one of {', '.join(DIRECTIONS)}")
         claims.append(c)
@@ -246,137 +314,83 @@ def per_seed(runs: dict[str, list[list[dict]]]) -> dict[str, dict[str, list[floa
     }
 
 
-def evaluate_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, dict[str, list[float]]]]) -> list[dict]:
-    """Each claim in each regime it names (every regime by default) that holds both methods, with Holm's
-    correction over all of them (the family); the others are `skipped_claims`."""
-    out = []
-    for c in claims:
-        for name, methods in regimes.items():
-            if (c.regime is not None and c.regime != name) or c.method not in methods or c.baseline not in methods:
-                continue
-            if c.relative_to is not None:
-                if name == c.relative_to or c.relative_to not in regimes:
-                    continue
-                base = regimes[c.relative_to]
-                if c.method not in base or c.baseline not in base:
-                    continue
-                mine = _change(methods[c.method], base[c.method], c.metric)
-                theirs = _change(methods[c.baseline], base[c.baseline], c.metric)
-            else:
-                mine, theirs = methods[c.method], methods[c.baseline]
-            a, b, paired = aligned(mine, theirs, c.metric)
-            if not a or not b:
-                r = Comparison(float("nan"), None, None, None, NOT_ENOUGH, f"no run has a value of {c.metric}")
-            else:
-                r = compare_values(a, b, c.direction, paired=paired)
-            out.append(
-                {
-                    "claim": c.claim,
-                    "regime": name,
-                    "relative_to": c.relative_to,
-                    "metric": c.metric,
-                    "method": c.method,
-                    "baseline": c.baseline,
-                    "direction": c.direction,
-                    **_fields(r),
-                    "seeds": [len(a), len(b)],
-                    "paired": paired,
-                    "left_out": _left_out(mine, theirs, paired),
-                }
-            )
-    return with_holm(out)
-
-
-def _fields(r: Comparison) -> dict:
-    return {
-        "difference": r.difference,
-        "ci95": list(r.ci95) if r.ci95 else None,
-        "mde80": r.mde80,
-        "p": r.p,
-        "test": r.test,
-        "verdict": r.verdict,
-        "why": r.why,
-    }
-
-
-def with_holm(results: list[dict]) -> list[dict]:
-    """The results with `p_holm` (Holm over those that were tested: the family) and the verdict it gives."""
-    tested = [r for r in results if r["p"] is not None]
-    for r, adjusted in zip(tested, stats.holm([r["p"] for r in tested])):
-        r["p_holm"], r["family"] = adjusted, len(tested)
-        r["verdict"] = verdict_of(r["difference"], adjusted, r["direction"])
-    for r in results:
-        r.setdefault("p_holm", None)
-        r.setdefault("family", len(tested))
-    return results
-
-
-NULL_METRICS = ("final_accuracy", "auc")
-"""Metrics a null control is always tested on, besides those the claims name."""
-
-
-def null_control(
-    regimes: dict[str, dict[str, dict[str, list[float]]]], baseline: str, control: str, metrics: Sequence[str] = ()
+def evaluate_claims(
+    claims: Sequence[Claim],
+    regimes: dict[str, dict[str, dict[str, list[float]]]],
+    design: Optional[sequential.Design] = None,
+    controls: Sequence[tuple[str, str]] = (),
 ) -> list[dict]:
-    """The A/A pair (`control`: `baseline` rerun with an independent sampling stream) tested as a claim on each
-    metric of NULL_METRICS and `metrics`, in every regime that holds both, at 5% each and outside any family:
-    a verdict other than "inconclusive" is a false one, and their share is the control's false-verdict rate."""
+    """Each claim in each regime it names (every regime by default) that holds both methods, tested as one family
+    with the null control's tests (`judge`); the claims' results, in order."""
+    return judge(claims, regimes, design, controls)[0]
+
+
+def judge(
+    claims: Sequence[Claim],
+    regimes: dict[str, dict[str, dict[str, list[float]]]],
+    design: Optional[sequential.Design] = None,
+    controls: Sequence[tuple[str, str]] = (),
+) -> tuple[list[dict], list[dict]]:
+    """The claims' results and the null control's, tested as one family (tether.reports.family): at one look, or
+    at the looks of `design`. `controls`: (baseline, control) labels of each null-control pair; it is tested on the
+    metrics the claims name (NULL_METRICS without claims), a test primary when a primary claim names its metric.
+    Claims that cannot be tested anywhere are `skipped_claims`."""
+    pairs = [p for c in claims for p in _claim_pairs(c, regimes)]
+    named = [c.metric for c in claims if c.relative_to is None] or list(NULL_METRICS)
+    primary = {c.metric for c in claims if c.primary} or set(named)
+    for baseline, control in controls:
+        for name, methods in regimes.items():
+            if baseline not in methods or control not in methods:
+                continue
+            for metric in dict.fromkeys(named):
+                a, b, seeds, paired = aligned_by_seed(methods[control], methods[baseline], metric)
+                fields = {"regime": name, "metric": metric, "method": control, "baseline": baseline}
+                left = _left_out(methods[control], methods[baseline], paired)
+                pairs.append(family.Pair(fields, a, b, seeds, paired, left, True, metric in primary))
+    family.judge(pairs, design)
+    rows = []
+    for p in pairs:
+        r = {**p.fields, **p.result, "seeds": [len(p.a), len(p.b)], "paired": p.paired, "left_out": p.left_out}
+        if p.null and r["verdict"] in ("supported", "contradicted"):
+            r["verdict"] = "false verdict"
+        rows.append(r)
+    return [r for r, p in zip(rows, pairs) if not p.null], [r for r, p in zip(rows, pairs) if p.null]
+
+
+def _claim_pairs(c: Claim, regimes: dict[str, dict[str, dict[str, list[float]]]]) -> list[family.Pair]:
+    """The claim's pair in each regime it applies to that holds both methods (and its `relative_to` regime)."""
     out = []
     for name, methods in regimes.items():
-        if baseline not in methods or control not in methods:
+        if (c.regime is not None and c.regime != name) or c.method not in methods or c.baseline not in methods:
             continue
-        for metric in dict.fromkeys([*NULL_METRICS, *metrics]):
-            a, b, paired = aligned(methods[control], methods[baseline], metric)
-            r = (
-                compare_values(a, b, "higher", paired=paired)
-                if a and b
-                else Comparison(float("nan"), None, None, None, NOT_ENOUGH, f"no run has a value of {metric}")
-            )
-            fields = _fields(r)
-            if r.p is not None:  # two-sided: either side is a false verdict
-                fields["verdict"] = "false verdict" if r.p < stats.ALPHA else "inconclusive"
-            out.append(
-                {
-                    "regime": name,
-                    "metric": metric,
-                    "method": control,
-                    "baseline": baseline,
-                    "seeds": [len(a), len(b)],
-                    "paired": paired,
-                    "left_out": _left_out(methods[control], methods[baseline], paired),
-                    **fields,
-                }
-            )
+        if c.relative_to is not None:
+            if name == c.relative_to or c.relative_to not in regimes:
+                continue
+            base = regimes[c.relative_to]
+            if c.method not in base or c.baseline not in base:
+                continue
+            mine = _change(methods[c.method], base[c.method], c.metric)
+            theirs = _change(methods[c.baseline], base[c.baseline], c.metric)
+        else:
+            mine, theirs = methods[c.method], methods[c.baseline]
+        a, b, seeds, paired = aligned_by_seed(mine, theirs, c.metric)
+        fields = {
+            "claim": c.claim,
+            "regime": name,
+            "relative_to": c.relative_to,
+            "metric": c.metric,
+            "method": c.method,
+            "baseline": c.baseline,
+            "direction": c.direction,
+            "primary": c.primary,
+        }
+        left = _left_out(mine, theirs, paired)
+        out.append(family.Pair(fields, a, b, seeds, paired, left, False, c.primary, c.direction))
     return out
 
 
-def null_markdown(results: Sequence[dict[str, Any]]) -> str:
-    """The null control's table and the false-verdict rate it shows."""
-    lines = [
-        "| regime | metric | control vs baseline | difference | 95% CI | p | detectable (80% power) | verdict |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        ci, p, mde = _cells(r)
-        lines.append(
-            f"| {r['regime']} | {r['metric']} | {r['method']} vs {r['baseline']} ({_seeds_text(r)}) | "
-            f"{r['difference']:+.4f} | {ci} | {p} | {mde} | **{r['verdict']}** |"
-        )
-    tested = [r for r in results if r["p"] is not None]
-    false = sum(r["verdict"] == "false verdict" for r in tested)
-    lines += ["", f"False verdicts in the null control: {false} of {len(tested)} tests at 5% each."]
-    return "\n".join(lines)
-
-
-def _cells(r: dict[str, Any]) -> tuple[str, str, str]:
-    if r["ci95"] is None:
-        return "n/a", "n/a", "n/a"
-    lo, hi = r["ci95"]
-    return f"[{lo:+.4f}, {hi:+.4f}]", _p_text(r["p"]), f"{r['mde80']:.4f}"
-
-
-def _p_text(p: float) -> str:
-    return f"{p:.3f}" if p >= 0.001 else "<0.001"
+NULL_METRICS = ("final_accuracy", "auc")
+"""Metrics a null control is tested on when no claim names one."""
 
 
 def _change(values: dict[str, list], base: dict[str, list], metric: str) -> dict[str, list]:
@@ -425,51 +439,31 @@ def skipped_claims(claims: Sequence[Claim], regimes: dict[str, dict[str, Any]]) 
 
 
 def aligned(method: dict[str, list], baseline: dict[str, list], metric: str) -> tuple[list, list, bool]:
-    """The two methods' values of `metric`, without the seeds where it is NaN (a run that never
-    evaluated), in seed order and paired when both ran the same seeds, one seed included, or when they
-    share at least MIN_SEEDS seeds (the seeds only one side ran are then left out: the module docstring);
-    each method's "seeds" list gives the seed of each value. Unpaired, every value as given, otherwise."""
+    """The two methods' values of `metric` (`aligned_by_seed` without the seeds)."""
+    a, b, _, paired = aligned_by_seed(method, baseline, metric)
+    return a, b, paired
+
+
+def aligned_by_seed(
+    method: dict[str, list], baseline: dict[str, list], metric: str
+) -> tuple[list[float], list[float], list[int], bool]:
+    """The two methods' values of `metric`, without the seeds where it is NaN (a run that never evaluated) or
+    missing (a summary written before the metric existed), paired in seed order when both ran the same seeds, one
+    seed included, or when they share at least MIN_SEEDS seeds (the seeds only one side ran are then left out: the
+    module docstring); with the seed of each pair. Unpaired, every value as given and no seeds, otherwise."""
+    if metric not in method or metric not in baseline:
+        return [], [], [], False
     a, b = method[metric], baseline[metric]
     sa, sb = method.get("seeds"), baseline.get("seeds")
     unique = sa is not None and sb is not None and len(set(sa)) == len(sa) and len(set(sb)) == len(sb)
     shared = set(sa) & set(sb) if unique else set()
     if not unique or (shared != set(sa) | set(sb) and len(shared) < MIN_SEEDS):
-        return [x for x in a if not math.isnan(x)], [y for y in b if not math.isnan(y)], False
-    by_b = dict(zip(sb, b))
-    pairs = [(x, by_b[s]) for s, x in zip(sa, a) if s in shared and not (math.isnan(x) or math.isnan(by_b[s]))]
-    return [x for x, _ in pairs], [y for _, y in pairs], True
-
-
-def claims_markdown(results: Sequence[dict[str, Any]], skipped: Sequence[dict[str, Any]] = ()) -> str:
-    lines = [
-        "| claim | regime | metric | method vs baseline | difference | 95% CI | p | p (Holm) | detectable (80% power) | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        ci, p, mde = _cells(r)
-        verdict = f"**{r['verdict']}**" + (f" ({r['why']})" if r["ci95"] is None else "")
-        holm_p = _p_text(r["p_holm"]) if r.get("p_holm") is not None else "n/a"
-        metric = r["metric"] if not r.get("relative_to") else f"change of {r['metric']} from {r['relative_to']}"
-        lines.append(
-            f"| {r['claim']} | {r['regime']} | {metric} ({r['direction']} is the claim) | "
-            f"{r['method']} vs {r['baseline']} ({_seeds_text(r)}) | "
-            f"{r['difference']:+.4f} | {ci} | {p} | {holm_p} | {mde} | {verdict} |"
-        )
-    if skipped:
-        lines += ["", "Skipped claims (not tested):", ""]
-        lines += [f"- {s['claim']} (regime {s['regime']}): {s['reason']}" for s in skipped]
-    return "\n".join(lines)
+        return [x for x in a if not math.isnan(x)], [y for y in b if not math.isnan(y)], [], False
+    by_a, by_b = dict(zip(sa, a)), dict(zip(sb, b))
+    seeds = [s for s in sorted(shared) if not (math.isnan(by_a[s]) or math.isnan(by_b[s]))]
+    return [by_a[s] for s in seeds], [by_b[s] for s in seeds], seeds, True
 
 
 def _left_out(method: dict[str, list], baseline: dict[str, list], paired: bool) -> int:
     """How many seeds a paired test left out because only one side ran them (`aligned`)."""
     return len(set(method["seeds"]) ^ set(baseline["seeds"])) if paired else 0
-
-
-def _seeds_text(r: dict[str, Any]) -> str:
-    n, m = r["seeds"]
-    if r.get("paired"):
-        k = r.get("left_out", 0)
-        extra = f"; {k} run by one side only left out" if k else ""
-        return f"{n} seed{'s' * (n != 1)}, paired{extra}"
-    return f"{n} / {m} seeds, unpaired"

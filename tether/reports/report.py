@@ -36,16 +36,10 @@ from ..records.runlog import (
 )
 from ..config.sections import Config, flatten, one_line
 from ..schema import to_dict
-from .claims import (
-    MIN_SEEDS,
-    claims_markdown,
-    evaluate_claims,
-    load_claims,
-    null_control,
-    null_markdown,
-    per_seed,
-    skipped_claims,
-)
+from . import stats
+from .claims import judge, load_claims, load_design, per_seed, skipped_claims
+from .sequential import Design
+from .tables import claims_markdown, design_text, null_markdown
 from .forest import plot_claims
 from .sweep import axis_section, setting_axis
 
@@ -182,27 +176,30 @@ def derived_sections(
         summary["axis"] = {"setting": axis[0], "values": axis[1]}
         lines += axis_section(axis, summary["regimes"], out_dir)
     per_regime = {n: dict(r["methods"]) for n, r in summary["regimes"].items()}
+    design, changed = _design(claims, out_dir, summary) if claim_list is not None else (None, "")
+    pairs = _null_pairs(per_regime)
+    results, controls = judge(claim_list or [], per_regime, design, pairs)
     if claim_list is not None:
-        results, skipped = evaluate_claims(claim_list, per_regime), skipped_claims(claim_list, per_regime)
+        skipped = skipped_claims(claim_list, per_regime)
         summary["claims"], summary["skipped_claims"] = results, skipped
-        family = results[0]["family"] if results else 0
+        family = results[0]["family"] if results else len(controls)
+        lines += ["## Claims", ""]
+        if design is not None:
+            lines += [design_text(design, summary.get("design"), changed), ""]
         lines += [
-            "## Claims",
+            f"From `{claims}`: difference of the means over seeds (method minus baseline), tested on the per-seed "
+            "differences (paired: seed k of every method starts from the same model, data order and sampling "
+            f"stream; Welch's t when the seeds do not pair). The {family} tests here, claims and null control, are "
+            "one family: `p (Holm)` is corrected by Holm's method over them, so that the chance of any false verdict "
+            "in this report is at most 5%. The verdict: *supported* when the family decides a claim and its "
+            "difference lies on the claimed side, *contradicted* when on the other, else *inconclusive*. "
+            "`detectable` is the smallest true difference the test would find with 80% power given the spread "
+            f"seen, at the level the claim is held to. *not enough seeds*: fewer than {stats.MIN_SEEDS} seeds per "
+            "method (paired: shared); *no test*: every difference equal (docs/compare.md).",
             "",
-            f"From `{claims}`: difference of the means over seeds (method minus baseline) and a t-test: Student's "
-            "paired t on the per-seed differences when both methods ran the same seeds (seed k of every method "
-            "starts from the same model and data order), Welch's t otherwise. `p` is its two-sided p-value, "
-            f"`p (Holm)` that p-value corrected by Holm's method over the {family} claims tested here, so that "
-            "the chance of any false verdict in this table is at most 5%. The verdict: *supported* when "
-            "p (Holm) < 0.05 and the difference lies on the claimed side, *contradicted* when on the other, "
-            "else *inconclusive*. `detectable` is the smallest true difference the test would find with 80% "
-            f"power given the spread seen. *not enough seeds*: fewer than {MIN_SEEDS} seeds per method "
-            "(paired: shared) (docs/compare.md).",
-            "",
-            claims_markdown(results, skipped),
+            claims_markdown(results, skipped, design),
             "",
         ]
-    controls = _null_controls(per_regime, claim_list)
     drawn = plot_claims(summary.get("claims", []), controls, out_dir / "plots" / f"{figure}.png")
     if drawn is not None:
         lines += [f"![{figure}]({drawn.relative_to(out_dir)})", ""]
@@ -211,15 +208,56 @@ def derived_sections(
         lines += [
             "## Null control",
             "",
-            "The baseline run a second time from the same initial model, data order and held-out set, with an "
-            "independent sampling stream (`tether compare --null-control`), tested against the baseline as a "
-            "claim would be, at 5% each: with no true difference, any verdict but *inconclusive* is a false one. "
+            "The baseline run a second time from the same initial model, data order, held-out set and sampling "
+            "stream, with only its mini-batch order changed (`tether compare --null-control`), tested against the "
+            "baseline as the claims are, in their family; which run is called the control is decided per seed by "
+            "a fair coin. With no true difference, any verdict but *inconclusive* (or *continuing*) is a false one. "
             "The spread it shows is the noise floor of the claims above.",
             "",
-            null_markdown(controls),
+            null_markdown(controls, design),
             "",
         ]
     return lines
+
+
+DESIGN_FILE = "design.json"
+"""Where a comparison records its design at its first look (`_design`)."""
+
+
+def _design(claims: Optional[str], out_dir: Path, summary: dict) -> tuple[Optional[Design], str]:
+    """The claims file's design, recorded in OUT/design.json the first time a look is reached, and the change since
+    (""); a combination test keeps its recorded stage weights whatever the looks become (its later stages may
+    change size without costing its rate)."""
+    design = load_design(claims) if claims else None
+    if design is None:
+        return None, ""
+    path = out_dir / DESIGN_FILE
+    record = {k: getattr(design, k) for k in ("looks", "alpha", "spending", "test", "family", "detect", "weights")}
+    record = json.loads(json.dumps(record))
+    claims_text = Path(claims).read_text()
+    if path.exists():
+        old = json.loads(path.read_text())
+        summary["design"] = old
+        diffs = [
+            f"{k} {old['design'][k]} -> {record[k]}" for k in record if k != "weights" and old["design"][k] != record[k]
+        ]
+        if old["claims"] != claims_text:
+            diffs.append("the claims file's text changed")
+        if design.test == "combination" and old["design"]["weights"] != record["weights"]:
+            design = Design(**{**record, "looks": tuple(record["looks"]), "weights": tuple(old["design"]["weights"])})
+            diffs = [d for d in diffs if not d.startswith("looks")]
+        return design, "; ".join(diffs)
+    reached = any(
+        len(m.get("seeds", [])) >= design.looks[0] for r in summary["regimes"].values() for m in r["methods"].values()
+    )
+    if reached:
+        import datetime  # lazy: only when a design is first recorded
+
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        entry = {"recorded": stamp, "design": record, "claims": claims_text}
+        path.write_text(json.dumps(entry, indent=1) + "\n")
+        summary["design"] = entry
+    return design, ""
 
 
 def rewrite_from_summary(summary_path: str | Path, claims: Optional[str] = None, out: Optional[str] = None) -> Path:
@@ -265,15 +303,14 @@ def _read_summary(path: Path) -> dict:
     return summary
 
 
-def _null_controls(regimes: dict[str, dict], claim_list) -> list[dict]:
-    """The null-control tests of every `X_null` arm whose baseline X ran in the same regime."""
-    metrics = [c.metric for c in claim_list or [] if c.relative_to is None]
-    out = []
+def _null_pairs(regimes: dict[str, dict]) -> list[tuple[str, str]]:
+    """(baseline, control) of every `X_null` arm whose baseline X ran in some regime."""
     labels = dict.fromkeys(m for methods in regimes.values() for m in methods)
-    for label in labels:
-        if label.endswith(NULL_SUFFIX) and label[: -len(NULL_SUFFIX)] in labels:
-            out += null_control(regimes, label[: -len(NULL_SUFFIX)], label, metrics)
-    return out
+    return [
+        (label[: -len(NULL_SUFFIX)], label)
+        for label in labels
+        if label.endswith(NULL_SUFFIX) and label[: -len(NULL_SUFFIX)] in labels
+    ]
 
 
 def _json_safe(x):

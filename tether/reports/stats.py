@@ -35,7 +35,7 @@ tests/reports/test_claims_false_verdict_rate.py):
      differences are symmetric by construction (both arms have the same distribution), where the t-test
      is at or below its nominal level even for heavy tails (t with 3 df) and for discrete accuracies on a
      40-problem set (the simulation measures 3.9-5.5% at n = 4, 5 and 8).
-Departure: the verdict needs MIN_SEEDS (claims.py) values per side although the t-test is valid from 2:
+Departure: the verdict needs MIN_SEEDS values per side although the t-test is valid from 2:
 below 4 its power is negligible (mde80 is 3-10 standard deviations at n = 2-3) and it rests entirely on
 the normality of one or two degrees of freedom.
 """
@@ -50,6 +50,8 @@ from typing import Sequence
 
 ALPHA = 0.05
 POWER = 0.80
+MIN_SEEDS = 4
+"""The fewest values per side (paired: shared seeds) a verdict needs (the departure above)."""
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -114,7 +116,8 @@ def t_quantile(p: float, df: float) -> float:
 
 @dataclass(frozen=True)
 class TTest:
-    """A t-test of a difference of means (module docstring); p and the interval are NaN when se is 0."""
+    """A t-test of a difference of means (module docstring); p, the interval and mde80 are NaN when se is 0 (zero
+    spread: no test)."""
 
     difference: float
     se: float
@@ -128,9 +131,9 @@ class TTest:
 def _test(difference: float, se: float, df: float) -> TTest:
     crit = t_quantile(1 - ALPHA / 2, df)
     mde = (crit + t_quantile(POWER, df)) * se
-    if se == 0.0:  # every difference equal: no spread to test against
-        p = 1.0 if difference == 0.0 else 0.0
-        return TTest(difference, se, df, p, (difference, difference), mde)
+    if se <= 1e-12 * max(1.0, abs(difference)):  # every difference equal (to rounding): no spread, no test, never p = 0
+        se = 0.0
+        return TTest(difference, se, df, math.nan, (math.nan, math.nan), math.nan)
     p = 2.0 * (1.0 - t_cdf(abs(difference) / se, df))
     return TTest(difference, se, df, p, (difference - crit * se, difference + crit * se), mde)
 
@@ -154,16 +157,48 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> TTest:
     return _test(statistics.fmean(a) - statistics.fmean(b), se, df)
 
 
-def seeds_for(sd: float, difference: float, most: int = 1000) -> int:
-    """The fewest seeds (at least 2) at which the paired test detects `difference` with 80% power at alpha 0.05
-    (mde80 <= difference), when the per-seed differences spread with standard deviation `sd`; `most` + 1 when
-    even `most` seeds do not."""
+def seeds_for(sd: float, difference: float, most: int = 1000, alpha: float = ALPHA) -> int:
+    """The fewest seeds (at least 2) at which the paired test detects `difference` with 80% power at `alpha`
+    (two-sided), when the per-seed differences spread with standard deviation `sd`; `most` + 1 when even `most`
+    seeds do not. Pass the level the claim is tested at: under Holm's correction over m claims, alpha / m (the
+    first step's); planning at 0.05 for a claim tested at 0.05 / 6 asks for too few seeds."""
     if difference <= 0:
         raise ValueError(f"the difference to detect must be positive, got {difference}")
     for n in range(2, most + 1):
-        if (t_quantile(1 - ALPHA / 2, n - 1) + t_quantile(POWER, n - 1)) * sd / math.sqrt(n) <= difference:
+        if (t_quantile(1 - alpha / 2, n - 1) + t_quantile(POWER, n - 1)) * sd / math.sqrt(n) <= difference:
             return n
     return most + 1
+
+
+EXACT_MAX = 20
+"""Up to this many differences the sign-flip test enumerates every sign pattern; beyond, it samples them."""
+SIGN_FLIP_DRAWS = 200_000
+
+
+def sign_flip_p(d: Sequence[float]) -> float:
+    """The exact two-sided sign-flip (permutation) p-value of mean(d) = 0 (Fisher 1935): the share of the 2^n sign
+    patterns s whose |sum s_i d_i| is at least the observed |sum d_i|. Valid for any distribution symmetric about 0
+    under no difference (an A/A pair is, by construction); its smallest value is 2 / 2^n (0.125 at 4 seeds,
+    0.031 at 6). Beyond EXACT_MAX differences, a seeded sample of SIGN_FLIP_DRAWS patterns: (1 + hits) / (1 + draws).
+    """
+    import numpy as np
+
+    x = np.asarray([float(v) for v in d])
+    n = len(x)
+    if n == 0:
+        raise ValueError("a sign-flip test needs at least one difference")
+    observed = abs(x.sum()) * (1 - 1e-12) - 1e-15  # ties count as at least as extreme
+    if n > EXACT_MAX:
+        signs = np.random.default_rng(0).integers(0, 2, size=(SIGN_FLIP_DRAWS, n)) * 2 - 1
+        return float((1 + (np.abs(signs @ x) >= observed).sum()) / (1 + SIGN_FLIP_DRAWS))
+    low = min(n, 14)  # patterns of the low bits as one matrix, the high bits looped over
+    patterns = ((np.arange(2**low)[:, None] >> np.arange(low)) & 1) * 2 - 1  # (2^low, low)
+    partial = patterns @ x[:low]
+    hits = 0
+    for high in range(2 ** (n - low)):
+        rest = sum(x[low + j] * (1 if (high >> j) & 1 else -1) for j in range(n - low))
+        hits += int((np.abs(partial + rest) >= observed).sum())
+    return hits / 2**n
 
 
 def holm(p: Sequence[float]) -> list[float]:

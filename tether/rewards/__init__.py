@@ -60,7 +60,7 @@ from .registry import (
 )
 from .simple import Format, Overlong, boxed_answers, countdown, exact_match, overlong_penalty
 from .user import UserReward, user_reward
-from .verdicts import accuracy, check_verdicts, greedy_accuracy
+from .verdicts import accuracy, check_verdicts, greedy_accuracy, greedy_evaluation
 
 __all__ = [
     "PROBE_FAULTS",
@@ -103,6 +103,7 @@ __all__ = [
     "accuracy",
     "check_verdicts",
     "greedy_accuracy",
+    "greedy_evaluation",
     "rollout_examples",
     "score_rollout",
     "verifier_faults",

@@ -19,6 +19,7 @@ joins them.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from pathlib import Path
 from typing import Optional
@@ -30,11 +31,11 @@ from ..config.sections import Config, RolloutConfig
 from ..model.causal_lm import shared_prompt_reason
 from ..records.checkpoint import rng_state, set_rng_state
 from ..records.plots import plot_run
-from ..records.runlog import accuracy, read_metrics
+from ..records.runlog import HELDOUT_FILE, accuracy, read_metrics
 from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
 from ..records.summary import write_samples, write_summary
 from ..envs import EnvironmentBroken, EnvWarnings, env_label
-from ..rewards import FaultWarnings, RewardBroken, Scored, greedy_accuracy, reward_label
+from ..rewards import FaultWarnings, RewardBroken, Scored, greedy_evaluation, reward_label
 from ..schema import ConfigError, to_dict
 from . import step_zero
 from .setup import Run, start_run
@@ -58,14 +59,14 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
             f"larger trainer.total_steps (`tether train --resume {run.records.run_dir} trainer.total_steps=N`)"
         )
         return run.records.run_dir
-    sinks, samples_file = _open_logs(run, resume_dir)
+    sinks, samples_file, heldout_file = _open_logs(run, resume_dir)
     progress = make_progress(t.total_steps, at.start, t.progress, t.log_every_steps, log)
     tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
     warnings = (FaultWarnings(reward_label(parts.rollouts.reward_fn)), EnvWarnings(env_label(run.cfg.env)))
     try:
         with stop, _broken_reward(run):
             if at.start == 0:
-                _log_step_zero(run, sinks, progress, log)
+                _log_step_zero(run, sinks, heldout_file, progress, log)
             for step in range(at.start + 1, t.total_steps + 1):
                 if stop.signum is not None:
                     break
@@ -77,7 +78,9 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 if bad_steps >= t.max_nonfinite_steps:
                     _stop_nonfinite(run, bad_steps, metrics, sinks)
                 if step % t.eval_every == 0 or step == t.total_steps:
-                    metrics.update(evaluate(run))
+                    evaluated, outcomes = evaluate(run)
+                    metrics.update(evaluated)
+                    write_heldout(heldout_file, step, outcomes)
                 for s in sinks:
                     s.log(step, metrics)
                 write_samples(samples_file, step, scored.rollout, scored.examples, scored.rewards, t.log_samples)
@@ -96,6 +99,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         parts.rollouts.sampler.close()  # the overlap's batch prefetched past a stop or an error: waited for, dropped
         progress.close()
         samples_file.close()
+        heldout_file.close()
         for s in sinks:
             s.close()
     _finish(run, time.perf_counter() - tic, stop.signum, log)
@@ -172,7 +176,7 @@ def _broken_reward(run: Run):
 
 
 def _open_logs(run: Run, resume_dir: Optional[str]):
-    """The metric sinks and samples.jsonl, open for appending; on resume, what was logged after the
+    """The metric sinks, samples.jsonl and heldout.jsonl, open for appending; on resume, what was logged after the
     checkpoint is dropped first (everything, when there is none)."""
     run_dir, start = run.records.run_dir, run.progress.start
     resume_after = start if start else (-1 if resume_dir else None)
@@ -181,17 +185,25 @@ def _open_logs(run: Run, resume_dir: Optional[str]):
         sinks.append(TensorBoardSink(run_dir / "tb"))
     if run.cfg.trainer.wandb:
         sinks.append(WandbSink(run.cfg.trainer.wandb_project, run_dir, to_dict(run.cfg)))
-    if resume_after is not None and (run_dir / "samples.jsonl").exists():
-        truncate_jsonl(run_dir / "samples.jsonl", resume_after)
-    return sinks, (run_dir / "samples.jsonl").open("a")
+    for name in ("samples.jsonl", HELDOUT_FILE):
+        if resume_after is not None and (run_dir / name).exists():
+            truncate_jsonl(run_dir / name, resume_after)
+    return sinks, (run_dir / "samples.jsonl").open("a"), (run_dir / HELDOUT_FILE).open("a")
 
 
-def evaluate(run: Run) -> dict[str, float]:
-    """Held-out greedy accuracy of the policy as it is (`rewards.greedy_accuracy`: the task's 0/1 verifier)."""
+def write_heldout(f, step: int, outcomes: dict[str, list]) -> None:
+    """One held-out evaluation's per-problem outcomes as a line of heldout.jsonl (`runlog.heldout` reads it)."""
+    f.write(json.dumps({"step": step, **outcomes}) + "\n")
+    f.flush()
+
+
+def evaluate(run: Run) -> tuple[dict[str, float], dict[str, list]]:
+    """Held-out greedy accuracy of the policy as it is (`rewards.greedy_evaluation`: the task's 0/1 verifier), and
+    the per-problem outcomes."""
     r, t, e, policy = run.cfg.rollout, run.cfg.trainer, run.evaluation, run.parts.policy
     policy.model.eval()
     with policy.precision():
-        return greedy_accuracy(
+        return greedy_evaluation(
             e.engine,
             e.examples,
             e.verifier,
@@ -199,13 +211,15 @@ def evaluate(run: Run) -> dict[str, float]:
             r.stop_strings,
             seed=t.seed,
             batch_size=t.eval_batch_size,
+            lenient=e.lenient,
         )
 
 
-def _log_step_zero(run: Run, sinks, progress, log) -> None:
+def _log_step_zero(run: Run, sinks, heldout_file, progress, log) -> None:
     """A new run's step 0: held-out accuracy before any update, with the warm start's metrics."""
-    evaluated, cached = step_zero.shared(run.cfg, lambda: evaluate(run))
+    (evaluated, outcomes), cached = step_zero.shared(run.cfg, lambda: evaluate(run))
     m = {**evaluated, **run.records.warm_start}
+    write_heldout(heldout_file, 0, outcomes)
     for s in sinks:
         s.log(0, m)
     progress.update(0, m)

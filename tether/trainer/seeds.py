@@ -1,16 +1,21 @@
 """Every seed a training run derives, in one place, each from the stream it belongs to.
 
-Two roots (`trainer.seed` and `trainer.sampling_seed`), and the streams drawn from them:
+Three roots (`trainer.seed`, `trainer.sampling_seed` and `trainer.minibatch_seed`), and the streams drawn from
+them:
 
     init and data   trainer.seed            the warm start and LoRA initialisation (`torch.manual_seed`), the
                                             warm start's batches (`sft_batch`), the prompt order
                                             (`trainer.data.PromptStream`)
     sampling        trainer.sampling_seed   the rollout tokens of each step (`rollout`, its refill rounds
-                    (None: trainer.seed)    `refill`) and the order of the mini-batches (`minibatch_order`)
+                    (None: trainer.seed)    `refill`)
+    mini-batches    trainer.minibatch_seed  the order of the mini-batches (`minibatch_order`)
+                    (None: the sampling root)
 
-Keeping sampling apart lets `tether compare --null-control` rerun a method from the same initial model, data
-order and held-out set with an independent sampling stream: an A/A pair that shows the noise floor of a
-comparison. With `sampling_seed` unset, every seed is what it was before the key existed.
+Keeping the mini-batch order apart lets `tether compare --null-control` rerun a method from the same initial
+model, data order, held-out set and sampling stream, changing only the order of its mini-batches: an A/A pair
+coupled as the methods of one seed are (they share every stream), so its spread is the noise floor of the
+claims' differences. `sampling_seed` alone draws an independent sampling stream (the harsher pair an earlier
+null control used). With both unset, every seed is what it was before the keys existed.
 """
 
 from __future__ import annotations
@@ -44,6 +49,11 @@ def sft_batch(seed: int, step: int) -> int:
 def data_chunk(seed: int, chunk: int) -> int:
     """The seed of chunk `chunk` of an unbounded task's prompt stream (`trainer.data.PromptStream`)."""
     return seed * ROLLOUT + chunk
+
+
+def minibatch_root(t: TrainerConfig) -> int:
+    """The root of the mini-batch order: `trainer.minibatch_seed`, or the sampling root when unset."""
+    return sampling_root(t) if t.minibatch_seed is None else t.minibatch_seed
 
 
 def minibatch_order(root: int, step: int) -> int:

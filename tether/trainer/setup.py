@@ -36,7 +36,7 @@ from ..model.loading import (
 from ..plugins import check_task, is_import_path
 from ..records import checkpoint
 from ..records.sinks import wandb_problem
-from ..rewards import RewardFn, check_user_rewards, task_reward
+from ..rewards import RewardFn, check_user_rewards, strict_for_task, task_reward
 from ..rollout import RolloutEngine, SamplingParams, get_engine
 from ..schema import ConfigError
 from ..tasks import DataError, Example, get_task, takes_tokenizer
@@ -56,6 +56,7 @@ class Evaluation:
     engine: RolloutEngine  # the policy's engine: held-out accuracy, and the on-policy and stale samplers
     verifier: RewardFn  # the task's 0/1 verifier (never a shaped training reward)
     examples: list[Example]
+    lenient: bool = False  # whether the verifier reads answers leniently (what heldout.jsonl's answers follow)
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,9 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     parts = StepParts(policy, rollouts, checked.obj, Reference(reference), t, r)
     warm = warm_start_metrics(cfg.warm_start, base) if base is not None else {}
     records = Records(run_dir, tokenizer, created_dir, warm, unfused)
-    return Run(cfg, parts, Evaluation(engine, checked.verifier, checked.test_examples), progress, records)
+    lenient = not strict_for_task(checked.task, cfg.reward.strict)
+    evaluation = Evaluation(engine, checked.verifier, checked.test_examples, lenient)
+    return Run(cfg, parts, evaluation, progress, records)
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     sampler_lp = sampler_logprobs(scored.rollout, tokens)
     rewards, groups = scored.rewards.to(policy.device), scored.group_ids.to(policy.device)
     batch = UpdateBatch(tokens, advantages, rewards, groups, old_lp, ref_lp, sampler_lp)
-    gen = torch.Generator().manual_seed(seeds.minibatch_order(seeds.sampling_root(t), step))
+    gen = torch.Generator().manual_seed(seeds.minibatch_order(seeds.minibatch_root(t), step))
     metrics, taken = update(policy, obj, batch, t, gen)
     metrics["time/old_logprobs_s"] = 0.0 if old_lp is None else clock["old"] - clock["start"]  # a skipped pass: 0
     metrics["time/ref_logprobs_s"] = 0.0 if ref_lp is None else clock["ref"] - clock["old"]

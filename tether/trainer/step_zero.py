@@ -52,19 +52,26 @@ def key(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def shared(cfg: Config, evaluate: Callable[[], dict[str, float]]) -> tuple[dict[str, float], Optional[Path]]:
-    """Step 0's metrics: read from `trainer.step0_cache` when a run with the same key stored them, else from
-    `evaluate()` (then stored, atomically: two runs that race both write the same values). Returns the metrics
-    and the cache file they were read from (None when evaluated here)."""
+Evaluated = tuple[dict[str, float], dict[str, list]]
+"""An evaluation's metrics and its per-problem outcomes (`rewards.greedy_evaluation`)."""
+
+
+def shared(cfg: Config, evaluate: Callable[[], Evaluated]) -> tuple[Evaluated, Optional[Path]]:
+    """Step 0's metrics and per-problem outcomes: read from `trainer.step0_cache` when a run with the same key stored
+    them, else from `evaluate()` (then stored, atomically: two runs that race both write the same values). Returns
+    them and the cache file they were read from (None when evaluated here). A file an older tether wrote (metrics
+    alone, no outcomes) is evaluated again and replaced."""
     if cfg.trainer.step0_cache is None:
         return evaluate(), None
     directory = Path(cfg.trainer.step0_cache).expanduser()
     path = directory / f"{key(cfg)}.json"
     if path.exists():
-        return json.loads(path.read_text()), path
-    metrics = evaluate()
+        stored = json.loads(path.read_text())
+        if "outcomes" in stored:
+            return (stored["metrics"], stored["outcomes"]), path
+    metrics, outcomes = evaluate()
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
-        json.dump(metrics, f)
+        json.dump({"metrics": metrics, "outcomes": outcomes}, f)
     os.replace(f.name, path)
-    return metrics, None
+    return (metrics, outcomes), None
