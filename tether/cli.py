@@ -145,6 +145,18 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from .trainer.compare import compare
 
+    if args.plan is not None:
+        from .reports.plan import plan_study
+        from .schema import ConfigError
+
+        if args.claims is None:
+            raise ConfigError("tether compare --plan PILOT needs --claims FILE: the claims (and design) to plan for")
+        print(plan_study(args.plan, args.claims, args.detect))
+        return 0
+    if args.objectives is None:
+        from .schema import ConfigError
+
+        raise ConfigError("tether compare needs --objectives (comma-separated presets), or --plan PILOT --claims C")
     path, overrides = _split_config_args(args.args)
     objectives_ = [o for o in args.objectives.split(",") if o]
     report = compare(
@@ -254,8 +266,13 @@ def add_compare_parsers(sub) -> None:
         description="tether compare [CONFIG] --objectives grpo,dapo,atr_grpo --seeds 3 [key=value ...]",
     )
     p.add_argument("args", nargs="*", help="a YAML config file, then dotted overrides applied to every run")
-    p.add_argument("--objectives", required=True, help="comma-separated presets or objective names")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--objectives", default=None, help="comma-separated presets or objective names")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="seeds per method (default 3); with a claims file's design, its looks set them (docs/compare.md)",
+    )
     p.add_argument("--out", default="runs/compare", help="directory for the runs and report.md")
     p.add_argument(
         "--threshold",
@@ -263,7 +280,25 @@ def add_compare_parsers(sub) -> None:
         default=None,
         help="accuracy for 'steps to reach' (default: mean initial accuracy + 0.1)",
     )
-    p.add_argument("--claims", default=None, help="a claims YAML to test in the report (see tether report)")
+    p.add_argument(
+        "--claims",
+        default=None,
+        help="a claims YAML to test in the report (see tether report); one with a design: runs the seeds in waves, "
+        "one per look, and stops once every claim is decided",
+    )
+    p.add_argument(
+        "--plan",
+        default=None,
+        metavar="PILOT",
+        help="train nothing: from a pilot's runs (a compare directory or its summary.json), the seeds and looks "
+        "each claim of --claims needs, at the level it is tested at, and the claims that cannot be tested",
+    )
+    p.add_argument(
+        "--detect",
+        type=float,
+        default=None,
+        help="with --plan: the difference to detect at 80%% power (default: the design's detect)",
+    )
     p.add_argument(
         "--jobs",
         type=int,
@@ -275,8 +310,8 @@ def add_compare_parsers(sub) -> None:
         "--null-control",
         default=None,
         metavar="OBJECTIVE",
-        help="also run OBJECTIVE (one of --objectives) a second time with an independent sampling stream, as "
-        "OBJECTIVE_null, and report that A/A pair's verdicts beside the claims: the comparison's noise floor",
+        help="also run OBJECTIVE (one of --objectives) a second time with only its mini-batch order changed, as "
+        "OBJECTIVE_null, and test that A/A pair with the claims: the comparison's noise floor",
     )
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("report", help="rebuild report.md and plots from existing runs")

@@ -330,11 +330,13 @@ def judge(
     regimes: dict[str, dict[str, dict[str, list[float]]]],
     design: Optional[sequential.Design] = None,
     controls: Sequence[tuple[str, str]] = (),
+    p_values: bool = True,
 ) -> tuple[list[dict], list[dict]]:
     """The claims' results and the null control's, tested as one family (tether.reports.family): at one look, or
     at the looks of `design`. `controls`: (baseline, control) labels of each null-control pair; it is tested on the
     metrics the claims name (NULL_METRICS without claims), a test primary when a primary claim names its metric.
-    Claims that cannot be tested anywhere are `skipped_claims`."""
+    Claims that cannot be tested anywhere are `skipped_claims`. `p_values` False: the verdicts alone
+    (`family.judge`)."""
     pairs = [p for c in claims for p in _claim_pairs(c, regimes)]
     named = [c.metric for c in claims if c.relative_to is None] or list(NULL_METRICS)
     primary = {c.metric for c in claims if c.primary} or set(named)
@@ -347,7 +349,7 @@ def judge(
                 fields = {"regime": name, "metric": metric, "method": control, "baseline": baseline}
                 left = _left_out(methods[control], methods[baseline], paired)
                 pairs.append(family.Pair(fields, a, b, seeds, paired, left, True, metric in primary))
-    family.judge(pairs, design)
+    family.judge(pairs, design, p_values=p_values)
     rows = []
     for p in pairs:
         r = {**p.fields, **p.result, "seeds": [len(p.a), len(p.b)], "paired": p.paired, "left_out": p.left_out}

@@ -18,7 +18,7 @@ from ..schema import RunsFailed  # noqa: F401
 from .report import NULL_SUFFIX, discover, plot_comparison, rewrite_from_summary, run_summary, write_report  # noqa: F401
 from .sweep import setting_axis  # noqa: F401
 
-MOVED = {"compare", "run_dir", "is_finished", "NULL_SAMPLING_OFFSET"}
+MOVED = {"compare", "run_dir", "is_finished", "NULL_MINIBATCH_OFFSET"}
 
 
 def __getattr__(name: str) -> Any:

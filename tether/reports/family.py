@@ -73,13 +73,18 @@ def verdict_of(difference: float, decided: bool, direction: str) -> str:
     return "supported" if (difference > 0) == (direction == "higher") else "contradicted"
 
 
-def judge(pairs: Sequence[Pair], design: Optional[Design] = None, alpha: float = stats.ALPHA) -> None:
-    """Test every pair as one family (module docstring); each pair's `result` is filled in."""
+def judge(
+    pairs: Sequence[Pair], design: Optional[Design] = None, alpha: float = stats.ALPHA, p_values: bool = True
+) -> None:
+    """Test every pair as one family (module docstring); each pair's `result` is filled in. `p_values` False skips
+    what only the tables show (a design's repeated p-values, a bisection each, and the exact test): the verdicts
+    are the same (a simulation of many studies asks for them alone)."""
     if design is not None:
-        _sequential(pairs, design)
+        _sequential(pairs, design, p_values)
     else:
         _fixed(pairs, alpha)
-    _exact(pairs, design.alpha if design else alpha)
+    if p_values:
+        _exact(pairs, design.alpha if design else alpha)
 
 
 def _untestable(p: Pair) -> Optional[tuple[str, str]]:
@@ -150,7 +155,7 @@ def _fixed(pairs: Sequence[Pair], alpha: float) -> None:
         p.result["family"] = len(tested)
 
 
-def _sequential(pairs: Sequence[Pair], design: Design) -> None:
+def _sequential(pairs: Sequence[Pair], design: Design, p_values: bool = True) -> None:
     """The design's looks (tether.reports.sequential); paired pairs only."""
     hyps, tested = [], []
     for p in pairs:
@@ -167,9 +172,10 @@ def _sequential(pairs: Sequence[Pair], design: Design) -> None:
         hyps.append(Hypothesis(s, ns, p.primary))
         tested.append(p)
     looks = sequential.decide(design, hyps)
-    adjusted = sequential.holm_p(design, hyps)
+    adjusted = sequential.holm_p(design, hyps) if p_values else [None] * len(hyps)
     sizes = {g: sum(1 for h in hyps if h.primary == g) for g in (True, False)}
     claims_done = all(look is not None for p, look in zip(tested, looks) if not p.null)
+    gated = design.family == "primary_first" and any(look is None for h, look in zip(hyps, looks) if h.primary)
     for p, h, look, p_holm in zip(tested, hyps, looks, adjusted):
         m = sizes[h.primary] if design.family == "primary_first" else len(hyps)
         shown = h.ns[look] if look is not None else h.ns[-1]  # a decided claim is reported at its deciding look
@@ -179,20 +185,20 @@ def _sequential(pairs: Sequence[Pair], design: Design) -> None:
         p.result = {
             **_base(p, t, crit),
             "test": f"sequential {'paired t' if design.test == 't' else 'combination test'}",
-            "p_sequential": sequential.repeated_p(design, h.s, h.ns),
+            "p_sequential": sequential.repeated_p(design, h.s, h.ns) if p_values else None,
             "p_holm": p_holm,
             "alpha_tested": design.alpha / m,
             "look": [k + 1, len(design.looks)],
             "seeds_at_look": shown,
             "why": "",
-            "verdict": _sequential_verdict(p, look, t, h, design, claims_done, p_holm),
+            "verdict": _sequential_verdict(p, look, t, h, design, claims_done, gated and not h.primary),
         }
     for p in pairs:
         p.result["family"] = len(hyps)
         p.result.setdefault("look", None)
 
 
-def _sequential_verdict(p: Pair, look, t, h: Hypothesis, design: Design, claims_done: bool, p_holm) -> str:
+def _sequential_verdict(p: Pair, look, t, h: Hypothesis, design: Design, claims_done: bool, gated: bool) -> str:
     if look is not None:
         return verdict_of(t.difference, True, p.direction)
     k, total = len(h.ns), len(design.looks)
@@ -200,7 +206,7 @@ def _sequential_verdict(p: Pair, look, t, h: Hypothesis, design: Design, claims_
         return "inconclusive"
     if claims_done:
         return f"inconclusive (the study stopped at look {k} of {total}: every claim was decided)"
-    if p_holm is None:
+    if gated:
         return f"continuing (look {k} of {total}; tested once every primary claim is decided)"
     return f"continuing (look {k} of {total})"
 
@@ -214,7 +220,7 @@ def _exact(pairs: Sequence[Pair], alpha: float) -> None:
     for p, adjusted in zip(tested, stats.holm([p.result["p_exact"] for p in tested])):
         p.result["p_exact_holm"] = adjusted
         decided = p.result["verdict"] in ("supported", "contradicted")
-        p.result["robust"] = not decided or adjusted < alpha
+        p.result["robust"] = adjusted < alpha if decided else None
     for p in pairs:
         p.result.setdefault("p_exact", None)
         p.result.setdefault("p_exact_holm", None)

@@ -41,6 +41,8 @@ from .claims import judge, load_claims, load_design, per_seed, skipped_claims
 from .sequential import Design
 from .tables import claims_markdown, design_text, null_markdown
 from .forest import plot_claims
+from .heldout import markdown as heldout_markdown
+from .heldout import noise_rows
 from .sweep import axis_section, setting_axis
 
 CURVES = [  # (file, title, metric, smoothed); the y-axis label is the run plots' (ylabel_of), the window theirs
@@ -154,22 +156,31 @@ def write_report(
             "config": _regime_config(methods),
             "methods": {m: {"seeds": [_seed_of(r) for r in rs], **values[m]} for m, rs in methods.items()},
         }
-    lines += derived_sections(summary, out_dir, claims, claim_list)
+    runs = {name: {m: {_seed_of(r): r for r in rs} for m, rs in methods.items()} for name, methods in groups.items()}
+    lines += derived_sections(summary, out_dir, claims, claim_list, runs=runs)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=_json_safe) + "\n")
     report = out_dir / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
 
 
-DERIVED = ("## Against", "## Claims", "## Null control")
+DERIVED = ("## Against", "## Claims", "## Null control", "## Held-out noise")
 """The headings of the sections computed from summary.json's per-seed values alone, in the order written."""
 
 
 def derived_sections(
-    summary: dict, out_dir: Path, claims: Optional[str], claim_list, axis: bool = True, figure: str = "claims"
+    summary: dict,
+    out_dir: Path,
+    claims: Optional[str],
+    claim_list,
+    axis: bool = True,
+    figure: str = "claims",
+    runs: Optional[dict] = None,
 ) -> list[str]:
-    """The sweep's axis section (unless `axis` is False), the claims and the null control, from `summary`'s
-    per-seed values; the results are added to `summary` ("axis", "claims", "skipped_claims", "null_control")."""
+    """The sweep's axis section (unless `axis` is False), the claims, the null control, from `summary`'s per-seed
+    values, and the held-out noise of each accuracy test from the runs' per-problem outcomes (`runs`: {regime:
+    {method: {seed: run dir}}}; without them, as summary.json recorded it); the results are added to `summary`
+    ("axis", "claims", "skipped_claims", "null_control", "heldout_noise")."""
     lines: list[str] = []
     axis = setting_axis({name: r["config"] for name, r in summary["regimes"].items()}) if axis else None
     if axis is not None:
@@ -215,6 +226,21 @@ def derived_sections(
             "The spread it shows is the noise floor of the claims above.",
             "",
             null_markdown(controls, design),
+            "",
+        ]
+    if runs is not None:
+        summary["heldout_noise"] = noise_rows([*summary.get("claims", []), *controls], runs)
+    if summary.get("heldout_noise"):
+        detect = design.detect if design is not None else None
+        lines += [
+            "## Held-out noise",
+            "",
+            "How much of each accuracy test's spread is the choice of held-out problems, from the runs' per-problem "
+            "outcomes (heldout.jsonl): the seed x problem part of the paired differences (tether/reports/heldout.py "
+            "derives it), its share of their variance, and the spread (and the seeds a single look at the tested "
+            "level needs) with a held-out set 2 and 4 times as large.",
+            "",
+            heldout_markdown(summary["heldout_noise"], detect),
             "",
         ]
     return lines
@@ -290,6 +316,17 @@ def rewrite_from_summary(summary_path: str | Path, claims: Optional[str] = None,
     summary_path.write_text(json.dumps(summary, indent=1, default=_json_safe) + "\n")
     report.write_text("\n".join(lines).rstrip("\n") + "\n")
     return report
+
+
+def pilot_values(path: str | Path) -> dict[str, dict[str, dict[str, list]]]:
+    """{regime: {method: {"seeds": [...], metric: [one value per seed]}}} of a comparison: a summary.json (its
+    per-seed values), or a compare directory's finished runs (one regime, named by the directory)."""
+    path = Path(path)
+    if path.name == "summary.json":
+        return {name: r["methods"] for name, r in _read_summary(path)["regimes"].items()}
+    methods = _by_method(discover([str(path)]))
+    values = per_seed({m: [read_metrics(r) for r in rs] for m, rs in methods.items()})
+    return {path.name: {m: {"seeds": [_seed_of(r) for r in rs], **values[m]} for m, rs in methods.items()}}
 
 
 def _read_summary(path: Path) -> dict:

@@ -289,3 +289,66 @@ def holm_p(design: Design, family: Sequence[Hypothesis]) -> list[Optional[float]
         if any(out[i] is None or out[i] >= design.alpha for i in group):
             break
     return out
+
+
+# ---------------------------------------------------------------- planning
+
+
+def power(design: Design, alpha: float, effect: float, draws: int = 20_000, seed: int = 7) -> tuple[float, float]:
+    """(power, expected seeds) of `design` at level `alpha` when the paired differences have mean `effect` standard
+    deviations: the share of simulated studies that decide on the effect's side, and the mean seeds they run (a
+    study decided at look k stops there)."""
+    ns = design.looks
+    rng = np.random.default_rng(seed)
+    d = rng.standard_normal((draws, ns[-1])) + effect
+    signed = np.empty((draws, len(ns)))
+    if design.test == "t":
+        s1, s2 = np.cumsum(d, axis=1), np.cumsum(d * d, axis=1)
+        for k, n in enumerate(ns):
+            mean = s1[:, n - 1] / n
+            signed[:, k] = mean / np.sqrt(np.maximum(s2[:, n - 1] - n * mean * mean, 1e-300) / (n - 1) / n)
+    else:
+        cdf = np.vectorize(stats.t_cdf)
+        z_sum, w2, start = np.zeros(draws), 0.0, 0
+        for k, n in enumerate(ns):
+            x = d[:, start:n]
+            m = n - start
+            t = x.mean(1) / (x.std(1, ddof=1) / math.sqrt(m))
+            z = np.array([_N.inv_cdf(min(max(p, 1e-300), 1 - 1e-16)) for p in cdf(t, m - 1)])
+            z_sum += design.weights[k] * z
+            w2 += design.weights[k] ** 2
+            signed[:, k] = z_sum / math.sqrt(w2)
+            start = n
+    c = np.array(boundaries(design, ns, alpha))
+    hit = np.abs(signed) >= c
+    first = np.where(hit.any(1), hit.argmax(1), -1)
+    decided_side = np.sign(signed[np.arange(draws), np.maximum(first, 0)])
+    wins = (first >= 0) & (decided_side == np.sign(effect) if effect else first >= 0)
+    seeds = np.where(first >= 0, np.array(ns)[np.maximum(first, 0)], ns[-1])
+    return float(wins.mean()), float(seeds.mean())
+
+
+def scaled(design: Design, most: int) -> Design:
+    """The design with its looks at the same fractions of `most` seeds (each at least MIN_SEEDS, increasing)."""
+    looks: list[int] = []
+    for n in design.looks:
+        k = max(
+            stats.MIN_SEEDS,
+            round(n * most / design.max_seeds),
+            looks[-1] + (2 if design.test == "combination" else 1) if looks else 0,
+        )
+        looks.append(k)
+    return Design(tuple(looks), design.alpha, design.spending, design.test, design.family, design.detect)
+
+
+def seeds_needed(design: Design, alpha: float, effect: float, most: int = 60) -> Optional[tuple[Design, float, float]]:
+    """The smallest scaling of `design` (`scaled`) that decides an effect of `effect` standard deviations with 80%
+    power at level `alpha`: (that design, its power, its expected seeds); None when even `most` seeds do not."""
+    for n in range(max(stats.MIN_SEEDS, design.looks[0]), most + 1):
+        candidate = scaled(design, n)
+        if candidate.max_seeds != n:
+            continue
+        p, expected = power(candidate, alpha, effect)
+        if p >= stats.POWER:
+            return candidate, p, expected
+    return None

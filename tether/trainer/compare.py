@@ -14,13 +14,21 @@ started together may both build that seed's warm start (the cache's atomic renam
 Runs that start from the same model evaluate it once at step 0 (`trainer.step0_cache` = OUT/step0).
 
 `null_control=BASELINE` adds an A/A pair: BASELINE runs a second time, as `BASELINE_null`, from the same
-initial model, data order and held-out set with an independent sampling stream (`trainer.sampling_seed` =
-the seed + NULL_SAMPLING_OFFSET); the report tests it against BASELINE like a claim
-(`claims.null_control`), so that the noise floor is measured on the same job as the claims.
+initial model, data order, held-out set and sampling stream, with only its mini-batch order changed
+(`trainer.minibatch_seed` = the seed + NULL_MINIBATCH_OFFSET): coupled as the methods of one seed are, so that
+its spread is the noise floor of the claims' differences (an independent sampling stream, the earlier null
+control, spread 1.5-3 times as wide as the methods did). The report tests it in the claims' family
+(tether.reports.family), each seed's label drawn by a coin.
+
+A claims file with a `design:` (tether.reports.sequential) runs the comparison in waves: every arm's seeds up to
+the first look, a report, then the seeds up to the next look for the arms that a claim still open needs (its
+method and baseline, and the null control's pair while any claim is open), until every claim is decided or the
+last look is reached. The report of each look is written as it is reached; the design is recorded at the first.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -34,15 +42,15 @@ from ..config.loading import load_config
 from ..config.sections import PRESENTATION_KEYS, Config, config_differences
 from ..records import checkpoint
 from ..records.runlog import finished as is_finished
-from ..reports.claims import load_claims
+from ..reports.claims import load_claims, load_design
 from ..reports.report import NULL_SUFFIX, write_report
 from ..schema import ConfigError, RunsFailed
 from .loop import train
 
 STEP0_DIR = "step0"
 """Where a comparison's runs share their step-0 evaluation (`trainer.step0_cache`, tether.trainer.step_zero)."""
-NULL_SAMPLING_OFFSET = 10_000
-"""Seed k's null-control run samples with trainer.sampling_seed = k + this (an independent stream)."""
+NULL_MINIBATCH_OFFSET = 10_000
+"""Seed k's null-control run orders its mini-batches with trainer.minibatch_seed = k + this."""
 
 
 def run_dir(out: Path, objective: str, seed: int) -> Path:
@@ -52,7 +60,7 @@ def run_dir(out: Path, objective: str, seed: int) -> Path:
 def compare(
     config: Optional[str],
     objectives: list[str],
-    seeds: int,
+    seeds: Optional[int],
     overrides: list[str],
     out: str,
     threshold: Optional[float] = None,
@@ -63,24 +71,65 @@ def compare(
 ) -> Path:
     """Run every objective x seed (skipping finished runs, resuming interrupted ones), then report.
 
+    With a claims file that holds a `design:`, the seeds run in waves up to each look; after each look the
+    report tests the claims, and the next wave runs only the arms an open claim (and the null control) needs;
+    once every claim is decided, no further seed runs (module header).
     jobs > 1: that many runs at a time, each in a child `tether train` process (module header).
-    null_control: one of `objectives`, run again with an independent sampling stream (module header)."""
+    null_control: one of `objectives`, run again with another mini-batch order (module header)."""
     if null_control is not None and null_control not in objectives:
         raise ConfigError(
             f"--null-control {null_control!r}: name one of the compared objectives ({', '.join(objectives)})"
         )
-    out_dir = Path(out)
-    plans = _plans(config, _arms(objectives, null_control), seeds, overrides, out_dir)
+    design = load_design(claims) if claims else None
     if claims:
         load_claims(claims)  # a bad claims file fails now, not after the runs
+    looks = _looks(design, seeds)
+    out_dir = Path(out)
+    arms = _arms(objectives, null_control)
+    plans = _plans(config, arms, looks[-1], overrides, out_dir)
+    if null_control is not None:
+        _check_null_control(plans[0].cfg)
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: expected 1 or more runs at a time")
     out_dir.mkdir(parents=True, exist_ok=True)
+    needed, report, done = {label for label, _, _ in arms}, None, 0
+    for k, n in enumerate(looks):
+        wave = [p for p in plans if p.label in needed and p.seed < n]
+        _run(wave, config, jobs, log, done)
+        done = n
+        ran = [p.run for p in plans if p.seed < n and (p.label in needed or is_finished(p.run))]
+        report = write_report({out_dir.name: ran}, out_dir, threshold, claims)
+        if design is None:
+            break
+        needed = _still_needed(out_dir, arms, null_control)
+        if not needed:
+            log(f"look {k + 1} of {len(looks)} ({n} seeds): every claim is decided; no further seed runs")
+            break
+        if k + 1 < len(looks):
+            log(f"look {k + 1} of {len(looks)} ({n} seeds): continuing with {', '.join(sorted(needed))}")
+    return report
+
+
+def _looks(design, seeds: Optional[int]) -> tuple[int, ...]:
+    """The seed counts at which compare reports: the design's looks, or `seeds` once (3 when not given)."""
+    if design is None:
+        return (3 if seeds is None else seeds,)
+    if seeds is not None and seeds != design.max_seeds:
+        raise ConfigError(
+            f"--seeds {seeds}, but the claims file's design looks at {list(design.looks)} seeds: drop --seeds (the "
+            "design sets them), or change the design before its first look"
+        )
+    return design.looks
+
+
+def _run(plans: list["_Plan"], config: Optional[str], jobs: int, log, first_seed: int) -> None:
+    """Train each plan's run that has not finished: resumed from its last checkpoint, else started afresh."""
     pending = []
     for i, plan in enumerate(plans, 1):
         tag = f"[{i}/{len(plans)}] {plan.label} seed {plan.seed}"
         if is_finished(plan.run):
-            log(f"{tag}: finished, skipped")
+            if plan.seed >= first_seed:
+                log(f"{tag}: finished, skipped")
             continue
         resume = checkpoint.latest(plan.run) is not None
         if not resume and plan.run.exists():
@@ -97,10 +146,30 @@ def compare(
             command = [*train_cli, *plan.overrides, "--resume", str(plan.run)]
         else:
             command = [*train_cli, *([config] if config else []), *plan.overrides]
-        pending.append((tag, action, command, out_dir / "logs" / f"{plan.label}-seed{plan.seed}.log"))
+        pending.append((tag, action, command, plan.run.parent.parent / "logs" / f"{plan.label}-seed{plan.seed}.log"))
     if pending:
         _run_children(pending, jobs, log)
-    return write_report({out_dir.name: [plan.run for plan in plans]}, out_dir, threshold, claims)
+
+
+def _still_needed(out_dir: Path, arms, null_control: Optional[str]) -> set[str]:
+    """The arms the next wave runs: the methods and baselines of every claim still continuing in the report just
+    written (summary.json), and the null control's pair while any claim is."""
+    summary = json.loads((out_dir / "summary.json").read_text())
+    open_ = [c for c in summary.get("claims", []) if str(c.get("verdict", "")).startswith("continuing")]
+    needed = {c[k] for c in open_ for k in ("method", "baseline")}
+    if needed and null_control is not None:
+        needed |= {null_control, f"{null_control}{NULL_SUFFIX}"}
+    return needed & {label for label, _, _ in arms}
+
+
+def _check_null_control(cfg: Config) -> None:
+    """The null control changes the mini-batch order alone: with one mini-batch it would be the baseline again."""
+    if cfg.trainer.mini_batches < 2:
+        raise ConfigError(
+            f"--null-control reruns the baseline with another mini-batch order, which changes nothing with "
+            f"trainer.mini_batches={cfg.trainer.mini_batches} (every epoch is one optimiser step on the whole "
+            "batch): the A/A pair would be two copies of one run. Set trainer.mini_batches=2 or more"
+        )
 
 
 @dataclass(frozen=True)
@@ -136,7 +205,7 @@ def _arms(objectives: list[str], null_control: Optional[str]) -> list[tuple[str,
     arms: list[tuple[str, str, Callable[[int], list[str]]]] = [(o, o, lambda seed: []) for o in objectives]
     if null_control is not None:
         label = f"{null_control}{NULL_SUFFIX}"
-        arms.append((label, null_control, lambda seed: [f"trainer.sampling_seed={seed + NULL_SAMPLING_OFFSET}"]))
+        arms.append((label, null_control, lambda seed: [f"trainer.minibatch_seed={seed + NULL_MINIBATCH_OFFSET}"]))
     return arms
 
 
