@@ -45,7 +45,7 @@ from tether.records.runlog import heldout  # noqa: E402
 from tether.reports.claims import Claim, judge  # noqa: E402
 from tether.reports.report import pilot_values  # noqa: E402
 from tether.reports.sequential import Design  # noqa: E402
-from tether.reports.stats import paired_t  # noqa: E402
+from tether.reports.stats import incomplete_beta, paired_t  # noqa: E402
 
 LOOKS = (4, 6, 9)
 AA_METRICS = ("auc", "final_accuracy", "best_accuracy", "final_entropy", "entropy_retained", "clipfrac")
@@ -53,20 +53,17 @@ DECIDED = ("supported", "contradicted", "false verdict")
 
 
 def clopper_pearson(k: int, n: int) -> tuple[float, float]:
-    """The exact 95% binomial interval, by bisection on the binomial tail."""
+    """The exact 95% binomial interval: the Beta quantiles, by bisection on the incomplete beta function."""
 
-    def tail(p: float, upper: bool) -> float:
-        terms = [math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(n + 1)]
-        return sum(terms[k:]) if upper else sum(terms[: k + 1])
-
-    def solve(f, lo=0.0, hi=1.0):
+    def quantile(q: float, a: float, b: float) -> float:
+        lo, hi = 0.0, 1.0
         for _ in range(60):
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if f(mid) else (lo, mid)
+            lo, hi = (mid, hi) if incomplete_beta(a, b, mid) < q else (lo, mid)
         return (lo + hi) / 2
 
-    lo = 0.0 if k == 0 else solve(lambda p: tail(p, True) < 0.025)
-    hi = 1.0 if k == n else solve(lambda p: tail(p, False) > 0.025)
+    lo = 0.0 if k == 0 else quantile(0.025, k, n - k + 1)
+    hi = 1.0 if k == n else quantile(0.975, k + 1, n - k)
     return lo, hi
 
 

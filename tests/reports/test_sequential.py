@@ -312,3 +312,26 @@ def test_the_null_control_needs_mini_batches_to_reorder(tmp_path):
 
     with pytest.raises(Exception, match="changes nothing with trainer.mini_batches=1"):
         runner.compare(None, ["grpo"], 1, ["trainer.mini_batches=1"], str(tmp_path / "x"), null_control="grpo")
+
+
+def test_plan_reads_a_pilot_and_says_which_claims_cannot_be_tested(tmp_path, capsys):
+    """`tether compare --plan` on the earlier binding study's summary: the seeds each claim needs at its tested
+    level, and max_drop (0 on most runs of 12 steps) refused as untestable."""
+    from tether.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(
+        "design: {looks: [4, 8, 12], detect: 0.05}\nclaims:\n"
+        "  - {claim: ATR auc, metric: auc, method: atr_grpo, baseline: grpo}\n"
+        "  - {claim: ATR drops, metric: max_drop, method: atr_grpo, baseline: grpo, direction: lower}\n"
+    )
+    summary = root / "benchmarks/results/real_model_compare_cpu/binding/summary.json"
+    assert main(["compare", "--plan", str(summary), "--claims", str(claims)]) == 0
+    out = capsys.readouterr().out
+    auc = next(line for line in out.splitlines() if line.startswith("| ATR auc"))
+    # sd 0.0313 over 6 paired seeds, tested at 0.05 / 4: two claims and the null control on their two metrics
+    assert "6 paired seeds | 0.0313 | 0.0125 |" in auc
+    assert "cannot be tested: max_drop is 0 on 13 of 15 runs" in out
+    assert main(["compare", "--plan", str(summary)]) == 2
+    assert "needs --claims FILE" in capsys.readouterr().err

@@ -68,6 +68,11 @@ def test_a_kill_at_any_point_resumes_exactly(tiny_dir, tmp_path, uninterrupted, 
         and len(samples) == len(set(samples)) * 4
         and set(samples) == set(range(1, STEPS + 1))
     )
+    # the per-problem outcomes of each evaluation: once each, equal to the uninterrupted run's
+    outcomes = [(run_dir / "heldout.jsonl").read_text().splitlines() for run_dir in (uninterrupted, run)]
+    assert outcomes[0] == outcomes[1] and [json.loads(x)["step"] for x in outcomes[1]] == sorted(
+        {r["step"] for r in b if "eval/accuracy" in r}
+    )
 
 
 @pytest.mark.soak
