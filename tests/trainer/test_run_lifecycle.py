@@ -157,3 +157,70 @@ def test_wandb_message_names_the_fixes(monkeypatch, tmp_path):
     assert "WANDB_API_KEY" in msg and "WANDB_MODE=offline" in msg
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert wandb_problem() == ""
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_step_0_evaluation_stops_at_once_says_so_and_the_run_resumes(tiny_dir, tmp_path):
+    """Issue 49, defect 1: a SIGTERM during the step-0 evaluation printed "stopping after the step under way has
+    finished (it has updated the weights)" and went on evaluating. It stops now, says what it abandoned, and
+    the run resumes from scratch."""
+    run, log = tmp_path / "run", tmp_path / "out.log"
+    slow_eval = ["data.eval_size=400", "trainer.eval_batch_size=1", "trainer.progress=true"]
+    proc, f = _start(["train", *_overrides(tiny_dir, run, 2, *slow_eval)], log)
+    deadline = time.time() + 240
+    while time.time() < deadline and "run directory:" not in log.read_text():
+        time.sleep(0.1)
+    time.sleep(1.0)  # the model is loaded and the evaluation under way (it takes tens of seconds)
+    assert "step 0: held-out accuracy" not in log.read_text()
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143, log.read_text()[-3000:]
+    assert time.time() - sent < 10  # within seconds, not after the evaluation
+    f.close()
+    text = log.read_text()
+    assert "SIGTERM: stopping now, during the step-0 evaluation; no step has run" in text
+    assert "has updated the weights" not in text and "Traceback" not in text
+    assert f"interrupted during the step-0 evaluation, before any step (nothing to lose); resume with: tether train --resume {run}" in text
+    done = subprocess.run(
+        [sys.executable, str(RUNNER), "train", "--resume", str(run)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["step"] for r in _rows(run)] == [0, 1, 2]
+
+
+def test_the_heartbeat_names_the_phase_under_way():
+    """Issue 49, defect 4: during the step-0 evaluation the heartbeat said "step 1/20 under way for 7m01s"."""
+    from tether.records.sinks import PlainProgress
+
+    lines: list[str] = []
+    progress = PlainProgress(20, log=lines.append, heartbeat_s=0.05)
+    try:
+        progress.phase("the step-0 evaluation")
+        time.sleep(0.3)
+        assert lines and all(line.startswith("the step-0 evaluation under way for") for line in lines)
+        progress.phase(None)
+        lines.clear()
+        time.sleep(0.3)
+        assert lines and lines[-1].startswith("step 1/20 under way for")
+    finally:
+        progress.close()
+
+
+def test_the_closing_line_names_an_export_command_that_works(tmp_path):
+    """Issue 49, defect 5: the closing line recommended `--step best` when no checkpoint had a recorded accuracy,
+    where `tether export` then failed."""
+    from tether.trainer.loop import _export_hint
+
+    def run(name, accuracies):
+        path = tmp_path / name
+        for step, acc in accuracies.items():
+            ckpt = path / "checkpoints" / f"step_{step:06d}"
+            ckpt.mkdir(parents=True)
+            (ckpt / "manifest.json").write_text(json.dumps({"files": {}, "accuracy": acc}))
+        path.mkdir(exist_ok=True)
+        return path
+
+    with_acc, without, none = run("a", {2: None, 4: 0.5}), run("b", {2: None}), run("c", {})
+    assert _export_hint(with_acc) == f" (`tether export {with_acc} --step best OUT`)"
+    assert "--step last OUT`: no checkpoint recorded a held-out accuracy" in _export_hint(without)
+    assert _export_hint(none) == ""

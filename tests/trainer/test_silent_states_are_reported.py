@@ -110,6 +110,57 @@ def test_a_run_warns_of_a_warm_start_below_target_and_of_flat_steps(tiny_dir, tm
     assert any("cached model" in x for x in lines) and any("below warm_start.target_accuracy" in x for x in lines)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("skip", [True, False])
+def test_flat_steps_take_no_optimiser_step_and_the_warning_says_what_changed(tiny_dir, tmp_path, skip):
+    """Issue 49, defect 2: with every group flat (reward 0 everywhere) GRPO's k3 KL term still moved the weights
+    (Adam scales its near-zero gradient into full-size steps: kl/ref 7e-14 -> 6e-3 in 5 steps) while the warning
+    said nothing trained. With trainer.skip_flat_steps (the default) the weights do not change; without it the
+    warning says what moved them."""
+    import torch
+
+    from tether.records import checkpoint
+
+    lines = []
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_dir}",
+            f"output_dir={tmp_path / 'run'}",
+            f"reward.name={ALWAYS_ZERO}",
+            "warm_start.enabled=false",
+            "objective=grpo",
+            "objective.entropy_coef=0.01",  # a gradient that a flat step still has (GRPO's k3 KL's is exactly 0 here)
+            f"trainer.skip_flat_steps={str(skip).lower()}",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=4",
+            "data.eval_size=4",
+            "trainer.total_steps=4",
+            "trainer.save_every=1",
+            "trainer.progress=false",
+            "trainer.plots=false",
+            "trainer.tensorboard=false",
+            "trainer.threads=1",
+        ],
+    )
+    run = train(cfg, log=lines.append)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["optim/flat_skipped"] for r in rows[1:]] == [float(skip)] * 4
+    from safetensors.torch import load_file
+
+    weights = [
+        load_file(str(next((ckpt / "model").glob("*.safetensors")))) for ckpt in checkpoint.list_checkpoints(run)
+    ]
+    unchanged = all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0])
+    assert unchanged == skip
+    warning = next(x for x in lines if "3 steps in a row with no reward variance" in x)
+    if skip:
+        assert "no optimiser step was taken (trainer.skip_flat_steps)" in warning
+    else:
+        assert "the weights moved only by the KL penalty and the entropy bonus" in warning
+
+
 # ---------------------------------------------------------------- heartbeats (item 16)
 
 

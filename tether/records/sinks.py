@@ -237,11 +237,22 @@ class PlainProgress:
         self._log = flushed(log)
         self._heartbeat = Heartbeat(self._log, self._still, heartbeat_s)
         self._quiet_since = time.perf_counter()  # the last line printed
+        self._phase: Optional[tuple[str, float]] = None
+
+    def phase(self, what: Optional[str]) -> None:
+        """Name the phase under way outside a step (the step-0 evaluation, an evaluation after a step), which the
+        heartbeat names instead of the next step; None: a step again."""
+        self._phase = (what, time.perf_counter()) if what else None
+        self._heartbeat.beat()
 
     def _still(self, quiet: float) -> str:
+        now = time.perf_counter()
+        if self._phase is not None:
+            what, since = self._phase
+            return f"{what} under way for {_duration(now - since)}, elapsed {_duration(now - self._tic)}"
         return (
-            f"step {self._step + 1}/{self._total} under way for {_duration(time.perf_counter() - self._last_step)}, "
-            f"elapsed {_duration(time.perf_counter() - self._tic)}"
+            f"step {self._step + 1}/{self._total} under way for {_duration(now - self._last_step)}, "
+            f"elapsed {_duration(now - self._tic)}"
         )
 
     def update(self, step: int, m: dict[str, float], sample: Optional[tuple[str, str, float]] = None) -> None:
@@ -299,6 +310,11 @@ class Progress:
         self._task = self._bar.add_task("train", total=total, completed=start, status="")
         self._bar.start()
         self._acc = float("nan")
+
+    def phase(self, what: Optional[str]) -> None:
+        """The phase under way outside a step, shown as the bar's status (None: the step's own)."""
+        if self._bar is not None and what:
+            self._bar.update(self._task, status=f"{what} under way")
 
     def update(self, step: int, m: dict[str, float], sample: Optional[tuple[str, str, float]] = None) -> None:
         if self._bar is None:

@@ -29,6 +29,7 @@ from transformers.utils import logging as hf_logging
 from .. import faults
 from ..config.sections import Config, RolloutConfig
 from ..model.causal_lm import shared_prompt_reason
+from ..records import checkpoint
 from ..records.checkpoint import rng_state, set_rng_state
 from ..records.plots import plot_run
 from ..records.runlog import HELDOUT_FILE, accuracy, read_metrics
@@ -63,10 +64,11 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     progress = make_progress(t.total_steps, at.start, t.progress, t.log_every_steps, log)
     tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
     warnings = (FaultWarnings(reward_label(parts.rollouts.reward_fn)), EnvWarnings(env_label(run.cfg.env)))
+    before_any_step = False
     try:
         with stop, _broken_reward(run):
-            if at.start == 0:
-                _log_step_zero(run, sinks, heldout_file, progress, log)
+            if at.start == 0 and not _log_step_zero(run, sinks, heldout_file, progress, stop, log):
+                raise _StoppedBeforeAnyStep(stop.signum)
             for step in range(at.start + 1, t.total_steps + 1):
                 if stop.signum is not None:
                     break
@@ -78,9 +80,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                 if bad_steps >= t.max_nonfinite_steps:
                     _stop_nonfinite(run, bad_steps, metrics, sinks)
                 if step % t.eval_every == 0 or step == t.total_steps:
-                    evaluated, outcomes = evaluate(run)
-                    metrics.update(evaluated)
-                    write_heldout(heldout_file, step, outcomes)
+                    _evaluate_after(run, step, metrics, heldout_file, progress, stop)
                 for s in sinks:
                     s.log(step, metrics)
                 write_samples(samples_file, step, scored.rollout, scored.examples, scored.rewards, t.log_samples)
@@ -95,6 +95,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                     run.save(acc)  # also at every new best held-out accuracy: `tether export --step best`
             if stop.signum is not None and at.saved_step != counters.step:
                 run.save()  # the last finished step, so the resume loses nothing
+    except _StoppedBeforeAnyStep:
+        before_any_step = True  # the step-0 evaluation was abandoned: nothing to summarise
     finally:
         parts.rollouts.sampler.close()  # the overlap's batch prefetched past a stop or an error: waited for, dropped
         progress.close()
@@ -102,6 +104,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
         heldout_file.close()
         for s in sinks:
             s.close()
+    if before_any_step:
+        raise Interrupted(stop.signum, 0, str(run.records.run_dir), before_any_step=True)
     _finish(run, time.perf_counter() - tic, stop.signum, log)
     if stop.signum is not None:
         raise Interrupted(stop.signum, counters.step, str(run.records.run_dir))
@@ -215,9 +219,22 @@ def evaluate(run: Run) -> tuple[dict[str, float], dict[str, list]]:
         )
 
 
-def _log_step_zero(run: Run, sinks, heldout_file, progress, log) -> None:
-    """A new run's step 0: held-out accuracy before any update, with the warm start's metrics."""
-    (evaluated, outcomes), cached = step_zero.shared(run.cfg, lambda: evaluate(run))
+class _StoppedBeforeAnyStep(Exception):
+    """A signal abandoned the step-0 evaluation: the run stops with nothing but its config written."""
+
+
+def _log_step_zero(run: Run, sinks, heldout_file, progress, stop: StopSignals, log) -> bool:
+    """A new run's step 0: held-out accuracy before any update, with the warm start's metrics. A signal abandons
+    the evaluation at once (False): no step has run, nothing is kept but the config."""
+    progress.phase("the step-0 evaluation")
+    try:
+        kept = "no step has run, so nothing is lost (resume the run or start it again)"
+        with stop.abandoning("the step-0 evaluation", kept):
+            (evaluated, outcomes), cached = step_zero.shared(run.cfg, lambda: evaluate(run))
+    except StopNow:
+        return False
+    finally:
+        progress.phase(None)
     m = {**evaluated, **run.records.warm_start}
     write_heldout(heldout_file, 0, outcomes)
     for s in sinks:
@@ -225,6 +242,23 @@ def _log_step_zero(run: Run, sinks, heldout_file, progress, log) -> None:
     progress.update(0, m)
     shared = f" (shared: evaluated once for this initial model, {cached})" if cached else ""
     log(f"step 0: held-out accuracy {m['eval/accuracy']:.3f}{shared}")
+    return True
+
+
+def _evaluate_after(run: Run, step: int, metrics: dict, heldout_file, progress, stop: StopSignals) -> None:
+    """The held-out evaluation after `step` (its weights already updated), into `metrics` and heldout.jsonl. A signal
+    abandons it at once: the step is logged and checkpointed without it."""
+    progress.phase(f"the held-out evaluation after step {step}")
+    kept = f"step {step} is logged and checkpointed without its evaluation"
+    try:
+        with stop.abandoning(f"the held-out evaluation after step {step}", kept):
+            evaluated, outcomes = evaluate(run)
+    except StopNow:
+        return
+    finally:
+        progress.phase(None)
+    metrics.update(evaluated)
+    write_heldout(heldout_file, step, outcomes)
 
 
 def _log_shared_prompts(run: Run, log) -> None:
@@ -258,9 +292,19 @@ def flat_streak(metrics: dict[str, float], r: RolloutConfig, log_every: int, str
     )
     return streak, (
         f"warning: {streak} steps in a row with no reward variance ({what}): every sample of a "
-        f"group got the same reward, so every advantage is 0 and nothing trains. The task is too "
+        f"group got the same reward, so every advantage is 0 and {_flat_effect(metrics)}. The task is too "
         f"hard or too easy for this policy (reward/mean {metrics['reward/mean']:.3f}): check the "
         f"warm start and the reward, or raise rollout.group_size or rollout.temperature"
+    )
+
+
+def _flat_effect(metrics: dict[str, float]) -> str:
+    """What a step with every advantage 0 did to the weights, as the step's metrics say."""
+    if metrics.get("optim/flat_skipped"):
+        return "no optimiser step was taken (trainer.skip_flat_steps)"
+    return (
+        "the weights moved only by the KL penalty and the entropy bonus, whose near-zero gradients Adam scales into "
+        "full-size steps (trainer.skip_flat_steps=true skips such steps)"
     )
 
 
@@ -289,7 +333,7 @@ def first_step_warnings(metrics: dict[str, float], r: RolloutConfig) -> list[str
     if flat:
         lines.append(
             f"warning: in the first step no group's samples differed in reward (reward/mean "
-            f"{metrics.get('reward/mean', float('nan')):.3f}), so every advantage is 0 and nothing trains. The task "
+            f"{metrics.get('reward/mean', float('nan')):.3f}), so every advantage is 0 and {_flat_effect(metrics)}. The task "
             "is too hard (or too easy) for this model as prompted: check the prompt template and the reward on a "
             "few samples (samples.jsonl), or raise rollout.group_size or rollout.temperature"
         )
@@ -322,6 +366,17 @@ def _stop_nonfinite(run: Run, bad_steps: int, metrics: dict[str, float], sinks) 
     )
 
 
+def _export_hint(run_dir: Path) -> str:
+    """The export command that will work on this run: `--step best` when a checkpoint recorded its held-out
+    accuracy, else `--step last` (issue 49: the closing line named `--step best` where it failed), else none."""
+    saved = checkpoint.list_checkpoints(run_dir)  # manifests only: export checks the files' checksums itself
+    if any(checkpoint.recorded_accuracy(c) is not None for c in saved):
+        return f" (`tether export {run_dir} --step best OUT`)"
+    if saved:
+        return f" (`tether export {run_dir} --step last OUT`: no checkpoint recorded a held-out accuracy)"
+    return ""
+
+
 def _finish(run: Run, wall_s: float, signum: Optional[int], log) -> None:
     """summary.md (what the run was, then the metrics table) and the plots."""
     run_dir, at = run.records.run_dir, run.progress
@@ -335,7 +390,6 @@ def _finish(run: Run, wall_s: float, signum: Optional[int], log) -> None:
         plots = f"; plots in {run_dir / 'plots'}" if run.cfg.trainer.plots else ""
         log(
             f"held-out accuracy {first:.3f} (step {first_step}) -> {last:.3f} (step {last_step}), best {best:.3f} at "
-            f"step {best_step}; checkpoints in {run_dir / 'checkpoints'} (`tether export {run_dir} --step best OUT`)"
-            f"{plots}"
+            f"step {best_step}; checkpoints in {run_dir / 'checkpoints'}{_export_hint(run_dir)}{plots}"
         )
     log(f"run directory: {run_dir}")

@@ -11,6 +11,11 @@ summary and the plots, and raises `Interrupted`, which the CLI turns into the me
 checkpoint is still safe, since checkpoints are written atomically (tether.records.checkpoint).
 A step that could not finish (`rollout.max_new_tokens=100000`) is still stopped by the first signal.
 
+A phase that changes nothing worth keeping (the step-0 evaluation, the held-out evaluation after a step) runs
+within `abandoning(what)`: the first signal stops it at once (`StopNow`), and the message says what was
+abandoned and what is kept. (Was: during the step-0 evaluation the first SIGTERM printed "stopping after the step
+under way has finished (it has updated the weights)", untrue, and the evaluation went on for minutes.)
+
 Python drops an exception raised where it cannot propagate: a signal handled while a weakref
 callback or a `__del__` runs (torch.dynamo's caches run such callbacks during a compiled decode)
 prints "Exception ignored in ..." and goes on. So a raised `StopNow` stays pending until the loop
@@ -20,6 +25,7 @@ the step is still dropped before it changes the weights (was: the stop fell back
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from types import FrameType
@@ -31,9 +37,16 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class Interrupted(Exception):
     """Training stopped on a signal after a clean checkpoint; `exit_code` is 128 + the signal."""
 
-    def __init__(self, signum: int, step: int, run_dir: str):
+    def __init__(self, signum: int, step: int, run_dir: str, before_any_step: bool = False):
         self.signum, self.step, self.run_dir = signum, step, run_dir
-        super().__init__(f"interrupted at step {step}; resume with: tether train --resume {run_dir}")
+        if before_any_step:
+            message = (
+                f"interrupted during the step-0 evaluation, before any step (nothing to lose); resume with: tether "
+                f"train --resume {run_dir}"
+            )
+        else:
+            message = f"interrupted at step {step}; resume with: tether train --resume {run_dir}"
+        super().__init__(message)
 
     @property
     def exit_code(self) -> int:
@@ -56,6 +69,7 @@ class StopSignals:
         self.signum: Optional[int] = None
         self.droppable = False
         self.pending = False  # StopNow raised, not yet caught by the loop (perhaps swallowed: module docstring)
+        self.abandon: Optional[tuple[str, str]] = None  # (phase, what stopping now keeps): `abandoning`
         self._log = log
         self._previous: dict[int, object] = {}
 
@@ -63,6 +77,12 @@ class StopSignals:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.signum = signum
+        if self.abandon is not None:
+            what, kept = self.abandon
+            self.abandon = None
+            if self._log is not None:
+                self._log(f"{signal.Signals(signum).name}: stopping now, during {what}; {kept}")
+            raise StopNow(signum)
         if self.droppable:
             self.droppable, self.pending = False, True
             raise StopNow(signum)
@@ -71,6 +91,18 @@ class StopSignals:
                 f"{signal.Signals(signum).name}: stopping after the step under way has finished (it has "
                 f"updated the weights); Ctrl-C again to stop at once"
             )
+
+    @contextlib.contextmanager
+    def abandoning(self, what: str, kept: str):
+        """Within, a signal stops the phase `what` at once (`StopNow`), logging `kept` (what stopping keeps); a
+        signal that came before the phase began stops it before it starts."""
+        if self.signum is not None:
+            raise StopNow(self.signum)
+        self.abandon = (what, kept)
+        try:
+            yield
+        finally:
+            self.abandon = None
 
     def before_update(self) -> None:
         """Run before each optimiser step of a droppable step: a `StopNow` raised and swallowed on its

@@ -89,6 +89,8 @@ def update(
     """ppo_epochs x mini-batches optimiser steps (module docstring); returns the step's metrics, on the host,
     and the optimiser steps taken (a step skipped for a non-finite loss or gradient is not one)."""
     device = batch.tokens.input_ids.device
+    if t.skip_flat_steps and not bool(batch.advantages.ne(0).any()):  # every group flat: nothing to learn from
+        return _host_metrics({}, [], {"loss": 0, "gradient": 0}, device, flat=True), 0
     batch = dataclasses.replace(batch, group_stats=obj.group_stats(batch.rewards, batch.group_ids))  # None unless read
     merger = objectives.MetricMerger()
     skipped = {"loss": 0, "gradient": 0}
@@ -149,10 +151,12 @@ def _micro_step(policy: Policy, obj: objectives.Objective, batch: UpdateBatch, i
 
 
 def _host_metrics(
-    metrics: dict[str, Tensor], grad_norms: list[Tensor], skipped: dict[str, int], device: torch.device
+    metrics: dict[str, Tensor], grad_norms: list[Tensor], skipped: dict[str, int], device: torch.device, flat=False
 ) -> dict[str, float]:
-    """The merged metrics with the optimiser's, brought to the host in one sync."""
+    """The merged metrics with the optimiser's, brought to the host in one sync (`flat`: the step took no optimiser
+    step because every advantage was 0, trainer.skip_flat_steps)."""
     nan = torch.tensor(float("nan"), device=device)
+    metrics["optim/flat_skipped"] = torch.tensor(float(flat), device=device)
     metrics["optim/grad_norm"] = torch.stack(grad_norms).float().mean() if grad_norms else nan
     metrics["optim/skipped_updates"] = torch.tensor(float(sum(skipped.values())), device=device)
     metrics["optim/skipped_nonfinite_loss"] = torch.tensor(float(skipped["loss"]), device=device)
