@@ -180,7 +180,10 @@ def test_sigterm_during_the_step_0_evaluation_stops_at_once_says_so_and_the_run_
     text = log.read_text()
     assert "SIGTERM: stopping now, during the step-0 evaluation; no step has run" in text
     assert "has updated the weights" not in text and "Traceback" not in text
-    assert f"interrupted during the step-0 evaluation, before any step (nothing to lose); resume with: tether train --resume {run}" in text
+    assert (
+        f"interrupted during the step-0 evaluation, before any step (nothing to lose); resume with: tether train --resume {run}"
+        in text
+    )
     done = subprocess.run(
         [sys.executable, str(RUNNER), "train", "--resume", str(run)], capture_output=True, text=True, timeout=600
     )
