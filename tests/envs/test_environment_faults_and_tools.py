@@ -5,6 +5,8 @@ of the trainer); every episode of a run's first batch failing is an error naming
 tool call is an error result the model reads, and the episode goes on.
 """
 
+import json
+import re
 import time
 from typing import Optional
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 from tether.envs import EnvironmentBroken, EnvWarnings, EpisodeRunner, Limits, Step, Tools, calculator, tool_schema
-from tether.envs.tools import tool_result
+from tether.envs.tools import ToolReturnError, tool_result
 from tether.model.loading import load_model
 from tether.rollout import SamplingParams
 
@@ -22,7 +24,7 @@ from tether.tasks import Example
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=4)
 
 
-def multiply(a: int, b: int, note: Optional[str] = None) -> int:
+def multiply(a: int, b: int, note: Optional[str] = None) -> str:
     """Multiply two integers.
 
     Args:
@@ -31,7 +33,7 @@ def multiply(a: int, b: int, note: Optional[str] = None) -> int:
             on two lines.
         note: ignored.
     """
-    return a * b
+    return str(a * b)
 
 
 def test_a_functions_hints_and_docstring_are_its_schema():
@@ -69,6 +71,51 @@ def test_a_functions_hints_and_docstring_are_its_schema():
 def test_a_malformed_call_is_an_error_result_never_an_exception(call, expected, error):
     text, is_error = tool_result({"multiply": multiply}, call)
     assert text.startswith(expected) and is_error == error
+
+
+@pytest.mark.parametrize("returned, shown", [(None, "None (NoneType)"), (42, "42 (int)")])
+def test_a_tool_that_returns_no_string_is_an_error_naming_the_tool_and_what_it_returned(tiny, returned, shown):
+    """Issue 49, defect 7: str() made `<tool_response>None</tool_response>` of a tool without `return`, a
+    successful call. It is an error of the tool: the episode's fault names the tool and the value."""
+
+    def lookup(city: str) -> str:
+        """The population of a town.
+
+        Args:
+            city: the town.
+        """
+        return returned
+
+    with pytest.raises(ToolReturnError, match=f"the tool lookup returned {re.escape(shown)}, not a str"):
+        tool_result({"lookup": lookup}, '{"name": "lookup", "arguments": {"city": "Bralwick"}}')
+    model, tok = tiny
+    call = '<tool_call>{"name": "lookup", "arguments": {"city": "B"}}</tool_call>'
+    runner = EpisodeRunner(
+        Scripted(tok, (call,)), tok, lambda: Tools([lookup]), Limits(2, 80, 400), "t", tools=[lookup]
+    )
+    runner.first_batch = False
+    batch = runner.run([Example("a", "1+1=", "2")], 1, PARAMS, seed=0)
+    (fault,) = batch.episodes[0]["faults"]
+    assert fault.startswith(f"error: step raised ToolReturnError: the tool lookup returned {shown}, not a str")
+
+
+def test_samples_record_the_prompt_the_model_saw_with_the_tools(tiny):
+    """Issue 49, defect 6: samples.jsonl recorded the task's prompt without the tools' description the model saw
+    (and copied). The episode keeps its prompt, and write_samples records it."""
+    import io
+
+    from tether.records.summary import write_samples
+
+    model, tok = tiny
+    runner = EpisodeRunner(
+        Scripted(tok, ("4",)), tok, lambda: Tools([multiply]), Limits(2, 8, 40), "t", tools=[multiply]
+    )
+    example = Example("a", "3+4=", "7")
+    batch = runner.run([example], 1, PARAMS, seed=0)
+    assert batch.episodes[0]["prompt"].startswith("3+4=") and "You can use these tools" in batch.episodes[0]["prompt"]
+    out = io.StringIO()
+    write_samples(out, 1, batch, [example], torch.tensor([0.0]), 1)
+    assert json.loads(out.getvalue())["prompt"] == batch.episodes[0]["prompt"]
 
 
 def test_the_tools_environment_answers_calls_and_ends_on_a_reply_without_one():
@@ -123,7 +170,7 @@ def _run(tiny, env, examples=("a", "b", "c"), timeout_s=0.5):
     return runner, [Example(i, f"{k}+1=", "1") for k, i in enumerate(examples)]
 
 
-def test_faults_end_their_episode_are_counted_and_warned_once(tiny):
+def test_faults_end_their_episode_are_counted_and_warned_once(tiny, tmp_path):
     from tether.envs import episode_metrics
 
     runner, examples = _run(tiny, lambda: Faulty(bad=("a",), slow=("b",), junk=()), examples=("a", "b", "c"))
@@ -131,16 +178,25 @@ def test_faults_end_their_episode_are_counted_and_warned_once(tiny):
     batch = runner.run(examples, 2, PARAMS, seed=0)
     assert time.perf_counter() - tic < 2.5, "a hung step must not hold the batch past env.timeout_s"
     faults = [f["faults"] for f in batch.episodes]
-    assert all(x and x[0].startswith("error: KeyError") for x in faults[:2])
-    assert all(x and x[0].startswith("timeout") for x in faults[2:4])
+    # each fault names the method that failed (issue 49, defect 9), and one that raised keeps its traceback
+    assert all(x and x[0].startswith("error: step raised KeyError: 'no such board'") for x in faults[:2])
+    assert all(x and x[0].startswith("timeout: step gave no answer within env.timeout_s") for x in faults[2:4])
+    traces = [f["tracebacks"] for f in batch.episodes]
+    assert all("Traceback" in t[0] and 'raise KeyError("no such board")' in t[0] for t in traces[:2])
+    assert all(t == [""] for t in traces[2:4])
     assert faults[4:] == [[], []] and all(f["turns"] == 2 for f in batch.episodes[4:])
     assert all(f["turns"] == 1 for f in batch.episodes[:4])  # ended where the fault happened
     m = episode_metrics(batch)
     assert m["env/errors"] == 2 and m["env/timeouts"] == 2
-    warn = EnvWarnings("faulty")
+    log_file = tmp_path / "errors.log"
+    warn = EnvWarnings("faulty", log_file=log_file)
     lines = warn.lines(1, batch.episodes)
-    assert len(lines) == 2 and "KeyError" in lines[0] and "faulty" in lines[0]
+    assert len(lines) == 2 and "faulty: error: step raised KeyError" in lines[0]
+    assert f"its traceback is in {log_file}" in lines[0]
     assert warn.lines(2, batch.episodes) == []  # once per kind per run
+    warn.write_tracebacks(1, batch.episodes)  # every fault, with its traceback, in the run's errors.log
+    text = log_file.read_text()
+    assert text.count("step 1, episode") == 4 and text.count("Traceback (most recent call last)") == 2
 
 
 def test_a_step_that_returns_no_step_is_a_fault(tiny):
@@ -151,8 +207,9 @@ def test_a_step_that_returns_no_step_is_a_fault(tiny):
 
 def test_an_environment_that_fails_every_episode_of_the_first_batch_is_an_error(tiny):
     runner, examples = _run(tiny, lambda: Faulty(bad=("a", "b")), examples=("a", "b"))
-    with pytest.raises(EnvironmentBroken, match="the environment faulty failed on every episode.*KeyError"):
+    with pytest.raises(EnvironmentBroken, match="the environment faulty failed on every episode.*KeyError") as err:
         runner.run(examples, 2, PARAMS, seed=0)
+    assert "step raised KeyError" in str(err.value) and "Traceback (most recent call last)" in str(err.value)
     later, examples = _run(tiny, lambda: Faulty(bad=("a",)), examples=("a", "b"))
     later.run(examples, 1, PARAMS, seed=0)  # the first batch: one episode works
     batch = later.run(examples[:1], 2, PARAMS, seed=1)  # a later batch where all fail: counted, not raised
@@ -164,8 +221,19 @@ def test_an_environment_that_cannot_be_built_is_a_fault_of_its_episode(tiny):
         raise RuntimeError("cannot open the board")
 
     runner, examples = _run(tiny, broken, examples=("a",))
-    with pytest.raises(EnvironmentBroken, match="cannot open the board"):
+    with pytest.raises(EnvironmentBroken, match="building faulty raised RuntimeError: cannot open the board"):
         runner.run(examples, 2, PARAMS, seed=0)
+
+
+def test_a_reset_that_raises_is_named_as_reset(tiny):
+    class BadReset(Faulty):
+        def reset(self, example):
+            raise ValueError("no board for this example")
+
+    runner, examples = _run(tiny, BadReset, examples=("a", "b"))
+    runner.first_batch = False  # a later batch: counted, not raised
+    batch = runner.run(examples, 1, PARAMS, seed=0)
+    assert batch.episodes[0]["faults"] == ["error: reset raised ValueError: no board for this example"]
 
 
 def test_env_tokens_carry_no_loss_and_no_sampler_log_prob(tiny):

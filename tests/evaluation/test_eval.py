@@ -602,7 +602,8 @@ def test_a_lora_checkpoint_evaluated_on_its_runs_held_out_set_reproduces_the_run
     """`tether eval RUN/checkpoints/step_N/model run:RUN` takes a LoRA run's checkpoint (an adapter directory: its
     base with the adapter merged) and scores exactly the problems the trainer scored, so greedy decoding with
     the trainer's batch size gives the run's own held-out accuracy. (Before: the adapter directory was refused,
-    "Unrecognized model ... model_type", and `--limit 40` took the first rows, not the trainer's draw.)"""
+    "Unrecognized model ... model_type", and `--limit 40` took the first rows, not the trainer's draw.) The
+    answer budget is the run's own rollout.max_new_tokens without --max-new-tokens (issue 49: it was 2048)."""
     from conftest import metrics_rows
     from tether.config.loading import load_config
     from tether.trainer.loop import train
@@ -614,6 +615,7 @@ def test_a_lora_checkpoint_evaluated_on_its_runs_held_out_set_reproduces_the_run
             f"warm_start.cache_dir={default_warm_start_cache}",
             "model.lora.r=4",
             "model.lora.alpha=8",
+            "rollout.max_new_tokens=7",
             "trainer.total_steps=1",
             "trainer.eval_every=1",
             "trainer.eval_batch_size=16",
@@ -630,10 +632,11 @@ def test_a_lora_checkpoint_evaluated_on_its_runs_held_out_set_reproduces_the_run
     model = run / "checkpoints" / "step_000001" / "model"
     assert (model / "adapter_config.json").is_file()
     argv = ["eval", str(model), f"run:{run}", "--n", "1", "--k", "1", "--temperature", "0", "--threads", "1"]
-    argv += ["--max-new-tokens", str(cfg.rollout.max_new_tokens), "--batch-prompts", "16"]
+    argv += ["--batch-prompts", "16"]
     argv += ["--out", str(tmp_path / "eval"), "--no-progress"]
     assert cmd_eval(build_parser().parse_args(argv)) == 0
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     (source,) = results["summary"]
     assert source == "run:run" and results["summary"][source]["problems"] == 40
     assert results["summary"][source]["avg@1"] == want
+    assert json.loads((tmp_path / "eval" / "settings.json").read_text())["max_new_tokens"] == 7

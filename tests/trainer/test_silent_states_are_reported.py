@@ -357,3 +357,17 @@ def test_a_resume_continues_the_flat_streak(tiny_dir, tmp_path):
     train(cfg(4), resume_dir=str(run), log=lambda *_: None)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("rollout/flat_streak") for r in rows] == [None, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_the_truncation_warning_names_the_key_that_cut_the_samples():
+    """Issue 49, defect 8: in episodes the warning named rollout.max_new_tokens when env.max_turn_tokens cut."""
+    from tether.trainer.loop import first_step_warnings
+
+    m = {"rollout/truncation_rate": 0.9, "adv/zero_var_frac": 0.5}
+    single = load_config(None, ["rollout.max_new_tokens=48"])
+    (line,) = first_step_warnings(m, single.rollout, single.env)
+    assert "ran out of rollout.max_new_tokens=48" in line and "raise rollout.max_new_tokens" in line
+    episodes = load_config(None, ["env.name=retry", "env.max_turn_tokens=16", "rollout.max_new_tokens=48"])
+    (line,) = first_step_warnings(m, episodes.rollout, episodes.env)
+    assert "env.max_turn_tokens=16" in line and "env.max_episode_tokens=96" in line
+    assert "rollout.max_new_tokens=48" not in line and "raise env.max_turn_tokens" in line

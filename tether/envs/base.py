@@ -79,11 +79,13 @@ class SingleTurn:
 
 class EnvironmentBroken(RuntimeError):
     """An environment failed (raised or timed out) on every episode of a run's first batch: a bug in the
-    environment. The trainer turns it into a one-line `error:` (exit 2), as it does a broken reward."""
+    environment. The trainer turns it into a one-line `error:` (exit 2), as it does a broken reward; the message
+    ends with the first failure's traceback (the run directory, and so its errors.log, is removed)."""
 
-    def __init__(self, name: str, reason: str):
+    def __init__(self, name: str, reason: str, trace: str = ""):
         self.name, self.reason = name, reason
+        tail = f"\n{trace.rstrip()}" if trace else ""
         super().__init__(
             f"the environment {name} failed on every episode of the first batch ({reason}): that is a bug in the "
-            "environment (or env.timeout_s is too short for it); fix it and run again"
+            f"environment (or env.timeout_s is too short for it); fix it and run again{tail}"
         )

@@ -40,6 +40,8 @@ each side, faults, the transcript).
 from __future__ import annotations
 
 import threading
+import traceback
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
@@ -181,6 +183,12 @@ class _Episode:
     info: dict[str, float] = field(default_factory=dict)
     faults: list[str] = field(default_factory=list)
     transcript: list[tuple[str, str]] = field(default_factory=list)
+    prompt: str = ""  # the first prompt as the model saw it: the task's, with the tools' description
+    tracebacks: list[str] = field(default_factory=list)  # one per fault that raised ("" for a time-out)
+
+    def fail(self, fault: str, trace: str = "") -> None:
+        self.faults.append(fault)
+        self.tracebacks.append(trace)
 
     def add(self, ids: list[int], logprobs: list[float], trained: bool) -> None:
         self.ids += ids
@@ -198,29 +206,33 @@ class _Episode:
             "info": dict(self.info),
             "faults": list(self.faults),
             "transcript": list(self.transcript),
+            "prompt": self.prompt,
+            "tracebacks": list(self.tracebacks),
         }
 
 
-def _guarded(call: Callable[[], Any], timeout_s: float) -> tuple[Any, str]:
-    """(call's result, "") or (None, fault): "timeout: ..." past `timeout_s` (the call's thread is abandoned:
-    a Python thread cannot be killed; the environment object is not used again) or "error: ..." if it raised."""
+def _guarded(call: Callable[[], Any], timeout_s: float, what: str) -> tuple[Any, str, str]:
+    """(call's result, "", "") or (None, fault, traceback): "timeout: WHAT gave no answer within ..." past
+    `timeout_s` (the call's thread is abandoned: a Python thread cannot be killed; the environment object is not
+    used again) or "error: WHAT raised TYPE: MESSAGE" with its traceback if it raised. `what` names the method
+    (`reset`, `step`, or the environment's construction), which the fault and the warning say (issue 49)."""
     box: dict[str, Any] = {}
 
     def target():
         try:
             box["value"] = call()
         except BaseException as err:  # noqa: BLE001 - a user's environment may raise anything
-            box["error"] = err
+            box["error"], box["traceback"] = err, traceback.format_exc()
 
     thread = threading.Thread(target=target, daemon=True, name="tether-env")
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        return None, f"timeout: no answer within env.timeout_s={timeout_s:g} s"
+        return None, f"timeout: {what} gave no answer within env.timeout_s={timeout_s:g} s", ""
     if "error" in box:
         err = box["error"]
-        return None, f"error: {type(err).__name__}: {err}"
-    return box.get("value"), ""
+        return None, f"error: {what} raised {type(err).__name__}: {err}", box["traceback"]
+    return box.get("value"), "", ""
 
 
 class EpisodeRunner:
@@ -287,13 +299,16 @@ class EpisodeRunner:
 
     def _start(self, example: Example) -> _Episode:
         e = _Episode(example, None)
-        env, fault = _guarded(self.make_env, self.limits.timeout_s)
-        first, fault = (None, fault) if fault else _guarded(lambda: env.reset(example), self.limits.timeout_s)
+        env, fault, trace = _guarded(self.make_env, self.limits.timeout_s, f"building {self.name}")
+        if not fault:
+            first, fault, trace = _guarded(lambda: env.reset(example), self.limits.timeout_s, "reset")
+        else:
+            first = None
         e.env = env
-        prompt = self.turns.prompt(example, first if isinstance(first, str) else None)
-        e.prompt_ids = encode_prompts(self.tokenizer, [prompt])[0]
+        e.prompt = self.turns.prompt(example, first if isinstance(first, str) else None)
+        e.prompt_ids = encode_prompts(self.tokenizer, [e.prompt])[0]
         if fault:
-            e.faults.append(fault)
+            e.fail(fault, trace)
             e.finish = "stop"
         elif self.limits.context and len(e.prompt_ids) + 1 > self.limits.context:
             e.finish = "length"
@@ -311,9 +326,9 @@ class EpisodeRunner:
         if length > room:  # out of the episode's tokens: it ends here
             e.finish = "length"
             return
-        step, fault = _guarded(lambda: e.env.step(e.last_reply), self.limits.timeout_s)
+        step, fault, trace = _guarded(lambda: e.env.step(e.last_reply), self.limits.timeout_s, "step")
         if fault or not isinstance(step, Step):
-            e.faults.append(fault or f"error: step returned {type(step).__name__}, not a tether.envs.Step")
+            e.fail(fault or f"error: step returned {type(step).__name__}, not a tether.envs.Step", trace)
             e.finish = "stop"
             return
         e.env_rewards.append(step.reward)
@@ -337,7 +352,7 @@ class EpisodeRunner:
 
     def _check_first_batch(self, episodes: list[_Episode]) -> None:
         if self.first_batch and episodes and all(e.faults for e in episodes):
-            raise EnvironmentBroken(self.name, episodes[0].faults[0])
+            raise EnvironmentBroken(self.name, episodes[0].faults[0], episodes[0].tracebacks[0])
         self.first_batch = False
 
     def _assemble(self, episodes: list[_Episode], n: int, params: SamplingParams) -> RolloutBatch:
@@ -385,6 +400,8 @@ class EnvWarnings:
 
     name: str
     seen: set[str] = field(default_factory=set)
+    log_file: Optional[Path] = None
+    """Where `write_tracebacks` appends each fault with its traceback (the run's errors.log); None: nowhere."""
 
     def lines(self, step: int, facts: list[dict]) -> list[str]:
         out = []
@@ -393,8 +410,24 @@ class EnvWarnings:
             if kind in self.seen:
                 continue
             self.seen.add(kind)
+            where = f"; its traceback is in {self.log_file}" if self.log_file and kind == "error" else ""
             out.append(
-                f"warning: step {step}: the environment {self.name} {fault} (the episode ended there; counted in "
-                f"env/{kind}s, warned once per run)"
+                f"warning: step {step}: the environment {self.name}: {fault} (the episode ended there; counted in "
+                f"env/{kind}s, warned once per run{where})"
             )
         return out
+
+    def write_tracebacks(self, step: int, facts: list[dict]) -> None:
+        """Append every fault of the step with its traceback to `log_file` (the run's errors.log)."""
+        if not self.log_file:
+            return
+        entries = [
+            (i, fault, trace)
+            for i, episode in enumerate(facts)
+            for fault, trace in zip(episode["faults"], episode.get("tracebacks") or [""] * len(episode["faults"]))
+        ]
+        if not entries:
+            return
+        with open(self.log_file, "a") as f:
+            for i, fault, trace in entries:
+                f.write(f"step {step}, episode {i}: the environment {self.name}: {fault}\n{trace}\n")

@@ -123,8 +123,16 @@ def plain_instructions(tools: list[Callable]) -> str:
     return "\n".join(lines)
 
 
+class ToolReturnError(TypeError):
+    """A tool returned something other than a string: a bug in the tool, not the model's mistake (a missing
+    `return` gives None, which `str()` would have made a successful call). Raised out of the environment's `step`,
+    so the episode ends with a fault that names the tool and what it returned (issue 49, defect 7)."""
+
+
 def tool_result(tools: dict[str, Callable], call: str) -> tuple[str, bool]:
-    """(the text of one call's result, whether it was an error): never raises."""
+    """(the text of one call's result, whether it was the model's error: a malformed call, an unknown tool, bad
+    arguments, or the tool raising on them). Raises only `ToolReturnError`, for a tool whose result is not a
+    string."""
     try:
         request = json.loads(call)
     except json.JSONDecodeError as err:
@@ -147,9 +155,16 @@ def tool_result(tools: dict[str, Callable], call: str) -> tuple[str, bool]:
     except TypeError as err:
         return f"error: {request['name']}: {err}", True
     try:
-        return str(fn(**arguments)), False
+        result = fn(**arguments)
     except Exception as err:  # a tool's failure is the model's information, not the run's end
         return f"error: {request['name']} raised {type(err).__name__}: {err}", True
+    if not isinstance(result, str):
+        shown = repr(result) if len(repr(result)) <= 60 else repr(result)[:57] + "..."
+        raise ToolReturnError(
+            f"the tool {request['name']} returned {shown} ({type(result).__name__}), not a str: a tool returns its "
+            "result as text (a function without `return` returns None)"
+        )
+    return result, False
 
 
 class Tools:

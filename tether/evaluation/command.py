@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rewards import asks_for_boxed
-from .data import EvalError, eval_env, run_template
+from .data import EvalError, eval_env, run_rollout, run_template
 from .report import summary_markdown
 from .run import evaluate
 
@@ -19,6 +19,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     runs = [spec for spec in args.data if spec.startswith("run:")]
     if runs and args.template == "boxed" and run_template(runs[0]) is not None:
         args.template = run_template(runs[0])  # a run's own template: its answers extracted as its trainer did
+    run_sampling = run_rollout(runs[0]) if runs else {}
+    if args.max_new_tokens is None and "max_new_tokens" in run_sampling:
+        args.max_new_tokens = run_sampling["max_new_tokens"]  # the run's answer budget, not the 2048 of math data
+        print(f"max new tokens: {args.max_new_tokens} (the run's rollout.max_new_tokens)")
     try:
         env = eval_env(args.env, runs[0] if runs else None)
     except EvalError as err:
@@ -57,6 +61,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             engine=args.engine,
             threads=args.threads,
             env=env,
+            stop_strings=tuple(run_sampling.get("stop_strings") or ()),
         )
     except EvalError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -84,7 +89,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="benchmark a model: avg@n, pass@k, maj@k per source",
         description="tether eval MODEL DATA... : sample n completions per problem and verify them. "
         "DATA is task:NAME[:KEY=VALUE...], a .jsonl/.parquet file, a datasets name[@split], or run:RUN_DIR "
-        "(the held-out problems of a training run, exactly as its trainer scores them). "
+        "(a training run's held-out problems with its template, answer budget and stop strings). "
         "Rerunning with the same --out resumes.",
     )
     p.add_argument("model", metavar="MODEL", help="hub id, local model directory, or a .gguf file")
@@ -97,7 +102,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-new-tokens",
         type=int,
         default=None,
-        help="generation budget (default: 32 for synthetic tasks only, else 2048)",
+        help="generation budget (default: a run:RUN_DIR spec's rollout.max_new_tokens, else 32 for synthetic tasks "
+        "only, else 2048)",
     )
     p.add_argument(
         "--out",

@@ -84,6 +84,17 @@ def run_template(spec: str) -> str | None:
     return (data.get("task_args") or {}).get("template", "boxed") if data["task"] == "math" else None
 
 
+def run_rollout(spec: str) -> dict[str, Any]:
+    """The rollout settings of the run a `run:RUN_DIR` spec names that `tether eval` takes when not given: its
+    `max_new_tokens` and `stop_strings` (the answer budget the model was trained and scored with; issue 49: a
+    48-token run was evaluated with 2048 tokens, 12.5% of completions ran to the limit); {} without a config."""
+    config = Path(spec[len("run:") :]).expanduser() / "config.yaml"
+    if not config.is_file():
+        return {}
+    rollout = read_config(config.parent).get("rollout") or {}
+    return {k: rollout[k] for k in ("max_new_tokens", "stop_strings") if k in rollout}
+
+
 def eval_env(settings: Sequence[str], run_spec: str | None = None) -> dict[str, Any] | None:
     """The env section `tether eval` plays episodes with: `--env KEY=VALUE` settings over the env section of the
     run a `run:RUN_DIR` spec names (its episodes, as its trainer played them); None for single-turn prompts.

@@ -153,12 +153,14 @@ def write_summary(
 
 
 def write_samples(f, step: int, rollout, examples: Sequence, rewards: torch.Tensor, k: int) -> None:
-    """The first `k` samples of a step as JSON lines: prompt, completion, answer, reward, finish; a multi-turn
-    episode's also its turns, [role, text] in order ("model" for the policy's), and the rewards its steps gave."""
+    """The first `k` samples of a step as JSON lines: prompt (as the model saw it: an episode's with the tools'
+    description its environment added), completion, answer, reward, finish; a multi-turn episode's also its
+    turns, [role, text] in order ("model" for the policy's), and the rewards its steps gave."""
     for i in range(min(k, len(rollout.completions))):
+        episode = rollout.episodes[i] if rollout.episodes is not None else {}
         line = {
             "step": step,
-            "prompt": examples[i].prompt,
+            "prompt": episode.get("prompt") or examples[i].prompt,
             "completion": rollout.completions[i],
             "answer": examples[i].answer,
             "reward": float(rewards[i]),

@@ -27,7 +27,7 @@ from typing import Optional
 from transformers.utils import logging as hf_logging
 
 from .. import faults
-from ..config.sections import Config, RolloutConfig
+from ..config.sections import Config, EnvConfig, RolloutConfig
 from ..model.causal_lm import shared_prompt_reason
 from ..records import checkpoint
 from ..records.checkpoint import rng_state, set_rng_state
@@ -63,7 +63,8 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     sinks, samples_file, heldout_file = _open_logs(run, resume_dir)
     progress = make_progress(t.total_steps, at.start, t.progress, t.log_every_steps, log)
     tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
-    warnings = (FaultWarnings(reward_label(parts.rollouts.reward_fn)), EnvWarnings(env_label(run.cfg.env)))
+    env_warnings = EnvWarnings(env_label(run.cfg.env), log_file=run.records.run_dir / ERRORS_FILE)
+    warnings = (FaultWarnings(reward_label(parts.rollouts.reward_fn)), env_warnings)
     before_any_step = False
     try:
         with stop, _broken_reward(run):
@@ -119,13 +120,14 @@ def _checks(run: Run, step: int, scored: Scored, metrics: dict[str, float], bad_
     cfg, counters = run.cfg, run.progress.counters
     if step == run.progress.start + 1:
         _log_shared_prompts(run, log)
-        for line in first_step_warnings(metrics, cfg.rollout):
+        for line in first_step_warnings(metrics, cfg.rollout, cfg.env):
             log(line)
     reward_warnings, env_warnings = warnings
     for line in reward_warnings.lines(step, scored.rollout.completions, scored.results):
         log(line)
     for line in env_warnings.lines(step, scored.rollout.episodes or []):
         log(line)
+    env_warnings.write_tracebacks(step, scored.rollout.episodes or [])
     skipped = _skipped_updates(metrics, step, scored)
     if skipped:
         log(skipped)
@@ -269,6 +271,9 @@ def _log_shared_prompts(run: Run, log) -> None:
         log(f"shared prompts off: {shared_prompt_reason(model)}; each row runs its prompt")
 
 
+ERRORS_FILE = "errors.log"
+"""Every environment fault of a run with its traceback, appended step by step (`EnvWarnings.write_tracebacks`)."""
+
 FLAT_WARN_AFTER = 3
 """Rollout steps in a row with no reward variance in any group before the trainer warns."""
 
@@ -313,17 +318,27 @@ TRUNCATED_WARN = 0.75
 them: a few cut off at first is usual, and RL shortens them)."""
 
 
-def first_step_warnings(metrics: dict[str, float], r: RolloutConfig) -> list[str]:
+def first_step_warnings(metrics: dict[str, float], r: RolloutConfig, env: Optional[EnvConfig] = None) -> list[str]:
     """`warning:` lines after a run's first step when it cannot learn as set up, naming the likely cause: no
     group had reward variance (every advantage 0: nothing trains), or most samples ran out of their token
-    budget before they stopped (their answers are cut off, so they score 0)."""
+    budget before they stopped (their answers are cut off, so they score 0). The budget is named by the key that
+    set it: in episodes env.max_turn_tokens and env.max_episode_tokens, else rollout.max_new_tokens (issue 49:
+    the warning named rollout.max_new_tokens where env.max_turn_tokens had cut the turns)."""
     lines = []
     truncated = metrics.get("rollout/truncation_rate", 0.0)
     if truncated >= TRUNCATED_WARN:
+        if env is not None and env.enabled:
+            budget = (
+                f"their turn's budget (env.max_turn_tokens={env.turn_tokens(r)}"
+                f"{'' if env.max_turn_tokens else ', from rollout.max_new_tokens'}) or the episode's "
+                f"(env.max_episode_tokens={env.episode_tokens(r)})"
+            )
+            fix = "raise env.max_turn_tokens (or env.max_episode_tokens)"
+        else:
+            budget, fix = f"rollout.max_new_tokens={r.max_new_tokens}", "raise rollout.max_new_tokens"
         lines.append(
-            f"warning: {100 * truncated:.0f}% of the first step's samples ran out of rollout.max_new_tokens="
-            f"{r.max_new_tokens} before they stopped, so their answers are cut off and score 0: raise "
-            "rollout.max_new_tokens, or ask for a shorter answer (data.task_args.template)"
+            f"warning: {100 * truncated:.0f}% of the first step's samples ran out of {budget} before they stopped, "
+            f"so their answers are cut off and score 0: {fix}, or ask for a shorter answer (data.task_args.template)"
         )
     flat = (
         metrics.get("rollout/dynamic_kept_frac") == 0.0
