@@ -118,6 +118,33 @@ def test_samples_record_the_prompt_the_model_saw_with_the_tools(tiny):
     assert json.loads(out.getvalue())["prompt"] == batch.episodes[0]["prompt"]
 
 
+def test_the_plain_text_format_teaches_by_one_concrete_call_never_a_placeholder():
+    """Issue 49: the format showed `{"name": "TOOL", "arguments": {...}}`, which SmolLM2 copied. It shows one real
+    call of the first tool: its docstring's Example:, else a value of each required parameter's type; the
+    example is a call the environment answers."""
+    from tether.envs.tools import plain_instructions, tool_example
+
+    text = plain_instructions([calculator, multiply])
+    assert "TOOL" not in text and "{...}" not in text and "..." not in text
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>'
+    assert call in text and "- multiply(a: integer, b: integer, note: string): Multiply two integers." in text
+    assert tool_example(multiply) == {"a": 3, "b": 3}  # no Example: section: a value of each required type
+    env = Tools([calculator, multiply])
+    env.reset(Example("a", "p", "84"))
+    assert env.step(call).observation == "<tool_response>84</tool_response>"  # the example is a working call
+
+    def bad(x: int) -> str:
+        """A tool.
+
+        Example:
+            {"y": 1}
+        """
+        return str(x)
+
+    with pytest.raises(ValueError, match="must be a JSON object of its arguments"):
+        tool_example(bad)
+
+
 def test_the_tools_environment_answers_calls_and_ends_on_a_reply_without_one():
     env = Tools([multiply, calculator])
     env.reset(Example("a", "p", "42"))

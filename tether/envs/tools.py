@@ -13,10 +13,11 @@
 
 A function's type hints and docstring are its schema (`tool_schema`: the JSON-schema "function" object that
 chat templates with tool support take): the first paragraph is its description, an `Args:` section describes
-the parameters, and a parameter without a default is required. Where the model's chat template renders
-tools (`apply_chat_template(..., tools=...)` uses them), the prompt is rendered with them; where it does not
-(SmolLM2's, and plain-text prompts), `plain_instructions` appends the documented plain-text format to the
-first user message:
+the parameters, an `Example:` section (a JSON object of arguments) gives one concrete call, and a parameter
+without a default is required. Where the model's chat template renders tools (`apply_chat_template(...,
+tools=...)` uses them), the prompt is rendered with them; where it does not (SmolLM2's, and plain-text prompts),
+`plain_instructions` appends the tools and the plain-text format, taught by one concrete call of the first tool
+(its `Example:`), to the first user message:
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>
 
@@ -107,19 +108,46 @@ def tool_schema(fn: Callable) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
 
 
+_EXAMPLE_VALUES = {"string": "example", "integer": 3, "number": 2.5, "boolean": True, "array": [], "object": {}}
+"""A parameter's value in a tool's example call when its docstring gives no `Example:` (by its JSON type)."""
+
+
+def tool_example(fn: Callable) -> dict[str, Any]:
+    """The arguments of one concrete call of `fn`: its docstring's `Example:` section (a JSON object, as in
+    `calculator`'s), else a value of each required parameter's type. A ValueError names a bad example."""
+    name = getattr(fn, "__name__", "")
+    doc = inspect.getdoc(fn) or ""
+    _, found, rest = doc.partition("\nExample:")
+    properties = tool_schema(fn)["function"]["parameters"]
+    if found:
+        text = " ".join(line.strip() for line in rest.strip().split("\n\n")[0].splitlines())
+        try:
+            example = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"tool {name!r}: its docstring's Example: is not a JSON object of arguments ({err.msg})")
+        unknown = set(example) - set(properties["properties"]) if isinstance(example, dict) else set()
+        if not isinstance(example, dict) or unknown:
+            raise ValueError(f"tool {name!r}: its docstring's Example: must be a JSON object of its arguments")
+        return example
+    return {k: _EXAMPLE_VALUES.get(properties["properties"][k].get("type"), "example") for k in properties["required"]}
+
+
 def plain_instructions(tools: list[Callable]) -> str:
-    """The plain-text tool format, appended to the first user message where the chat template has no tools."""
-    lines = [
-        "You can use these tools. To call one, write a line",
-        '<tool_call>{"name": "TOOL", "arguments": {...}}</tool_call>',
-        "and stop: the result comes back as <tool_response>...</tool_response>. "
-        "When you have the answer, reply without a tool call.",
-        "Tools:",
-    ]
+    """The plain-text tool format, appended to the first user message where the chat template has no tools. It
+    teaches by one concrete call of the first tool (`tool_example`): a placeholder such as `{"name": "TOOL",
+    "arguments": {...}}` was copied verbatim by SmolLM2-135M-Instruct (issue 49)."""
+    first = tools[0]
+    call = json.dumps({"name": first.__name__, "arguments": tool_example(first)})
+    lines = ["You can use these tools:"]
     for fn in tools:
         f = tool_schema(fn)["function"]
         params = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in f["parameters"]["properties"].items())
         lines.append(f"- {f['name']}({params}): {f['description']}")
+    lines += [
+        "To call a tool, write the call on a line of its own and stop. For example:",
+        f"<tool_call>{call}</tool_call>",
+        "The result comes back in <tool_response> tags. When you have the answer, reply with it and no tool call.",
+    ]
     return "\n".join(lines)
 
 
@@ -218,6 +246,9 @@ def calculator(expression: str) -> str:
 
     Args:
         expression: numbers with + - * / // % and parentheses, e.g. "(12 + 30) * 7".
+
+    Example:
+        {"expression": "12 * 7"}
     """
     if len(expression) > 200:
         raise ValueError("expression longer than 200 characters")
