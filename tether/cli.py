@@ -115,13 +115,13 @@ def _print_config_help() -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from .config.loading import load_config
-    from .trainer.setup import build_task_and_reward
+    from .trainer.setup import build_task_and_reward, episodes_of
     from .trainer.warmstart import initial_model
 
     path, overrides = _split_config_args(args.args)
     cfg = load_config(path, [*overrides, "warm_start.enabled=true"])
     task, _, verifier = build_task_and_reward(cfg)
-    print(initial_model(cfg, task, verifier))
+    print(initial_model(cfg, task, verifier, episodes_for=lambda tok: episodes_of(cfg, tok, task, print)))
     return 0
 
 

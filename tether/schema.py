@@ -30,10 +30,32 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+SYNONYMS = {
+    "rank": "r",
+    "lora_r": "r",
+    "lora_rank": "r",
+    "lora_alpha": "alpha",
+    "lora_dropout": "dropout",
+    "learning_rate": "lr",
+    "epochs": "ppo_epochs",
+    "num_iterations": "ppo_epochs",
+    "steps": "total_steps",
+    "max_steps": "total_steps",
+    "max_tokens": "max_new_tokens",
+    "max_completion_length": "max_new_tokens",
+    "num_generations": "group_size",
+    "beta": "coef",
+    "kl_coef": "kl_penalty",
+    "epsilon": "eps_low",
+}
+"""Names other frameworks and papers use for a key (TRL's, peft's, verl's), and the key they mean here: an unknown
+key names it when it is valid where the typo was (issue 49: `model.lora.rank` suggested nothing, not `r`)."""
+
+
 def unknown_key_error(path: str, key: str, valid: list[str]) -> ConfigError:
-    return ConfigError(
-        f"unknown key {_join(path, key)!r}.{did_you_mean(key, valid)} Valid keys: {', '.join(sorted(valid))}."
-    )
+    meant = SYNONYMS.get(key)
+    hint = f" Did you mean {meant!r}?" if meant in valid else did_you_mean(key, valid)
+    return ConfigError(f"unknown key {_join(path, key)!r}.{hint} Valid keys: {', '.join(sorted(valid))}.")
 
 
 def field_docs(cls: type) -> dict[str, str]:

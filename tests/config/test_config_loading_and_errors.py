@@ -191,3 +191,14 @@ def test_a_config_files_data_is_found_from_any_directory(tmp_path, monkeypatch):
     assert load_config(str(config)).data.task_args["train"] == "data/train.jsonl"  # there from here: as typed
     override = load_config(str(config), ["data.task_args.test=mine.jsonl"]).data.task_args["test"]
     assert override == "mine.jsonl"
+
+
+@pytest.mark.parametrize(
+    "override, meant",
+    [("model.lora.rank=8", "r"), ("trainer.learning_rate=1e-4", "lr"), ("rollout.num_generations=8", "group_size")],
+)
+def test_another_frameworks_name_for_a_key_suggests_ours(override, meant):
+    """Issue 49: `model.lora.rank` suggested nothing (difflib finds 'rank' far from 'r'); peft's, TRL's and
+    verl's names of a key now suggest tether's."""
+    with pytest.raises(ConfigError, match=f"Did you mean '{meant}'\\?"):
+        load_config(None, [override])

@@ -26,6 +26,7 @@ from ..rollout import draw, episode_summary
 from .episodes import ChatTurns, EnvWarnings, EpisodeRunner, Limits, episode_metrics
 from .retry import Retry
 from .tools import Tools, calculator, plain_instructions, tool_schema
+from .towns import town_population
 
 ENVIRONMENTS: Registry[Callable[..., Any]] = Registry("environment")
 ENVIRONMENTS.register("retry")(Retry)
@@ -34,6 +35,7 @@ ENVIRONMENTS.register("single_turn")(SingleTurn)
 
 TOOLS: Registry[Callable[..., Any]] = Registry("tool")
 TOOLS.register("calculator")(calculator)
+TOOLS.register("town_population")(town_population)
 
 
 def env_label(e: EnvConfig) -> str:

@@ -62,6 +62,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             threads=args.threads,
             env=env,
             stop_strings=tuple(run_sampling.get("stop_strings") or ()),
+            reward=args.reward,
         )
     except EvalError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -104,6 +105,13 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="generation budget (default: a run:RUN_DIR spec's rollout.max_new_tokens, else 32 for synthetic tasks "
         "only, else 2048)",
+    )
+    p.add_argument(
+        "--reward",
+        default=None,
+        metavar="NAME",
+        help="score every problem with this 0/1 reward (a registered name such as exact_match, or MODULE:NAME) "
+        "instead of each task's own verifier",
     )
     p.add_argument(
         "--out",

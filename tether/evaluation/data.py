@@ -11,7 +11,7 @@ from ..config.loading import parse_override
 from ..config.sections import EnvConfig
 from ..records.runlog import read_config
 from ..schema import ConfigError, from_dict
-from ..tasks import Example, get_task, load_math_dataset, render_prompt, takes_tokenizer
+from ..tasks import Example, apply_template, get_task, load_math_dataset, render_prompt, takes_tokenizer
 
 DEFAULT_TASK_PROBLEMS = 200  # = the trainer's data.eval_size default: `task:X` is its held-out set
 
@@ -131,7 +131,13 @@ def _math_examples(
         replace(
             ex,
             prompt=render_prompt(tokenizer, template, ex.prompt),
-            meta={**ex.meta, "source": str(ex.meta.get("source") or stem), "task": "math"},
+            # the user message before the chat template, which an environment with tools renders them into
+            meta={
+                **ex.meta,
+                "source": str(ex.meta.get("source") or stem),
+                "task": "math",
+                "user_message": apply_template(template, ex.prompt),
+            },
         )
         for ex in rows
     ]

@@ -26,6 +26,13 @@ def source_metrics(records: list[dict[str, Any]], n: int, ks: Sequence[int]) -> 
         metrics[f"maj@{k}"] = _mean([maj_at_k(r["answers"], r["correct"], k) for r in records])
     metrics["len_mean"] = _mean([x for r in records for x in r["lengths"]])
     metrics["truncated"] = _mean([float(f == "length") for r in records for f in r["finish"]])
+    episodes = [i for r in records for i in r.get("info", [])]
+    if episodes:  # multi-turn: the model's turns, and its tool calls per episode (valid: not an error)
+        metrics["turns"] = _mean([sum(role == "model" for role, _ in t) for r in records for t in r["turns"]])
+        calls = [float(i.get("tool_calls", 0)) for i in episodes]
+        valid = [c - float(i.get("tool_errors", 0)) for c, i in zip(calls, episodes)]
+        metrics["tool_calls"], metrics["valid_calls"] = _mean(calls), _mean(valid)
+        metrics["with_valid_call"] = _mean([float(v > 0) for v in valid])
     return metrics
 
 

@@ -167,7 +167,12 @@ def _sample_batch(
                 "finish": [rollout.finish_reasons[i] for i in rows],
                 "completions": [rollout.completions[i] for i in rows],
                 **(
-                    {"turns": [rollout.episodes[i]["transcript"] for i in rows]} if rollout.episodes is not None else {}
+                    {
+                        "turns": [rollout.episodes[i]["transcript"] for i in rows],
+                        "info": [rollout.episodes[i]["info"] for i in rows],
+                    }
+                    if rollout.episodes is not None
+                    else {}
                 ),
             }
         )

@@ -252,6 +252,12 @@ class MathTask:
             return rng.sample(pool, n)
         return [rng.choice(pool) for _ in range(n)]
 
+    def demonstration(self, example: Example) -> list[str] | None:
+        """The model's turns of a worked episode: the row's "turns" (a tool call, then the answer, ...), which the
+        warm start of an environment teaches (tether.trainer.sft); None when the row has none."""
+        turns = example.meta.get("turns")
+        return [str(t) for t in turns] if isinstance(turns, list) and turns else None
+
     def solution(self, example: Example) -> str:
         """A reference solution: the row's "solution" if any, ending in the boxed answer."""
         reasoning = str(example.meta.get("solution", "")).strip()

@@ -135,7 +135,8 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     ckpt = checkpoint.latest(run_dir, log=log) if resume_dir else None
     # The initial (warm-started) model: the policy of a new run, the base under LoRA, the reference.
     needs_base = ckpt is None or cfg.model.lora is not None or checked.obj.uses_reference()
-    base = initial_model(cfg, checked.task, checked.verifier, log=log) if needs_base else None
+    worked = lambda tok: episodes_of(cfg, tok, checked.task, log)  # noqa: E731 (the warm start's episodes)
+    base = initial_model(cfg, checked.task, checked.verifier, log=log, episodes_for=worked) if needs_base else None
     model, tokenizer, device, peft, reference = _models(cfg, checked.obj, base, ckpt, log)
     t, r = cfg.trainer, cfg.rollout
     unfused = fused_head_reason(model) if t.fused_logprobs else ""
@@ -153,7 +154,7 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     )
     stream = PromptStream(checked.task, t.seed, progress.counters.position)
     precision = Precision.of(t.autocast, device)
-    episodes = _episodes(cfg, tokenizer, checked.task, log)
+    episodes = episodes_of(cfg, tokenizer, checked.task, log)
     engine = episodes(_engine(r, model, tokenizer, device, log))  # an EpisodeRunner on it for multi-turn episodes
     policy = Policy(model, peft, optimizer, scheduler, device, precision, LogProbSettings.of(t, r))
     saved = state.get("stale_policies") if t.staleness else None
@@ -362,7 +363,7 @@ def _load_policy(m: ModelConfig, t: TrainerConfig, source: str, log):
     return model.train(), tokenizer, device
 
 
-def _episodes(cfg: Config, tokenizer, task, log) -> Callable[[Any], Any]:
+def episodes_of(cfg: Config, tokenizer, task, log) -> Callable[[Any], Any]:
     """What puts the run's `EpisodeRunner` (tether.envs) on an engine: identity for single-turn prompts. The
     environment is built and its chat-template check made here, once (a ConfigError before the first step)."""
     e = cfg.env

@@ -13,6 +13,14 @@ Loss (per batch of B examples, solution tokens S_i with eos):
     L = sum_i sum_{t in S_i} -log p(y_t | y_<t) / sum_i |S_i|        (token mean)
 Greedy accuracy uses the same engine and verifier as RL evaluation: temperature 0, the
 task's reward, a completion counts as solved when its score is >= 1.
+
+With an environment (`episodes`, which puts the run's `EpisodeRunner` on an engine) and worked episodes
+(`demonstrate(example)`: the model's turns, such as a tool call and then the answer), the warm start teaches the
+turns: each worked episode is played through the environment by `Demonstrations`, an engine that answers with
+the example's turns, so the environment's replies (a tool's result) come from the environment and the tokens are
+laid out exactly as the trainer's episodes are (tether.envs.episodes). The loss is on the model's tokens only
+(the episode's loss mask), and the accuracy checks play greedy episodes. A turn that ends on one of the sampling
+stop strings (a tool call's `</tool_call>`) ends there, as a sampled turn would; the last turn ends on eos.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..rewards import RewardFn, task_reward, verdicts
-from ..rollout import HFEngine, encode_prompts
+from ..rollout import HFEngine, RolloutBatch, SamplingParams, encode_prompts
 from ..tasks import Example, Task
 from . import seeds
 
@@ -36,11 +44,68 @@ def greedy_accuracy(
     reward: RewardFn,
     max_new_tokens: int,
     batch_size: int | None = None,
+    episodes: Callable[[Any], Any] = lambda engine: engine,
 ) -> float:
     """Greedy accuracy on `examples`, measured as the trainer measures held-out accuracy
-    (`tether.rewards.greedy_accuracy`: the share the 0/1 verifier `reward` accepts)."""
-    engine = HFEngine(model, tokenizer, batch_size=batch_size)
+    (`tether.rewards.greedy_accuracy`: the share the 0/1 verifier `reward` accepts); `episodes` puts the run's
+    episode runner on the engine (identity: single-turn prompts)."""
+    engine = episodes(HFEngine(model, tokenizer, batch_size=batch_size))
     return verdicts.greedy_accuracy(engine, examples, reward, max_new_tokens)["eval/accuracy"]
+
+
+class Demonstrations:
+    """A rollout engine that answers one episode with its worked turns, in order (module docstring)."""
+
+    def __init__(self, tokenizer: Any, turns: Sequence[str]):
+        self.tokenizer, self.turns, self.taken = tokenizer, list(turns), 0
+
+    def generate_ids(self, rows: list[list[int]], params: SamplingParams, seed: int | None = None) -> RolloutBatch:
+        text = self.turns[min(self.taken, len(self.turns) - 1)]
+        self.taken += 1
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not any(text.endswith(stop) for stop in params.stop_strings):  # the answer ends the turn on eos
+            ids = ids + [self.tokenizer.eos_token_id]
+        ids = torch.tensor([ids] * len(rows))
+        return RolloutBatch(
+            prompt_ids=[list(r) for r in rows],
+            completion_ids=ids,
+            sampler_logprobs=torch.zeros(ids.shape),
+            mask=torch.ones(ids.shape, dtype=torch.bool),
+            finish_reasons=["stop"] * len(rows),
+            completions=[text] * len(rows),
+            prompt_index=list(range(len(rows))),
+        )
+
+
+def episode_batch(
+    tokenizer: Any,
+    episodes: Callable[[Any], Any],
+    examples: Sequence[Example],
+    demonstrate: Callable[[Example], Sequence[str]],
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids, attention_mask, targets) of each example's worked episode, played through the
+    environment (module docstring): targets hold the model's tokens and -100 at the prompt, the environment's
+    tokens and the padding."""
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=10_000)
+    rows, trained = [], []
+    for ex in examples:
+        runner = episodes(Demonstrations(tokenizer, demonstrate(ex)))
+        played = runner.run([ex], 1, params, seed=0)
+        k = int(played.mask[0].sum())
+        rows.append(list(played.prompt_ids[0]) + played.completion_ids[0, :k].tolist())
+        trained.append([False] * len(played.prompt_ids[0]) + played.loss_mask[0, :k].tolist())
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    targets = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (row, mask) in enumerate(zip(rows, trained)):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
+        for t in range(1, len(row)):  # position t - 1 predicts token t
+            if mask[t]:
+                targets[i, t - 1] = row[t]
+    return input_ids.to(device), attention.to(device), targets.to(device)
 
 
 def sft_batch(
@@ -105,6 +170,8 @@ def sft(
     reward: RewardFn | None = None,
     eval_examples: Sequence[Example] | None = None,
     log: Callable[[str], Any] | None = None,
+    episodes: Callable[[Any], Any] | None = None,
+    demonstrate: Callable[[Example], Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `model` in place on the task's solutions until greedy held-out accuracy is reached.
 
@@ -115,6 +182,8 @@ def sft(
         reward: the verifier; default the task's own.
         eval_examples: the problems the checks score; default `settings.n_eval` of the held-out split.
         log: called with one line per check.
+        episodes: puts the run's episode runner on an engine (multi-turn; module docstring).
+        demonstrate: an example's worked turns; with `episodes`, the warm start trains on them.
 
     Returns:
         {"accuracy": last accuracy, "steps": steps taken, "reached": bool, "seconds": float,
@@ -132,12 +201,15 @@ def sft(
     model.train()
     for step in range(1, s.steps_max + 1):
         examples = task.examples("train", s.batch_size, seed=seeds.sft_batch(s.seed, step), unique=False)
-        batch = sft_batch(tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples], device)
+        if episodes is not None and demonstrate is not None:
+            batch = episode_batch(tokenizer, episodes, examples, demonstrate, device)
+        else:
+            batch = sft_batch(tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples], device)
         losses.append(_sft_step(model, optimizer, batch))
         if step % s.eval_every and step != s.steps_max:
             continue
         loss = torch.stack(losses).mean().item()
-        row = _check(model, tokenizer, held_out, reward, s, {"step": step, "loss": loss}, start, log)
+        row = _check(model, tokenizer, held_out, reward, s, {"step": step, "loss": loss}, start, log, episodes)
         history.append(row)
         accuracy, losses = row["accuracy"], []
         if accuracy >= s.target_accuracy:
@@ -158,10 +230,11 @@ def sft(
     }
 
 
-def _check(model, tokenizer, held_out, reward, s: SFTSettings, row: dict, start: float, log) -> dict[str, float]:
+def _check(model, tokenizer, held_out, reward, s: SFTSettings, row: dict, start: float, log, episodes=None) -> dict:
     """One check of the warm start: `row` (its step, the mean loss since the last check) with the greedy
-    held-out accuracy and the seconds so far, logged."""
-    row = {**row, "accuracy": greedy_accuracy(model, tokenizer, held_out, reward, s.max_new_tokens)}
+    held-out accuracy (greedy episodes with `episodes`) and the seconds so far, logged."""
+    wrap = episodes or (lambda engine: engine)
+    row = {**row, "accuracy": greedy_accuracy(model, tokenizer, held_out, reward, s.max_new_tokens, episodes=wrap)}
     row["seconds"] = time.perf_counter() - start
     model.train()
     if log is not None:

@@ -67,6 +67,7 @@ def warm_start_key(cfg: Config, base: str) -> dict:
         "warm_start": {k: v for k, v in to_dict(cfg.warm_start).items() if k != "cache_dir"},
         "seed": cfg.trainer.seed,
         "max_new_tokens": cfg.rollout.max_new_tokens,
+        **({"env": to_dict(cfg.env)} if cfg.env.enabled else {}),  # worked episodes are played through it
     }
 
 
@@ -104,9 +105,11 @@ def warm_start_metrics(ws: WarmStartConfig, path: str) -> dict[str, float]:
     }
 
 
-def initial_model(cfg: Config, task, verifier, log=print) -> str:
+def initial_model(cfg: Config, task, verifier, log=print, episodes_for=None) -> str:
     """Path or hub id of the model RL starts from (building and warm-starting it if needed); a
-    warm start that ended below its target accuracy logs a warning, cached or not."""
+    warm start that ended below its target accuracy logs a warning, cached or not. `episodes_for(tokenizer)`:
+    what puts the run's episode runner on an engine; with it and a task whose examples carry worked turns
+    (`demonstration`), the warm start teaches those turns through the environment (tether.trainer.sft)."""
     base = str(_tiny_model(cfg)) if cfg.model.builtin_tiny else cfg.model.name_or_path
     ws = cfg.warm_start
     if not ws.enabled:
@@ -132,6 +135,11 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
         seed=cfg.trainer.seed,
         max_new_tokens=cfg.rollout.max_new_tokens,
     )
+    demonstrate = getattr(task, "demonstration", None)
+    worked = cfg.env.enabled and episodes_for is not None and demonstrate is not None
+    worked = worked and demonstrate(task.examples("train", 1, seed=0)[0]) is not None
+    if worked:
+        log("warm start: on the task's worked episodes (their turns), played through the environment")
     result = sft(
         model,
         tokenizer,
@@ -141,6 +149,8 @@ def initial_model(cfg: Config, task, verifier, log=print) -> str:
         log=log,
         # Stop on accuracy over train problems: the held-out split stays unseen until RL's eval.
         eval_examples=task.examples("train", cfg.data.eval_size, seed=cfg.trainer.seed + 1),
+        episodes=episodes_for(tokenizer) if worked else None,
+        demonstrate=demonstrate if worked else None,
     )
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
