@@ -80,3 +80,28 @@ def test_greedy_accuracy_uses_the_reward(tiny):
     with pytest.raises(ValueError, match="accuracy needs a 0/1 verifier"):  # one definition (rewards.accuracy)
         greedy_accuracy(model, tok, examples, shaped, max_new_tokens=3)
     assert greedy_accuracy(model, tok, examples, get_reward("exact_match"), max_new_tokens=3) == 0.0  # untrained
+
+
+def test_worked_episodes_are_played_through_the_tool_and_train_the_models_tokens_only(tmp_path):
+    """Issue 49: the warm start of a tool job teaches the call format on worked episodes (a row's `turns`). Each is
+    played through the environment, so the tool's response comes from the tool, and the targets are the model's
+    turns alone: the call (ending on its stop string, as a sampled call does) and the answer (ending on eos)."""
+    from tether.envs import EpisodeRunner, Limits, Tools
+    from tether.envs.towns import CENSUS, town_population
+    from tether.trainer.sft import episode_batch
+
+    model, tok = load_model(init_model(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2, max_positions=1024))
+    town = next(iter(CENSUS))
+    call = f'<tool_call>{{"name": "town_population", "arguments": {{"town": "{town}"}}}}</tool_call>'
+    example = Example("t", f"How many people live in {town}?", str(CENSUS[town]), meta={"turns": [call, "\\boxed{7}"]})
+
+    def episodes(engine):
+        return EpisodeRunner(engine, tok, lambda: Tools([town_population]), Limits(3, 200, 600), "t", [town_population])
+
+    ids, attention, targets = episode_batch(tok, episodes, [example], lambda ex: ex.meta["turns"], torch.device("cpu"))
+    text = tok.decode(ids[0][attention[0].bool()])
+    response = f"<tool_response>The population of {town} is {CENSUS[town]}.</tool_response>"
+    assert text.startswith(example.prompt) and call in text and response in text and text.endswith("\\boxed{7}<eos>")
+    trained = tok.decode([int(t) for t in targets[0] if t != -100])
+    # the model's tokens: the call (no eos: it stopped on </tool_call>) and the answer with its eos; never the tool's
+    assert trained == call + "\\boxed{7}<eos>"

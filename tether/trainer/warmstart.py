@@ -148,7 +148,7 @@ def initial_model(cfg: Config, task, verifier, log=print, episodes_for=None) -> 
         reward=verifier,
         log=log,
         # Stop on accuracy over train problems: the held-out split stays unseen until RL's eval.
-        eval_examples=task.examples("train", cfg.data.eval_size, seed=cfg.trainer.seed + 1),
+        eval_examples=task.examples("train", ws.eval_size or cfg.data.eval_size, seed=cfg.trainer.seed + 1),
         episodes=episodes_for(tokenizer) if worked else None,
         demonstrate=demonstrate if worked else None,
     )

@@ -214,6 +214,9 @@ class WarmStartConfig:
     """SFT learning rate."""
     eval_every: int = 25
     """SFT steps between accuracy checks."""
+    eval_size: Optional[int] = None
+    """Training problems each check scores greedily; null: data.eval_size. Fewer make frequent checks cheap (a
+    check of multi-turn episodes costs several turns per problem)."""
     cache_dir: Optional[str] = None
     """Where warm-started models are cached; null: $TETHER_CACHE or ~/.cache/tether."""
 

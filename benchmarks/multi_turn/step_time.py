@@ -1,0 +1,146 @@
+"""Where the time of a multi-turn RL step goes: phase by phase, and the sampling turn by turn.
+
+    python benchmarks/multi_turn/step_time.py configs/tool_use.yaml --steps 4 --out FILE.md [key=value ...]
+
+Builds the run of CONFIG (its warm start from the cache, when it has one), then times `--steps` RL steps in this
+process (no evaluation, no checkpoints): each step's sampling, old and reference log-prob passes and update
+(the trainer's own `time/*` metrics), the tokens of each side of the episodes, and every call the episode runner
+makes to the engine (one per turn): how many rows, how long their context is (what the prefill re-encodes: the
+prompt, with the tools' description, and every earlier turn), how many tokens it sampled, and its seconds. The
+prompt table compares the prompt with the tools' description against the task's prompt alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import emit, machine, setup, table  # noqa: E402
+
+from tether.config.loading import load_config  # noqa: E402
+from tether.rollout import encode_prompts  # noqa: E402
+from tether.rollout.hf import HFEngine  # noqa: E402
+
+
+def instrument(calls: list[dict]) -> None:
+    """Record every `generate_ids` call of the hf engine (the episode runner's turns)."""
+    original = HFEngine.generate_ids
+
+    def timed(self, rows, params, seed=None):
+        tic = time.perf_counter()
+        out = original(self, rows, params, seed)
+        lengths = [len(r) for r in rows]
+        calls.append(
+            {
+                "rows": len(rows),
+                "distinct": len({tuple(r) for r in rows}),
+                "context": statistics.fmean(lengths),
+                "context_max": max(lengths),
+                "new": int(out.mask.sum()),
+                "width": int(out.completion_ids.shape[1]),
+                "seconds": time.perf_counter() - tic,
+            }
+        )
+        return out
+
+    HFEngine.generate_ids = timed
+
+
+def prompt_lengths(run, cfg) -> tuple[float, float]:
+    """Mean prompt tokens of the task's training examples with the tools' description and without it."""
+    from tether.envs import ChatTurns, resolve_tools
+
+    examples = run.parts.rollouts.stream.task.examples("train", 32, seed=0)
+    tokenizer = run.records.tokenizer
+    tools = resolve_tools(cfg.env) if cfg.env.tools else []
+    with_tools = ChatTurns(tokenizer, tools)
+    alone = [len(x) for x in encode_prompts(tokenizer, [ex.prompt for ex in examples])]
+    described = [len(x) for x in encode_prompts(tokenizer, [with_tools.prompt(ex, None) for ex in examples])]
+    return statistics.fmean(described), statistics.fmean(alone)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    device = setup(args)
+    from tether.trainer.setup import start_run
+    from tether.trainer.step import rl_step
+
+    out_dir = tempfile.mkdtemp(prefix="tether-step-time-")
+    extra = [f"output_dir={out_dir}", "trainer.progress=false", "trainer.plots=false", "trainer.tensorboard=false"]
+    extra += [f"trainer.threads={args.threads}", f"trainer.total_steps={args.steps}", "trainer.eval_every=1000000"]
+    cfg = load_config(args.config, [*args.overrides, *extra])
+    run = start_run(cfg, log=lambda *_: None)
+    calls: list[dict] = []
+    instrument(calls)
+    steps, turns = [], defaultdict(list)
+    for step in range(1, args.steps + 1):
+        before = len(calls)
+        _, m = rl_step(run.parts, run.progress.counters, step)
+        for k, call in enumerate(calls[before:], 1):
+            turns[k].append(call)
+        steps.append(m)
+    described, alone = prompt_lengths(run, cfg)
+    text = [
+        f"### One RL step of `{args.config}` {' '.join(args.overrides)}, phase by phase ({machine(device, args)})",
+        "",
+        f"{args.steps} steps of {cfg.rollout.prompts_per_step} prompts x {cfg.rollout.group_size} episodes, "
+        f"{cfg.trainer.threads} torch thread(s); seconds are the trainer's own `time/*` metrics.",
+        "",
+    ]
+    rows = []
+    for i, m in enumerate(steps, 1):
+        logp = m["time/old_logprobs_s"] + m["time/ref_logprobs_s"]
+        rows.append(
+            [
+                i,
+                f"{m['time/step_s']:.1f}",
+                f"{m['time/sample_s']:.1f} ({m['time/sample_s'] / m['time/step_s']:.0%})",
+                f"{logp:.1f} ({logp / m['time/step_s']:.0%})",
+                f"{m['time/update_s']:.1f} ({m['time/update_s'] / m['time/step_s']:.0%})",
+                f"{m.get('env/turns', float('nan')):.2f}",
+                f"{m.get('env/model_tokens', float('nan')):.0f}",
+                f"{m.get('env/env_tokens', float('nan')):.0f}",
+            ]
+        )
+    header = ["step", "step s", "sample s", "log-probs s", "update s", "turns", "model tokens", "env tokens"]
+    text += [table(header, rows), "", "The sampling, turn by turn (one engine call per turn, every step):", ""]
+    rows = []
+    for k, cs in sorted(turns.items()):
+        rows.append(
+            [
+                k,
+                len(cs),
+                f"{statistics.fmean(c['rows'] for c in cs):.0f}",
+                f"{statistics.fmean(c['distinct'] for c in cs):.0f}",
+                f"{statistics.fmean(c['context'] for c in cs):.0f} (max {max(c['context_max'] for c in cs)})",
+                f"{statistics.fmean(c['new'] / c['rows'] for c in cs):.1f} (of {cfg.env.turn_tokens(cfg.rollout)})",
+                f"{statistics.fmean(c['seconds'] for c in cs):.1f}",
+            ]
+        )
+    header = ["turn", "calls", "rows", "distinct rows", "context tokens re-encoded", "new tokens per row", "seconds"]
+    text += [table(header, rows), ""]
+    text += [
+        f"Prompt: {described:.0f} tokens with the tools' description, {alone:.0f} without it "
+        f"({described - alone:.0f} tokens, {described / alone:.1f}x).",
+    ]
+    emit("\n".join(text), args.out)
+
+
+if __name__ == "__main__":
+    main()
