@@ -232,6 +232,15 @@ CASES = [
     ("tether_luspo", "luspo", {"eps_low": 0.2, "eps_high": 0.2}),  # seq-mean-token-sum
     ("tether_vespo", "vespo", {}),
     ("tether_dro", "dro", {"beta": 0.1}),
+    ("tether_bapo", "bapo", {}),
+    ("tether_gppo", "gppo", {}),
+    ("tether_ce_gppo", "ce_gppo", {}),
+    ("tether_aspo", "aspo", {}),
+    ("tether_pspo", "pspo", {}),
+    ("tether_cfpo", "cfpo", {}),
+    ("tether_trm", "trm", {"max_delta": 0.5}),  # the test data's ratios are far from 1: keep some sequences
+    ("tether_dgpo", "dgpo", {}),
+    ("tether_abc_grpo", "abc_grpo", {}),
 ]
 
 

@@ -53,6 +53,15 @@ def test_names_and_presets():
         "vespo",
         "luspo",
         "dro",
+        "bapo",
+        "gppo",
+        "ce_gppo",
+        "aspo",
+        "pspo",
+        "cfpo",
+        "trm",
+        "dgpo",
+        "abc_grpo",
     }
     assert set(PRESETS) >= {
         "grpo",
@@ -290,10 +299,10 @@ def test_aggregation_hand_values():
     assert G.aggregate(l, m, "seq-mean-token-sum-norm", max_len=5).item() == pytest.approx(10 / (2 * 5))
 
 
-# Clip-Cov, KL-Cov and M2PO select tokens by statistics of the batch the loss is given, as the authors' code, verl
-# and AReaL do per micro-batch (tether.core.covariance departure 2, tether.core.m2po departure 2): their loss is not
-# a sum over micro-batches.
-BATCH_SELECTING = {"clip_cov", "kl_cov", "m2po"}
+# Clip-Cov, KL-Cov and M2PO select tokens, and BAPO its clip bounds, by statistics of the batch the loss is given, as
+# the authors' code, verl and AReaL do per micro-batch (tether.core.covariance departure 2, tether.core.m2po departure
+# 2, tether.core.bapo departure 5): their loss is not a sum over micro-batches.
+BATCH_SELECTING = {"clip_cov", "kl_cov", "m2po", "bapo"}
 
 
 @pytest.mark.parametrize("preset", [p for p in PRESETS if p not in BATCH_SELECTING])

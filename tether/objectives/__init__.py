@@ -1,7 +1,7 @@
 """Policy objectives: one config class per surrogate, composed with the orthogonal axes.
 
 An objective = surrogate (ppo_clip, divergence_clip, gspo, luspo, gmpo, vespo, reinforce, cispo, dro, rpg,
-etr, dppo, m2po, sapo, clip_cov, kl_cov) + aggregation mode + optional KL-to-reference penalty + optional entropy
+etr, dppo, m2po, sapo, clip_cov, kl_cov, bapo, gppo, ce_gppo, aspo, pspo, cfpo, trm, dgpo, abc_grpo) + aggregation mode + optional KL-to-reference penalty + optional entropy
 bonus + the advantage estimator the trainer should use. "GRPO", "DAPO", "ATR-GRPO", "RPG-URKL"... are
 presets (YAML files in `tether/presets/`) choosing one value per axis.
 
@@ -23,7 +23,8 @@ The math lives in `tether.core`; this package validates configs and assembles me
                  `resolve(...)`, the same as the plain mapping a run records
     one file per family, each config class directly above the loss function that uses it:
     clip.py (ppo_clip, divergence_clip), sequence.py (gspo, luspo, gmpo, vespo), reinforce.py (reinforce, cispo, dro),
-    rpg.py, etr.py, masks.py (dppo, m2po), sapo.py, covariance.py (clip_cov, kl_cov)
+    rpg.py, etr.py, masks.py (dppo, m2po), sapo.py, covariance.py (clip_cov, kl_cov), bapo.py, gppo.py (gppo,
+    ce_gppo), aspo.py, pspo.py, cfpo.py, trm.py, dgpo.py, abc_grpo.py
 """
 
 from .base import (
@@ -51,9 +52,26 @@ from .etr import ETRConfig  # noqa: E402  isort: skip
 from .masks import DPPOConfig, M2POConfig  # noqa: E402  isort: skip
 from .sapo import SAPOConfig  # noqa: E402  isort: skip
 from .covariance import ClipCovConfig, KLCovConfig  # noqa: E402  isort: skip
+from .bapo import BAPOConfig  # noqa: E402  isort: skip
+from .gppo import CEGPPOConfig, GPPOConfig  # noqa: E402  isort: skip
+from .aspo import ASPOConfig  # noqa: E402  isort: skip
+from .pspo import PSPOConfig  # noqa: E402  isort: skip
+from .cfpo import CFPOConfig  # noqa: E402  isort: skip
+from .trm import TRMConfig  # noqa: E402  isort: skip
+from .dgpo import DGPOConfig  # noqa: E402  isort: skip
+from .abc_grpo import ABCGRPOConfig  # noqa: E402  isort: skip
 
 __all__ = [
     "OBJECTIVES",
+    "ABCGRPOConfig",
+    "ASPOConfig",
+    "DGPOConfig",
+    "TRMConfig",
+    "BAPOConfig",
+    "CEGPPOConfig",
+    "CFPOConfig",
+    "GPPOConfig",
+    "PSPOConfig",
     "POLICY_METRIC_EXTREMES",
     "CISPOConfig",
     "GroupStats",
