@@ -1,12 +1,15 @@
-"""What RL changes in the multi-turn job (configs/multi_turn.yaml), drawn and tabulated from the committed runs.
+"""What RL changes in a multi-turn job, drawn and tabulated from the committed runs.
 
-    python benchmarks/multi_turn/figure.py    # plots/learning.png and table.md in benchmarks/results/multi_turn_cpu
+    python benchmarks/multi_turn/figure.py                 # configs/multi_turn.yaml: benchmarks/results/multi_turn_cpu
+    python benchmarks/multi_turn/figure.py --job tool_use  # configs/tool_use.yaml: benchmarks/results/tool_use_cpu
 
-Reads benchmarks/results/multi_turn_cpu/seed*/metrics.jsonl. Three panels: held-out first-turn accuracy (one
-greedy episode per problem, `eval/solved_turn_1`), the training episodes' first-turn accuracy (`env/solved_turn_1`,
-temperature 0.6) and the turns they used (`env/turns`), one line per seed and their mean. The table gives each
-seed's numbers at the start and the end; the training columns average the first and the last three steps, since
-one step's 32 episodes are noisy. Remade from the files alone, so the picture follows the results it shows.
+Reads RESULTS/seed*/metrics.jsonl and writes RESULTS/plots/learning.png and RESULTS/table.md. The retry job's three
+panels: held-out first-turn accuracy (one greedy episode per problem, `eval/solved_turn_1`), the training episodes'
+first-turn accuracy (`env/solved_turn_1`, temperature 0.6) and the turns they used (`env/turns`). The tool job's:
+held-out accuracy (`eval/accuracy`, the strict verifier), held-out valid tool calls per episode (`eval/tool_calls -
+eval/tool_errors`) and the training reward. One line per seed and their mean. The table gives each seed's numbers at
+the start and the end; the training columns average the first and the last three steps, since one step's 32 episodes
+are noisy. Remade from the files alone, so the picture follows the results it shows.
 """
 
 from __future__ import annotations
@@ -22,20 +25,58 @@ sys.path.insert(0, str(ROOT))
 from tether.records.plots import pyplot  # noqa: E402
 from tether.records.runlog import read_metrics, series, values  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results" / "multi_turn_cpu"
-PANELS = (
-    ("eval/solved_turn_1", "held-out first-turn accuracy (greedy, 40)"),
-    ("env/solved_turn_1", "training first-turn accuracy (T=0.6)"),
-    ("env/turns", "turns per training episode"),
-)
-COLUMNS = (  # (header, metric, how: "evals" = first/last evaluation, "steps" = mean of first/last 3 steps)
-    ("held-out first-turn acc", "eval/solved_turn_1", "evals"),
-    ("held-out turns", "eval/turns", "evals"),
-    ("train first-turn acc", "env/solved_turn_1", "steps"),
-    ("train reward", "reward/mean", "steps"),
-    ("train turns", "env/turns", "steps"),
-    ("model tokens / episode", "env/model_tokens", "steps"),
-)
+JOBS = {
+    "retry": {
+        "results": ROOT / "benchmarks" / "results" / "multi_turn_cpu",
+        "title": "Retry-on-feedback episodes (up to 3 turns), SmolLM2-135M-Instruct, LoRA, GRPO, 2 CPU cores",
+        "panels": (
+            ("eval/solved_turn_1", "held-out first-turn accuracy (greedy, 40)", (0, 1)),
+            ("env/solved_turn_1", "training first-turn accuracy (T=0.6)", (0, 1)),
+            ("env/turns", "turns per training episode", (1, 3)),
+        ),
+        "columns": (  # (header, metric, how: "evals" = first/last evaluation, "steps" = mean of first/last 3 steps)
+            ("held-out first-turn acc", "eval/solved_turn_1", "evals"),
+            ("held-out turns", "eval/turns", "evals"),
+            ("train first-turn acc", "env/solved_turn_1", "steps"),
+            ("train reward", "reward/mean", "steps"),
+            ("train turns", "env/turns", "steps"),
+            ("model tokens / episode", "env/model_tokens", "steps"),
+        ),
+    },
+    "tool_use": {
+        "results": ROOT / "benchmarks" / "results" / "tool_use_cpu",
+        "title": "Learning to call a tool (town_population), SmolLM2-135M-Instruct, warm start then LoRA GRPO, 2 CPU cores",
+        "panels": (
+            ("eval/accuracy", "held-out accuracy (greedy, 50 towns, strict)", (0, 1)),
+            ("eval/valid_calls", "held-out valid tool calls per episode", (0, 2)),
+            ("reward/mean", "training reward (T=0.7)", (0, 1)),
+        ),
+        "columns": (
+            ("held-out acc", "eval/accuracy", "evals"),
+            ("held-out valid calls", "eval/valid_calls", "evals"),
+            ("held-out calls", "eval/tool_calls", "evals"),
+            ("train reward", "reward/mean", "steps"),
+            ("train valid calls", "env/valid_calls", "steps"),
+            ("train turns", "env/turns", "steps"),
+        ),
+    },
+}
+DERIVED = {  # metrics computed per row from two logged ones
+    "eval/valid_calls": ("eval/tool_calls", "eval/tool_errors"),
+    "env/valid_calls": ("env/tool_calls", "env/tool_errors"),
+}
+
+
+def with_derived(rows: list[dict]) -> list[dict]:
+    """The rows with each DERIVED metric (a difference of two logged ones) where both were logged."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        for name, (a, b) in DERIVED.items():
+            if r.get(a) is not None and r.get(b) is not None:
+                r[name] = r[a] - r[b]
+        out.append(r)
+    return out
 
 
 def runs(results: Path) -> list[Path]:
@@ -53,14 +94,14 @@ def ends(rows: list[dict], metric: str, how: str) -> tuple[float, float]:
     return (v[0], v[-1]) if how == "evals" else (statistics.fmean(v[:3]), statistics.fmean(v[-3:]))
 
 
-def table(results: Path) -> str:
-    head = "| seed | " + " | ".join(h for h, _, _ in COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 1)]
-    per_column: list[list[tuple[float, float]]] = [[] for _ in COLUMNS]
+def table(results: Path, columns) -> str:
+    head = "| seed | " + " | ".join(h for h, _, _ in columns) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + 1)]
+    per_column: list[list[tuple[float, float]]] = [[] for _ in columns]
     for run in runs(results):
-        rows = read_metrics(run)
+        rows = with_derived(read_metrics(run))
         cells = []
-        for i, (_, metric, how) in enumerate(COLUMNS):
+        for i, (_, metric, how) in enumerate(columns):
             a, b = ends(rows, metric, how)
             per_column[i].append((a, b))
             cells.append(f"{a:.3g} -> {b:.3g}")
@@ -72,31 +113,26 @@ def table(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw(results: Path) -> Path:
+def draw(results: Path, panels, title: str) -> Path:
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 3, figsize=(12.6, 3.6), dpi=120)
+    fig, axes = plt.subplots(1, len(panels), figsize=(12.6, 3.6), dpi=120)
     found = runs(results)
-    for ax, (metric, title) in zip(axes, PANELS):
-        curves = [series(read_metrics(run), metric) for run in found]
+    for ax, (metric, name, limits) in zip(axes, panels):
+        curves = [series(with_derived(read_metrics(run)), metric) for run in found]
         for run, points in zip(found, curves):
             ax.plot([s for s, _ in points], [v for _, v in points], lw=1, alpha=0.55, marker="o", ms=2, label=run.name)
         n = min(len(c) for c in curves)
         steps = [s for s, _ in curves[0][:n]]
         mean = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
         ax.plot(steps, mean, color="black", lw=2, label=f"mean of {len(found)} seeds")
-        ax.set(title=title, xlabel="RL step")
-        if metric == "env/turns":
-            ax.set_ylim(1, 3)
-        else:
-            ax.set_ylim(0, 1)
+        ax.set(title=name, xlabel="RL step")
+        ax.set_ylim(*limits)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(
-        "Retry-on-feedback episodes (up to 3 turns), SmolLM2-135M-Instruct, LoRA, GRPO, 2 CPU cores", fontsize=10
-    )
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     out = results / "plots" / "learning.png"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -107,11 +143,14 @@ def draw(results: Path) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--job", choices=sorted(JOBS), default="retry")
+    p.add_argument("--results", type=Path, default=None, help="default: the job's committed results")
     a = p.parse_args()
-    (a.results / "table.md").write_text(table(a.results))
-    print(draw(a.results))
-    print((a.results / "table.md").read_text())
+    job = JOBS[a.job]
+    results = a.results or job["results"]
+    (results / "table.md").write_text(table(results, job["columns"]))
+    print(draw(results, job["panels"], job["title"]))
+    print((results / "table.md").read_text())
 
 
 if __name__ == "__main__":
