@@ -488,3 +488,27 @@ def test_rollout_vllm_kv_cache_mb_reaches_the_engine_it_starts(tiny_dir, monkeyp
     with pytest.raises(Started):
         setup._engine(RolloutConfig(engine="vllm", vllm_kv_cache_mb=300), model, tokenizer, torch.device("cpu"), print)
     assert given["kv_cache_memory_bytes"] == 300 << 20
+
+
+@needs_vllm
+def test_vllms_notices_a_user_can_do_nothing_about_are_dropped_and_the_rest_kept():
+    """Issue 49: vLLM printed 13 WARNING lines at every start on the CPU; the 11 a user can do nothing about are
+    dropped from vLLM's handlers, also after vLLM configures its logging anew (as every engine start does), and the
+    two that say how to preload libtcmalloc and libiomp stay."""
+    import logging
+
+    from tether.rollout.vllm_compat import UNACTIONABLE, _unactionable, import_vllm
+
+    import_vllm()
+    import vllm.logger as vllm_logger
+
+    vllm_logger._configure_vllm_root_logger()  # what an engine start does: handlers built anew
+    handlers = logging.getLogger("vllm").handlers
+    assert handlers and all(_unactionable in h.filters for h in handlers)
+
+    def record(text):
+        return logging.LogRecord("vllm.x", logging.WARNING, __file__, 1, text, None, None)
+
+    assert not any(_unactionable(record(f"{text} and more")) for text in UNACTIONABLE)
+    assert _unactionable(record("libtcmalloc is not found in LD_PRELOAD. For best performance, ..."))
+    assert _unactionable(record("RotaryEmbedding: Failed to load weights"))  # a real failure is never dropped here

@@ -36,6 +36,13 @@ A new vLLM release is a review of this file:
      packed layer then fails (`'Parameter' object has no attribute 'weight_loader'`); `reload_weights`
      (item 3) restores the layers' loadable parameters first and packs again afterwards, so it works
      either way. `packed_layers(llm)` reads which layers the dispatch packed in a live engine.
+  8. Notices a user can do nothing about, dropped from the `vllm` logger's handlers, which vLLM builds anew each
+     time it configures its logging (`vllm.logger._configure_vllm_root_logger`, wrapped; `UNACTIONABLE`, issue 49:
+     13 WARNING lines at every start on the CPU): the global seed (tether restores the random streams, item 4),
+     enforce-eager and inductor (tether's settings on the CPU), Triton and Model Runner V2 and the DeepSelect
+     extension (not in the CPU build), the SSM cache type (no Mamba layer), and the CPU worker's refusal of
+     `torch.set_num_threads` (tether restores the setter, item 4). The two that say how to preload libtcmalloc and
+     libiomp stay: setting LD_PRELOAD is something a user can do (docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -72,7 +79,48 @@ def import_vllm() -> Any:
         import vllm
     except ImportError as exc:
         raise ImportError(f"rollout engine 'vllm' needs vLLM ({exc}); {INSTALL_HINT}") from None
+    _quiet_unactionable()
     return vllm
+
+
+def _quiet_unactionable() -> None:
+    """Filter UNACTIONABLE notices from the `vllm` handlers now and after every time vLLM configures its logging."""
+    import vllm.logger as vllm_logger
+
+    def attach() -> None:
+        for handler in logging.getLogger("vllm").handlers:
+            if _unactionable not in handler.filters:
+                handler.addFilter(_unactionable)
+
+    configure = vllm_logger._configure_vllm_root_logger
+    if not getattr(configure, "tether_quiet", False):
+
+        def configured(*args: Any, **kwargs: Any) -> None:
+            configure(*args, **kwargs)
+            attach()
+
+        configured.tether_quiet = True  # type: ignore[attr-defined]
+        vllm_logger._configure_vllm_root_logger = configured
+    attach()
+
+
+UNACTIONABLE = (
+    "The global random seed is set to",
+    "Enforce eager set, disabling torch.compile",
+    "Inductor compilation was disabled by user settings",
+    "Triton is not installed",
+    "Reset SSM cache type to float32",
+    "Model Runner V2 requires Triton",
+    "Failed to import the DeepSelect extension",
+    "CPU backend doesn't allow to use `torch.set_num_threads`",
+)
+"""The beginnings of vLLM notices tether drops (module docstring, item 8)."""
+
+
+def _unactionable(record: logging.LogRecord) -> bool:
+    """False (drop) for a notice of UNACTIONABLE."""
+    message = record.getMessage()
+    return not any(text in message for text in UNACTIONABLE)
 
 
 @contextlib.contextmanager
