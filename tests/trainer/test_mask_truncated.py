@@ -19,7 +19,7 @@ def _tokens(mask):
 
 def test_truncated_completions_leave_the_loss_mask_and_are_counted():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
-    rollout = SimpleNamespace(finish_reasons=["length", "stop", "length", "stop"])
+    rollout = SimpleNamespace(truncated=torch.tensor([True, False, True, False]))  # finish reasons length, stop, ...
     out, n_cut = truncated_out(rollout, _tokens(mask))
     assert n_cut == 2.0
     assert out.mask.tolist() == [[0, 0, 0], [1, 1, 0], [0, 0, 0], [1, 0, 0]]
@@ -29,7 +29,7 @@ def test_truncated_completions_leave_the_loss_mask_and_are_counted():
 def test_nothing_changes_without_a_truncated_completion():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     tokens = _tokens(mask)
-    out, n_cut = truncated_out(SimpleNamespace(finish_reasons=["stop", "stop"]), tokens)
+    out, n_cut = truncated_out(SimpleNamespace(truncated=torch.tensor([False, False])), tokens)
     assert n_cut == 0.0 and out is tokens
 
 
@@ -40,7 +40,8 @@ def test_a_truncated_row_keeps_its_advantage_but_gives_no_gradient():
     rewards, groups = torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long)
     adv = obj.advantages(rewards, groups)
     tokens, _ = truncated_out(
-        SimpleNamespace(finish_reasons=["stop", "stop", "stop", "length"]), _tokens(torch.ones(4, 2, dtype=torch.long))
+        SimpleNamespace(truncated=torch.tensor([False, False, False, True])),
+        _tokens(torch.ones(4, 2, dtype=torch.long)),
     )
     lp = torch.full((4, 2), -1.0, requires_grad=True)
     out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=lp.detach(), advantages=adv, mask=tokens.mask))

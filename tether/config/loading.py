@@ -52,7 +52,7 @@ def _check_objective_with_trainer(cfg: Config) -> None:
     if t.old_logprobs == "sampler":  # a constraint measured against pi_sampler would be identically inactive
         for key, why in objectives.build(cfg.objective).config.vanishes_when_old_is_sampler().items():
             raise ConfigError(f"objective.{key} with trainer.old_logprobs=sampler (pi_old = pi_sampler): {why}")
-    if cfg.objective.get("sampler_kl_coef") and (r.top_p < 1 or r.temperature == 0):
+    if cfg.objective.get("sampler_kl_coef") and not r.full_softmax:
         raise ConfigError(
             f"objective.sampler_kl_coef={cfg.objective['sampler_kl_coef']}: the penalty compares log pi_theta "
             "with the sampler's log-probs, which are those of the full softmax only with rollout.top_p=1 and "

@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..tasks.base import stable_hash
-from ..rollout import RolloutBatch, SamplingParams, episode_summary
+from ..rollout import TRUNCATED, RolloutBatch, SamplingParams, episode_summary, truncated
 from ..rollout.hf import encode_prompts
 from ..tasks import Example
 from .base import EnvironmentBroken, Step
@@ -281,7 +281,7 @@ class EpisodeRunner:
         for turn in range(self.limits.max_turns):
             for e in episodes:  # the next turn could pass the model's context: the episode ends here
                 if not e.finish and self.limits.context and len(e.prompt_ids) + len(e.ids) + 1 > self.limits.context:
-                    e.finish = "length"
+                    e.finish = TRUNCATED
             live = [e for e in episodes if not e.finish]
             if not live:
                 break
@@ -293,7 +293,7 @@ class EpisodeRunner:
             for row, e in enumerate(live):
                 self._model_turn(e, batch, row, last_turn=turn + 1 == self.limits.max_turns)
         for e in episodes:
-            e.finish = e.finish or ("length" if e.cut else "stop")
+            e.finish = e.finish or (TRUNCATED if e.cut else "stop")
         self._check_first_batch(episodes)
         return self._assemble(episodes, n, params)
 
@@ -311,7 +311,7 @@ class EpisodeRunner:
             e.fail(fault, trace)
             e.finish = "stop"
         elif self.limits.context and len(e.prompt_ids) + 1 > self.limits.context:
-            e.finish = "length"
+            e.finish = TRUNCATED
         return e
 
     def _model_turn(self, e: _Episode, batch: RolloutBatch, row: int, last_turn: bool) -> None:
@@ -322,9 +322,9 @@ class EpisodeRunner:
         e.turns += 1
         e.last_reply = batch.completions[row]
         e.transcript.append(("model", e.last_reply))
-        e.cut = batch.finish_reasons[row] == "length"  # the turn ran out of env.max_turn_tokens (or the context)
+        e.cut = truncated(batch.finish_reasons[row])  # the turn ran out of env.max_turn_tokens (or the context)
         if length > room:  # out of the episode's tokens: it ends here
-            e.finish = "length"
+            e.finish = TRUNCATED
             return
         step, fault, trace = _guarded(lambda: e.env.step(e.last_reply), self.limits.timeout_s, "step")
         if fault or not isinstance(step, Step):
@@ -335,11 +335,11 @@ class EpisodeRunner:
         for key, value in step.info.items():
             e.info[key] = e.info.get(key, 0.0) + float(value)
         if step.done or step.observation is None or last_turn:
-            e.finish = "length" if e.cut else "stop"
+            e.finish = TRUNCATED if e.cut else "stop"
             return
         obs = self.turns.observation(step.observation, step.role, ids[-1] if ids else None)
         if len(obs) > self._room(e) - 1:  # room for the observation and at least one token of the next turn
-            e.finish = "length"
+            e.finish = TRUNCATED
             return
         e.add(obs, [0.0] * len(obs), trained=False)
         e.transcript.append((step.role, step.observation))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..config.sections import one_line
+from ..rollout.base import truncated
 from .metrics import maj_at_k, majority_vote, pass_at_k
 from .settings import EvalSettings
 
@@ -25,7 +26,7 @@ def source_metrics(records: list[dict[str, Any]], n: int, ks: Sequence[int]) -> 
     for k in ks:
         metrics[f"maj@{k}"] = _mean([maj_at_k(r["answers"], r["correct"], k) for r in records])
     metrics["len_mean"] = _mean([x for r in records for x in r["lengths"]])
-    metrics["truncated"] = _mean([float(f == "length") for r in records for f in r["finish"]])
+    metrics["truncated"] = _mean([float(truncated(f)) for r in records for f in r["finish"]])
     episodes = [i for r in records for i in r.get("info", [])]
     if episodes:  # multi-turn: the model's turns, and its tool calls per episode (valid: not an error)
         metrics["turns"] = _mean([sum(role == "model" for role, _ in t) for r in records for t in r["turns"]])

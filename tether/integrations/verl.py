@@ -164,7 +164,7 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             f"runs {name!r}; set loss_mode={fix}"
         )
     cfg = obj.config
-    if cfg.entropy_coef != 0:
+    if cfg.trains_entropy:
         raise ConfigError(f"{_KEY}: entropy_coef must be 0 under verl; use actor_rollout_ref.actor.entropy_coeff")
     if cfg.reward_aggregation != "sum":
         raise ConfigError(

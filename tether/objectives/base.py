@@ -257,6 +257,12 @@ class ObjectiveConfig:
         runtime then passes them as `TokenBatch.rollout_weights`."""
         return False
 
+    @property
+    def trains_entropy(self) -> bool:
+        """THE test of whether the loss differentiates the entropy (an entropy bonus, `entropy_coef` != 0): the
+        trainer keeps the entropy's gradient only then (`trainer.update`), and the objective reads it only then."""
+        return self.entropy_coef != 0
+
     def has_trust_region(self) -> bool:
         """Whether the loss limits how far an update may move from the sampling policy (a clip, mask, truncation,
         soft gate or |log w| penalty); every such limit acts only on off-policy updates (w != 1)."""

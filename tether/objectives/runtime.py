@@ -120,7 +120,7 @@ class Objective:
         merge.update(POLICY_METRIC_EXTREMES)
         for k, v in extra.items():
             metrics[k], merge[k] = (v.value.detach(), v.count.detach()) if isinstance(v, Mean) else (v.detach(), n_kept)
-        return TokenTerms(tokens, penalty, entropy if cfg.entropy_coef != 0 else None, metrics, merge, sampler_kl)
+        return TokenTerms(tokens, penalty, entropy if cfg.trains_entropy else None, metrics, merge, sampler_kl)
 
     def __call__(self, batch: TokenBatch) -> ObjectiveOutput:
         """The loss on `batch`: its terms aggregated by `config.aggregation` (with `loss_norm`, as one

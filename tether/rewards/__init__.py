@@ -60,7 +60,7 @@ from .registry import (
 )
 from .simple import Format, Overlong, boxed_answers, countdown, exact_match, overlong_penalty
 from .user import UserReward, user_reward
-from .verdicts import accuracy, check_verdicts, greedy_accuracy, greedy_evaluation
+from .verdicts import SOLVED, accuracy, check_verdicts, greedy_accuracy, greedy_evaluation, solved
 
 __all__ = [
     "PROBE_FAULTS",
@@ -104,6 +104,8 @@ __all__ = [
     "check_verdicts",
     "greedy_accuracy",
     "greedy_evaluation",
+    "solved",
+    "SOLVED",
     "rollout_examples",
     "score_rollout",
     "verifier_faults",

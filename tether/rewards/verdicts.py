@@ -25,10 +25,20 @@ def check_verdicts(results: Sequence[RewardResult], verifier: object, examples: 
             )
 
 
+SOLVED = 1.0
+"""The score of a solved completion: a 0/1 verifier's 1, and a shaped reward's full marks."""
+
+
+def solved(score):
+    """THE test of a solved completion (a float, or a tensor of them elementwise): its score reaches SOLVED. Accuracy
+    is the share of solved completions under the task's 0/1 verifier; `reward/pass_rate` under the training reward."""
+    return score >= SOLVED
+
+
 def accuracy(results: Sequence[RewardResult], verifier: object = "the verifier") -> float:
-    """THE definition of accuracy: the share of completions the task's 0/1 verifier accepts."""
+    """THE definition of accuracy: the share of completions the task's 0/1 verifier accepts (`solved`)."""
     check_verdicts(results, verifier)
-    return sum(r.score for r in results) / max(len(results), 1)
+    return sum(bool(solved(r.score)) for r in results) / max(len(results), 1)
 
 
 def greedy_accuracy(
@@ -89,11 +99,11 @@ def greedy_evaluation(
         metrics.update({f"eval/{k.split('/', 1)[1]}": v for k, v in episode_summary(episodes).items()})
     outcomes = {
         "id": [str(ex.id) for ex in examples],
-        "correct": [int(r.score) for r in results],
+        "correct": [int(solved(r.score)) for r in results],
         "answer": answers,
         "length": [int(n) for n in lengths],
     }
     return metrics, outcomes
 
 
-__all__ = ["accuracy", "check_verdicts", "greedy_accuracy", "greedy_evaluation"]
+__all__ = ["SOLVED", "accuracy", "check_verdicts", "greedy_accuracy", "greedy_evaluation", "solved"]

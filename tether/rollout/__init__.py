@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..core.registry import Registry, unknown_name_message
-from .base import FinishReason, RolloutBatch, RolloutEngine, SamplingParams, draw, episode_summary
+from .base import TRUNCATED, FinishReason, RolloutBatch, RolloutEngine, SamplingParams, draw, episode_summary, truncated
 from .hf import HFEngine, encode_prompts, sample_categorical, sample_tokens, top_p_filter
 from .vllm_engine import VLLMEngine
 
@@ -46,6 +46,8 @@ __all__ = [
     "FinishReason",
     "HFEngine",
     "RolloutBatch",
+    "TRUNCATED",
+    "truncated",
     "RolloutEngine",
     "SamplingParams",
     "VLLMEngine",

@@ -31,6 +31,13 @@ from typing import Any, Literal, Protocol, Sequence
 import torch
 
 FinishReason = Literal["stop", "length"]
+TRUNCATED: FinishReason = "length"
+"""The finish reason of a completion cut off by its token budget: THE test of truncation (`truncated`)."""
+
+
+def truncated(reason: str) -> bool:
+    """Whether a completion with this finish reason ran out of its token budget before it stopped."""
+    return reason == TRUNCATED
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,11 @@ class RolloutBatch:
     def trained_mask(self) -> torch.Tensor:
         """(N, T) bool: the tokens the policy sampled (`loss_mask`, else `mask`): what is trained and counted."""
         return self.mask if self.loss_mask is None else self.loss_mask
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        """(N,) bool: the samples cut off by their token budget (`truncated`)."""
+        return torch.tensor([truncated(r) for r in self.finish_reasons], dtype=torch.bool)
 
     @property
     def completion_lengths(self) -> torch.Tensor:

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 
 from ..model.causal_lm import eval_mode, left_pad, prompt_groups
-from .base import FinishReason, RolloutBatch, SamplingParams
+from .base import TRUNCATED, FinishReason, RolloutBatch, SamplingParams
 from .static import StaticDecoder, compile_limits, static_decode_reason
 
 
@@ -390,7 +390,7 @@ class HFEngine(PromptsOrIds):
         completions = completion_texts(
             self.tokenizer, ids.tolist(), lengths.tolist(), stopped, stop_ids, params.stop_strings
         )
-        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped]
+        reasons: list[FinishReason] = ["stop" if s else TRUNCATED for s in stopped]
         return RolloutBatch(
             prompt_ids=[list(r) for r in rows],
             completion_ids=ids,

@@ -53,7 +53,7 @@ from typing import Any, Iterator, Literal
 import torch
 
 from . import vllm_compat
-from .base import FinishReason, RolloutBatch, SamplingParams
+from .base import TRUNCATED, FinishReason, RolloutBatch, SamplingParams
 from .hf import PromptsOrIds, _eos_ids, completion_texts
 
 
@@ -238,7 +238,7 @@ class VLLMEngine(PromptsOrIds):
             )
         mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]  # (N, T)
         stopped = [o.finish_reason == "stop" for o in outs]
-        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped]
+        reasons: list[FinishReason] = ["stop" if s else TRUNCATED for s in stopped]
         completions = completion_texts(self.tokenizer, ids, lengths, stopped, stop_ids, params.stop_strings)
         return RolloutBatch(
             prompt_ids=[list(r) for r in rows],

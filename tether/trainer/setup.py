@@ -197,7 +197,7 @@ def _checked(cfg: Config, log) -> Checked:
     torch.manual_seed(t.seed)
     obj = objectives.build(cfg.objective)  # resolved on load (tether.config.sections): every parameter is recorded
     task, reward_fn, verifier = build_task_and_reward(cfg)  # data errors (a missing file) end here: nothing written
-    for warning in config_warnings(t, obj):
+    for warning in config_warnings(t, obj, cfg.rollout):
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg.data.eval_size)
     check_lengths(cfg, task, _tokenizer(cfg.model), test_examples)  # a run that could not progress
@@ -317,10 +317,17 @@ def _eval_examples(task, eval_size: int) -> list:
         raise DataError(f"data.eval_size={eval_size}: {err}; lower data.eval_size") from None
 
 
-def config_warnings(t: TrainerConfig, obj: objectives.Objective) -> list[str]:
+def config_warnings(t: TrainerConfig, obj: objectives.Objective, r: Optional[RolloutConfig] = None) -> list[str]:
     """Settings that are valid but almost certainly not what was meant."""
     warnings = []
-    if obj.has_trust_region() and t.updates_per_batch == 1:
+    if r is not None and obj.config.rollout_correction is not None and not r.full_softmax:
+        warnings.append(
+            f"objective.rollout_correction with rollout.top_p={r.top_p}, rollout.temperature={r.temperature}: the "
+            "sampler's log-probs are its truncated distribution's, so the correction reweighs towards the full "
+            "softmax but cannot recover the tokens outside the nucleus it never samples "
+            "(docs/algorithms/rollout_correction.md); rollout.top_p=1 samples from the distribution it corrects"
+        )
+    if obj.has_trust_region() and t.ratio_is_one:
         warnings.append(
             f"objective {obj.name!r} clips by the ratio to the sampling policy, but trainer.ppo_epochs x "
             f"trainer.mini_batches = 1 update per batch: every update is on-policy (ratio 1), so the clip is "

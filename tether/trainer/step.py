@@ -40,7 +40,7 @@ from ..core.advantages import zero_variance_fraction
 from ..core.masked import group_summary
 from ..envs import episode_metrics
 from ..model.causal_lm import Tokens, batched_logprobs, eval_mode, to_tokens
-from ..rewards import Reward, Scored, reward_parts, score_rollout, verifier_faults
+from ..rewards import Reward, Scored, reward_parts, score_rollout, solved, verifier_faults
 from ..rollout import RolloutBatch, SamplingParams
 from . import seeds
 from .data import PromptStream
@@ -132,10 +132,10 @@ def rollout_metrics(rollout: RolloutBatch, rewards: torch.Tensor, groups: torch.
     lengths = rollout.completion_lengths.float()
     return {
         "reward/mean": rewards.mean().item(),
-        "reward/pass_rate": (rewards >= 1.0).float().mean().item(),
+        "reward/pass_rate": solved(rewards).float().mean().item(),
         "rollout/len_mean": lengths.mean().item(),
         "rollout/len_max": lengths.max().item(),
-        "rollout/truncation_rate": sum(r == "length" for r in rollout.finish_reasons) / len(rollout.finish_reasons),
+        "rollout/truncation_rate": rollout.truncated.float().mean().item(),
         "adv/zero_var_frac": zero_variance_fraction(rewards, groups).item(),
     }
 
@@ -218,7 +218,7 @@ def old_policy_logprobs(policy: Policy, tokens: Tokens, rollout: RolloutBatch, t
     being differentiated, and `update` uses its log-probs, detached (the pass is skipped)."""
     if t.old_logprobs == "sampler":
         return sampler_logprobs(rollout, tokens)
-    if t.updates_per_batch == 1 and t.staleness == 0:  # stale: pi_old (the current policy) is logged
+    if t.ratio_is_one and t.staleness == 0:  # stale: pi_old (the current policy) is logged
         return None
     with eval_mode(policy.model), policy.precision():
         return batched_logprobs(policy.model, tokens, policy.logprobs)
@@ -243,7 +243,7 @@ def truncated_out(rollout, tokens: Tokens) -> tuple[Tokens, float]:
     of the loss mask, and how many such completions there were (`trainer.mask_truncated`: overlong filtering).
     The advantages are computed from the rewards before this, so a truncated completion still counts in its
     group's baseline, as in TRL, NeMo-RL and SkyRL; a row left with no token leaves the seq-mean normalisers."""
-    cut = torch.tensor([r == "length" for r in rollout.finish_reasons], device=tokens.mask.device)  # (N,)
+    cut = rollout.truncated.to(tokens.mask.device)  # (N,)
     n_cut = float(cut.sum().item())
     if n_cut:
         tokens = dataclasses.replace(tokens, mask=torch.where(cut[:, None], torch.zeros_like(tokens.mask), tokens.mask))

@@ -144,7 +144,7 @@ def _micro_step(policy: Policy, obj: objectives.Objective, batch: UpdateBatch, i
     """Forward and backward of one micro-batch (rows `idx`), its loss the mini-batch share `norm`."""
     with policy.precision():
         lp, ent = token_logprobs(policy.model, batch.tokens.select(idx), policy.logprobs, with_entropy=True)
-    out = obj(batch.select(idx, lp, ent if obj.config.entropy_coef else ent.detach(), norm))
+    out = obj(batch.select(idx, lp, ent if obj.config.trains_entropy else ent.detach(), norm))
     out.loss.backward()
     faults.point("update")
     return out

@@ -122,6 +122,13 @@ class RolloutConfig:
     dynamic_sampling_max_rounds: int = 3
     """Most extra sampling rounds per step when dynamic sampling is on."""
 
+    @property
+    def full_softmax(self) -> bool:
+        """THE test of whether the sampler's log-probs are those of the full softmax the trainer differentiates:
+        top_p = 1 and temperature > 0 (a nucleus or greedy sampler reports its truncated distribution's). Read by
+        `trainer.old_logprobs=sampler`, `sampler_kl_coef` (refused without it) and `rollout_correction` (warned)."""
+        return self.top_p == 1 and self.temperature > 0
+
 
 @dataclass
 class EnvConfig:
@@ -305,7 +312,7 @@ class Config:
                 "with the adapters disabled, which a refresh cannot move; set both to 0 (or train without model.lora)"
             )
         self._check_env()
-        if t.old_logprobs == "sampler" and (r.top_p < 1 or r.temperature == 0):
+        if t.old_logprobs == "sampler" and not r.full_softmax:
             raise ConfigError(
                 "trainer.old_logprobs=sampler: the sampler's log-probs are those of the full softmax only "
                 f"with rollout.top_p=1 and rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); "

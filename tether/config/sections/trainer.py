@@ -134,6 +134,14 @@ class TrainerConfig:
         return 1 if self.total_steps <= 100 else max(1, self.total_steps // 40)
 
     @property
+    def ratio_is_one(self) -> bool:
+        """THE test of an inactive trust region: every update's ratio to pi_old is 1, since there is one optimiser
+        step per rollout batch and pi_old is the policy it starts from (recomputed; or the sampler's own
+        log-probs, which are the same policy when there is no staleness). `trainer.step` skips the old log-prob
+        pass on it (when nothing stale needs logging), and `trainer.setup` warns of a trust region that cannot act."""
+        return self.updates_per_batch == 1 and (self.old_logprobs == "recompute" or self.staleness == 0)
+
+    @property
     def updates_per_batch(self) -> int:
         """Optimiser steps per rollout batch, ppo_epochs x mini_batches: with 1 every update is on-policy
         (ratio 1, pi_old is the policy being differentiated), and a trust region cannot act."""
