@@ -259,7 +259,7 @@ def add_train_parsers(sub) -> None:
 
 
 def add_compare_parsers(sub) -> None:
-    """`tether compare` and `tether report`."""
+    """`tether compare` (and `tether report`, `add_report_parser`)."""
     p = sub.add_parser(
         "compare",
         help="train several objectives x seeds on one budget and write a report",
@@ -314,6 +314,11 @@ def add_compare_parsers(sub) -> None:
         "OBJECTIVE_null, and test that A/A pair with the claims: the comparison's noise floor",
     )
     p.set_defaults(func=cmd_compare)
+    add_report_parser(sub)
+
+
+def add_report_parser(sub) -> None:
+    """`tether report`."""
     p = sub.add_parser("report", help="rebuild report.md and plots from existing runs")
     p.add_argument(
         "run_dirs",

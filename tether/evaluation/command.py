@@ -119,6 +119,13 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="output directory (default runs/eval/<model>__<data>__n<N>-<settings digest>)",
     )
+    _add_prompt_and_run_args(p)
+    p.set_defaults(func=cmd_eval)
+    return p
+
+
+def _add_prompt_and_run_args(p: argparse.ArgumentParser) -> None:
+    """`tether eval`'s options of the prompts, the verifier and how the evaluation runs."""
     p.add_argument("--template", default="boxed", help="prompt template of math data (default boxed)")
     p.add_argument(
         "--lenient",
@@ -149,8 +156,6 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         "-1 torch's default of every core, or N (default 0)",
     )
     _add_env_argument(p)
-    p.set_defaults(func=cmd_eval)
-    return p
 
 
 def _add_env_argument(p: argparse.ArgumentParser) -> None:

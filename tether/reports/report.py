@@ -193,57 +193,68 @@ def derived_sections(
     if claim_list is not None:
         skipped = skipped_claims(claim_list, per_regime)
         summary["claims"], summary["skipped_claims"] = results, skipped
-        family = results[0]["family"] if results else len(controls)
-        lines += ["## Claims", ""]
-        if design is not None:
-            lines += [design_text(design, summary.get("design"), changed), ""]
-        lines += [
-            f"From `{claims}`: difference of the means over seeds (method minus baseline), tested on the per-seed "
-            "differences (paired: seed k of every method starts from the same model, data order and sampling "
-            f"stream; Welch's t when the seeds do not pair). The {family} tests here, claims and null control, are "
-            "one family: `p (Holm)` is corrected by Holm's method over them, so that the chance of any false verdict "
-            "in this report is at most 5%. The verdict: *supported* when the family decides a claim and its "
-            "difference lies on the claimed side, *contradicted* when on the other, else *inconclusive*. "
-            "`detectable` is the smallest true difference the test would find with 80% power given the spread "
-            f"seen, at the level the claim is held to. *not enough seeds*: fewer than {stats.MIN_SEEDS} seeds per "
-            "method (paired: shared); *no test*: every difference equal (docs/compare.md).",
-            "",
-            claims_markdown(results, skipped, design),
-            "",
-        ]
+        lines += _claims_section(summary, claims, design, changed, results, skipped, len(controls))
     drawn = plot_claims(summary.get("claims", []), controls, out_dir / "plots" / f"{figure}.png")
     if drawn is not None:
         lines += [f"![{figure}]({drawn.relative_to(out_dir)})", ""]
     if controls:
         summary["null_control"] = controls
-        lines += [
-            "## Null control",
-            "",
-            "The baseline run a second time from the same initial model, data order, held-out set and sampling "
-            "stream, with only its mini-batch order changed (`tether compare --null-control`), tested against the "
-            "baseline as the claims are, in their family; which run is called the control is decided per seed by "
-            "a fair coin. With no true difference, any verdict but *inconclusive* (or *continuing*) is a false one. "
-            "The spread it shows is the noise floor of the claims above.",
-            "",
-            null_markdown(controls, design),
-            "",
-        ]
+        lines += _null_section(controls, design)
     if runs is not None:
         summary["heldout_noise"] = noise_rows([*summary.get("claims", []), *controls], runs)
     if summary.get("heldout_noise"):
-        detect = design.detect if design is not None else None
-        lines += [
-            "## Held-out noise",
-            "",
-            "How much of each accuracy test's spread is the choice of held-out problems, from the runs' per-problem "
-            "outcomes (heldout.jsonl): the seed x problem part of the paired differences (tether/reports/heldout.py "
-            "derives it), its share of their variance, and the spread (and the seeds a single look at the tested "
-            "level needs) with a held-out set 2 and 4 times as large.",
-            "",
-            heldout_markdown(summary["heldout_noise"], detect),
-            "",
-        ]
+        lines += _heldout_section(summary["heldout_noise"], design)
     return lines
+
+
+def _claims_section(summary, claims, design, changed, results, skipped, controls: int) -> list[str]:
+    family = results[0]["family"] if results else controls
+    lines = ["## Claims", ""]
+    if design is not None:
+        lines += [design_text(design, summary.get("design"), changed), ""]
+    return lines + [
+        f"From `{claims}`: difference of the means over seeds (method minus baseline), tested on the per-seed "
+        "differences (paired: seed k of every method starts from the same model, data order and sampling "
+        f"stream; Welch's t when the seeds do not pair). The {family} tests here, claims and null control, are "
+        "one family: `p (Holm)` is corrected by Holm's method over them, so that the chance of any false verdict "
+        "in this report is at most 5%. The verdict: *supported* when the family decides a claim and its "
+        "difference lies on the claimed side, *contradicted* when on the other, else *inconclusive*. "
+        "`detectable` is the smallest true difference the test would find with 80% power given the spread "
+        f"seen, at the level the claim is held to. *not enough seeds*: fewer than {stats.MIN_SEEDS} seeds per "
+        "method (paired: shared); *no test*: every difference equal (docs/compare.md).",
+        "",
+        claims_markdown(results, skipped, design),
+        "",
+    ]
+
+
+def _null_section(controls: list[dict], design) -> list[str]:
+    return [
+        "## Null control",
+        "",
+        "The baseline run a second time from the same initial model, data order, held-out set and sampling "
+        "stream, with only its mini-batch order changed (`tether compare --null-control`), tested against the "
+        "baseline as the claims are, in their family; which run is called the control is decided per seed by "
+        "a fair coin. With no true difference, any verdict but *inconclusive* (or *continuing*) is a false one. "
+        "The spread it shows is the noise floor of the claims above.",
+        "",
+        null_markdown(controls, design),
+        "",
+    ]
+
+
+def _heldout_section(rows: list[dict], design) -> list[str]:
+    return [
+        "## Held-out noise",
+        "",
+        "How much of each accuracy test's spread is the choice of held-out problems, from the runs' per-problem "
+        "outcomes (heldout.jsonl): the seed x problem part of the paired differences (tether/reports/heldout.py "
+        "derives it), its share of their variance, and the spread (and the seeds a single look at the tested "
+        "level needs) with a held-out set 2 and 4 times as large.",
+        "",
+        heldout_markdown(rows, design.detect if design is not None else None),
+        "",
+    ]
 
 
 DESIGN_FILE = "design.json"

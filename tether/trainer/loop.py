@@ -53,12 +53,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     hf_logging.disable_progress_bar()  # tether draws its own progress bar
     run, t = start_run(cfg, resume_dir, log), cfg.trainer
     at, parts, counters = run.progress, run.parts, run.progress.counters
-    if resume_dir is not None and at.start >= t.total_steps:  # nothing to do: leave its summary and logs as they are
-        parts.rollouts.sampler.close()
-        log(
-            f"{run.records.run_dir} already finished its {t.total_steps} steps; to train it further, resume with a "
-            f"larger trainer.total_steps (`tether train --resume {run.records.run_dir} trainer.total_steps=N`)"
-        )
+    if resume_dir is not None and _already_finished(run, log):
         return run.records.run_dir
     sinks, samples_file, heldout_file = _open_logs(run, resume_dir)
     progress = make_progress(t.total_steps, at.start, t.progress, t.log_every_steps, log)
@@ -82,18 +77,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
                     _stop_nonfinite(run, bad_steps, metrics, sinks)
                 if step % t.eval_every == 0 or step == t.total_steps:
                     _evaluate_after(run, step, metrics, heldout_file, progress, stop)
-                for s in sinks:
-                    s.log(step, metrics)
-                write_samples(samples_file, step, scored.rollout, scored.examples, scored.rewards, t.log_samples)
-                progress.update(
-                    step,
-                    metrics,
-                    (scored.rollout.completions[0], str(scored.examples[0].answer), float(scored.rewards[0])),
-                )
-                faults.point("logged")
-                acc = metrics.get("eval/accuracy")
-                if step % t.save_every == 0 or step == t.total_steps or (acc is not None and acc > at.best_accuracy):
-                    run.save(acc)  # also at every new best held-out accuracy: `tether export --step best`
+                _record(run, step, scored, metrics, sinks, samples_file, progress)
             if stop.signum is not None and at.saved_step != counters.step:
                 run.save()  # the last finished step, so the resume loses nothing
     except _StoppedBeforeAnyStep:
@@ -111,6 +95,34 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     if stop.signum is not None:
         raise Interrupted(stop.signum, counters.step, str(run.records.run_dir))
     return run.records.run_dir
+
+
+def _already_finished(run: Run, log) -> bool:
+    """A resumed run that has done its steps: nothing to do, and its summary and logs are left as they are."""
+    t, run_dir = run.cfg.trainer, run.records.run_dir
+    if run.progress.start < t.total_steps:
+        return False
+    run.parts.rollouts.sampler.close()
+    log(
+        f"{run_dir} already finished its {t.total_steps} steps; to train it further, resume with a "
+        f"larger trainer.total_steps (`tether train --resume {run_dir} trainer.total_steps=N`)"
+    )
+    return True
+
+
+def _record(run: Run, step: int, scored: Scored, metrics: dict[str, float], sinks, samples_file, progress) -> None:
+    """A finished step's metrics to every sink, its samples, its progress line; then its checkpoint when one is due
+    (every trainer.save_every steps, the last step, and every new best held-out accuracy: `--step best`)."""
+    t, at = run.cfg.trainer, run.progress
+    for s in sinks:
+        s.log(step, metrics)
+    write_samples(samples_file, step, scored.rollout, scored.examples, scored.rewards, t.log_samples)
+    sample = (scored.rollout.completions[0], str(scored.examples[0].answer), float(scored.rewards[0]))
+    progress.update(step, metrics, sample)
+    faults.point("logged")
+    acc = metrics.get("eval/accuracy")
+    if step % t.save_every == 0 or step == t.total_steps or (acc is not None and acc > at.best_accuracy):
+        run.save(acc)
 
 
 def _checks(run: Run, step: int, scored: Scored, metrics: dict[str, float], bad_steps: int, warnings, log) -> int:

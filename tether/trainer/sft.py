@@ -173,39 +173,28 @@ def sft(
     episodes: Callable[[Any], Any] | None = None,
     demonstrate: Callable[[Example], Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune `model` in place on the task's solutions until greedy held-out accuracy is reached.
+    """Fine-tune `model` in place on the task's solutions until greedy held-out accuracy is reached: the task gives
+    train examples (a fresh seeded draw per step), `solution()`, the default reward and held-out split; `settings`
+    the steps, batch, learning rate, checks and target; `reward` the verifier (default the task's own);
+    `eval_examples` the problems the checks score (default `settings.n_eval` held out); `log` a line per check;
+    `episodes` and `demonstrate` the environment and the worked turns it trains on (module docstring).
 
-    Args:
-        task: supplies train examples (a fresh seeded draw per step), `solution()` and the
-            default reward and held-out split.
-        settings: steps, batch, learning rate, the checks and the target (`SFTSettings`).
-        reward: the verifier; default the task's own.
-        eval_examples: the problems the checks score; default `settings.n_eval` of the held-out split.
-        log: called with one line per check.
-        episodes: puts the run's episode runner on an engine (multi-turn; module docstring).
-        demonstrate: an example's worked turns; with `episodes`, the warm start trains on them.
-
-    Returns:
-        {"accuracy": last accuracy, "steps": steps taken, "reached": bool, "seconds": float,
-         "history": [{"step", "loss", "accuracy", "seconds"}, ...] (loss: mean since last check),
-         "gave_up": why it stopped early (`stalled`), or ""}.
+    Returns {"accuracy" (the last), "steps", "reached", "seconds", "history": [{"step", "loss" (the mean since the
+    last check), "accuracy", "seconds"}, ...], "gave_up": why it stopped early (`stalled`), or ""}.
     """
-    s = settings
+    s, log = settings, log or (lambda _: None)
     reward = task_reward(task) if reward is None else reward
     held_out = list(eval_examples) if eval_examples is not None else task.examples("test", s.n_eval, seed=s.seed)
-    device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
-    history: list[dict[str, float]] = []
-    losses: list[torch.Tensor] = []
+    device, optimizer = (
+        next(model.parameters()).device,
+        torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0),
+    )
+    history, losses = [], []  # the checks' rows; the losses since the last check
     start, accuracy, step, gave_up = time.perf_counter(), 0.0, 0, ""
     model.train()
     for step in range(1, s.steps_max + 1):
         examples = task.examples("train", s.batch_size, seed=seeds.sft_batch(s.seed, step), unique=False)
-        if episodes is not None and demonstrate is not None:
-            batch = episode_batch(tokenizer, episodes, examples, demonstrate, device)
-        else:
-            batch = sft_batch(tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples], device)
-        losses.append(_sft_step(model, optimizer, batch))
+        losses.append(_sft_step(model, optimizer, _batch(tokenizer, task, examples, device, episodes, demonstrate)))
         if step % s.eval_every and step != s.steps_max:
             continue
         loss = torch.stack(losses).mean().item()
@@ -216,18 +205,26 @@ def sft(
             break
         gave_up = stalled(history, s.give_up_checks)
         if gave_up:
-            if log is not None:
-                log(f"sft step {step}: giving up: {gave_up}")
+            log(f"sft step {step}: giving up: {gave_up}")
             break
     model.eval()
+    seconds = time.perf_counter() - start
+    reached = accuracy >= s.target_accuracy
     return {
         "accuracy": accuracy,
         "steps": step,
-        "reached": accuracy >= s.target_accuracy,
-        "seconds": time.perf_counter() - start,
+        "reached": reached,
+        "seconds": seconds,
         "history": history,
         "gave_up": gave_up,
     }
+
+
+def _batch(tokenizer, task: Task, examples, device, episodes, demonstrate) -> tuple[torch.Tensor, ...]:
+    """A step's training batch: worked episodes played through the environment, or prompt + solution."""
+    if episodes is not None and demonstrate is not None:
+        return episode_batch(tokenizer, episodes, examples, demonstrate, device)
+    return sft_batch(tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples], device)
 
 
 def _check(model, tokenizer, held_out, reward, s: SFTSettings, row: dict, start: float, log, episodes=None) -> dict:

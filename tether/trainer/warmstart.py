@@ -126,32 +126,7 @@ def initial_model(cfg: Config, task, verifier, log=print, episodes_for=None) -> 
     log(f"warm start: supervised fine-tuning until held-out accuracy >= {ws.target_accuracy} (cached afterwards)")
     model, tokenizer = load_model(base, dtype="float32", device="cpu")
     tic = time.perf_counter()
-    settings = SFTSettings(
-        steps_max=ws.max_steps,
-        batch_size=ws.batch_size,
-        lr=ws.lr,
-        eval_every=ws.eval_every,
-        target_accuracy=ws.target_accuracy,
-        seed=cfg.trainer.seed,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-    )
-    demonstrate = getattr(task, "demonstration", None)
-    worked = cfg.env.enabled and episodes_for is not None and demonstrate is not None
-    worked = worked and demonstrate(task.examples("train", 1, seed=0)[0]) is not None
-    if worked:
-        log("warm start: on the task's worked episodes (their turns), played through the environment")
-    result = sft(
-        model,
-        tokenizer,
-        task,
-        settings,
-        reward=verifier,
-        log=log,
-        # Stop on accuracy over train problems: the held-out split stays unseen until RL's eval.
-        eval_examples=task.examples("train", ws.eval_size or cfg.data.eval_size, seed=cfg.trainer.seed + 1),
-        episodes=episodes_for(tokenizer) if worked else None,
-        demonstrate=demonstrate if worked else None,
-    )
+    result = _fine_tune(cfg, task, verifier, model, tokenizer, log, episodes_for)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
@@ -169,3 +144,35 @@ def initial_model(cfg: Config, task, verifier, log=print, episodes_for=None) -> 
     if warning := below_target_warning(cfg.warm_start, info):
         log(warning)
     return str(path)
+
+
+def _fine_tune(cfg: Config, task, verifier, model, tokenizer, log, episodes_for) -> dict:
+    """The warm start's SFT of `model` in place (tether.trainer.sft): on the task's solutions, or on its worked
+    episodes through the environment when the run has one and the task's rows carry them."""
+    ws = cfg.warm_start
+    settings = SFTSettings(
+        steps_max=ws.max_steps,
+        batch_size=ws.batch_size,
+        lr=ws.lr,
+        eval_every=ws.eval_every,
+        target_accuracy=ws.target_accuracy,
+        seed=cfg.trainer.seed,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+    )
+    demonstrate = getattr(task, "demonstration", None)
+    worked = cfg.env.enabled and episodes_for is not None and demonstrate is not None
+    worked = worked and demonstrate(task.examples("train", 1, seed=0)[0]) is not None
+    if worked:
+        log("warm start: on the task's worked episodes (their turns), played through the environment")
+    return sft(
+        model,
+        tokenizer,
+        task,
+        settings,
+        reward=verifier,
+        log=log,
+        # Stop on accuracy over train problems: the held-out split stays unseen until RL's eval.
+        eval_examples=task.examples("train", ws.eval_size or cfg.data.eval_size, seed=cfg.trainer.seed + 1),
+        episodes=episodes_for(tokenizer) if worked else None,
+        demonstrate=demonstrate if worked else None,
+    )
