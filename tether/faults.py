@@ -8,7 +8,8 @@ Points, in the order a training step reaches them:
     logged        a step's metrics written, its checkpoint (if any) not yet
     checkpoint    a checkpoint's weights written, its state, manifest and rename not yet
 A kill at any of them must leave a run that `tether train --resume RUN_DIR` continues exactly
-(tests/trainer/test_kill_and_resume_match_an_uninterrupted_run.py). With the variable unset, `point` costs one dictionary lookup.
+(tests/trainer/test_kill_and_resume_match_an_uninterrupted_run.py). With the variable unset, `point` costs one
+dictionary lookup.
 """
 
 from __future__ import annotations

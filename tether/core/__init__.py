@@ -15,7 +15,8 @@ modules, each opening with its math and its departures from the paper:
 - `dro`: DRO's policy gradient with a quadratic log-ratio penalty (verl's `dro`).
 - `covariance`: Clip-Cov and KL-Cov, entropy control on high-covariance tokens.
 - `m2po`: M2PO's second-moment mask on the squared token log-ratios (stale data).
-- `correction`: rollout correction (TIS, MIS, IcePop, divergence rejection) and DeepSeek-V3.2's off-policy sequence mask.
+- `correction`: rollout correction (TIS, MIS, IcePop, divergence rejection) and DeepSeek-V3.2's off-policy sequence
+mask.
 - `advantages`: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_no_baseline, grpo_batch_std, maxrl.
 - `multi_reward`: how a weighted reward's parts become one reward: sum, normalize_then_sum (GDPO).
 - `aggregation`: the four loss aggregation modes with mini-batch normalisers.

@@ -23,7 +23,8 @@ computed mean can differ from the common value in the last bit). A group of one 
 no baseline and also gets 0.
 
 `compute_advantages` takes `weights` (N,), the weight of each sequence in batch-level statistics; only
-the estimators in `BATCH_WEIGHTED` (`reinforce_pp`, `reinforce_pp_no_baseline`) have any, and only they receive it. Pass the response
+the estimators in `BATCH_WEIGHTED` (`reinforce_pp`, `reinforce_pp_no_baseline`) have any, and only they receive it.
+Pass the response
 lengths to whiten over tokens, as OpenRLHF and verl (`reinforce_plus_plus_baseline`) do; the default weighs
 each sequence once.
 

@@ -42,7 +42,8 @@ which with binary_kl_max is AReaL's KPop: keep the token iff max of the two KLs 
 Departures of the binary measures:
 3. binary_kl adds 1e-8 inside the second log, as the DPPO authors' and verl's code do, so that p -> 1 gives a
    finite value. AReaL's `compute_binary_kl_divergence` instead clamps p and q to [1e-8, 1 - 1e-8]; for
-   finite log-probs the two differ by less than 1e-6 (tests/core/test_divergence_intervals_and_clipping.py compares them), which can
+   finite log-probs the two differ by less than 1e-6 (tests/core/test_divergence_intervals_and_clipping.py compares
+   them), which can
    change a decision only for a value within that of the threshold. binary_kl_max is binary_kl both ways.
 """
 

@@ -29,7 +29,8 @@ objective's loss as `sampler_kl_coef` x its aggregation:
 
 On samples from pi_sampler, E[s] / 2 is the k2 estimate of the KL between pi_theta and pi_sampler (either
 direction: they agree to second order). Its gradient pulls every token's log-prob back towards the one the
-sampler (the inference engine) gave it, so it bounds both the staleness drift and the train-inference mismatch. prime-rl adds tau s_t on every
+sampler (the inference engine) gave it, so it bounds both the staleness drift and the train-inference mismatch.
+prime-rl adds tau s_t on every
 token of its loss mask (the ones its DPPO mask drops included) and divides the sum by the batch's loss tokens:
 tether's `token-mean`. Departure: none (no factor 1/2, no clamp, as prime-rl).
 """

@@ -318,7 +318,8 @@ def _check_no_hidden_kl_loss(obj: objectives.Objective, config: Any) -> None:
     if obj.uses_reference() and config_get(config, "use_kl_loss") and coef:
         raise ConfigError(
             f"actor_rollout_ref.actor.kl_loss_coef={coef}: with use_kl_loss=True verl adds its own KL loss to tether "
-            f"objective {obj.name!r}, which has its own KL to the reference; set actor_rollout_ref.actor.kl_loss_coef=0 "
+            f"objective {obj.name!r}, which has its own KL to the reference; set "
+            f"actor_rollout_ref.actor.kl_loss_coef=0 "
             "(use_kl_loss=True then only makes verl compute ref_log_prob)"
         )
 
@@ -328,9 +329,11 @@ def _check_no_kl_in_reward(config: Any) -> None:
     coef = config_get(config_get(config, "kl_ctrl"), "kl_coef")
     if config_get(config, "use_kl_in_reward") and coef:
         raise ConfigError(
-            f"algorithm.kl_ctrl.kl_coef={coef}: with algorithm.use_kl_in_reward=True verl subtracts its KL penalty from "
+            f"algorithm.kl_ctrl.kl_coef={coef}: with algorithm.use_kl_in_reward=True verl subtracts its KL "
+            f"penalty from "
             "the rewards tether's advantage estimators read; set algorithm.kl_ctrl.kl_coef=0 (then it only makes verl "
-            "compute ref_log_prob) or algorithm.use_kl_in_reward=False, and put the KL in the objective (kl_penalty, RPG)"
+            "compute ref_log_prob) or algorithm.use_kl_in_reward=False, and put the KL in the objective "
+            "(kl_penalty, RPG)"
         )
 
 

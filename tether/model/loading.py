@@ -188,7 +188,8 @@ def adapter_base(adapter_dir: str | Path) -> str:
 def model_source_problem(name_or_path: str) -> str:
     """Why `name_or_path` cannot be a model, found without the network, or "" when it may be one.
 
-    A `.gguf` file must exist, be one (its first bytes) and the gguf package be installed. A local directory must hold a `config.json` (or a LoRA adapter's `adapter_config.json`). Any
+    A `.gguf` file must exist, be one (its first bytes) and the gguf package be installed. A local directory must hold
+    a `config.json` (or a LoRA adapter's `adapter_config.json`). Any
     other name must have a hub id's shape ('owner/name'), and is then refused when it looks like a
     mistyped local path (its first part is a local directory, `runs/ckpt` for `runs/ckpt1`) or when
     the hub is off (HF_HUB_OFFLINE) and the model is not in the local cache, or cannot be reached.
@@ -262,7 +263,8 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 
 def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> None:
     """Read the model's config.json (its directory, the Hugging Face cache, the hub, or a GGUF file's
-    converted directory, converting it now) before a run writes anything: a ConfigError naming `key` when it cannot be read or names no known architecture,
+    converted directory, converting it now) before a run writes anything: a ConfigError naming `key` when it cannot be
+    read or names no known architecture,
     rather than a transformers traceback after the run directory was made."""
     from transformers import AutoConfig
 

@@ -41,7 +41,8 @@ Where this departs from the naive `log_softmax` path:
    128 MiB elsewhere (CUDA), with the (C, H) float32 weight tile (upcast weight, gradient
    accumulator) held to the same bytes, so a short sequence does not take all of V in one tile
    (bf16, T = 64 on the 2-core CPU: 1.66 GB -> 0.53 GB above the baseline, 2.5 s -> 2.1 s);
-   `chunk_size` (tokens, the trainer's `logprob_chunk_size`) and `vocab_chunk_size` override them. The loops run over shapes only: no host sync per tile.
+   `chunk_size` (tokens, the trainer's `logprob_chunk_size`) and `vocab_chunk_size` override them. The loops run over
+   shapes only: no host sync per tile.
 3. The temperature scales the logits in float32 as they are shifted by the max (one pass that
    does both), and is folded into g and e in the backward: no bf16 rounding of h / tau.
 4. Targets equal to `ignore_index` skip the head altogether and give log-prob 0 and entropy 0

@@ -1,7 +1,8 @@
 """Policy objectives: one config class per surrogate, composed with the orthogonal axes.
 
 An objective = surrogate (ppo_clip, divergence_clip, gspo, luspo, gmpo, vespo, reinforce, cispo, dro, rpg,
-etr, dppo, m2po, sapo, clip_cov, kl_cov, bapo, gppo, ce_gppo, aspo, pspo, cfpo, trm, dgpo, abc_grpo) + aggregation mode + optional KL-to-reference penalty + optional entropy
+etr, dppo, m2po, sapo, clip_cov, kl_cov, bapo, gppo, ce_gppo, aspo, pspo, cfpo, trm, dgpo, abc_grpo) + aggregation
+mode + optional KL-to-reference penalty + optional entropy
 bonus + the advantage estimator the trainer should use. "GRPO", "DAPO", "ATR-GRPO", "RPG-URKL"... are
 presets (YAML files in `tether/presets/`) choosing one value per axis.
 

@@ -1,6 +1,7 @@
 """ABC-GRPO [arXiv 2601.03895]: the ratio itself clipped on both sides, with a bound pair per advantage sign.
 
-    l_t = -clip(w, 1 - eps_pos_low, 1 + eps_pos_high) A   (A > 0),   -clip(w, 1 - eps_neg_low, 1 + eps_neg_high) A   (A <= 0)
+    l_t = -clip(w, 1 - eps_pos_low, 1 + eps_pos_high) A     (A > 0)
+    l_t = -clip(w, 1 - eps_neg_low, 1 + eps_neg_high) A     (A <= 0)
 
 The math and the departures from the paper are in `tether.core.abc_grpo`.
 """

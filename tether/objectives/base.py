@@ -215,7 +215,8 @@ class ObjectiveConfig:
         if self.rollout_correction is not None:
             need["sampler_logprobs"] = (
                 "rollout_correction weighs each token by pi_old / pi_sampler; pass the sampler's log-probs (tether's "
-                "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop rollout_correction"
+                "engine: RolloutBatch.sampler_logprobs; TRL: vLLM's sampling_per_token_logps) or drop "
+                "rollout_correction"
             )
         if self.sampler_kl_coef > 0:
             need.setdefault(
@@ -237,7 +238,8 @@ class ObjectiveConfig:
         return {
             "rollout_correction": (
                 "weighs each token by pi_old / pi_sampler, which is 1 when pi_old is pi_sampler: every weight is 1 and "
-                "nothing is truncated or rejected (verl's bypass mode instead measures pi_theta / pi_rollout inside the "
+                "nothing is truncated or rejected (verl's bypass mode instead measures pi_theta / pi_rollout "
+                "inside the "
                 "loss, which tether does not do); set trainer.old_logprobs: recompute, or drop rollout_correction"
             )
         }

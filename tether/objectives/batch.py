@@ -26,7 +26,8 @@ class TokenBatch:
     ref_logprobs: Optional[torch.Tensor] = None
     """(N, T) log-probs under the reference/anchor policy; needed by `kl_penalty` and rpg anchor=ref."""
     group_ids: Optional[torch.Tensor] = None
-    """(N,) integer prompt-group label of each sequence; ETR's group statistics come from it when `group_stats` is None."""
+    """(N,) integer prompt-group label of each sequence; ETR's group statistics come from it when `group_stats` is
+    None."""
     rewards: Optional[torch.Tensor] = None
     """(N,) scalar reward of each sequence; ETR's group statistics come from it when `group_stats` is None."""
     entropy: Optional[torch.Tensor] = None

@@ -64,7 +64,8 @@ class KLCovConfig(ObjectiveConfig):
     """Share r of the batch's tokens penalised: the top k = max(floor(r N_tok), 1) by covariance
     (the paper: 2e-3 for 7B models, 2e-4 for 32B)."""
     kl_coef: float = 1.0
-    """Coefficient of |log w| on the selected tokens (the paper's beta = 1; verl's ppo_kl_coef, 0.1 there by default)."""
+    """Coefficient of |log w| on the selected tokens (the paper's beta = 1; verl's ppo_kl_coef, 0.1 there by
+    default)."""
 
     def __post_init__(self):
         super().__post_init__()

@@ -76,7 +76,8 @@ class M2POConfig(ObjectiveConfig):
     """M2PO [arXiv 2510.01161]: drop the tokens with the largest (log r)^2 until the batch's mean is below tau."""
 
     tau: float = 0.04
-    """tau_M2: the kept tokens' mean of (log r)^2 must be below it (the paper's 0.04 in every run; AReaL's m2_threshold)."""
+    """tau_M2: the kept tokens' mean of (log r)^2 must be below it (the paper's 0.04 in every run; AReaL's
+    m2_threshold)."""
     against: Literal["old", "sampler"] = "old"
     """Which log-ratio the second moment measures: old, log(pi_theta / pi_old) at every update (the paper, with pi_old
     the behaviour policy: trainer.old_logprobs=sampler); sampler, log(pi_old / pi_sampler), fixed per rollout batch
@@ -122,7 +123,8 @@ class M2POConfig(ObjectiveConfig):
             out["against"] = (
                 "against: sampler measures log(pi_old / pi_sampler), which is 0 when pi_old is pi_sampler: nothing is "
                 "ever masked and the run is an unconstrained importance-sampled policy gradient; set against: old (the "
-                "paper's r = pi_theta / pi_behaviour under this anchoring), or trainer.old_logprobs: recompute (AReaL's)"
+                "paper's r = pi_theta / pi_behaviour under this anchoring), or trainer.old_logprobs: recompute "
+                "(AReaL's)"
             )
         return out
 

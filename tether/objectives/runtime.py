@@ -58,7 +58,8 @@ class Objective:
         parts: Optional[RewardParts] = None,
     ) -> torch.Tensor:
         """Advantages (N,); `lengths` (N,), each sequence's counted tokens, weigh the batch statistics of
-        the estimators that whiten over tokens (reinforce_pp and reinforce_pp_no_baseline, as verl does); the others ignore them.
+        the estimators that whiten over tokens (reinforce_pp and reinforce_pp_no_baseline, as verl does); the others
+        ignore them.
         `parts` (scores (N, K), weights (K,)), the reward's weighted parts, replace `rewards` by the config's
         `reward_aggregation` of them; with `sum` (the default) `rewards`, their weighted sum, is used."""
         if self.needs_reward_parts():

@@ -5,7 +5,8 @@ dots, and a trailing rolling mean over it as a line (`rolling_mean`). THE smooth
 in `tether report`'s comparison plots (docs/training.md, docs/compare.md): the window is a tenth
 of the run's logged points, at least 1 and at most 20 (`window_for`), and the legend says it
 ("line: mean of the last W steps"), so a short run is not flattened (a fixed window of 20 would turn one
-spike at step 3 of a 40-step run into a curve decaying until step 22). A trailing mean lags a trend by (window - 1) / 2 steps; it never uses a future
+spike at step 3 of a 40-step run into a curve decaying until step 22). A trailing mean lags a trend by (window - 1) /
+2 steps; it never uses a future
 step, so the line at step s is what a reader watching the run saw at step s. Held-out accuracy
 is measured every `trainer.eval_every` steps on the same examples, and is drawn unsmoothed, a
 marker on every evaluation (a line alone would hide that three points are three points). A line

@@ -49,7 +49,8 @@ def summary_header(
             f"# Run {run_dir.name}",
             "",
             f"- objective: {what}",
-            f"- model: {cfg.model.name_or_path} (dtype {cfg.model.dtype}); task: {task}; reward: {reward_text(cfg.reward, cfg.data.task, cfg.env)}",
+            f"- model: {cfg.model.name_or_path} (dtype {cfg.model.dtype}); task: {task}; reward: "
+            f"{reward_text(cfg.reward, cfg.data.task, cfg.env)}",
             f"- steps: {steps_done} of {cfg.trainer.total_steps} ({status})",
             f"- wall time: {wall_s:.0f} s on {device}" + (f" (this session, resumed at step {start})" if start else ""),
             f"- best held-out accuracy: {best_text(rows, run_dir)}",

@@ -15,7 +15,14 @@ import warnings
 from typing import Any
 
 from ..schema import RunsFailed  # noqa: F401
-from .report import NULL_SUFFIX, discover, plot_comparison, rewrite_from_summary, run_summary, write_report  # noqa: F401
+from .report import (  # noqa: F401
+    NULL_SUFFIX,
+    discover,
+    plot_comparison,
+    rewrite_from_summary,
+    run_summary,
+    write_report,
+)
 from .sweep import setting_axis  # noqa: F401
 
 MOVED = {"compare", "run_dir", "is_finished", "NULL_MINIBATCH_OFFSET"}

@@ -260,7 +260,8 @@ def _training(cfg: dict, step: int) -> list[str]:
         "## Training",
         "",
         f"- base model: `{m.get('name_or_path', '?')}`{lora}",
-        f"- data: task `{data.get('task', '?')}`{args}; held-out accuracy on {data.get('eval_size', '?')} test examples",
+        f"- data: task `{data.get('task', '?')}`{args}; held-out accuracy on {data.get('eval_size', '?')} test "
+        f"examples",
         f"- reward: {_reward(cfg.get('reward') or {}, data.get('task', ''), cfg.get('env') or {})}",
         f"- steps: this is step {step} of {trainer.get('total_steps', '?')}; "
         f"{rollout.get('prompts_per_step', '?')} prompts x {rollout.get('group_size', '?')} samples per step, "

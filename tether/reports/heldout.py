@@ -154,7 +154,8 @@ def markdown(rows: Sequence[dict], detect: Optional[float]) -> str:
             n = seeds_at(r, detect)
             extra = " | " + ", ".join(str(v) for v in n.values())
         lines.append(
-            f"| {name} | {r['metric']} | {r['seeds']} x {r['problems']} | {r['sd']:.4f} | {math.sqrt(r['noise']):.4f} | "
+            f"| {name} | {r['metric']} | {r['seeds']} x {r['problems']} | {r['sd']:.4f} | "
+            f"{math.sqrt(r['noise']):.4f} | "
             f"{100 * r['share']:.0f}% | {cells}{extra} |"
         )
     return "\n".join(lines)

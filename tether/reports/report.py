@@ -402,8 +402,9 @@ def _regime_section(
         starts = [s for s in starts if not math.isnan(s)]
         threshold = round((statistics.fmean(starts) if starts else 0.0) + 0.1, 3)
     cfg = _regime_config(methods)
+    counts = ", ".join(f"{k} ({len(v)} seeds)" for k, v in methods.items())
     lines = ([f"## Regime {name}", ""] if name else []) + [
-        f"{sum(len(v) for v in methods.values())} runs: {', '.join(f'{k} ({len(v)} seeds)' for k, v in methods.items())}. "
+        f"{sum(len(v) for v in methods.values())} runs: {counts}. "
         f"Budget: {cfg['trainer']['total_steps']} rollout steps of {cfg['rollout']['prompts_per_step']} prompts x "
         f"{cfg['rollout']['group_size']} samples, {cfg['trainer']['ppo_epochs']} x {cfg['trainer']['mini_batches']} "
         f"optimiser steps each. Settings that differ from tether's defaults: "
@@ -411,7 +412,8 @@ def _regime_section(
         "",
         f"Held-out greedy accuracy; mean ± std over seeds. Threshold for 'steps to reach': {threshold}.",
         "",
-        "| objective | seeds | initial acc | final acc | best acc | steps to reach | final entropy | clip low | clip high | train time (s) |",
+        "| objective | seeds | initial acc | final acc | best acc | steps to reach | final entropy | clip low "
+        "| clip high | train time (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, rs in methods.items():

@@ -46,7 +46,8 @@ def _verdict(r: dict[str, Any]) -> str:
         text += f" ({r['why']})"
     if r.get("robust") is False:
         text += (
-            f" (by t only: the exact sign-flip test's p (Holm) is {p_text(r['p_exact_holm'])}; the verdict rests on the "
+            f" (by t only: the exact sign-flip test's p (Holm) is {p_text(r['p_exact_holm'])}; the verdict "
+            f"rests on the "
             "normality of the differences)"
         )
     return text

@@ -47,5 +47,6 @@ def extract_answer(completion: str, kind: str, lenient: bool = False) -> str | N
 
 
 def answer_kind(example) -> str:
-    """The kind `extract_answer` reads: "math" for a math task's example (its answer is boxed or a number), "text" otherwise."""
+    """The kind `extract_answer` reads: "math" for a math task's example (its answer is boxed or a number), "text"
+    otherwise."""
     return "math" if example.meta.get("task") == "math" else "text"

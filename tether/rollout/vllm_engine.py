@@ -20,7 +20,8 @@ internal this touches), and fills the contract of `tether.rollout.base` the way 
 Weights: the engine starts with random weights (`load_format="dummy"`: only the config and the
 tokenizer are written, to a temporary directory, since vLLM loads a model by path; a tied model's
 config untied, `vllm_compat` item 6), pushes the policy's at once, refusing to start when any
-layer's did not load, and, before every `generate`, pushes the live policy's weights if any parameter changed in place since the last
+layer's did not load, and, before every `generate`, pushes the live policy's weights if any parameter changed in place
+since the last
 push (tracked by torch's per-tensor version counters, so an optimiser step, a `load_state_dict` or
 a LoRA update is seen and an unchanged model costs nothing). Under LoRA the pushed weights are
 the merged ones, W + scale * B A, computed without touching the trained model. A resumed run
@@ -68,7 +69,8 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     A peft LoRA layer (`base_layer` plus `lora_A`/`lora_B`) yields `<name>.weight` =
     base weight + its delta weight (peft's `get_delta_weight`: scale * B A); the adapters' own
     parameters are not yielded, and `.base_layer.` leaves the other names. Plain models: their
-    `named_parameters`, unchanged, a tied weight under each of its names. Detached: nothing here joins the autograd graph.
+    `named_parameters`, unchanged, a tied weight under each of its names. Detached: nothing here joins the autograd
+    graph.
     """
     merged: set[str] = set()
     with torch.no_grad():

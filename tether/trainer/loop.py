@@ -1,6 +1,6 @@
 """tether's training loop: sample, score, advantage, update, log, checkpoint.
 
-    run <- start_run(cfg)                                         tether.trainer.setup: new, or resumed from a checkpoint
+    run <- start_run(cfg)                                         tether.trainer.setup: new, or resumed
     for step in 1..total_steps:                                   tether.trainer.step.rl_step:
         prompts  <- the data stream (resumable position)
         rollout  <- engine.generate(prompts, group_size)          sampler log-probs, finish reasons
@@ -127,7 +127,8 @@ def _record(run: Run, step: int, scored: Scored, metrics: dict[str, float], sink
 
 def _checks(run: Run, step: int, scored: Scored, metrics: dict[str, float], bad_steps: int, warnings, log) -> int:
     """What a finished step may need to say: after the first, the shared-prompt fallback and the early warnings;
-    the reward's and the environment's faults (`warnings`: their rate-limited warners); skipped non-finite updates; a streak of flat steps (`rollout/flat_streak`, added to
+    the reward's and the environment's faults (`warnings`: their rate-limited warners); skipped non-finite updates; a
+    streak of flat steps (`rollout/flat_streak`, added to
     `metrics`). Returns the count of steps in a row with skipped updates."""
     cfg, counters = run.cfg, run.progress.counters
     if step == run.progress.start + 1:
@@ -181,7 +182,8 @@ def _droppable(run: Run, stop: StopSignals, step: int, log):
 @contextlib.contextmanager
 def _broken_reward(run: Run):
     """A reward that fails on every completion (`RewardBroken`), or an environment on every episode
-    (`EnvironmentBroken`), before a new run's first step has finished is a ConfigError (the CLI's `error:`, exit 2), and the run directory it leaves
+    (`EnvironmentBroken`), before a new run's first step has finished is a ConfigError (the CLI's `error:`, exit 2),
+    and the run directory it leaves
     is removed (`Run.discard`): nothing was learned, and a directory holding a config and a step-0
     line would pass for a run. Later, or on resume, it propagates as it is."""
     try:
@@ -360,7 +362,8 @@ def first_step_warnings(metrics: dict[str, float], r: RolloutConfig, env: Option
     if flat:
         lines.append(
             f"warning: in the first step no group's samples differed in reward (reward/mean "
-            f"{metrics.get('reward/mean', float('nan')):.3f}), so every advantage is 0 and {_flat_effect(metrics)}. The task "
+            f"{metrics.get('reward/mean', float('nan')):.3f}), so every advantage is 0 and "
+            f"{_flat_effect(metrics)}. The task "
             "is too hard (or too easy) for this model as prompted: check the prompt template and the reward on a "
             "few samples (samples.jsonl), or raise rollout.group_size or rollout.temperature"
         )

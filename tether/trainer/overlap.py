@@ -31,7 +31,8 @@ position) and its seed; the `hf` engine draws from its own seeded `torch.Generat
 random stream that training uses, and an eval-mode forward draws nothing. The copy's forward runs the same
 kernels with the same number of threads (torch sets every thread's intra-op count from one setting). So an
 overlapped run has the same tokens, rewards, metrics (`time/*` aside) and weights as the same run without
-overlap (tests/trainer/test_overlapped_sampling.py), and a checkpoint needs nothing more: the prefetched batch is dropped on a
+overlap (tests/trainer/test_overlapped_sampling.py), and a checkpoint needs nothing more: the prefetched batch is
+dropped on a
 kill and sampled again on resume from the saved FIFO.
 
 Departure: the `vllm` engine is not supported (config validation says so). Its `generate` saves and restores

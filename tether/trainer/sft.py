@@ -236,7 +236,8 @@ def _check(model, tokenizer, held_out, reward, s: SFTSettings, row: dict, start:
     model.train()
     if log is not None:
         log(
-            f"sft step {row['step']}: loss {row['loss']:.4f}, greedy accuracy {row['accuracy']:.3f} ({row['seconds']:.1f} s)"
+            f"sft step {row['step']}: loss {row['loss']:.4f}, greedy accuracy {row['accuracy']:.3f} "
+            f"({row['seconds']:.1f} s)"
         )
     return row
 

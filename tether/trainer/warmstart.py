@@ -23,7 +23,8 @@ from .sft import SFTSettings, sft
 
 
 def cache_root(ws: WarmStartConfig) -> Path:
-    """Where warm-started (and tiny) models are cached: `warm_start.cache_dir`, else $TETHER_CACHE or ~/.cache/tether."""
+    """Where warm-started (and tiny) models are cached: `warm_start.cache_dir`, else $TETHER_CACHE or
+    ~/.cache/tether."""
     root = ws.cache_dir or os.environ.get("TETHER_CACHE") or Path.home() / ".cache" / "tether"
     return Path(root).expanduser()
 
@@ -73,7 +74,8 @@ def warm_start_key(cfg: Config, base: str) -> dict:
 
 def below_target_warning(ws: WarmStartConfig, info: dict) -> str:
     """A warning line when the warm start ended below `warm_start.target_accuracy` (its step budget,
-    `warm_start.max_steps`, ran out first, or it gave up early: `tether.trainer.sft.stalled`), else "". RL from such a policy sees reward 0 in most
+    `warm_start.max_steps`, ran out first, or it gave up early: `tether.trainer.sft.stalled`), else "". RL from such a
+    policy sees reward 0 in most
     groups, whose advantages are then 0: the run trains on little or nothing."""
     if info["accuracy"] >= ws.target_accuracy:
         return ""

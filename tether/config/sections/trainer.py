@@ -87,7 +87,8 @@ class TrainerConfig:
     keep_last: int = 2
     """Checkpoints kept; older ones are deleted."""
     max_nonfinite_steps: int = 3
-    """Stop, with a checkpoint, after this many steps in a row with a skipped update (NaN/inf loss or gradient; skipped updates leave the weights unchanged)."""
+    """Stop, with a checkpoint, after this many steps in a row with a skipped update (NaN/inf loss or gradient; skipped
+    updates leave the weights unchanged)."""
     log_samples: int = 4
     """Completions per step written to samples.jsonl."""
     seed: int = 0
@@ -104,7 +105,8 @@ class TrainerConfig:
     line says so)."""
     small_model_params: int = SMALL_MODEL_PARAMS
     """With device=auto, models with fewer parameters stay on the CPU (0: always the GPU when there is one).
-    The default tiny model (1,075,328 parameters) ran its 1000 steps in 152 s on 2 CPU cores against 226 s on an H100."""
+    The default tiny model (1,075,328 parameters) ran its 1000 steps in 152 s on 2 CPU cores against 226 s on an
+    H100."""
     autocast: Literal["auto", "bf16", "off"] = "auto"
     """Mixed precision: bf16 runs every forward pass (rollout, log-probs, updates) under
     torch.autocast in bfloat16 on float32 master weights and optimiser state (model.dtype=auto then
