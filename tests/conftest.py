@@ -89,32 +89,35 @@ def pytest_collection_modifyitems(config, items):
 # ---------------------------------------------------------------- small training runs
 
 
+def tiny_run(tiny_dir, *extra, out=None) -> list[str]:
+    """The overrides every small run of the tiny model in the tests starts from (one list, not a copy per test file):
+    no warm start, the test reward, 4 prompts x 4 samples of up to 6 tokens, 8 held-out problems, one thread; `out`
+    the run directory (none: the caller's, as `tether compare` sets it); `extra` overrides come last, and win."""
+    return [
+        f"model.name_or_path={tiny_dir}",
+        *([f"output_dir={out}"] if out is not None else []),
+        "warm_start.enabled=false",
+        f"reward.name={DIGIT_REWARD}",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=6",
+        "data.eval_size=8",
+        "trainer.threads=1",
+        *extra,
+    ]
+
+
 def train_config(tiny_dir, out, *extra):
     """The small in-process run on the tiny model: 4 prompts x 4 samples, 2 mini-batches of 2 micro-batches,
     evaluation and a checkpoint every 2 steps, one thread; `extra` overrides come last."""
     from tether.config.loading import load_config
 
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_dir}",
-            f"output_dir={out}",
-            "warm_start.enabled=false",
-            f"reward.name={DIGIT_REWARD}",
-            "rollout.prompts_per_step=4",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=6",
-            "trainer.mini_batches=2",
-            "trainer.micro_batch_size=4",
-            "trainer.lr=3e-3",
-            "data.eval_size=8",
-            "trainer.eval_every=2",
-            "trainer.progress=false",
-            "trainer.save_every=2",
-            "trainer.threads=1",
-            *extra,
-        ],
-    )
+    return load_config(None, tiny_run(tiny_dir, *SMALL_UPDATE, "trainer.progress=false", *extra, out=out))
+
+
+SMALL_UPDATE = ["trainer.mini_batches=2", "trainer.micro_batch_size=4", "trainer.lr=3e-3"]
+SMALL_UPDATE += ["trainer.eval_every=2", "trainer.save_every=2"]
+"""2 mini-batches of 2 micro-batches, lr 3e-3, an evaluation and a checkpoint every 2 steps."""
 
 
 def metrics_rows(run):
@@ -140,27 +143,10 @@ def checkpoint_weights(run, step):
 def kill_resume_overrides(tiny_dir, out):
     """The kill/resume run: KILL_RESUME_STEPS steps of ATR-GRPO on the tiny model, a checkpoint every 2 steps.
     4 prompts x 4 samples, 2 mini-batches x 2 micro-batches: 4 backward passes per step."""
-    return [
-        f"model.name_or_path={tiny_dir}",
-        f"output_dir={out}",
-        "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}",
-        "rollout.prompts_per_step=4",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=6",
-        "trainer.mini_batches=2",
-        "trainer.micro_batch_size=4",
-        "trainer.lr=3e-3",
-        "data.eval_size=8",
-        "trainer.eval_every=2",
-        "trainer.progress=false",
-        "trainer.save_every=2",
-        "trainer.keep_last=2",
-        "trainer.threads=1",
-        "trainer.plots=false",
-        f"trainer.total_steps={KILL_RESUME_STEPS}",
-        "objective=atr_grpo",
-    ]
+    extra = ["trainer.progress=false", "trainer.keep_last=2", "trainer.plots=false"]
+    return tiny_run(
+        tiny_dir, *SMALL_UPDATE, *extra, f"trainer.total_steps={KILL_RESUME_STEPS}", "objective=atr_grpo", out=out
+    )
 
 
 def tether_child(*args, kill_at=None, timeout=300):

@@ -15,34 +15,14 @@ from tether.schema import ConfigError  # noqa: E402
 from tether.config.loading import load_config  # noqa: E402
 from tether.trainer.loop import train  # noqa: E402
 
-from conftest import DIGIT_REWARD, untimed  # noqa: E402
+from conftest import tiny_run, untimed  # noqa: E402
 
 
 def _cfg(tiny_dir, out, *extra):
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_dir}",
-            f"output_dir={out}",
-            "warm_start.enabled=false",
-            f"reward.name={DIGIT_REWARD}",
-            "rollout.prompts_per_step=4",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=6",
-            "trainer.mini_batches=2",
-            "trainer.micro_batch_size=8",
-            "trainer.lr=1e-2",
-            "data.eval_size=8",
-            "trainer.eval_every=2",
-            "trainer.progress=false",
-            "trainer.plots=false",
-            "trainer.threads=1",
-            "trainer.save_every=1",
-            "model.lora={r: 4, alpha: 8}",
-            "objective={preset: rpg_urkl, anchor: ref, beta: 0.05}",
-            *extra,
-        ],
-    )
+    lora = ["model.lora={r: 4, alpha: 8}", "objective={preset: rpg_urkl, anchor: ref, beta: 0.05}"]
+    update = ["trainer.mini_batches=2", "trainer.micro_batch_size=8", "trainer.lr=1e-2", "trainer.eval_every=2"]
+    quiet = ["trainer.progress=false", "trainer.plots=false", "trainer.save_every=1"]
+    return load_config(None, tiny_run(tiny_dir, *update, *quiet, *lora, *extra, out=out))
 
 
 def _rows(run):

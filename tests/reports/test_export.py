@@ -15,35 +15,21 @@ from tether.cli import main
 from tether.config.loading import load_config, save_config
 from tether.trainer.loop import train
 
-from conftest import DIGIT_REWARD
+from conftest import DIGIT_REWARD, tiny_run
 
 
 def _cfg(tiny_dir, out, *extra):
+    sampling = [
+        "rollout.prompts_per_step=2",
+        "rollout.max_new_tokens=5",
+        "rollout.temperature=0.7",
+        "rollout.top_p=0.9",
+    ]
+    steps = ["trainer.mini_batches=1", "trainer.micro_batch_size=8", "data.eval_size=4", "trainer.eval_every=1"]
+    quiet = ["trainer.progress=false", "trainer.save_every=1", "trainer.keep_last=3", "trainer.plots=false"]
     return load_config(
         None,
-        [
-            f"model.name_or_path={tiny_dir}",
-            f"output_dir={out}",
-            "warm_start.enabled=false",
-            f"reward.name={DIGIT_REWARD}",
-            "rollout.prompts_per_step=2",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=5",
-            "rollout.temperature=0.7",
-            "rollout.top_p=0.9",
-            "trainer.mini_batches=1",
-            "trainer.micro_batch_size=8",
-            "data.eval_size=4",
-            "trainer.eval_every=1",
-            "trainer.progress=false",
-            "trainer.save_every=1",
-            "trainer.keep_last=3",
-            "trainer.threads=1",
-            "trainer.plots=false",
-            "trainer.tensorboard=false",
-            "objective=dapo",
-            *extra,
-        ],
+        tiny_run(tiny_dir, *sampling, *steps, *quiet, "trainer.tensorboard=false", "objective=dapo", *extra, out=out),
     )
 
 

@@ -12,28 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DIGIT_REWARD
+from conftest import tiny_run
 
 RUNNER = Path(__file__).resolve().parents[1].joinpath("cli_runner.py")
 
 
 def _overrides(tiny_dir, out, steps, *extra):
-    return [
-        f"model.name_or_path={tiny_dir}",
-        f"output_dir={out}",
-        "warm_start.enabled=false",
-        f"reward.name={DIGIT_REWARD}",
-        "rollout.prompts_per_step=4",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=6",
-        "trainer.micro_batch_size=8",
-        "data.eval_size=8",
-        "trainer.eval_every=5",
-        "trainer.threads=1",
-        "trainer.tensorboard=false",
-        f"trainer.total_steps={steps}",
-        *extra,
-    ]
+    settings = ["trainer.micro_batch_size=8", "trainer.eval_every=5", "trainer.tensorboard=false"]
+    return tiny_run(tiny_dir, *settings, f"trainer.total_steps={steps}", *extra, out=out)
 
 
 def _start(args, log: Path):
