@@ -71,7 +71,7 @@ def one_run(model_dir: Path, out: Path, overlap: str, threads: int, a) -> dict[s
         ],
     )
     run = start_run(cfg, log=lambda *_: None)
-    sampler = run.parts.rollouts.sampler
+    sampler = run.parts.source.sampler
     timed = None if cfg.trainer.overlap else _Timed(sampler.engine)  # the stale sampler's engine
     if timed:
         sampler.engine = timed

@@ -59,7 +59,7 @@ def prompt_lengths(run, cfg) -> tuple[float, float]:
     """Mean prompt tokens of the task's training examples with the tools' description and without it."""
     from tether.envs import ChatTurns, resolve_tools
 
-    examples = run.parts.rollouts.stream.task.examples("train", 32, seed=0)
+    examples = run.parts.source.stream.task.examples("train", 32, seed=0)
     tokenizer = run.records.tokenizer
     tools = resolve_tools(cfg.env) if cfg.env.tools else []
     with_tools = ChatTurns(tokenizer, tools)

@@ -86,7 +86,7 @@ def _multi_turn_batch(tiny_dir, tmp_path, *extra):
     cfg = train_config(tiny_dir, tmp_path / "run", *ENV, *extra)
     run = start_run(cfg, log=lambda *_: None)
     parts = run.parts
-    scored, _ = collect(parts.rollouts, cfg.rollout, seeds.rollout(seeds.sampling_root(cfg.trainer), 1))
+    scored, _ = collect(parts.source, cfg.rollout, seeds.rollout(seeds.sampling_root(cfg.trainer), 1))
     return scored.rollout, parts, lambda rollout: tokens_for_update(rollout, parts)
 
 
@@ -120,7 +120,7 @@ def test_an_environment_token_gets_no_gradient_in_a_whole_update(tiny_dir, tmp_p
     log-prob and the entropy of every environment token is exactly 0 (hooks on the micro-steps' log-probs), with
     GRPO's clip and KL penalty and an entropy bonus."""
     import tether.trainer.update as upd
-    from tether.trainer.step import old_policy_logprobs, sampler_logprobs
+    from tether.trainer.step import old_logprobs_of, sampler_logprobs
 
     rollout, parts, tokens_of = _multi_turn_batch(
         tiny_dir, tmp_path, "objective={preset: grpo, entropy_coef: 0.01}", "trainer.ppo_epochs=2"
@@ -141,8 +141,8 @@ def test_an_environment_token_gets_no_gradient_in_a_whole_update(tiny_dir, tmp_p
     rewards = torch.tensor([float(f["reward"]) for f in rollout.episodes])
     groups = torch.tensor(rollout.prompt_index)
     adv = obj.advantages(rewards, groups, rollout.completion_lengths.float(), None)
-    old = old_policy_logprobs(policy, tokens, rollout, t)
-    ref = parts.reference.logprobs(policy, tokens)  # grpo's KL penalty reads it
+    old = old_logprobs_of(policy, tokens, rollout, t)
+    ref = parts.reference.ref_logprobs(policy, tokens)  # grpo's KL penalty reads it
     batch = upd.UpdateBatch(tokens, adv, rewards, groups, old, ref, sampler_logprobs(rollout, tokens))
     upd.update(policy, obj, batch, t, torch.Generator().manual_seed(0))
     assert len(grads) >= 4, "no log-prob or entropy gradient was captured"

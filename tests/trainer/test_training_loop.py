@@ -356,7 +356,7 @@ def _etr_update(tiny_dir, micro: int):
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.model.causal_lm import LogProbSettings, Precision, to_tokens, Tokens
-    from tether.trainer.step import old_policy_logprobs
+    from tether.trainer.step import old_logprobs_of
     from tether.trainer.update import Policy, UpdateBatch, update
 
     torch.manual_seed(0)
@@ -391,7 +391,7 @@ def _etr_update(tiny_dir, micro: int):
     settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
     opt = _RecordingSGD(model.parameters(), lr=0.5)
     policy = Policy(model, None, opt, _NoSchedule(), cpu, Precision.of("off", cpu), settings)
-    old = old_policy_logprobs(policy, tokens, rollout, cfg.trainer)
+    old = old_logprobs_of(policy, tokens, rollout, cfg.trainer)
     batch = UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old)
     metrics, _ = update(policy, obj, batch, cfg.trainer, torch.Generator().manual_seed(7))
     return metrics, opt.grads
@@ -422,7 +422,7 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.model.causal_lm import LogProbSettings, Precision, to_tokens
-    from tether.trainer.step import old_policy_logprobs
+    from tether.trainer.step import old_logprobs_of
     from tether.trainer.update import Policy
 
     model, tok = load_model(str(tiny_dir), device="cpu")
@@ -437,8 +437,8 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     model.train()
     settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
     policy = Policy(model, None, None, None, cpu, Precision.of("off", cpu), settings)
-    a = old_policy_logprobs(policy, tokens, rollout, cfg.trainer)
-    b = old_policy_logprobs(policy, tokens, rollout, cfg.trainer)
+    a = old_logprobs_of(policy, tokens, rollout, cfg.trainer)
+    b = old_logprobs_of(policy, tokens, rollout, cfg.trainer)
     assert model.training
     torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout noise
     torch.testing.assert_close(a, rollout.sampler_logprobs * tokens.mask, rtol=1e-4, atol=1e-5)
@@ -495,7 +495,7 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     from tether.model.loading import load_model
     from tether.rollout import SamplingParams, get_engine
     from tether.model.causal_lm import batched_logprobs, LogProbSettings, Precision, to_tokens, Tokens
-    from tether.trainer.step import old_policy_logprobs
+    from tether.trainer.step import old_logprobs_of
     from tether.trainer.update import Policy, UpdateBatch, update
 
     model, tok = load_model(str(tiny_dir), device="cpu")
@@ -515,7 +515,7 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
     )
     settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
     assert (
-        old_policy_logprobs(
+        old_logprobs_of(
             Policy(model, None, None, None, cpu, Precision.of("off", cpu), settings), tokens, rollout, cfg.trainer
         )
         is None

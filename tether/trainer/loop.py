@@ -59,7 +59,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     progress = make_progress(t.total_steps, at.start, t.progress, t.log_every_steps, log)
     tic, bad_steps, stop = time.perf_counter(), 0, StopSignals(log)
     env_warnings = EnvWarnings(env_label(run.cfg.env), log_file=run.records.run_dir / ERRORS_FILE)
-    warnings = (FaultWarnings(reward_label(parts.rollouts.reward_fn)), env_warnings)
+    warnings = (FaultWarnings(reward_label(parts.source.reward_fn)), env_warnings)
     before_any_step = False
     try:
         with stop, _broken_reward(run):
@@ -83,7 +83,7 @@ def train(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Path:
     except _StoppedBeforeAnyStep:
         before_any_step = True  # the step-0 evaluation was abandoned: nothing to summarise
     finally:
-        parts.rollouts.sampler.close()  # the overlap's batch prefetched past a stop or an error: waited for, dropped
+        parts.source.sampler.close()  # the overlap's batch prefetched past a stop or an error: waited for, dropped
         progress.close()
         samples_file.close()
         heldout_file.close()
@@ -102,7 +102,7 @@ def _already_finished(run: Run, log) -> bool:
     t, run_dir = run.cfg.trainer, run.records.run_dir
     if run.progress.start < t.total_steps:
         return False
-    run.parts.rollouts.sampler.close()
+    run.parts.source.sampler.close()
     log(
         f"{run_dir} already finished its {t.total_steps} steps; to train it further, resume with a "
         f"larger trainer.total_steps (`tether train --resume {run_dir} trainer.total_steps=N`)"
@@ -159,17 +159,17 @@ def _droppable(run: Run, stop: StopSignals, step: int, log):
     thread has already taken the next batch's prompts) nor trainer.staleness (its FIFO of policies
     has moved on): those finish the step."""
     dropped: list[bool] = []
-    rollouts, policy = run.parts.rollouts, run.parts.policy
-    if not rollouts.sampler.droppable:
+    source, policy = run.parts.source, run.parts.policy
+    if not source.sampler.droppable:
         yield dropped
         return
-    position, rng = rollouts.stream.position, rng_state()
+    position, rng = source.stream.position, rng_state()
     hook = policy.optimizer.register_step_pre_hook(lambda *_: stop.before_update())
     stop.droppable = True
     try:
         yield dropped
     except StopNow:
-        rollouts.stream.position = position
+        source.stream.position = position
         set_rng_state(rng)
         policy.model.train()
         log(f"step {step} stopped before it changed the weights: dropped (a resume redoes it)")

@@ -44,7 +44,7 @@ from .data import PromptStream
 from .limits import check_lengths, model_context
 from .progress import Counters, Progress
 from .sampling import make_sampler
-from .step import Reference, Rollouts, StepParts
+from .step import Reference, RolloutSource, StepParts
 from .update import Policy
 from .warmstart import initial_model, warm_start_metrics
 
@@ -99,17 +99,17 @@ class Run:
         """A checkpoint of the weights, the optimiser and the counters after the last finished step
         (atomic), with the held-out accuracy measured on these weights when there is one (pruning
         keeps the best)."""
-        progress, policy, rollouts = self.progress, self.parts.policy, self.parts.rollouts
+        progress, policy, source = self.progress, self.parts.policy, self.parts.source
         step = progress.saved_step = progress.counters.step
         if accuracy is not None:
             progress.best_accuracy = max(progress.best_accuracy, accuracy)
-        progress.counters.position = rollouts.stream.position
+        progress.counters.position = source.stream.position
         state = {
             **progress.counters.state(),
             "optimizer": policy.optimizer.state_dict(),
             "scheduler": policy.scheduler.state_dict(),
         }
-        sampler_state = rollouts.sampler.state()
+        sampler_state = source.sampler.state()
         if sampler_state is not None:
             state["stale_policies"] = sampler_state
         checkpoint.save(
@@ -159,8 +159,8 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     policy = Policy(model, peft, optimizer, scheduler, device, precision, LogProbSettings.of(t, r))
     saved = state.get("stale_policies") if t.staleness else None
     sampler = make_sampler(cfg, engine, model, tokenizer, stream, params, precision, saved)
-    rollouts = Rollouts(sampler, stream, checked.reward_fn, params, tokenizer.pad_token_id)
-    parts = StepParts(policy, rollouts, checked.obj, Reference(reference), t, r)
+    source = RolloutSource(sampler, stream, checked.reward_fn, params, tokenizer.pad_token_id)
+    parts = StepParts(policy, source, checked.obj, Reference(reference), t, r)
     warm = warm_start_metrics(cfg.warm_start, base) if base is not None else {}
     records = Records(run_dir, tokenizer, created_dir, warm, unfused)
     lenient = not strict_for_task(checked.task, cfg.reward.strict)

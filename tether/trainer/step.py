@@ -14,7 +14,7 @@
     7. metrics    one dict: the update's, the batch's, the sampler's, the seconds of each phase
 
 What it needs comes in `StepParts`, five named parts: the `Policy` and what updates it, where the batch comes
-from (`Rollouts`), the objective, the `Reference`, and the settings (the trainer and rollout sections). The
+from (`RolloutSource`), the objective, the `Reference`, and the settings (the trainer and rollout sections). The
 trainer's loop calls it, and so do the benchmarks (benchmarks/rl_step.py, benchmarks/overlap.py): every timing
 of "tether's step" is of this function.
 
@@ -50,7 +50,7 @@ from .update import Policy, UpdateBatch, update
 
 
 @dataclass(frozen=True)
-class Rollouts:
+class RolloutSource:
     """Where each step's batch comes from: the sampler (on-policy, stale or overlapped), the prompt stream,
     the training reward and how to sample."""
 
@@ -68,12 +68,12 @@ class Reference:
 
     model: Any = None
 
-    def logprobs(self, policy: Policy, tokens: Tokens) -> Float[Tensor, "N T"]:
+    def ref_logprobs(self, policy: Policy, tokens: Tokens) -> Float[Tensor, "N T"]:
         with policy.precision():
             if self.model is not None:
-                return batched_logprobs(self.model, tokens, policy.logprobs)
+                return batched_logprobs(self.model, tokens, policy.logprob_settings)
             with policy.peft.disable_adapter(), eval_mode(policy.model):
-                return batched_logprobs(policy.model, tokens, policy.logprobs)
+                return batched_logprobs(policy.model, tokens, policy.logprob_settings)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class StepParts:
     """Everything one RL step reads (module docstring)."""
 
     policy: Policy
-    rollouts: Rollouts
+    source: RolloutSource
     objective: objectives.Objective
     reference: Reference
     trainer: TrainerConfig
@@ -91,20 +91,20 @@ class StepParts:
 def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, dict[str, float]]:
     """RL step `step` (module docstring); returns the scored batch and the step's metrics (one host sync, in the
     update). Counts the step, its optimiser steps and reference refreshes in `counters`."""
-    policy, obj, t, sampler = parts.policy, parts.objective, parts.trainer, parts.rollouts.sampler
+    policy, obj, t, sampler = parts.policy, parts.objective, parts.trainer, parts.source.sampler
     tic = time.perf_counter()
     policy.model.eval()
     with policy.precision(), sampler.sampling(step) as sampler_step:  # the policy of step t - s (trainer.staleness)
-        scored, sampled = collect(parts.rollouts, parts.rollout, seeds.rollout(seeds.sampling_root(t), step))
+        scored, sampled = collect(parts.source, parts.rollout, seeds.rollout(seeds.sampling_root(t), step))
     policy.model.train()
     tokens, nonfinite = tokens_for_update(scored.rollout, parts)
-    by_part = reward_parts(parts.rollouts.reward_fn, scored.results) if obj.needs_reward_parts() else None
+    by_part = reward_parts(parts.source.reward_fn, scored.results) if obj.needs_reward_parts() else None
     lengths = scored.rollout.completion_lengths.float()  # the policy's tokens
     advantages = obj.advantages(scored.rewards, scored.group_ids, lengths, by_part).to(policy.device)
     clock = {"start": _clocked(policy.device)}
-    old_lp = old_policy_logprobs(policy, tokens, scored.rollout, t)
+    old_lp = old_logprobs_of(policy, tokens, scored.rollout, t)
     clock["old"] = _clocked(policy.device)
-    ref_lp = parts.reference.logprobs(policy, tokens) if obj.uses_reference() else None
+    ref_lp = parts.reference.ref_logprobs(policy, tokens) if obj.uses_reference() else None
     clock["ref"] = _clocked(policy.device)
     sampler_lp = sampler_logprobs(scored.rollout, tokens)
     rewards, groups = scored.rewards.to(policy.device), scored.group_ids.to(policy.device)
@@ -148,7 +148,7 @@ def _clocked(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def collect(source: Rollouts, r: RolloutConfig, seed: int) -> tuple[Scored, dict[str, float]]:
+def collect(source: RolloutSource, r: RolloutConfig, seed: int) -> tuple[Scored, dict[str, float]]:
     """Sample and score one batch; with dynamic sampling, drop flat groups and sample more. Returns the
     batch and its rollout and reward metrics, with the seconds spent sampling (`time/sample_s`) and
     scoring (`time/score_s`)."""
@@ -203,14 +203,14 @@ def collect(source: Rollouts, r: RolloutConfig, seed: int) -> tuple[Scored, dict
 def tokens_for_update(rollout: RolloutBatch, parts: StepParts) -> tuple[Tokens, float]:
     """The batch as model inputs with its loss mask (module docstring, 2), and how many counted tokens had a
     non-finite sampler log-prob (`rollout/nonfinite_sampler_logprobs`)."""
-    tokens = to_tokens(rollout, parts.rollouts.pad_id, parts.policy.device)
+    tokens = to_tokens(rollout, parts.source.pad_id, parts.policy.device)
     tokens, nonfinite = finite_sampler_tokens(rollout, tokens)
     if parts.trainer.mask_truncated:
         tokens, _ = truncated_out(rollout, tokens)
     return tokens, nonfinite
 
 
-def old_policy_logprobs(policy: Policy, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig) -> Optional[Tensor]:
+def old_logprobs_of(policy: Policy, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig) -> Optional[Tensor]:
     """pi_old's log-probs (N, T), before any update: recomputed in eval mode, as the sampler ran
     (a model with dropout would otherwise give a dropout sample of pi_old), or the sampler's own
     (trainer.old_logprobs=sampler: the same weights, no extra pass). None when there is a single
@@ -221,7 +221,7 @@ def old_policy_logprobs(policy: Policy, tokens: Tokens, rollout: RolloutBatch, t
     if t.ratio_is_one and t.staleness == 0:  # stale: pi_old (the current policy) is logged
         return None
     with eval_mode(policy.model), policy.precision():
-        return batched_logprobs(policy.model, tokens, policy.logprobs)
+        return batched_logprobs(policy.model, tokens, policy.logprob_settings)
 
 
 def finite_sampler_tokens(rollout, tokens: Tokens) -> tuple[Tokens, float]:

@@ -42,7 +42,7 @@ class Policy:
     scheduler: Any  # the learning-rate schedule, stepped with the optimiser
     device: torch.device
     precision: Precision  # bf16 autocast or not, for every forward pass
-    logprobs: LogProbSettings  # how every log-prob pass runs (old policy, reference, update)
+    logprob_settings: LogProbSettings  # how every log-prob pass runs (old policy, reference, update)
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def micro_batches(groups: list[Int[Tensor, " G"]], size: int) -> list[Int[Tensor
 def _micro_step(policy: Policy, obj: objectives.Objective, batch: UpdateBatch, idx: Int[Tensor, " M"], norm):
     """Forward and backward of one micro-batch (rows `idx`), its loss the mini-batch share `norm`."""
     with policy.precision():
-        lp, ent = token_logprobs(policy.model, batch.tokens.select(idx), policy.logprobs, with_entropy=True)
+        lp, ent = token_logprobs(policy.model, batch.tokens.select(idx), policy.logprob_settings, with_entropy=True)
     out = obj(batch.select(idx, lp, ent if obj.config.trains_entropy else ent.detach(), norm))
     out.loss.backward()
     faults.point("update")
