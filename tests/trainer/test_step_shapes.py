@@ -52,3 +52,24 @@ def test_a_run_passes_the_checked_shapes_and_a_mismatch_is_an_error(tiny_dir, tm
     )
     assert out.returncode == 0 and "shapes ok" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
     assert "caught" in out.stdout
+
+
+def test_the_padding_share_of_a_pass_by_hand():
+    """Issue 50, measure first: the share of the positions a log-prob or update pass computes that are padding."""
+    import torch
+
+    from tether.model.causal_lm import Tokens, padding_share, positions
+
+    # two groups of two rows; prompts of 3 and 2 tokens (P = 3, left-padded), completions of 2, 1, 3, 1 (T = 3)
+    prompt = torch.tensor([[1, 2, 3]] * 2 + [[0, 4, 5]] * 2)
+    prompt_mask = torch.tensor([[1, 1, 1]] * 2 + [[0, 1, 1]] * 2)
+    completion_mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]])
+    ids = torch.cat([prompt, torch.full((4, 3), 7) * completion_mask], 1)
+    attention = torch.cat([prompt_mask, completion_mask], 1)
+    tokens = Tokens(ids, attention, positions(attention), ids[:, 3:], completion_mask.float(), 3)
+    # shared prompts, one forward: 2 distinct prompts x 3 + 4 rows x 3 = 18 positions; real 3 + 2 + (2+1+3+1) = 12
+    assert padding_share(tokens, 4) == pytest.approx(1 - 12 / 18)
+    # without sharing: 4 x 3 + 4 x 3 = 24 positions, real 3 + 3 + 2 + 2 + 7 = 17
+    assert padding_share(tokens, 4, share_prompts=False) == pytest.approx(1 - 17 / 24)
+    # two rows per forward: each forward holds one distinct prompt: (3 + 6) + (3 + 6) = 18, real the same 12
+    assert padding_share(tokens, 2) == pytest.approx(1 - 12 / 18)

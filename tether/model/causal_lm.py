@@ -161,6 +161,24 @@ def token_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbSet
     return lp, ent
 
 
+def padding_share(tokens: Tokens, rows_per_forward: int, share_prompts: bool = True) -> float:
+    """The share of the positions a log-prob or update pass computes that are padding: over consecutive forwards of
+    `rows_per_forward` rows (what `batched_logprobs` runs), each computes its distinct prompts (each distinct prompt
+    once with `share_prompts`, every row's otherwise) at the batch's prompt width P and every row's completion at
+    width T; the real positions are the prompts' and the completions' tokens (an environment's included: the model
+    reads them). Padding-free packing would compute the real ones alone (docs/performance.md)."""
+    n, p = tokens.input_ids.shape[0], tokens.prompt_len
+    computed = real = 0
+    for start in range(0, n, rows_per_forward):
+        ids = tokens.input_ids[start : start + rows_per_forward]
+        attention = tokens.attention_mask[start : start + rows_per_forward]
+        prompts = torch.unique(torch.cat([ids[:, :p], attention[:, :p]], 1), dim=0) if share_prompts else None
+        distinct = prompts[:, p:] if prompts is not None else attention[:, :p]
+        computed += distinct.shape[0] * p + attention.shape[0] * (attention.shape[1] - p)
+        real += int(distinct.sum()) + int(attention[:, p:].sum())
+    return 1.0 - real / max(computed, 1)
+
+
 @torch.no_grad()
 def batched_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbSettings()) -> torch.Tensor:
     """log pi(o_t | h) (N, T) without gradient, `settings.micro_batch_size` rows per forward."""

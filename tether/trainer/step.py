@@ -39,7 +39,7 @@ from ..config.sections import RolloutConfig, TrainerConfig
 from ..core.advantages import zero_variance_fraction
 from ..core.masked import group_summary
 from ..envs import episode_metrics
-from ..model.causal_lm import Tokens, batched_logprobs, eval_mode, to_tokens
+from ..model.causal_lm import Tokens, batched_logprobs, eval_mode, padding_share, to_tokens
 from ..rewards import Reward, Scored, reward_parts, score_rollout, solved, verifier_faults
 from ..rollout import RolloutBatch, SamplingParams
 from . import seeds
@@ -117,6 +117,7 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     counters.step, counters.opt_steps = step, counters.opt_steps + taken
     metrics.update(sampled)
     metrics["rollout/nonfinite_sampler_logprobs"] = nonfinite
+    metrics.update(padding_metrics(tokens, t, policy.logprob_settings.share_prompts))
     metrics.update(sampler.metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
     refresh_reference(parts.reference, policy.model, t, counters, taken, metrics.get("kl/ref"))
     metrics["optim/lr"] = policy.scheduler.get_last_lr()[0]
@@ -198,6 +199,20 @@ def collect(source: RolloutSource, r: RolloutConfig, seed: int) -> tuple[Scored,
 
 
 # ---------------------------------------------------------------- 2. tokens and 4. log-probs
+
+
+def padding_metrics(tokens: Tokens, t: TrainerConfig, share_prompts: bool) -> dict[str, float]:
+    """The share of padding in the positions each pass computes (`causal_lm.padding_share`): the sampler's prefill
+    (its left-padded distinct prompts, `rollout/prefill_pad_frac`), the log-prob passes and the update, both in
+    forwards of trainer.micro_batch_size rows (`tokens/pad_frac`; the update's micro-batches hold whole groups, of
+    the same size here)."""
+    p = tokens.prompt_len
+    prompts = torch.unique(torch.cat([tokens.input_ids[:, :p], tokens.attention_mask[:, :p]], 1), dim=0)  # (U, 2P)
+    real = int(prompts[:, p:].sum())
+    return {
+        "rollout/prefill_pad_frac": 1.0 - real / max(prompts.shape[0] * p, 1),
+        "tokens/pad_frac": padding_share(tokens, t.micro_batch_size, share_prompts),
+    }
 
 
 def tokens_for_update(rollout: RolloutBatch, parts: StepParts) -> tuple[Tokens, float]:
