@@ -274,8 +274,9 @@ def test_unknown_objective_fails_before_loading_the_model():
 @pytest.mark.parametrize(
     "setting, message",
     [
-        ({"top_entropy_quantile": 0.5}, "top_entropy_quantile"),
+        ({"top_entropy_quantile": 0.5}, "top_entropy_quantile.*the objective's top_entropy_frac"),
         ({"entropy_coef": 0.01}, "entropy_coef"),
+        ({"use_adaptive_entropy": True}, "use_adaptive_entropy.*trainer.entropy_target"),
         ({"sync_ref_model": True}, "sync_ref_model"),
     ],
 )
@@ -491,6 +492,32 @@ def test_every_objective_trains_off_policy_in_the_adapter(tiny_dir, tmp_path, ob
         expected = _objective_on(obj, [r], r["trl_old"]).loss
         if objective not in ("clip_cov", "bapo"):  # clip_cov's random choice; bapo's bounds from the whole batch
             torch.testing.assert_close(r["loss"], expected, rtol=1e-5, atol=1e-7)
+
+
+def test_the_objectives_top_entropy_frac_selects_from_trls_entropies(tiny_dir, tmp_path):
+    # Issue 51: TRL's top_entropy_quantile is refused (it masks TRL's own loss); the objective's top_entropy_frac
+    # takes its place, selecting within each micro-batch from the entropies TRL computes, passed detached.
+    from tether.core.entropy import top_entropy_mask
+
+    records = []
+    trainer = make_trainer(
+        str(tiny_dir),
+        odd_chars,
+        Dataset.from_dict({"prompt": PROMPTS}),
+        objective={"preset": "dapo", "top_entropy_frac": 0.2},
+        args=_args(tmp_path),
+        on_objective=lambda inputs, batch, out: records.append((batch, out)),
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert records and _changed(trainer, before)
+    for batch, out in records:
+        assert batch.entropy is not None and not batch.entropy.requires_grad
+        kept = top_entropy_mask(batch.entropy, batch.mask, 0.2)
+        share = (kept.sum() / batch.mask.sum()).item()
+        assert out.metrics["policy/top_entropy_kept_frac"].item() == pytest.approx(share, abs=1e-12) and share < 1
+        again = trainer.tether_objective(dataclasses.replace(batch, logprobs=batch.logprobs.detach()))
+        torch.testing.assert_close(out.loss.detach(), again.loss, rtol=1e-6, atol=1e-8)
 
 
 def _train_on_injected_sampler_logprobs(tiny_dir, tmp_path, spec, seed):

@@ -566,6 +566,9 @@ def test_config_errors():
         tv.TetherPolicyLossConfig(loss_mode="tether_rpg", objective="rpg_urkl", overrides={"betta": 1.0})
     with pytest.raises(ConfigError, match="entropy_coeff"):
         tv.TetherPolicyLossConfig(loss_mode="tether_ppo_clip", overrides={"entropy_coef": 0.01})
+    # issue 51: the high-entropy token mask reads the per-token entropy, which verl's policy loss never receives
+    with pytest.raises(ConfigError, match="top_entropy_frac keeps.*verl passes no policy loss; top_entropy_frac=null"):
+        tv.TetherPolicyLossConfig(loss_mode="tether_ppo_clip", overrides={"top_entropy_frac": 0.2})
     with pytest.raises(ConfigError, match="macro=explicit"):
         tv.TetherPolicyLossConfig(loss_mode="tether_etr", overrides={"macro": "implicit"})
     with pytest.raises(ConfigError, match="reward_range=null"):

@@ -158,6 +158,7 @@ def test_yaml_file_then_overrides(tmp_path):
         "rollout_correction": None,
         "off_policy_mask": None,
         "sampler_kl_coef": 0.0,
+        "top_entropy_frac": None,
         "eps_low": 0.1,
         "eps_high": 0.3,
         "dual_clip_c": None,
@@ -462,7 +463,7 @@ def test_reference_refresh_is_checked_once_per_rollout_step(every, kl, before, a
     from tether.trainer.step import Reference, refresh_reference
 
     policy, reference = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
-    t = SimpleNamespace(ref_update_every=every, ref_update_kl=kl)
+    t = SimpleNamespace(ref_update_every=every, ref_update_kl=kl, ref_update_mix=1.0)  # the hard copy
     counters = Counters(opt_steps=after, kl_window=list(window))  # `after - before` steps taken in this rollout step
     done = refresh_reference(Reference(reference), policy, t, counters, after - before, 0.1)
     assert done == want and counters.ref_updates == int(want)

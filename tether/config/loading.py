@@ -59,6 +59,13 @@ def _check_objective_with_trainer(cfg: Config) -> None:
             f"rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); against a top-p "
             "renormalised sampler it penalises even an on-policy update. Set rollout.top_p=1 or sampler_kl_coef=0"
         )
+    c0 = cfg.objective.get("entropy_coef", 0.0)
+    if t.entropy_target is not None and not t.entropy_coef_min <= c0 <= t.entropy_coef_max:
+        raise ConfigError(
+            f"objective.entropy_coef={c0} is where trainer.entropy_target's adaptive coefficient starts, which stays "
+            f"within [trainer.entropy_coef_min, trainer.entropy_coef_max] = [{t.entropy_coef_min}, "
+            f"{t.entropy_coef_max}]; set objective.entropy_coef in that range (the paper starts at 0)"
+        )
 
 
 def check_model_and_device(cfg: Config) -> None:

@@ -50,7 +50,9 @@ Where the loss path departs from TRL's, and why:
    of the group baseline, as in TRL; ETR's group statistics count their reward as 0.
 5. TRL options that act inside its own loss are refused rather than silently ignored (see
    `unsupported_options`), among them vLLM's importance-sampling correction: a tether
-   objective's only behaviour policy is `old_logprobs`.
+   objective's only behaviour policy is `old_logprobs`. TRL's `top_entropy_quantile` is the objective's
+   `top_entropy_frac`, which selects within the micro-batch the loss sees on each process (TRL's gathers the
+   entropies of every process); TRL's `use_adaptive_entropy` has no counterpart here (it is tether's trainer's).
 6. With TRL's defaults (`num_iterations=1`, `steps_per_generation` = `gradient_accumulation_steps`)
    every generation batch is used within one optimiser step: the old log-probs are the current
    ones, w = 1, and a trust region (DAPO, ATR, ETR, RPG-Style Clip) is inactive. The trainer warns
@@ -149,13 +151,19 @@ def unsupported_options(args: Any, obj: Objective) -> list[str]:
     """GRPOConfig settings this adapter cannot honour, each with what to do instead."""
     problems = []
     if args.top_entropy_quantile < 1.0:
-        problems.append("top_entropy_quantile < 1 (TRL's high-entropy token mask acts inside TRL's loss); set 1.0")
+        problems.append(
+            "top_entropy_quantile < 1 (TRL's high-entropy token mask acts inside TRL's loss, which tether replaces); "
+            "set 1.0 and the objective's top_entropy_frac (the same selection, within each micro-batch)"
+        )
     if args.off_policy_mask_threshold is not None:
         problems.append("off_policy_mask_threshold (TRL's off-policy sequence mask); set None")
     if args.delta is not None:
         problems.append("delta (TRL's two-sided clip); set None and use the objective's dual_clip_c")
     if args.entropy_coef != 0 or args.use_adaptive_entropy:
-        problems.append("entropy_coef / use_adaptive_entropy (TRL's entropy bonus); set the objective's entropy_coef")
+        problems.append(
+            "entropy_coef / use_adaptive_entropy (TRL's entropy bonus and its adaptive control act inside TRL's loss); "
+            "set the objective's entropy_coef (adaptive control is tether's own trainer's, trainer.entropy_target)"
+        )
     if args.use_vllm and args.vllm_importance_sampling_correction:
         problems.append(
             "vllm_importance_sampling_correction=True (TRL's sampler correction multiplies TRL's per-token loss, "
@@ -362,7 +370,7 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
             rewards=inputs.get("tether_rewards"),
             sampler_logprobs=inputs.get(SAMPLER_LOGPS),  # vLLM's, for rollout_correction
             group_stats=group_stats_of(obj, inputs),
-            entropy=ent if "entropy" in obj.config.needs() else ent.detach(),
+            entropy=ent if obj.config.trains_entropy else ent.detach(),  # top_entropy_frac selects by it, detached
             # every row counts in a seq-mean normaliser, as in TRL's grpo and dr_grpo (departure 9)
             loss_norm=self._step_normalizer() if train else obj.normalizer(loss_mask(inputs), empty_rows="count"),
         )

@@ -56,6 +56,7 @@ Where this departs from tether's own trainer, and why:
    does) gets verl's rollout_is_weights as `TokenBatch.rollout_weights` instead of having them multiplied in.
 6. `sampler_kl_coef` is refused: verl's loss signature has no sampler log-probs (`rollout_log_probs` reach
    the loss only in some of verl's paths), so the squared log-ratio to the sampler cannot be computed there.
+   So is `top_entropy_frac`: the signature has no per-token entropy either.
 """
 
 from __future__ import annotations
@@ -166,6 +167,11 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
     cfg = obj.config
     if cfg.trains_entropy:
         raise ConfigError(f"{_KEY}: entropy_coef must be 0 under verl; use actor_rollout_ref.actor.entropy_coeff")
+    if "entropy" in cfg.needs():  # verl computes the entropy, but its policy-loss signature does not pass it
+        why = cfg.needs()["entropy"]
+        raise ConfigError(
+            f"{_KEY}: {why}, from the per-token entropy verl passes no policy loss; top_entropy_frac=null"
+        )
     if cfg.reward_aggregation != "sum":
         raise ConfigError(
             f"{_KEY}: reward_aggregation={cfg.reward_aggregation!r} belongs to the advantage estimator under verl, "

@@ -158,7 +158,8 @@ class ObjectiveConfig:
     kl_penalty: Optional[KLPenaltyConfig] = None
     """KL-to-reference penalty {estimator, coef}; None or coef 0 for none."""
     entropy_coef: float = 0.0
-    """Entropy bonus: the loss gets -entropy_coef * mean entropy (needs `entropy` in the batch)."""
+    """Entropy bonus: the loss gets -entropy_coef * mean entropy (needs `entropy` in the batch). Under tether's
+    adaptive entropy control (`trainer.entropy_target`) the coefficient's starting value c_0, moved each step."""
     advantage: str = "grpo"
     """Advantage estimator the trainer uses with this objective: grpo, dr_grpo, rloo, reinforce_pp,
     reinforce_pp_no_baseline, grpo_batch_std, maxrl (`tether list`; docs/algorithms/advantages_aggregation.md)."""
@@ -179,6 +180,11 @@ class ObjectiveConfig:
     """tau of the squared log-ratio to the sampler (Kimi K2.5; prime-rl's kl_tau, default 1e-3 there): the loss gets
     + tau * agg((log pi_theta - log pi_sampler)^2) over every counted token (needs TokenBatch.sampler_logprobs);
     0: off."""
+    top_entropy_frac: Optional[float] = None
+    """rho of "Beyond the 80/20 Rule" (arXiv 2506.01939; TRL's top_entropy_quantile): only the ceil(rho n)
+    highest-entropy of the n counted tokens of the batch the loss sees keep their policy loss (the paper: 0.2);
+    the others leave it as a rejected token does (the normaliser, KL penalty and entropy bonus still count them).
+    Needs TokenBatch.entropy; logs policy/top_entropy_kept_frac. null: every token."""
 
     def __post_init__(self):
         check_name(_agg.AGGREGATIONS, self.aggregation, "aggregation")
@@ -201,6 +207,12 @@ class ObjectiveConfig:
             self.sampler_kl_coef,
             "a number >= 0 (prime-rl's kl_tau: 1e-3), or 0 for none",
         )
+        check(
+            self.top_entropy_frac is None or 0 < self.top_entropy_frac <= 1,
+            "top_entropy_frac",
+            self.top_entropy_frac,
+            "a share in (0, 1] (the paper's 0.2), or null to train every token",
+        )
 
     # ---- capabilities: what the trainers ask of a config instead of probing its keys
 
@@ -212,6 +224,8 @@ class ObjectiveConfig:
             need["ref_logprobs"] = "kl_penalty.coef > 0 compares against the reference policy"
         if self.entropy_coef != 0:
             need["entropy"] = "entropy_coef != 0 adds an entropy bonus"
+        if self.top_entropy_frac is not None:
+            need.setdefault("entropy", "top_entropy_frac keeps the policy loss of the highest-entropy tokens only")
         if self.rollout_correction is not None:
             need["sampler_logprobs"] = (
                 "rollout_correction weighs each token by pi_old / pi_sampler; pass the sampler's log-probs (tether's "

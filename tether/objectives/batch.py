@@ -31,7 +31,8 @@ class TokenBatch:
     rewards: Optional[torch.Tensor] = None
     """(N,) scalar reward of each sequence; ETR's group statistics come from it when `group_stats` is None."""
     entropy: Optional[torch.Tensor] = None
-    """(N, T) per-token entropy of pi_theta; needed when entropy_coef != 0, logged when given."""
+    """(N, T) per-token entropy of pi_theta; needed when entropy_coef != 0 (with gradient) or with
+    top_entropy_frac (which selects by it, detached), logged when given."""
     loss_norm: Optional[Union[float, torch.Tensor]] = None
     """The mini-batch normaliser (`Objective.normalizer(mini_batch_mask)`) when this is one
     micro-batch of several; None means this batch is the whole mini-batch."""

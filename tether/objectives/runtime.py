@@ -13,6 +13,7 @@ import torch
 from ..core import aggregation as _agg
 from ..core import advantages as _adv
 from ..core import correction as _corr
+from ..core import entropy as _ent
 from ..core import multi_reward as _mr
 from ..core.multi_reward import RewardParts
 from ..core import kl as _kl
@@ -39,6 +40,11 @@ class Objective:
 
     def uses_reference(self) -> bool:
         return self.config.uses_reference()
+
+    def with_entropy_coef(self, coef: float) -> "Objective":
+        """This objective with its entropy bonus coefficient set to `coef` (the trainer's adaptive entropy
+        control, `trainer.entropy_target`, sets each step's); the same objective otherwise."""
+        return Objective(self.name, dataclasses.replace(self.config, entropy_coef=coef), self.label)
 
     def has_trust_region(self) -> bool:
         """Whether the loss limits the update by the ratio to the old policy (all but plain REINFORCE and
@@ -96,7 +102,7 @@ class Objective:
         old = masked_fill(batch.old_logprobs, m).detach()
         n_tokens = m.detach().sum().to(torch.float64)
         metrics: dict[str, torch.Tensor] = {}
-        kept, correction, off_policy = _loss_mask(cfg, batch, lp, old, metrics)
+        kept, correction, dropped = _loss_mask(cfg, batch, lp, old, metrics)
         n_kept = n_tokens if kept is m else kept.detach().sum().to(torch.float64)  # the tokens left in the loss
         loss_batch = batch if kept is m else dataclasses.replace(batch, mask=kept)
         folded = correction is not None and cfg.folds_rollout_correction()
@@ -105,8 +111,8 @@ class Objective:
         tokens, extra = self._loss(cfg, loss_batch, lp, old)
         if correction is not None and not folded:
             tokens = tokens._replace(loss=tokens.loss * correction.weights.to(tokens.loss.dtype))
-        if off_policy is not None:
-            tokens = tokens._replace(loss=torch.where(off_policy, torch.zeros_like(tokens.loss), tokens.loss))
+        for out in dropped:  # the off-policy and low-entropy tokens: their loss is 0, whatever the objective's
+            tokens = tokens._replace(loss=torch.where(out, torch.zeros_like(tokens.loss), tokens.loss))
         penalty = _reference_terms(cfg, batch, lp, old, metrics)
         entropy = None
         if batch.entropy is not None:
@@ -148,10 +154,11 @@ class Objective:
 
 
 def _loss_mask(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor, metrics: dict):
-    """(kept, correction, off_policy): the tokens left in the loss after the rollout correction's and the
-    off-policy sequence mask (`batch.mask` itself when neither masks), and what each did; adds their metrics."""
+    """(kept, correction, dropped): the tokens left in the loss after the rollout correction's mask, the off-policy
+    sequence mask and the high-entropy selection (`batch.mask` itself when none masks), the correction, and the
+    (N, T) masks of the tokens the latter two took out; adds their metrics."""
     m = batch.mask
-    kept, correction, off_policy = m, None, None
+    kept, correction, dropped = m, None, []
     if cfg.rollout_correction is not None:
         correction, correction_metrics = rollout_correction(cfg.rollout_correction, old, batch.sampler_logprobs, m)
         metrics.update(correction_metrics)
@@ -165,7 +172,13 @@ def _loss_mask(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor, old: t
         off_policy = _corr.off_policy_sequence_mask(lp, behaviour, batch.advantages, m, cfg.off_policy_mask)
         metrics["policy/off_policy_masked_frac"] = masked_fraction(off_policy, m)
         kept = torch.where(off_policy, torch.zeros_like(m), kept)
-    return kept, correction, off_policy
+        dropped.append(off_policy)
+    if cfg.top_entropy_frac is not None:  # Beyond the 80/20 Rule: among all counted tokens, whatever else masks
+        top = _ent.top_entropy_mask(batch.entropy.detach(), m, cfg.top_entropy_frac)
+        metrics["policy/top_entropy_kept_frac"] = masked_fraction(top, m)
+        kept = torch.where(top, kept, torch.zeros_like(m))
+        dropped.append(m.bool() & ~top)
+    return kept, correction, dropped
 
 
 def _sampler_terms(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor) -> torch.Tensor:

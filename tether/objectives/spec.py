@@ -139,6 +139,7 @@ def display(spec: dict, width: Optional[int] = None, skip: tuple[str, ...] = ())
         "kl_penalty",
         "entropy_coef",
         "sampler_kl_coef",
+        "top_entropy_frac",
         "rollout_correction",
         "max_len",
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Counters:
     ref_updates: int = 0  # reference refreshes (`step.refresh_reference`)
     kl_window: list[float] = dataclasses.field(default_factory=list)  # the last `kl/ref` values (KL_WINDOW)
     flat_streak: int = 0  # rollout steps in a row with no reward variance (`loop.flat_streak`)
+    entropy_coef: Optional[float] = None  # adaptive entropy control's c for the next step; None: not started
 
     def state(self) -> dict[str, Any]:
         """Plain Python for `state.pt` (read with `torch.load(weights_only=True)`), one key per field."""

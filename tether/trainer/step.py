@@ -10,7 +10,8 @@
     4. log-probs  pi_old's (recomputed before any update, or the sampler's) and the
                   reference's when the objective uses one                           -> UpdateBatch (for the update)
     5. update     ppo_epochs x mini_batches optimiser steps (tether.trainer.update)
-    6. refresh    the reference becomes the policy every K optimiser steps or on a KL threshold
+    6. refresh    the reference becomes the policy (or moves part of the way to it) every K optimiser steps or
+                  on a KL threshold
     7. metrics    one dict: the update's, the batch's, the sampler's, the seconds of each phase
 
 What it needs comes in `StepParts`, five named parts: the `Policy` and what updates it, where the batch comes
@@ -36,6 +37,7 @@ from torch import Tensor
 
 from .. import faults, objectives
 from ..config.sections import RolloutConfig, TrainerConfig
+from ..core import entropy as _entropy
 from ..core.advantages import zero_variance_fraction
 from ..core.masked import group_summary
 from ..envs import episode_metrics
@@ -110,11 +112,13 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     rewards, groups = scored.rewards.to(policy.device), scored.group_ids.to(policy.device)
     batch = UpdateBatch(tokens, advantages, rewards, groups, old_lp, ref_lp, sampler_lp)
     gen = torch.Generator().manual_seed(seeds.minibatch_order(seeds.minibatch_root(t), step))
-    metrics, taken = update(policy, obj, batch, t, gen)
+    step_obj, control = entropy_control(obj, t, counters, sampler_lp, tokens.mask)  # obj unless adaptive
+    metrics, taken = update(policy, step_obj, batch, t, gen)
     metrics["time/old_logprobs_s"] = 0.0 if old_lp is None else clock["old"] - clock["start"]  # a skipped pass: 0
     metrics["time/ref_logprobs_s"] = 0.0 if ref_lp is None else clock["ref"] - clock["old"]
     metrics["time/update_s"] = _clocked(policy.device) - clock["ref"]
     counters.step, counters.opt_steps = step, counters.opt_steps + taken
+    metrics.update(entropy_advanced(control, counters, taken))
     metrics.update(sampled)
     metrics["rollout/nonfinite_sampler_logprobs"] = nonfinite
     metrics.update(padding_metrics(tokens, t, policy.logprob_settings.share_prompts))
@@ -272,6 +276,50 @@ def sampler_logprobs(rollout, tokens: Tokens) -> torch.Tensor:
     return torch.where(tokens.mask.bool(), lp, torch.zeros_like(lp))
 
 
+# ---------------------------------------------------------------- 5. adaptive entropy control
+
+
+@dataclass(frozen=True)
+class EntropyStep:
+    """One rollout step of adaptive entropy control (`trainer.entropy_target`; `tether.core.entropy`)."""
+
+    entropy: float  # e_k, the sampling policy's entropy estimated from the batch (NaN: no counted token)
+    coef: float  # c_k, carried from the previous step (objective.entropy_coef at the first)
+    alpha: float  # the bonus coefficient this step applies, c_k 1[e_k <= target]
+    coef_next: float  # c_{k+1}, if this step takes an optimiser step
+
+
+def entropy_control(
+    obj: objectives.Objective, t: TrainerConfig, counters: Counters, sampler_lp: Float[Tensor, "N T"], mask: Tensor
+) -> tuple[objectives.Objective, Optional[EntropyStep]]:
+    """The objective this step trains with, its entropy bonus set by adaptive entropy control, and that step of
+    the control; `obj` itself and None when `trainer.entropy_target` is null. `mask` (N, T) marks the counted
+    tokens. The entropy is -mean_m(log pi_sampler) over them (`core.entropy.sampled_entropy`; one host sync), the
+    full softmax's (the config requires rollout.top_p = 1): the rollout's own estimate, before any update."""
+    if t.entropy_target is None:
+        return obj, None
+    c = obj.config.entropy_coef if counters.entropy_coef is None else counters.entropy_coef
+    e = float(_entropy.sampled_entropy(sampler_lp, mask))
+    alpha, c_next = _entropy.adaptive_entropy_coef(
+        c, e, t.entropy_target, t.entropy_coef_step, t.entropy_coef_min, t.entropy_coef_max
+    )
+    return obj.with_entropy_coef(alpha), EntropyStep(e, c, alpha, c_next)
+
+
+def entropy_advanced(control: Optional[EntropyStep], counters: Counters, taken: int) -> dict[str, float]:
+    """Carries the coefficient to the next step in `counters` (checkpointed: a resume continues it), moved only
+    when the step took an optimiser step (a flat or non-finite step trained nothing, as Skywork-OR1 skips a batch
+    left with no signal); the control's metrics (docs/metrics.md). Nothing when the control is off."""
+    if control is None:
+        return {}
+    counters.entropy_coef = control.coef_next if taken else control.coef
+    return {
+        "policy/entropy_coef": control.alpha,
+        "policy/entropy_coef_next": counters.entropy_coef,
+        "policy/entropy_rollout": control.entropy,
+    }
+
+
 # ---------------------------------------------------------------- 6. the reference refresh
 
 
@@ -285,7 +333,8 @@ def refresh_reference(
     """RPG's iterative reference update (docs/algorithms/rpg.md), checked once per rollout step, after its `taken`
     optimiser steps (already counted in `counters.opt_steps`).
 
-    The reference becomes the current policy when this step's optimiser steps reached a multiple
+    The reference becomes the current policy (with `trainer.ref_update_mix` a < 1, TR-DPO's soft update
+    ref <- a policy + (1 - a) ref, `mix_into`) when this step's optimiser steps reached a multiple
     of `trainer.ref_update_every` (K), or when the mean `kl/ref` of the last KL_WINDOW rollout steps
     exceeds `trainer.ref_update_kl`. The reference log-probs are computed once per rollout step,
     so a refresh takes effect from the next rollout step on in either case; checking here, rather
@@ -303,7 +352,28 @@ def refresh_reference(
     due_kl = t.ref_update_kl > 0 and bool(window) and sum(window) / len(window) > t.ref_update_kl
     if not (due_k or due_kl):
         return False
-    reference.model.load_state_dict(model.state_dict())
+    if t.ref_update_mix == 1:
+        reference.model.load_state_dict(model.state_dict())  # the hard copy, bitwise
+    else:
+        mix_into(reference.model, model, t.ref_update_mix)
     counters.ref_updates += 1
     counters.kl_window = []
     return True
+
+
+@torch.no_grad()
+def mix_into(reference, model, a: float) -> None:
+    """TR-DPO's soft update [arXiv 2404.09656]: every floating-point weight and buffer of `reference` becomes
+    a * the policy's + (1 - a) * its own, in place, as TRL's SyncRefModelCallback computes it
+    (ref.mul_(1 - a).add_(policy, alpha=a)); other tensors (integer buffers) are copied. A tensor two names share
+    (tied embeddings) is mixed once."""
+    source, seen = model.state_dict(), set()
+    for name, ref in reference.state_dict().items():
+        if ref.data_ptr() in seen:
+            continue
+        seen.add(ref.data_ptr())
+        new = source[name].to(device=ref.device, dtype=ref.dtype)
+        if ref.is_floating_point():
+            ref.mul_(1 - a).add_(new, alpha=a)
+        else:
+            ref.copy_(new)

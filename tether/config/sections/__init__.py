@@ -306,17 +306,61 @@ class Config:
             raise ConfigError(f"trainer.threads: got {t.threads}, expected 0 (auto), -1 (torch's default) or N >= 1")
         if r.temperature < 0 or not 0 < r.top_p <= 1:
             raise ConfigError("rollout.temperature must be >= 0 and rollout.top_p in (0, 1]")
-        if self.model.lora is not None and (t.ref_update_every or t.ref_update_kl):
-            raise ConfigError(
-                "model.lora with trainer.ref_update_every/ref_update_kl: under LoRA the reference is the base model "
-                "with the adapters disabled, which a refresh cannot move; set both to 0 (or train without model.lora)"
-            )
+        self._check_reference()
+        self._check_entropy_control()
         self._check_env()
         if t.old_logprobs == "sampler" and not r.full_softmax:
             raise ConfigError(
                 "trainer.old_logprobs=sampler: the sampler's log-probs are those of the full softmax only "
                 f"with rollout.top_p=1 and rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); "
                 "use trainer.old_logprobs=recompute"
+            )
+
+    def _check_reference(self) -> None:
+        """The reference refresh: when, and how far it moves (trainer.ref_update_*)."""
+        t = self.trainer
+        if not 0 < t.ref_update_mix <= 1:
+            raise ConfigError(
+                f"trainer.ref_update_mix: got {t.ref_update_mix}, expected a share in (0, 1] (1.0: the reference "
+                "becomes the policy at each refresh; TR-DPO's soft update: e.g. 0.6, TRL's ref_model_mixup_alpha)"
+            )
+        if self.model.lora is not None and t.ref_update_mix != 1:
+            raise ConfigError(
+                f"model.lora with trainer.ref_update_mix={t.ref_update_mix}: under LoRA the reference is the base "
+                "model with the adapters disabled, which cannot be mixed with the policy (no weights of its own to "
+                "move); set trainer.ref_update_mix=1.0, or train without model.lora for a soft reference update"
+            )
+        if self.model.lora is not None and (t.ref_update_every or t.ref_update_kl):
+            raise ConfigError(
+                "model.lora with trainer.ref_update_every/ref_update_kl: under LoRA the reference is the base model "
+                "with the adapters disabled, which a refresh cannot move; set both to 0 (or train without model.lora)"
+            )
+        if t.ref_update_mix != 1 and not (t.ref_update_every or t.ref_update_kl):
+            raise ConfigError(
+                f"trainer.ref_update_mix={t.ref_update_mix} mixes the policy into the reference at each refresh, but "
+                "no refresh is set; set trainer.ref_update_every=K or trainer.ref_update_kl=KAPPA (or leave "
+                "ref_update_mix at 1.0)"
+            )
+
+    def _check_entropy_control(self) -> None:
+        """Adaptive entropy control (trainer.entropy_*): its values, and the log-probs it estimates the entropy from."""
+        t, r = self.trainer, self.rollout
+        if t.entropy_target is not None and not 0 < t.entropy_target < float("inf"):
+            raise ConfigError(
+                f"trainer.entropy_target: got {t.entropy_target}, expected a positive entropy in nats per token "
+                "(the authors' 0.2; read policy/entropy early in a run), or null for no adaptive entropy control"
+            )
+        if not t.entropy_coef_step > 0 or not 0 <= t.entropy_coef_min <= t.entropy_coef_max:
+            raise ConfigError(
+                f"trainer.entropy_coef_step/min/max: got {t.entropy_coef_step}, {t.entropy_coef_min}, "
+                f"{t.entropy_coef_max}; expected a step > 0 (the authors' 1e-4) and 0 <= min <= max"
+            )
+        if t.entropy_target is not None and not r.full_softmax:
+            raise ConfigError(
+                "trainer.entropy_target estimates the sampling policy's entropy as -mean(log pi_sampler) of the "
+                "batch's tokens, the full softmax's log-probs only with rollout.top_p=1 and rollout.temperature>0 "
+                f"(got top_p={r.top_p}, temperature={r.temperature}); set rollout.top_p=1 (a nucleus sampler's "
+                "entropy is not the policy's), or trainer.entropy_target=null"
             )
 
     def _check_env(self) -> None:

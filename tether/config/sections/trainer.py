@@ -72,6 +72,24 @@ class TrainerConfig:
     ref_update_kl: float = 0.0
     """...or when the mean `kl/ref` of the last 5 rollout steps exceeds this (0: never); also checked
     once per rollout step."""
+    ref_update_mix: float = 1.0
+    """a of the soft reference update at each refresh (ref_update_every / ref_update_kl): ref <- a * policy +
+    (1 - a) * ref, weight by weight (TR-DPO, arXiv 2404.09656; TRL's ref_model_mixup_alpha, 0.6 there). 1.0: the
+    reference becomes the policy (the hard copy). Refused under model.lora, whose reference cannot move."""
+    entropy_target: Optional[float] = None
+    """Adaptive entropy control (Skywork-OR1, arXiv 2505.22312; TRL's use_adaptive_entropy with entropy_target):
+    each rollout step's entropy bonus is alpha = c * 1[e <= target], e the sampling policy's entropy estimated from
+    the batch, -mean(log pi_sampler) of its tokens (policy/entropy_rollout; needs rollout.top_p=1 and temperature
+    > 0); after a step that took an optimiser step, c moves by entropy_coef_step up (e < target) or down
+    (e > target), within [entropy_coef_min, entropy_coef_max]. c starts at objective.entropy_coef and is
+    checkpointed. The authors' target: 0.2 nats. null: off (docs/algorithms/entropy.md)."""
+    entropy_coef_step: float = 0.0001
+    """Delta, the change of the adaptive entropy coefficient per step (trainer.entropy_target; the authors'
+    training scripts: 1e-4; TRL's default: 0.005)."""
+    entropy_coef_min: float = 0.0
+    """Lower bound of the adaptive entropy coefficient (the authors' training scripts: 0)."""
+    entropy_coef_max: float = 0.005
+    """Upper bound of the adaptive entropy coefficient (the authors' training scripts: 0.005; TRL's default: 1.0)."""
     eval_every: int = 50
     """Rollout steps between held-out evaluations (also at step 0 and the last step)."""
     step0_cache: Optional[str] = None
