@@ -158,11 +158,14 @@ def _resampled_study(rng, data: dict, seeds: list[int], design) -> bool:
     return False
 
 
-def _pooled_study(rng, data: dict, seeds: list[int]) -> bool:
-    """The refused test: final accuracy's seeds x problems outcomes pooled per arm, a two-proportion z-test."""
-    chosen = rng.choice(seeds, size=LOOKS[-1], replace=False)
-    a = [c for s in chosen for c in data["final_correct"]["grpo_null"][int(s)]]
-    b = [c for s in chosen for c in data["final_correct"]["grpo"][int(s)]]
+def _pooled_study(rng, data: dict, seeds: list[int], same_seeds: bool = False) -> bool:
+    """The refused test: final accuracy's seeds x problems outcomes pooled per arm, a two-proportion z-test that
+    treats every outcome as independent. The arms on 9 seeds each, other seeds for each arm (as a pooled test is
+    used when runs do not pair), or the same seeds (`same_seeds`: the coupled pair)."""
+    chosen = rng.choice(seeds, size=2 * LOOKS[-1], replace=False)
+    mine, theirs = (chosen[: LOOKS[-1]], chosen[: LOOKS[-1]]) if same_seeds else (chosen[:9], chosen[9:])
+    a = [c for s in mine for c in data["final_correct"]["grpo_null"][int(s)]]
+    b = [c for s in theirs for c in data["final_correct"]["grpo"][int(s)]]
     pa, pb, n = statistics.fmean(a), statistics.fmean(b), len(a)
     pool = (pa + pb) / 2
     se = math.sqrt(2 * pool * (1 - pool) / n) if 0 < pool < 1 else 0.0
@@ -174,7 +177,8 @@ def tiny(data: dict, studies: int, boots: int) -> list[str]:
     rows = [
         ("design: t test, O'Brien-Fleming looks 4/6/9, 6 A/A tests as one Holm family", Design(LOOKS), "design"),
         ("one fixed look at 9 seeds, the same family", None, "design"),
-        ("pooled problems, final accuracy, no seeds (refused by tether)", None, "pooled"),
+        ("pooled problems, final accuracy, other seeds per arm (refused by tether)", None, "pooled"),
+        ("pooled problems, final accuracy, the same seeds (refused by tether)", None, "pooled_same"),
     ]
     lines = [
         f"| procedure | A/A studies (9 of {len(seeds)} seeds each) | tests per study | false verdicts | 95% interval "
@@ -182,10 +186,10 @@ def tiny(data: dict, studies: int, boots: int) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for name, design, kind in rows:
-        if kind == "pooled" and any(v is None for v in data["final_correct"]["grpo"].values()):
+        if kind.startswith("pooled") and any(v is None for v in data["final_correct"]["grpo"].values()):
             continue
-        if kind == "pooled":
-            study = _pooled_study
+        if kind.startswith("pooled"):
+            study = lambda r, d, s, same=kind == "pooled_same": _pooled_study(r, d, s, same)  # noqa: E731
         else:
             study = lambda r, d, s, design=design: _resampled_study(r, d, s, design)  # noqa: E731
         rng = np.random.default_rng(7)
@@ -196,7 +200,7 @@ def tiny(data: dict, studies: int, boots: int) -> list[str]:
             boot_data = _relabel(data, sample)  # a seed drawn twice stands for two seeds
             boot.append(statistics.fmean(study(rng, boot_data, list(range(len(sample)))) for _ in range(studies // 10)))
         lo, hi = np.percentile(boot, [2.5, 97.5])
-        tests = 1 if kind == "pooled" else len(AA_METRICS)
+        tests = 1 if kind.startswith("pooled") else len(AA_METRICS)
         lines.append(f"| {name} | {studies} | {tests} | {rate:.2%} | {lo:.2%}-{hi:.2%} |")
     return lines
 
