@@ -1,8 +1,8 @@
 """How often tether's comparison procedure, looks and Holm included, publishes a false verdict when there is nothing
 to find: simulated null studies driven through tether's API, and real A/A pairs of the built-in tiny model.
 
-    tether compare --objectives grpo --null-control grpo --seeds 60 trainer.total_steps=100 trainer.eval_every=25 \
-        trainer.save_every=100 --out RUNS        # the A/A pairs (about 100 minutes on one core)
+    tether compare --objectives grpo --null-control grpo --seeds 40 trainer.total_steps=100 trainer.eval_every=25 \
+        trainer.save_every=100 --out RUNS        # the A/A pairs (about 2.5 hours on 2 cores)
     python benchmarks/aa_calibration.py --runs RUNS --out benchmarks/results/aa_calibration
 
 Part 1, simulated (no runs needed): 2,000 null studies per row, each run look by look as `tether compare` runs a
@@ -14,10 +14,10 @@ extension.
 
 Part 2, real A/A pairs: seed k of GRPO and of its null control (the same initial model, data, held-out set and
 sampling stream, another mini-batch order) on the tiny model's 100-step job. Each resampled study draws 9 of the
-60 seeds without replacement, in a random order that becomes seeds 0-8 (so the null control's label coins and the
+40 seeds without replacement, in a random order that becomes seeds 0-8 (so the null control's label coins and the
 looks' seed order are drawn anew), and tests the pair on auc, final_accuracy, best_accuracy, final_entropy,
 entropy_retained and clipfrac as one Holm family at the design's looks. The 95% interval of each rate is the
-2.5-97.5% range over bootstrap samples of the 60 seeds (resampled studies share seeds, so a binomial interval over
+2.5-97.5% range over bootstrap samples of the 40 seeds (resampled studies share seeds, so a binomial interval over
 studies would be too narrow). Beside it: the same family at one fixed look of 9 seeds, and a test that pools the
 held-out problems of every seed (a two-proportion z-test on final accuracy over seeds x problems), which tether
 refuses: its false-verdict rate shows why.
