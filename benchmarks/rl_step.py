@@ -108,7 +108,11 @@ def tether_runner(
             "data.eval_size=1",
             *([f"model.lora.r={args.lora}", f"model.lora.alpha={2.0 * args.lora}"] if getattr(args, "lora", 0) else []),
             *(
-                ["data.task=math", f"data.task_args.train={data}", f"data.task_args.test={data}"]
+                [
+                    "data.task=math",
+                    f"data.task_args.train={data}",
+                    f"data.task_args.test={getattr(args, 'test', None) or data}",
+                ]
                 + [f"data.task_args.template={getattr(args, 'template', 'plain')}"]
                 if data
                 else []

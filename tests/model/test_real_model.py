@@ -156,6 +156,39 @@ def test_smollm2_evaluates_trains_two_lora_steps_and_its_logprobs_are_transforme
     torch.testing.assert_close(batch.sampler_logprobs * tokens.mask, plain, atol=2e-4, rtol=0)
 
 
+def test_smollm2_never_copies_a_placeholder_from_the_tool_instructions(smollm2):
+    """Issue 49: with the plain-text format's old `{"name": "TOOL", "arguments": {...}}` SmolLM2 copied the
+    placeholder. The format now shows one real call (tether.envs.tools.plain_instructions). Untrained SmolLM2
+    rarely starts a call on its own (1 "TOOL" in 128 sampled episodes under the old format), so each of 8 held-out
+    towns is given the opening `<tool_call>` and the call is decoded greedily, as the first step's calls would
+    go on: under the old format the model writes the placeholder in 3 of 8, under the one shipped in none."""
+    from tether.envs.tools import plain_instructions
+    from tether.envs.towns import town_population
+    from tether.model.loading import load_model
+
+    model, tok = load_model(smollm2)
+    shipped = plain_instructions([town_population])
+    example = next(line for line in shipped.splitlines() if line.startswith("<tool_call>"))
+    old = shipped.replace(example, '<tool_call>{"name": "TOOL", "arguments": {...}}</tool_call>')
+    towns = [json.loads(line) for line in (DATA / "towns_heldout.jsonl").read_text().splitlines()[:8]]
+
+    def calls(instructions: str) -> list[str]:
+        out = []
+        for row in towns:
+            message = f"{row['problem']}\nCall the tool, then put the number within \\boxed{{}}.\n\n{instructions}"
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+            )
+            ids = tok(text + "<tool_call>", return_tensors="pt", add_special_tokens=False).input_ids
+            with torch.no_grad():
+                done = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+            out.append(tok.decode(done[0, ids.shape[1] :], skip_special_tokens=True))
+        return out
+
+    assert not any('"TOOL"' in c or "{...}" in c for c in calls(shipped))
+    assert any('"TOOL"' in c for c in calls(old))  # the test can tell: the old format's placeholder is copied
+
+
 @needs_real_model
 def test_everything_a_user_touches_works_with_smollm2(smollm2, tmp_path):
     """`tether eval` on real benchmark files; training with LoRA, `trainer.staleness=1` and the vLLM engine
