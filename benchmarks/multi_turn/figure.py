@@ -6,15 +6,17 @@
 Reads RESULTS/seed*/metrics.jsonl and writes RESULTS/plots/learning.png and RESULTS/table.md. The retry job's three
 panels: held-out first-turn accuracy (one greedy episode per problem, `eval/solved_turn_1`), the training episodes'
 first-turn accuracy (`env/solved_turn_1`, temperature 0.6) and the turns they used (`env/turns`). The tool job's:
-held-out accuracy (`eval/accuracy`, the strict verifier), held-out valid tool calls per episode (`eval/tool_calls -
-eval/tool_errors`) and the training reward. One line per seed and their mean. The table gives each seed's numbers at
+held-out accuracy (`eval/accuracy`, the strict verifier), the training episodes' valid tool calls (`env/tool_calls -
+env/tool_errors`; the held-out ones, greedy, are in the table) and the training reward. One line per seed and their mean. The table gives each seed's numbers at
 the start and the end; the training columns average the first and the last three steps, since one step's 32 episodes
-are noisy. Remade from the files alone, so the picture follows the results it shows.
+are noisy; the tool job's table adds what its training episodes did (`outcome`, from samples.jsonl) in the first and
+last three steps. Remade from the files alone, so the picture follows the results it shows.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -48,7 +50,7 @@ JOBS = {
         "title": "Learning to call a tool (town_population), SmolLM2-135M-Instruct, warm start then LoRA GRPO, 2 CPU cores",
         "panels": (
             ("eval/accuracy", "held-out accuracy (greedy, 50 towns, strict)", (0, 1)),
-            ("eval/valid_calls", "held-out valid tool calls per episode", (0, 2)),
+            ("env/valid_calls", "training valid tool calls per episode (T=0.7)", (0, 1.3)),
             ("reward/mean", "training reward (T=0.7)", (0, 1)),
         ),
         "columns": (
@@ -59,6 +61,7 @@ JOBS = {
             ("train valid calls", "env/valid_calls", "steps"),
             ("train turns", "env/turns", "steps"),
         ),
+        "outcomes": True,
     },
 }
 DERIVED = {  # metrics computed per row from two logged ones
@@ -113,6 +116,52 @@ def table(results: Path, columns) -> str:
     return "\n".join(lines) + "\n"
 
 
+OUTCOMES = (
+    "solved",
+    "no tool call",
+    "failed call (unknown town, bad JSON)",
+    "looked up another town",
+    "echoed the tool's response",
+    "right lookup, no right \\boxed{}",
+)
+
+
+def outcome(sample: dict) -> str:
+    """What a tool-job episode of samples.jsonl did, as one of OUTCOMES: the reward first, then the turns."""
+    if sample["reward"] >= 1.0:
+        return OUTCOMES[0]
+    tool = [text for role, text in sample["turns"] if role == "tool"]
+    if not tool:
+        return OUTCOMES[1]
+    if any("error" in text for text in tool):
+        return OUTCOMES[2]
+    if not any(sample["answer"] in text for text in tool):
+        return OUTCOMES[3]
+    last = [text for role, text in sample["turns"] if role == "model"][-1]
+    return OUTCOMES[4] if "<tool_response>" in last or "population of" in last else OUTCOMES[5]
+
+
+def outcomes(results: Path, first: int = 3) -> str:
+    """The training episodes' outcomes in the first and last `first` steps of every seed: the episodes samples.jsonl
+    keeps (`trainer.log_samples` per step, 4 by default), so the shares are of a sample of each step's batch."""
+    counts: dict[str, list[int]] = {o: [0, 0] for o in OUTCOMES}
+    for run in runs(results):
+        samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+        last = max(s["step"] for s in samples)
+        for s in samples:
+            side = 0 if s["step"] <= first else 1 if s["step"] > last - first else None
+            if side is not None:
+                counts[outcome(s)][side] += 1
+    totals = [sum(c[i] for c in counts.values()) for i in (0, 1)]
+    lines = [
+        f"| training episode | steps 1-{first} | last {first} steps |",
+        "|---|---|---|",
+        *(f"| {o} | {c[0] / totals[0]:.1%} | {c[1] / totals[1]:.1%} |" for o, c in counts.items()),
+        f"| episodes | {totals[0]} | {totals[1]} |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def draw(results: Path, panels, title: str) -> Path:
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -148,7 +197,10 @@ def main() -> None:
     a = p.parse_args()
     job = JOBS[a.job]
     results = a.results or job["results"]
-    (results / "table.md").write_text(table(results, job["columns"]))
+    text = table(results, job["columns"])
+    if job.get("outcomes"):
+        text += "\n" + outcomes(results)
+    (results / "table.md").write_text(text)
     print(draw(results, job["panels"], job["title"]))
     print((results / "table.md").read_text())
 
