@@ -273,13 +273,14 @@ def _runs_with(tiny_dir, tmp_path, objective, key, log=lambda *_: None):
     return runs["true"], runs["false"]
 
 
-def _assert_same_metrics(on, off):
-    """Every logged loss and metric equal to float32 rounding, and the comparison not of zeros."""
+def _assert_same_metrics(on, off, differ=()):
+    """Every logged loss and metric equal to float32 rounding, and the comparison not of zeros; `differ` names
+    metrics that measure the switch itself (they may change)."""
     assert [r["step"] for r in on] == [r["step"] for r in off] == [0, 1, 2]
     for a, b in zip(on, off):
         assert set(a) == set(b)
         for key in a:
-            if not key.startswith("time/"):
+            if not key.startswith("time/") and key not in differ:
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
     assert any(abs(r["loss/policy"]) > 1e-4 for r in on[1:])
 
@@ -297,7 +298,8 @@ def test_shared_prompts_leave_the_losses_unchanged(tiny_dir, tmp_path):
     logged = []
     on, off = _runs_with(tiny_dir, tmp_path, "rpg_fkl", "share_prompts", log=logged.append)
     assert not [line for line in logged if "shared prompts off" in str(line)]  # sharing really ran
-    _assert_same_metrics(on, off)
+    # tokens/pad_frac counts the positions the passes compute: sharing computes each prompt once, so it changes.
+    _assert_same_metrics(on, off, differ={"tokens/pad_frac"})
 
 
 @pytest.mark.slow
