@@ -6,11 +6,12 @@
 Reads RESULTS/seed*/metrics.jsonl and writes RESULTS/plots/learning.png and RESULTS/table.md. The retry job's three
 panels: held-out first-turn accuracy (one greedy episode per problem, `eval/solved_turn_1`), the training episodes'
 first-turn accuracy (`env/solved_turn_1`, temperature 0.6) and the turns they used (`env/turns`). The tool job's:
-held-out accuracy (`eval/accuracy`, the strict verifier), the training episodes' valid tool calls (`env/tool_calls -
-env/tool_errors`; the held-out ones, greedy, are in the table) and the training reward. One line per seed and their mean. The table gives each seed's numbers at
-the start and the end; the training columns average the first and the last three steps, since one step's 32 episodes
-are noisy; the tool job's table adds what its training episodes did (`outcome`, from samples.jsonl) in the first and
-last three steps. Remade from the files alone, so the picture follows the results it shows.
+held-out accuracy (`eval/accuracy`, the strict verifier; step 0 is after the warm start), the training episodes' valid
+tool calls (`env/tool_calls - env/tool_errors`; the held-out ones, greedy, are in the table) and the training reward,
+with the untrained model's calibration (before the warm start) as a cross at step -1. One line per seed and their
+mean. The table gives each seed's numbers at the start and the end; the training columns average the first and the
+last three steps, since one step's 32 episodes are noisy; the tool job's table adds what its training episodes did (`outcome`, from
+samples.jsonl) in the first and last three steps. Remade from the files alone, so the picture follows the results it shows.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ JOBS = {
             ("train turns", "env/turns", "steps"),
         ),
         "outcomes": True,
+        # The untrained model, before the warm start (tether eval, 16 held-out towns x 4 samples at T=1; the
+        # calibration in docs/environments.md): no valid call, no right answer. Drawn at step -1.
+        "untrained": {"eval/accuracy": 0.0, "env/valid_calls": 0.0},
     },
 }
 DERIVED = {  # metrics computed per row from two logged ones
@@ -162,7 +166,7 @@ def outcomes(results: Path, first: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw(results: Path, panels, title: str) -> Path:
+def draw(results: Path, panels, title: str, untrained: dict | None = None) -> Path:
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -176,11 +180,15 @@ def draw(results: Path, panels, title: str) -> Path:
         steps = [s for s, _ in curves[0][:n]]
         mean = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
         ax.plot(steps, mean, color="black", lw=2, label=f"mean of {len(found)} seeds")
+        low = limits[0]
+        if untrained and metric in untrained:
+            ax.plot([-1], [untrained[metric]], "rx", ms=7, mew=2, label="untrained (step -1)")
+            low -= 0.06 * (limits[1] - limits[0])  # the cross sits on the axis: keep it inside
         ax.set(title=name, xlabel="RL step")
-        ax.set_ylim(*limits)
+        ax.set_ylim(low, limits[1])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower right" if untrained and metric in untrained else "best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     out = results / "plots" / "learning.png"
@@ -201,7 +209,7 @@ def main() -> None:
     if job.get("outcomes"):
         text += "\n" + outcomes(results)
     (results / "table.md").write_text(text)
-    print(draw(results, job["panels"], job["title"]))
+    print(draw(results, job["panels"], job["title"], job.get("untrained")))
     print((results / "table.md").read_text())
 
 
