@@ -56,7 +56,9 @@ Where this departs from tether's own trainer, and why:
    does) gets verl's rollout_is_weights as `TokenBatch.rollout_weights` instead of having them multiplied in.
 6. `sampler_kl_coef` is refused: verl's loss signature has no sampler log-probs (`rollout_log_probs` reach
    the loss only in some of verl's paths), so the squared log-ratio to the sampler cannot be computed there.
-   So is `top_entropy_frac`: the signature has no per-token entropy either.
+   So is `top_entropy_frac`: the signature has no per-token entropy either. So is `troll`, which reads each
+   position's top-k log-probs of pi_old and pi_theta (`ObjectiveConfig.sparse_support`): verl's loss gets the
+   sampled tokens' only (the authors' verl fork threads sparse logits through `DataProto`; this plugin does not).
 """
 
 from __future__ import annotations
@@ -171,6 +173,13 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
         why = cfg.needs()["entropy"]
         raise ConfigError(
             f"{_KEY}: {why}, from the per-token entropy verl passes no policy loss; top_entropy_frac=null"
+        )
+    support = cfg.sparse_support()
+    if support is not None:  # verl passes a policy loss the sampled tokens' log-probs only
+        raise ConfigError(
+            f"{_KEY}: objective {obj.name!r} reads pi_old's and pi_theta's log-probs at each position's top "
+            f"{support.top_k} tokens (a sparse support), and verl passes its policy loss the sampled tokens' "
+            "log-probs only (old_log_prob, log_prob); train it with tether's own trainer (tether train)"
         )
     if cfg.reward_aggregation != "sum":
         raise ConfigError(
