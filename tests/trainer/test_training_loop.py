@@ -515,12 +515,9 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
         tokens.prompt_len,
     )
     settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
-    assert (
-        old_logprobs_of(
-            Policy(model, None, None, None, cpu, Precision.of("off", cpu), settings), tokens, rollout, cfg.trainer
-        )
-        == (None, None)
-    )
+    assert old_logprobs_of(
+        Policy(model, None, None, None, cpu, Precision.of("off", cpu), settings), tokens, rollout, cfg.trainer
+    ) == (None, None)
     recomputed = batched_logprobs(model, tokens, LogProbSettings(temperature=1.0, micro_batch_size=64))
     obj = objectives.build(cfg.objective)
     groups, rewards = torch.tensor(rollout.prompt_index), torch.tensor([1.0, 0, 1, 0, 0, 0, 1, 1], dtype=torch.float64)

@@ -166,20 +166,13 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             f"{_KEY}.objective {objective!r} is tether objective {obj.name!r}, but loss_mode {loss_mode!r} "
             f"runs {name!r}; set loss_mode={fix}"
         )
-    cfg = obj.config
+    cfg = _without_sparse_support(obj).config
     if cfg.trains_entropy:
         raise ConfigError(f"{_KEY}: entropy_coef must be 0 under verl; use actor_rollout_ref.actor.entropy_coeff")
     if "entropy" in cfg.needs():  # verl computes the entropy, but its policy-loss signature does not pass it
         why = cfg.needs()["entropy"]
         raise ConfigError(
             f"{_KEY}: {why}, from the per-token entropy verl passes no policy loss; top_entropy_frac=null"
-        )
-    support = cfg.sparse_support()
-    if support is not None:  # verl passes a policy loss the sampled tokens' log-probs only
-        raise ConfigError(
-            f"{_KEY}: objective {obj.name!r} reads pi_old's and pi_theta's log-probs at each position's top "
-            f"{support.top_k} tokens (a sparse support), and verl passes its policy loss the sampled tokens' "
-            "log-probs only (old_log_prob, log_prob); train it with tether's own trainer (tether train)"
         )
     if cfg.reward_aggregation != "sum":
         raise ConfigError(
@@ -218,6 +211,18 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             f"{_KEY}: {', '.join(options)} is not supported under verl: the tether_* advantage estimators compute "
             "the group statistics from the batch's rewards alone (nu_g from its observed reward range, for 0/1 "
             f"rewards the same as [0, 1]); set {', '.join(f'{k}=null' for k in options)}"
+        )
+    return obj
+
+
+def _without_sparse_support(obj: objectives.Objective) -> objectives.Objective:
+    """`obj`, unless it reads a sparse support (`ObjectiveConfig.sparse_support`: TROLL), which is refused."""
+    support = obj.config.sparse_support()
+    if support is not None:  # verl passes a policy loss the sampled tokens' log-probs only
+        raise ConfigError(
+            f"{_KEY}: objective {obj.name!r} reads pi_old's and pi_theta's log-probs at each position's top "
+            f"{support.top_k} tokens (a sparse support), and verl passes its policy loss the sampled tokens' "
+            "log-probs only (old_log_prob, log_prob); train it with tether's own trainer (tether train)"
         )
     return obj
 
