@@ -1,11 +1,36 @@
-"""TROLL [arXiv 2510.03817]: each token's distribution projected onto a KL trust region around pi_old.
+"""TROLL [Becker, Freymuth, Thilges, Otto, Neumann, arXiv 2510.03817]: the ratio clip replaced by a differentiable
+projection of each token's distribution onto a KL trust region around pi_old.
 
-    pi* = argmin_pi KL(pi || pi_theta) s.t. KL(pi || pi_old) <= eps,    l_t = -(pi*(y_t) / pi_old(y_t)) A_t
-                                                                               + alpha KL(pi_theta || SG(pi*))
+At every counted position t, on a sparse support S_t (below), with pi~ = pi_theta renormalised over S_t:
 
-on a sparse support per position: the union of pi_old's and pi_theta's most probable tokens (top_k, 1 - delta of
-the mass) and the sampled token, which the trainer feeds as `TokenBatch.support_*` (tether.trainer.support). The
-math and the departures from the paper are in `tether.core.troll`; docs/algorithms/troll.md.
+    pi* = argmin_pi KL(pi || pi~)   s.t.   KL(pi || pi_old) <= eps                       (the projection)
+    log pi*(a) = a* log pi~(a) + (1 - a*) log pi_old(a) - log Z,   a* = 1 / (1 + eta*)   (its Lagrangian solution)
+    l_t = -(pi*(y_t) / pi_old(y_t)) A_t + alpha KL(pi~ || SG(pi*))                        (the loss per token)
+
+eta* = 0 (pi* = pi~) inside the region, else the root of KL(pi* || pi_old) = eps; the gradient flows through eta*
+by the implicit function theorem (tether.core.troll, which holds the math and its departures). The paper's
+settings: eps = 0.05, alpha = 1, supports of each policy's top K = 64 tokens or 1 - delta of the mass,
+delta = 1e-5 (the `troll` preset).
+
+The support S_t is the union of pi_old's set (kept by the trainer's old log-prob pass), pi_theta's own set (taken
+without gradient in the update's forward) and the sampled token: `TokenBatch.support_*`, fed by tether's trainer
+(tether.trainer.support; docs/algorithms/troll.md, "What the trainer feeds").
+
+Choices and departures (beyond tether.core.troll's):
+1. Aggregation is the config's (`token-mean` in the preset, verl's default, which the authors' code forks); both
+   terms are per token and aggregated alike, where the project page writes the regression term outside the token
+   sum: the paper does not tie TROLL to an aggregation (it swaps the clip inside GRPO, Dr.GRPO, GSPO, REINFORCE++).
+2. tether's other axes act outside the per-token loss and compose as for every objective: the KL penalty, the
+   entropy bonus, rollout correction (each token's loss times SG(c), the regression term included), the
+   off-policy mask and top_entropy_frac (a dropped token loses both terms).
+3. pi_old must be recomputed (trainer.old_logprobs=recompute): the sampler returns only the sampled token's
+   log-prob, so trainer.old_logprobs=sampler is refused (tether.config.loading), as are TRL's adapter and verl's
+   plugin, which carry only the sampled tokens' log-probs (tether.integrations).
+4. With one update per rollout batch (no staleness) the old pass is skipped, pi_old is pi_theta detached, nothing
+   is projected, and TROLL is the policy gradient of the support's conditional pi(y | S_t), as every trust region
+   is on-policy.
+5. Positions outside the loss mask (padding, an environment's tokens) get a one-entry support and 0 scores before
+   the projection, so whatever the trainer leaves there gives neither a NaN nor a gradient.
 """
 
 from __future__ import annotations
