@@ -141,7 +141,7 @@ def test_an_environment_token_gets_no_gradient_in_a_whole_update(tiny_dir, tmp_p
     rewards = torch.tensor([float(f["reward"]) for f in rollout.episodes])
     groups = torch.tensor(rollout.prompt_index)
     adv = obj.advantages(rewards, groups, rollout.completion_lengths.float(), None)
-    old, _ = old_logprobs_of(policy, tokens, rollout, t)
+    old = old_logprobs_of(policy, tokens, rollout, t)
     ref = parts.reference.ref_logprobs(policy, tokens)  # grpo's KL penalty reads it
     batch = upd.UpdateBatch(tokens, adv, rewards, groups, old, ref, sampler_logprobs(rollout, tokens))
     upd.update(policy, obj, batch, t, torch.Generator().manual_seed(0))

@@ -392,7 +392,7 @@ def _etr_update(tiny_dir, micro: int):
     settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
     opt = _RecordingSGD(model.parameters(), lr=0.5)
     policy = Policy(model, None, opt, _NoSchedule(), cpu, Precision.of("off", cpu), settings)
-    old, _ = old_logprobs_of(policy, tokens, rollout, cfg.trainer)
+    old = old_logprobs_of(policy, tokens, rollout, cfg.trainer)
     batch = UpdateBatch(tokens, obj.advantages(rewards, groups), rewards, groups, old)
     metrics, _ = update(policy, obj, batch, cfg.trainer, torch.Generator().manual_seed(7))
     return metrics, opt.grads
@@ -438,8 +438,8 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     model.train()
     settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
     policy = Policy(model, None, None, None, cpu, Precision.of("off", cpu), settings)
-    a, _ = old_logprobs_of(policy, tokens, rollout, cfg.trainer)
-    b, _ = old_logprobs_of(policy, tokens, rollout, cfg.trainer)
+    a = old_logprobs_of(policy, tokens, rollout, cfg.trainer)
+    b = old_logprobs_of(policy, tokens, rollout, cfg.trainer)
     assert model.training
     torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout noise
     torch.testing.assert_close(a, rollout.sampler_logprobs * tokens.mask, rtol=1e-4, atol=1e-5)
@@ -515,9 +515,12 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
         tokens.prompt_len,
     )
     settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
-    assert old_logprobs_of(
-        Policy(model, None, None, None, cpu, Precision.of("off", cpu), settings), tokens, rollout, cfg.trainer
-    ) == (None, None)
+    assert (
+        old_logprobs_of(
+            Policy(model, None, None, None, cpu, Precision.of("off", cpu), settings), tokens, rollout, cfg.trainer
+        )
+        is None
+    )
     recomputed = batched_logprobs(model, tokens, LogProbSettings(temperature=1.0, micro_batch_size=64))
     obj = objectives.build(cfg.objective)
     groups, rewards = torch.tensor(rollout.prompt_index), torch.tensor([1.0, 0, 1, 0, 0, 0, 1, 1], dtype=torch.float64)

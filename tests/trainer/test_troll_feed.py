@@ -291,7 +291,7 @@ def test_pi_old_from_the_sampler_is_refused_with_the_fix(tiny_dir, tmp_path, cap
     from tether.cli import main
     from tether.config.loading import load_config
     from tether.schema import ConfigError
-    from tether.trainer.step import old_logprobs_of
+    from tether.trainer.step import old_logprobs_and_set
 
     with pytest.raises(
         ConfigError,
@@ -304,4 +304,4 @@ def test_pi_old_from_the_sampler_is_refused_with_the_fix(tiny_dir, tmp_path, cap
     # the step refuses it too, for a caller that skips the config's checks (a benchmark, a test)
     cfg = load_config(None, ["objective=dapo", "trainer.old_logprobs=sampler"])
     with pytest.raises(ValueError, match="sampled token's log-prob.*set trainer.old_logprobs=recompute"):
-        old_logprobs_of(None, None, None, cfg.trainer, SupportSize(64, 1.0))
+        old_logprobs_and_set(None, None, None, cfg.trainer, SupportSize(64, 1.0))

@@ -107,7 +107,7 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     lengths = scored.rollout.completion_lengths.float()  # the policy's tokens
     advantages = obj.advantages(scored.rewards, scored.group_ids, lengths, by_part).to(policy.device)
     clock = {"start": _clocked(policy.device)}
-    old_lp, old_set = old_logprobs_of(policy, tokens, scored.rollout, t, obj.config.sparse_support())
+    old_lp, old_set = old_logprobs_and_set(policy, tokens, scored.rollout, t, obj.config.sparse_support())
     clock["old"] = _clocked(policy.device)
     ref_lp = parts.reference.ref_logprobs(policy, tokens) if obj.uses_reference() else None
     clock["ref"] = _clocked(policy.device)
@@ -232,26 +232,34 @@ def tokens_for_update(rollout: RolloutBatch, parts: StepParts) -> tuple[Tokens, 
     return tokens, nonfinite
 
 
-def old_logprobs_of(
-    policy: Policy, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig, support: Optional[SupportSize] = None
-) -> tuple[Optional[Tensor], Optional[SparseSet]]:
+def old_logprobs_of(policy: Policy, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig) -> Optional[Tensor]:
     """pi_old's log-probs (N, T), before any update: recomputed in eval mode, as the sampler ran
     (a model with dropout would otherwise give a dropout sample of pi_old), or the sampler's own
     (trainer.old_logprobs=sampler: the same weights, no extra pass). None when there is a single
     update per rollout batch (ppo_epochs x mini_batches = 1): it is on-policy, pi_old is the policy
-    being differentiated, and `update` uses its log-probs, detached (the pass is skipped).
-    With `support` (the objective's `sparse_support()`: TROLL), the same recompute also keeps pi_old's most
-    probable tokens per position (`tether.trainer.support.old_with_set`), else None; the sampler has no such set."""
+    being differentiated, and `update` uses its log-probs, detached (the pass is skipped)."""
     if t.old_logprobs == "sampler":
-        if support is not None:
-            raise ValueError(SAMPLER_HAS_NO_SET)
-        return sampler_logprobs(rollout, tokens), None
+        return sampler_logprobs(rollout, tokens)
     if t.ratio_is_one and t.staleness == 0:  # stale: pi_old (the current policy) is logged
+        return None
+    with eval_mode(policy.model), policy.precision():
+        return batched_logprobs(policy.model, tokens, policy.logprob_settings)
+
+
+def old_logprobs_and_set(
+    policy: Policy, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig, support: Optional[SupportSize]
+) -> tuple[Optional[Tensor], Optional[SparseSet]]:
+    """`old_logprobs_of` and, for an objective with a sparse support (`support`, its `sparse_support()`: TROLL),
+    pi_old's most probable tokens per position kept by the same recompute (`tether.trainer.support.old_with_set`),
+    else None. The sampler has no such set (refused); on-policy the pass is skipped, as `old_logprobs_of` skips it."""
+    if support is None:
+        return old_logprobs_of(policy, tokens, rollout, t), None
+    if t.old_logprobs == "sampler":
+        raise ValueError(SAMPLER_HAS_NO_SET)
+    if t.ratio_is_one and t.staleness == 0:
         return None, None
     with eval_mode(policy.model), policy.precision():
-        if support is not None:
-            return old_with_set(policy.model, tokens, policy.logprob_settings, support)
-        return batched_logprobs(policy.model, tokens, policy.logprob_settings), None
+        return old_with_set(policy.model, tokens, policy.logprob_settings, support)
 
 
 SAMPLER_HAS_NO_SET = (
