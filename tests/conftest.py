@@ -217,6 +217,31 @@ def param_grads(model, lp, ent, tok, seed=0):
     return torch.autograd.grad(loss, params)
 
 
+# ---------------------------------------------------------------- an objective's batch with a sparse support
+
+
+def with_support(obj, batch):
+    """`batch` (a TokenBatch) with the support_* fields that an objective with a sparse support (TROLL,
+    `sparse_support()`) reads, derived from its log-probs, else `batch` itself: each position's support is its
+    sampled token (entry 0) and two others, with scores (log pi_theta(y), 0, -1) for pi_theta and
+    (log pi_old(y), 0.5, -2) for pi_old, renormalised by the loss. Gradient reaches `batch.logprobs`; whatever the
+    log-probs hold at padding reaches the support too."""
+    import dataclasses
+
+    if obj.config.sparse_support() is None:
+        return batch
+    lp, old = batch.logprobs, batch.old_logprobs
+    rest = torch.tensor([0.0, -1.0], dtype=lp.dtype).expand(*lp.shape, 2)
+    rest_old = torch.tensor([0.5, -2.0], dtype=lp.dtype).expand(*lp.shape, 2)
+    return dataclasses.replace(
+        batch,
+        support_logprobs=torch.cat([lp[..., None], rest], -1),
+        old_support_logprobs=torch.cat([old[..., None].to(lp.dtype), rest_old], -1),
+        support_mask=torch.ones(*lp.shape, 3, dtype=torch.bool),
+        support_token_index=torch.zeros(lp.shape, dtype=torch.long),
+    )
+
+
 # ---------------------------------------------------------------- markers
 
 

@@ -285,6 +285,19 @@ def test_settings_tether_cannot_honour_are_refused(tmp_path, setting, message):
         TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path, **setting), objective="dapo")
 
 
+@pytest.mark.parametrize("objective", ["troll", {"preset": "troll", "top_k": 8}])
+def test_an_objective_with_a_sparse_support_is_refused_with_why_and_what_to_use(tmp_path, objective):
+    # TROLL reads pi_old's and pi_theta's log-probs at each position's top-k tokens; TRL computes and buffers the
+    # sampled tokens' only. Refused before the model loads (the model id does not exist).
+    k = 64 if objective == "troll" else 8
+    with pytest.raises(
+        ConfigError,
+        match=rf"objective 'troll' reads pi_old's and pi_theta's log-probs at each position's top {k} tokens.*"
+        r"keeps only the sampled tokens' log-probs; train it with tether's own trainer \(tether train\)",
+    ):
+        TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path), objective=objective)
+
+
 def test_trls_and_the_objectives_reward_aggregation_must_agree(tmp_path):
     gdpo_args = _args(tmp_path, multi_objective_aggregation="normalize_then_sum")
     with pytest.raises(ConfigError, match="multi_objective_aggregation='normalize_then_sum'.*reward_aggregation"):

@@ -244,8 +244,28 @@ CASES = [
 ]
 
 
+# Objectives verl's policy-loss signature cannot feed, refused by name (test_an_objective_with_a_sparse_support_...).
+REFUSED_OBJECTIVES_UNDER_VERL = {"troll"}
+
+
 def test_the_cases_cover_every_objective():
-    assert {tv.LOSS_MODES[c[0]] for c in CASES} == set(objectives.names())
+    assert {tv.LOSS_MODES[c[0]] for c in CASES} == set(objectives.names()) - REFUSED_OBJECTIVES_UNDER_VERL
+
+
+@pytest.mark.parametrize("overrides", [{}, {"top_k": 8}])
+def test_an_objective_with_a_sparse_support_is_refused_with_why_and_what_to_use(overrides):
+    # TROLL reads pi_old's and pi_theta's log-probs at each position's top-k tokens; verl passes its policy loss the
+    # sampled tokens' log-probs only, so the loss mode is registered (every objective is) and refused when built.
+    assert core_algos.get_policy_loss_fn("tether_troll").__module__ == "tether.integrations.verl"
+    k = overrides.get("top_k", 64)
+    with pytest.raises(
+        ConfigError,
+        match=rf"objective 'troll' reads pi_old's and pi_theta's log-probs at each position's top {k} tokens.*"
+        r"sampled tokens' log-probs only.*train it with tether's own trainer \(tether train\)",
+    ):
+        tv.TetherPolicyLossConfig(loss_mode="tether_troll", overrides=overrides)
+    with pytest.raises(ConfigError, match="sparse support"):
+        tv.objective_from("tether_troll")
 
 
 def _both_sides(loss_mode, objective, overrides, d, batch_info=None, loss_norm=None):
@@ -980,7 +1000,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
 
 
 # Presets that verl runs by its own means, so that their loss mode is refused with the verl setting to use.
-REFUSED_UNDER_VERL = {"gdpo": "adv_estimator=gdpo"}
+REFUSED_UNDER_VERL = {"gdpo": "adv_estimator=gdpo", "troll": "train it with tether's own trainer"}
 PRESETS_UNDER_VERL = [p for p in objectives.preset_names() if p not in REFUSED_UNDER_VERL]
 
 

@@ -132,6 +132,41 @@ def test_ignored_targets_skip_the_head():
     assert (got[0][ignored] == 0).all()
 
 
+@pytest.mark.parametrize("chunk, vocab_chunk", [(3, 4), (5, None), (100, 11)])
+def test_several_targets_per_position_match_the_naive_gather(chunk, vocab_chunk):
+    # TROLL's support: S = 6 ids per position (repeats included), the log-probs (N, T, S) and the entropy, values
+    # and gradients against the gather of the naive log-softmax; a skipped position skips all its S ids.
+    hidden, weight, _, _, g_ent = inputs(seed=11)
+    gen = torch.Generator().manual_seed(12)
+    targets = torch.randint(0, 11, (2, 7, 6), generator=gen)
+    g_lp = torch.randn(2, 7, 6, generator=gen, dtype=torch.float64)
+    skipped = torch.zeros(2, 7, dtype=torch.bool)
+    skipped[0, 5:] = True
+    skipped[1, 1] = True
+    lp, ent = token_logprobs_and_entropy(
+        hidden,
+        weight,
+        targets.masked_fill(skipped[..., None], IGNORE_INDEX),
+        temperature=0.8,
+        chunk_size=chunk,
+        vocab_chunk_size=vocab_chunk,
+    )
+    logp = torch.log_softmax(hidden @ weight.t() / 0.8, -1)
+    keep = (~skipped).double()
+    ref_lp, ref_ent = logp.gather(-1, targets) * keep[..., None], -(logp.exp() * logp).sum(-1) * keep
+    assert lp.shape == (2, 7, 6) and ent.shape == (2, 7)
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-12, atol=1e-12)
+    got = grads((lp * g_lp).sum() + (ent * g_ent).sum(), hidden, weight)
+    want = grads((ref_lp * g_lp).sum() + (ref_ent * g_ent).sum(), hidden, weight)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    half = targets.clone()
+    half[0, 0, 3:] = IGNORE_INDEX
+    with pytest.raises(ValueError, match="all -100 \\(skipped\\) or none"):
+        token_logprobs_and_entropy(hidden, weight, half)
+
+
 def test_all_targets_ignored_gives_zeros_and_zero_gradients():
     hidden, weight, targets, _, _ = inputs(seed=5)
     lp, ent = token_logprobs_and_entropy(hidden, weight, torch.full_like(targets, IGNORE_INDEX))
@@ -473,10 +508,10 @@ def test_falls_back_on_logit_scaling_in_config():
     assert "logit_scale" in fused_head_reason(model)
     tok = rollout_tokens()
     lp, ent, fused = helper(model, tok, 0.7)
-    assert not fused
+    assert not fused and lp.dtype == ent.dtype == torch.float64  # the logits path keeps a float64 model's precision
     ref_lp, ref_ent = logits_float32(model, tok, 0.7)
-    torch.testing.assert_close(lp, ref_lp, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(ent, ref_ent, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lp.float(), ref_lp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent.float(), ref_ent, rtol=1e-6, atol=1e-6)
 
 
 def test_falls_back_when_the_model_transforms_its_logits():
@@ -495,8 +530,8 @@ def test_falls_back_when_the_model_transforms_its_logits():
     lp, ent, fused = helper(model, tok, 1.0)
     assert not fused and "differ" in fused_head_reason(model)
     ref_lp, ref_ent = logits_float32(model, tok, 1.0)
-    torch.testing.assert_close(lp, ref_lp, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(ent, ref_ent, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lp.float(), ref_lp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent.float(), ref_ent, rtol=1e-6, atol=1e-6)
 
 
 def test_head_with_bias_is_not_fused():

@@ -17,11 +17,11 @@ CFPO (arXiv 2601.22801, tether.core.cfpo, objective and preset `cfpo`):
 4. invariants: on-policy it is the policy gradient, the gradient vanishes at PPO's clip boundary, all-masked
    batches, extreme ratios, no NaN; the preset builds.
 
-TROLL (arXiv 2510.03817, tether.core.troll; no objective, see docs/algorithms/troll.md): the authors' code
-(github.com/niklasfreymuth/troll, github.com/pbecker93/discrete_trpl) was not available here, so the reference is
-an independent implementation of the paper's equations in plain Python floats (`_ref_position`): the dual
-variable eta found by bisection on log eta (tether bisects on a = 1 / (1 + eta)), and the gradient through the
-projection from a closed-form implicit derivative with explicit Jacobians (tether uses autograd and an implicit
+TROLL (arXiv 2510.03817, tether.core.troll; the objective `troll`: test_troll_objective.py, with the same reference):
+the authors' code (github.com/niklasfreymuth/troll, github.com/pbecker93/discrete_trpl) was not available here, so
+the reference is an independent implementation of the paper's equations in plain Python floats (`_ref_position`):
+the dual variable eta found by bisection on log eta (tether bisects on a = 1 / (1 + eta)), and the gradient through
+the projection from a closed-form implicit derivative with explicit Jacobians (tether uses autograd and an implicit
 function step). Tested: hand-computed projections, equality with the reference to 1e-10, exact expected gradients
 by enumeration, optimality of the projection, on-policy = policy gradient, the sparse supports, invariants.
 """

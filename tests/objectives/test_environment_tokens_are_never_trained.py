@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import with_support
 
 from tether import objectives
 
@@ -82,7 +83,7 @@ def _run(spec: dict, seed: int, env_noise: float):
         entropy=t["entropy"],
         sampler_logprobs=t["sampler_logprobs"],
     )
-    out = obj(batch)
+    out = obj(with_support(obj, batch))  # TROLL's supports: derived from the log-probs, environment tokens too
     out.loss.backward()
     metrics = {k: float(v) for k, v in out.metrics.items()}
     return float(out.loss.detach()), lp.grad, metrics

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import with_support
 
 from tether import objectives
 from tether.core import advantages as A
@@ -62,6 +63,7 @@ def test_names_and_presets():
         "trm",
         "dgpo",
         "abc_grpo",
+        "troll",
     }
     assert set(PRESETS) >= {
         "grpo",
@@ -184,7 +186,7 @@ def test_shape_errors_are_named():
 def test_every_preset_runs_and_reports_its_metrics(preset):
     obj = objectives.build(preset)
     b = _batch()
-    out = obj(b)
+    out = obj(with_support(obj, b))
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(b.logprobs.grad).all()
     assert b.logprobs.grad[b.mask == 0].abs().sum() == 0  # padding gets no gradient
@@ -206,6 +208,8 @@ def test_every_preset_runs_and_reports_its_metrics(preset):
         assert {"etr/eps_low_mean", "etr/eps_high_mean"} <= set(out.metrics)
     if preset.startswith("rpg"):
         assert "rpg/kl_anchor" in out.metrics
+    if preset == "troll":
+        assert {"troll/projected_frac", "troll/a_star_mean", "troll/kl_before", "troll/kl_after"} <= set(out.metrics)
 
 
 def test_caller_tensors_are_not_modified():
@@ -227,7 +231,7 @@ def test_caller_tensors_are_not_modified():
 def test_padding_does_not_change_the_loss(preset):
     b = _batch()
     obj = objectives.build({"preset": preset, "max_len": 6})  # fixed T_max so Dr. GRPO's constant is stable
-    base = obj(b).loss
+    base = obj(with_support(obj, b)).loss
     pad = lambda x, v: torch.cat([x, torch.full((x.shape[0], 3), v, dtype=x.dtype)], 1)  # noqa: E731
     padded = objectives.TokenBatch(
         pad(b.logprobs.detach(), -5.0),
@@ -239,7 +243,7 @@ def test_padding_does_not_change_the_loss(preset):
         b.rewards,
         pad(b.entropy, 9.0),
     )
-    torch.testing.assert_close(obj(padded).loss, base, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(obj(with_support(obj, padded)).loss, base, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -255,7 +259,8 @@ def test_all_masked_batch_gives_finite_loss_and_zero_gradient(preset):
         b.rewards,
         b.entropy,
     )
-    out = objectives.build(preset)(empty)
+    obj = objectives.build(preset)
+    out = obj(with_support(obj, empty))
     out.loss.backward()
     assert torch.isfinite(out.loss) and out.loss.item() == 0.0
     assert (b.logprobs.grad == 0).all()
@@ -312,7 +317,7 @@ def test_micro_batches_sum_to_the_full_batch_gradient(preset, aggregation):
         pytest.skip("refused: it divides out LUSPO's length scaling (tests/objectives/test_vespo_luspo_dro.py)")
     b = _batch(N=8, T=6, seed=3)
     obj = objectives.build({"preset": preset, "aggregation": aggregation})
-    full = obj(b).loss
+    full = obj(with_support(obj, b)).loss
     stats = obj.group_stats(b.rewards, b.group_ids)  # over the whole batch, once (ETR's nu_bar)
     (g_full,) = torch.autograd.grad(full, b.logprobs)
     norm = obj.normalizer(b.mask)
@@ -331,7 +336,7 @@ def test_micro_batches_sum_to_the_full_batch_gradient(preset, aggregation):
             loss_norm=norm,
             group_stats=None if stats is None else stats.select(torch.arange(8)[idx]),
         )
-        loss = obj(mb).loss
+        loss = obj(with_support(obj, mb)).loss
         total = total + loss.detach()
         g_sum[idx] = torch.autograd.grad(loss, lp)[0]
     torch.testing.assert_close(total, full.detach(), rtol=1e-12, atol=1e-14)

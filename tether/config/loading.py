@@ -50,8 +50,16 @@ def _check_objective_with_trainer(cfg: Config) -> None:
 
     t, r = cfg.trainer, cfg.rollout
     if t.old_logprobs == "sampler":  # a constraint measured against pi_sampler would be identically inactive
-        for key, why in objectives.build(cfg.objective).config.vanishes_when_old_is_sampler().items():
+        built = objectives.build(cfg.objective).config
+        for key, why in built.vanishes_when_old_is_sampler().items():
             raise ConfigError(f"objective.{key} with trainer.old_logprobs=sampler (pi_old = pi_sampler): {why}")
+        support = built.sparse_support()
+        if support is not None:  # the engines return the sampled token's log-prob only
+            raise ConfigError(
+                f"objective {cfg.objective['name']!r} with trainer.old_logprobs=sampler: it reads pi_old's top "
+                f"{support.top_k} tokens at every position (a sparse support), and the sampler gives only the "
+                "sampled token's log-prob; set trainer.old_logprobs=recompute (pi_old's set is kept by that pass)"
+            )
     if cfg.objective.get("sampler_kl_coef") and not r.full_softmax:
         raise ConfigError(
             f"objective.sampler_kl_coef={cfg.objective['sampler_kl_coef']}: the penalty compares log pi_theta "

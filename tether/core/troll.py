@@ -21,9 +21,10 @@ gradient -A grad log pi~(y_t).
 A real vocabulary is too large to project at every position, so the paper sparsifies both distributions to their
 most probable tokens, at most K = 64 per policy or until 1 - delta (delta = 1e-5) of the mass is covered. This
 module is pure math on the distributions at given supports (`project`, `troll`) and builds those supports
-(`top_mass`, `union_support`, `sparse_support`, `old_on_support`). TROLL needs the log-probs of every support
-token at every position, which tether's TokenBatch (the sampled token's log-prob only) does not carry: there is
-no `troll` objective yet (docs/algorithms/troll.md, "What the trainer must feed").
+(`top_mass`, `mass_cut`, `SparseSet`, `union_support`, `sparse_support`, `old_on_support`). The objective `troll`
+(tether.objectives.troll) runs it on the supports tether's trainer feeds: pi_old's `SparseSet` kept by the old
+log-prob pass, pi~'s own set from the update's forward, and pi~'s log-probs on their union with gradient
+(tether.trainer.support; docs/algorithms/troll.md, "What the trainer feeds").
 
 Departures from the paper (whose code, github.com/niklasfreymuth/troll with github.com/pbecker93/discrete_trpl,
 was not available to compare against; the math is the paper's and its project page's):
@@ -32,7 +33,8 @@ was not available to compare against; the math is the paper's and its project pa
    authors' sparse layer, as third-party notes on it describe it, instead gives tokens outside a policy's set a
    default log-probability and renormalises. `old_on_support`
    fills a token of the union that pi_old's stored set lacks with pi_old's leftover mass spread evenly over the
-   vocabulary outside its set.
+   vocabulary outside its set; the sampled token, whose pi_old log-prob the trainer knows exactly (old_logprobs),
+   gets that value instead.
 2. a* is found by bisection on a in [0, 1] (an exact bracket) instead of on the dual variable eta; 64 halvings
    reach float64 resolution. The paper's bracketing of the one-dimensional dual has the same root.
 3. log(pi* / pi_old) at the sampled token is clamped to [-20, 20] before exp (tether.core.surrogates,
@@ -41,7 +43,7 @@ was not available to compare against; the math is the paper's and its project pa
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -64,6 +66,14 @@ class Support(NamedTuple):
     index: torch.Tensor  # (..., S) long vocabulary ids; padding entries hold a valid id and mask False
     mask: torch.Tensor  # (..., S) bool
     token_index: torch.Tensor  # (...) long: the sampled token's entry in `index`
+
+
+class SparseSet(NamedTuple):
+    """A policy's most probable tokens at each position, most probable first (`top_mass`'s set, with its values)."""
+
+    ids: torch.Tensor  # (..., K) vocabulary ids (int32 when stored)
+    logp: torch.Tensor  # (..., K) their log-probs under the full softmax, descending
+    keep: torch.Tensor  # (..., K) bool: inside the set (the mass cut, and a position that counts)
 
 
 class TrollStats(NamedTuple):
@@ -168,13 +178,19 @@ def troll(
 # ---------------------------------------------------------------- sparse supports
 
 
+def mass_cut(values: torch.Tensor, mass: float) -> torch.Tensor:
+    """Which of the log-probs `values` (..., k), sorted descending, are kept: those whose mass before them is below
+    `mass` (the first always is) (..., k) bool."""
+    p = torch.exp(values.detach())
+    before = torch.cumsum(p, dim=-1) - p
+    return before < mass
+
+
 def top_mass(logp: torch.Tensor, top_k: int, mass: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The most probable tokens of each row of logp (..., V), most probable first, while the mass before a token
     is below `mass`, at most `top_k`: (ids (..., k), keep (..., k) bool), k = min(top_k, V)."""
     values, ids = logp.detach().topk(min(top_k, logp.shape[-1]), dim=-1)
-    p = torch.exp(values)
-    before = torch.cumsum(p, dim=-1) - p
-    return ids, before < mass
+    return ids, mass_cut(values, mass)
 
 
 def union_support(ids: torch.Tensor, keep: torch.Tensor, tokens: torch.Tensor, vocab: int) -> Support:
@@ -205,19 +221,29 @@ def sparse_support(
 
 
 def old_on_support(
-    support: Support, known_ids: torch.Tensor, known_logp: torch.Tensor, known_mask: torch.Tensor, vocab: int
+    support: Support,
+    known_ids: torch.Tensor,
+    known_logp: torch.Tensor,
+    known_mask: torch.Tensor,
+    vocab: int,
+    token_logp: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """pi_old's log-probs at a support (..., S) from a stored sparse set (known_ids, known_logp, known_mask
     (..., K), the `top_mass` set kept when pi_old's log-probs were computed). A support token outside the set
-    gets pi_old's leftover mass 1 - sum(known) spread evenly over the vocab - |set| tokens outside it
-    (departure 1)."""
+    gets pi_old's leftover mass 1 - sum(known) spread evenly over the vocab - |set| tokens outside it; the sampled
+    token gets `token_logp` (...), pi_old's exact log-prob of it, where given (departure 1)."""
     p_known = torch.where(known_mask, torch.exp(known_logp), torch.zeros_like(known_logp))
     tiny = torch.finfo(known_logp.dtype).tiny
     left = (1.0 - p_known.sum(-1, keepdim=True)).clamp(min=tiny)
     outside = (vocab - known_mask.sum(-1, keepdim=True)).clamp(min=1).to(known_logp.dtype)
     fill = torch.log(left / outside)  # (..., 1)
     key, order = torch.where(known_mask, known_ids, torch.full_like(known_ids, vocab)).sort(dim=-1)
-    at = torch.searchsorted(key.contiguous(), support.index.contiguous()).clamp(max=key.shape[-1] - 1)  # (..., S)
-    found = key.gather(-1, at) == support.index
+    index = support.index.to(key.dtype)
+    at = torch.searchsorted(key.contiguous(), index.contiguous()).clamp(max=key.shape[-1] - 1)  # (..., S)
+    found = key.gather(-1, at) == index
     value = known_logp.gather(-1, order).gather(-1, at)
-    return torch.where(found, value, fill.expand_as(value))
+    out = torch.where(found, value, fill.expand_as(value))
+    if token_logp is None:
+        return out
+    entry = torch.arange(out.shape[-1], device=out.device) == support.token_index[..., None]  # (..., S)
+    return torch.where(entry & ~found, token_logp[..., None].to(out.dtype), out)

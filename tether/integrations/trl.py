@@ -53,6 +53,8 @@ Where the loss path departs from TRL's, and why:
    objective's only behaviour policy is `old_logprobs`. TRL's `top_entropy_quantile` is the objective's
    `top_entropy_frac`, which selects within the micro-batch the loss sees on each process (TRL's gathers the
    entropies of every process); TRL's `use_adaptive_entropy` has no counterpart here (it is tether's trainer's).
+   An objective that reads a sparse support (`troll`: each position's top-k log-probs of pi_old and pi_theta) is
+   refused: TRL computes and buffers the sampled tokens' log-probs only.
 6. With TRL's defaults (`num_iterations=1`, `steps_per_generation` = `gradient_accumulation_steps`)
    every generation batch is used within one optimiser step: the old log-probs are the current
    ones, w = 1, and a trust region (DAPO, ATR, ETR, RPG-Style Clip) is inactive. The trainer warns
@@ -138,6 +140,13 @@ def inactive_trust_region(args: Any, obj: Objective) -> Optional[str]:
         "or steps_per_generation to a multiple of gradient_accumulation_steps greater than it "
         "(generation_batch_size = k x the optimiser batch), for an active trust region."
     )
+
+
+SPARSE_SUPPORT_REFUSED = (
+    "objective {name!r} reads pi_old's and pi_theta's log-probs at each position's top {k} tokens (a sparse "
+    "support), and TRL's GRPOTrainer keeps only the sampled tokens' log-probs; train it with tether's own trainer "
+    "(tether train)"
+)
 
 
 def reference_beta(obj: Objective) -> float:
@@ -277,6 +286,8 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         args = GRPOConfig() if args is None else args
         # An unset max_len becomes max_completion_length (departure 3), before the config validates.
         obj = objectives.build(objective, max_len=args.max_completion_length)
+        if obj.config.sparse_support() is not None:  # departure 5
+            raise ConfigError(SPARSE_SUPPORT_REFUSED.format(name=obj.name, k=obj.config.sparse_support().top_k))
         problems = unsupported_options(args, obj) + reward_aggregation_conflict(args, obj, advantages)
         if problems:
             raise ConfigError("GRPOConfig settings tether cannot honour:\n- " + "\n- ".join(problems))

@@ -56,7 +56,9 @@ Where this departs from tether's own trainer, and why:
    does) gets verl's rollout_is_weights as `TokenBatch.rollout_weights` instead of having them multiplied in.
 6. `sampler_kl_coef` is refused: verl's loss signature has no sampler log-probs (`rollout_log_probs` reach
    the loss only in some of verl's paths), so the squared log-ratio to the sampler cannot be computed there.
-   So is `top_entropy_frac`: the signature has no per-token entropy either.
+   So is `top_entropy_frac`: the signature has no per-token entropy either. So is `troll`, which reads each
+   position's top-k log-probs of pi_old and pi_theta (`ObjectiveConfig.sparse_support`): verl's loss gets the
+   sampled tokens' only (the authors' verl fork threads sparse logits through `DataProto`; this plugin does not).
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             f"{_KEY}.objective {objective!r} is tether objective {obj.name!r}, but loss_mode {loss_mode!r} "
             f"runs {name!r}; set loss_mode={fix}"
         )
-    cfg = obj.config
+    cfg = _without_sparse_support(obj).config
     if cfg.trains_entropy:
         raise ConfigError(f"{_KEY}: entropy_coef must be 0 under verl; use actor_rollout_ref.actor.entropy_coeff")
     if "entropy" in cfg.needs():  # verl computes the entropy, but its policy-loss signature does not pass it
@@ -209,6 +211,18 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             f"{_KEY}: {', '.join(options)} is not supported under verl: the tether_* advantage estimators compute "
             "the group statistics from the batch's rewards alone (nu_g from its observed reward range, for 0/1 "
             f"rewards the same as [0, 1]); set {', '.join(f'{k}=null' for k in options)}"
+        )
+    return obj
+
+
+def _without_sparse_support(obj: objectives.Objective) -> objectives.Objective:
+    """`obj`, unless it reads a sparse support (`ObjectiveConfig.sparse_support`: TROLL), which is refused."""
+    support = obj.config.sparse_support()
+    if support is not None:  # verl passes a policy loss the sampled tokens' log-probs only
+        raise ConfigError(
+            f"{_KEY}: objective {obj.name!r} reads pi_old's and pi_theta's log-probs at each position's top "
+            f"{support.top_k} tokens (a sparse support), and verl passes its policy loss the sampled tokens' "
+            "log-probs only (old_log_prob, log_prob); train it with tether's own trainer (tether train)"
         )
     return obj
 

@@ -42,7 +42,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .ops import IGNORE_INDEX, token_logprobs_and_entropy
+from .head import CompletionHead
 
 
 # ---------------------------------------------------------------- left padding and rollout tensors
@@ -182,11 +182,33 @@ def padding_share(tokens: Tokens, rows_per_forward: int, share_prompts: bool = T
 @torch.no_grad()
 def batched_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbSettings()) -> torch.Tensor:
     """log pi(o_t | h) (N, T) without gradient, `settings.micro_batch_size` rows per forward."""
-    parts, n = [], tokens.input_ids.shape[0]
-    for start in range(0, n, settings.micro_batch_size):
-        idx = torch.arange(start, min(start + settings.micro_batch_size, n), device=tokens.input_ids.device)
-        parts.append(token_logprobs(model, tokens.select(idx), settings, with_entropy=False)[0])
+    parts = [token_logprobs(model, part, settings, with_entropy=False)[0] for part in _forwards(tokens, settings)]
     return torch.cat(parts)
+
+
+@torch.no_grad()
+def batched_logprobs_and_top(
+    model, tokens: Tokens, k: int, settings: LogProbSettings = LogProbSettings()
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`batched_logprobs` and, from the same forwards, each position's k most probable tokens
+    (`CompletionHead.top`): (logprobs (N, T), ids (N, T, k) int32, their log-probs (N, T, k) float32), ids and
+    log-probs 0 where `tokens.mask` is 0. Memory: (N, T, k), never (N, T, V) (the fused head's tiles, or one
+    forward's logits for a head that cannot be fused)."""
+    lps, ids, tops = [], [], []
+    for part in _forwards(tokens, settings):
+        head = completion_head(model, part, settings)
+        lps.append(head.logprobs(part.completion_ids)[0])
+        i, v = head.top(k)
+        ids.append(i.to(torch.int32))
+        tops.append(v)
+    return torch.cat(lps), torch.cat(ids), torch.cat(tops)
+
+
+def _forwards(tokens: Tokens, settings: LogProbSettings) -> list[Tokens]:
+    """The batch cut into forwards of `settings.micro_batch_size` rows."""
+    n, device = tokens.input_ids.shape[0], tokens.input_ids.device
+    step = settings.micro_batch_size
+    return [tokens.select(torch.arange(i, min(i + step, n), device=device)) for i in range(0, n, step)]
 
 
 @contextlib.contextmanager
@@ -377,29 +399,30 @@ def causal_lm_token_logprobs(
         (logprobs (N, T) float32, entropy (N, T) float32 or None, fused): `fused` is False when
         the model's head could not be fused (see `fused_head_reason`) and its logits were used.
     """
-    start, targets = tokens.prompt_len, tokens.completion_ids
+    head = completion_head(model, tokens, settings)
+    lp, ent = head.logprobs(tokens.completion_ids, with_entropy)
+    return lp, ent, head.fused
+
+
+def completion_head(model: Any, tokens: Tokens, settings: LogProbSettings = LogProbSettings()) -> CompletionHead:
+    """The model run on `tokens` up to its head (`CompletionHead`): through the fused head's inputs when the model
+    allows it (`fused_head_reason`, `settings.fused`), with shared prompts (`settings.share_prompts`), else the
+    model's own logits (`causal_lm_token_logprobs` says what is computed where)."""
+    start, T = tokens.prompt_len, tokens.completion_ids.shape[1]
     if start < 1:
         raise ValueError(f"start must be >= 1 (the first target is predicted from position start - 1), got {start}")
     tau = settings.temperature if settings.temperature > 0 else 1.0
     # Columns after start - 2 + T predict nothing that is scored (the last is always one of them):
     # a causal model's outputs at earlier positions do not depend on them, so they are not run.
-    end = start - 1 + targets.shape[1]
+    end = start - 1 + T
     inputs = (tokens.input_ids[:, :end], tokens.attention_mask[:, :end], tokens.position_ids[:, :end])
+    mask = tokens.mask != 0
     if settings.fused and not fused_head_reason(model) and not _probe(model, *inputs[:2]):
         groups = _shared_groups(model, inputs, start) if settings.share_prompts else None
         hidden, _ = _hidden(model, *inputs, start, groups)  # (N, T, H)
-        lp, ent = token_logprobs_and_entropy(
-            hidden,
-            model.get_output_embeddings().weight,
-            targets.masked_fill(tokens.mask == 0, IGNORE_INDEX),
-            temperature=tau,
-            chunk_size=settings.chunk_size,
-            with_entropy=with_entropy,
-        )
-        return lp, ent, True
-    lp, ent = _logits_logprobs(model, inputs, targets, tau, with_entropy)
-    keep = tokens.mask != 0
-    return lp.masked_fill(~keep, 0.0), None if ent is None else ent.masked_fill(~keep, 0.0), False
+        weight = model.get_output_embeddings().weight
+        return CompletionHead(mask, tau, settings.chunk_size, hidden=hidden, weight=weight)
+    return CompletionHead(mask, tau, settings.chunk_size, logits=_model_logits(model, inputs, T, tau))
 
 
 def _shared_groups(model: Any, inputs: tuple[torch.Tensor, ...], start: int):
@@ -412,17 +435,13 @@ def _shared_groups(model: Any, inputs: tuple[torch.Tensor, ...], start: int):
     return groups
 
 
-def _logits_logprobs(
-    model: Any, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor, tau: float, with_entropy: bool
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """log pi(targets) (N, T) and entropy (N, T) or None from the model's own logits (unmasked)."""
-    T = targets.shape[1]
+def _model_logits(model: Any, inputs: tuple[torch.Tensor, ...], T: int, tau: float) -> torch.Tensor:
+    """The model's own logits at the T completion positions, in float32 or wider (a float64 model's stay float64)
+    and divided by tau (N, T, V)."""
     args = dict(input_ids=inputs[0], attention_mask=inputs[1], position_ids=inputs[2], use_cache=False)
     try:  # the head on the completion positions only
         logits = model(**args, logits_to_keep=T).logits
     except TypeError:  # a model without logits_to_keep
         logits = model(**args).logits[:, -T:]
-    logits = logits.float() / tau  # (N, T, V): positions start - 1 .. start - 2 + T
-    logp = torch.log_softmax(logits, -1)
-    lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return lp, -(logp.exp() * logp).sum(-1) if with_entropy else None
+    wide = torch.promote_types(logits.dtype, torch.float32)
+    return logits.to(wide) / tau  # (N, T, V): positions start - 1 .. start - 2 + T

@@ -192,21 +192,23 @@ class _Tiles:
 
 
 def _in_chunk(targets: torch.Tensor, v0: int, c: int):
-    """(column of each target within the chunk [v0, v0 + c), clamped; whether it is inside)."""
+    """(column of each target (r, S) within the chunk [v0, v0 + c), clamped; whether it is inside), both (r, S)."""
     idx = targets - v0
     inside = (idx >= 0) & (idx < c)
-    return idx.clamp(0, c - 1)[:, None], inside
+    return idx.clamp(0, c - 1), inside
 
 
 class _FusedHead(torch.autograd.Function):
-    """(hidden (M, H), weight (V, H), targets (M,)) -> (logprobs (M,), entropy (M,) or empty)."""
+    """(hidden (M, H), weight (V, H), targets (M, S)) -> (logprobs (M, S), entropy (M,) or empty): the log-probs
+    of S tokens per row (S = 1: the sampled token; TROLL's support: many), G_t summing their 1[v = y] terms."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, scale: float, rows: int, cols: int, with_entropy: bool):
         t = _Tiles(hidden, weight, rows, cols)
         # Online softmax over vocabulary chunks (departure 2), per token: m the running max of the
         # scaled logits, s = sum exp(z - m), u = sum exp(z - m) (z - m), zy the target's logit.
-        m, s, u, zy = (hidden.new_empty(t.M, dtype=t.acc) for _ in range(4))
+        m, s, u = (hidden.new_empty(t.M, dtype=t.acc) for _ in range(3))
+        zy = hidden.new_empty(targets.shape, dtype=t.acc)  # (M, S)
         for v0, v1, w_c in t.cols():
             for r0, r1 in t.rows():
                 z, p, _ = t.buffers(r1 - r0, v1 - v0)
@@ -215,7 +217,7 @@ class _FusedHead(torch.autograd.Function):
                 m_new = m_c if v0 == 0 else torch.maximum(m[r0:r1], m_c)
                 z = torch.add(-m_new[:, None], raw, alpha=scale, out=z)  # z - m_new, (r, c)
                 idx, inside = _in_chunk(targets[r0:r1], v0, v1 - v0)
-                z_y = (z.gather(1, idx).squeeze(1) + m_new) * inside
+                z_y = (z.gather(1, idx) + m_new[:, None]) * inside
                 s_c = torch.exp(z, out=p).sum(1)
                 u_c = p.mul_(z).sum(1)
                 if v0 == 0:
@@ -229,7 +231,7 @@ class _FusedHead(torch.autograd.Function):
                     zy[r0:r1] += z_y
         log_s = s.log()
         lse = m + log_s
-        lp = zy - lse
+        lp = zy - lse[:, None]
         ent = log_s - u / s if with_entropy else lse.new_empty(0)
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.scale, ctx.rows, ctx.cols, ctx.with_entropy = scale, rows, cols, with_entropy
@@ -257,10 +259,11 @@ class _FusedHead(torch.autograd.Function):
             )
         t = _Tiles(hidden, weight, ctx.rows, ctx.cols)
         sc = ctx.scale  # d/d(unscaled logits) = scale x d/d(scaled logits): folded into g and e
-        g = lse.new_zeros(t.M) if g_lp is None else g_lp.to(t.acc) * sc
-        if use_ent:  # G = g 1[v=y] - p (e log p + (g + e H)): the row constant once per token
+        g = lse.new_zeros(targets.shape) if g_lp is None else g_lp.to(t.acc) * sc  # (M, S)
+        g_row = g.sum(1)  # G = sum_s g_s 1[v=y_s] - p (e log p + (sum_s g_s + e H))
+        if use_ent:  # the row constant once per token
             e = g_ent.to(t.acc) * sc
-            neg_const = -(g + e * ent)
+            neg_const = -(g_row + e * ent)
         grad_h = hidden.new_empty(hidden.shape, dtype=t.acc) if need_h else None  # (M, H)
         grad_w = weight.new_empty(weight.shape) if need_w else None  # (V, H)
         one_block = len(t.rows()) == 1
@@ -276,9 +279,9 @@ class _FusedHead(torch.autograd.Function):
                 if use_ent:  # -p (e log p + const), in z's buffer
                     G = torch.addcmul(neg_const[r0:r1, None], logp, e[r0:r1, None], value=-1, out=logp).mul_(p)
                 else:  # -p g
-                    G = p.mul_(-g[r0:r1, None])
+                    G = p.mul_(-g_row[r0:r1, None])
                 idx, inside = _in_chunk(targets[r0:r1], v0, v1 - v0)
-                G.scatter_add_(1, idx, (g[r0:r1] * inside)[:, None])
+                G.scatter_add_(1, idx, g[r0:r1] * inside)
                 if low is not None:  # the matmuls' operand: G rounded to their dtype
                     G = low.copy_(G)
                 if need_h:
@@ -311,43 +314,95 @@ def token_logprobs_and_entropy(
     Args:
         hidden: (N, T, H) final hidden states (any float dtype).
         weight: (V, H) the LM head's weight.
-        targets: (N, T) token ids; `ignore_index` marks tokens to skip (log-prob and entropy 0).
+        targets: (N, T) token ids, or (N, T, S): S token ids per position (a support); `ignore_index` marks
+            positions to skip (log-prob and entropy 0), in every entry of a skipped position's S.
         temperature: > 0; logits are divided by it.
         chunk_size: tokens per tile (R); None: `tile_shape`'s choice for the device.
         vocab_chunk_size: vocabulary entries per tile (C); None: `tile_shape`'s choice.
         with_entropy: also return the entropy (its gradient flows too).
 
     Returns:
-        logprobs (N, T) and entropy (N, T) (or None without `with_entropy`), float32, or float64
+        logprobs (N, T) (or (N, T, S)) and entropy (N, T) (or None without `with_entropy`), float32, or float64
         when an input is float64.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if (
         hidden.dim() != 3
-        or targets.shape != hidden.shape[:2]
+        or targets.shape[:2] != hidden.shape[:2]
+        or targets.dim() not in (2, 3)
         or weight.dim() != 2
         or weight.shape[1] != hidden.shape[2]
     ):
         raise ValueError(
-            f"expected hidden (N, T, H), weight (V, H), targets (N, T); got {tuple(hidden.shape)}, "
+            f"expected hidden (N, T, H), weight (V, H), targets (N, T) or (N, T, S); got {tuple(hidden.shape)}, "
             f"{tuple(weight.shape)}, {tuple(targets.shape)}"
         )
-    N, T, H = hidden.shape
-    flat_t = targets.reshape(-1)
-    keep = flat_t != ignore_index
-    all_kept = bool(keep.all())
-    rows = hidden.reshape(N * T, H)  # (M, H)
-    idx = None
-    if not all_kept:
-        idx = keep.nonzero().squeeze(1)
-        rows, flat_t = rows.index_select(0, idx), flat_t.index_select(0, idx)
     for name, value in (("chunk_size", chunk_size), ("vocab_chunk_size", vocab_chunk_size)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1 or None, got {value}")
+    N, T, H = hidden.shape
+    flat_t = targets.reshape(N * T, -1)  # (M, S)
+    rows, flat_t, idx = _kept_rows(hidden.reshape(N * T, H), flat_t, ignore_index)
     R, C = tile_shape(rows.shape[0], weight.shape[0], hidden.device, chunk_size, vocab_chunk_size, weight.shape[1])
     lp, ent = _FusedHead.apply(rows.contiguous(), weight, flat_t, 1.0 / temperature, R, C, with_entropy)
-    if not all_kept:  # scatter the kept tokens back; skipped ones are 0
-        lp = lp.new_zeros(N * T).index_copy(0, idx, lp)
+    if idx is not None:  # scatter the kept tokens back; skipped ones are 0
+        lp = lp.new_zeros(N * T, lp.shape[1]).index_copy(0, idx, lp)
         ent = ent.new_zeros(N * T).index_copy(0, idx, ent) if with_entropy else ent
-    return lp.view(N, T), (ent.view(N, T) if with_entropy else None)
+    return lp.view(targets.shape), (ent.view(N, T) if with_entropy else None)
+
+
+def _kept_rows(rows: torch.Tensor, targets: torch.Tensor, ignore_index: int):
+    """(rows (M', H), targets (M', S), their indices or None when every row is kept): the rows whose targets are
+    not `ignore_index`; a row with some targets ignored and some not is an error."""
+    ignored = targets == ignore_index
+    skip = ignored[:, 0]
+    if targets.shape[1] > 1 and bool((ignored != skip[:, None]).any()):
+        raise ValueError(f"a position's targets must be all {ignore_index} (skipped) or none")
+    if not bool(skip.any()):
+        return rows, targets, None
+    idx = (~skip).nonzero().squeeze(1)
+    return rows.index_select(0, idx), targets.index_select(0, idx), idx
+
+
+@torch.no_grad()
+def top_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: Optional[int] = None,
+    vocab_chunk_size: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most probable tokens of softmax(hidden @ weight.T / temperature) at each of M rows, without gradient
+    and without the (M, V) logits: per (R, C) tile, a running top-k of the scaled logits merged with the tile's
+    own and the online log-sum-exp of the forward (module docstring).
+
+    Args: hidden (M, H), weight (V, H), k >= 1 (at most V are returned); tiles as `token_logprobs_and_entropy`.
+    Returns: (ids (M, k) long, logprobs (M, k) float32, or float64 for float64 inputs), most probable first.
+    """
+    t = _Tiles(
+        hidden,
+        weight,
+        *tile_shape(hidden.shape[0], weight.shape[0], hidden.device, chunk_size, vocab_chunk_size, weight.shape[1]),
+    )
+    k = min(k, t.V)
+    m = hidden.new_full((t.M,), float("-inf"), dtype=t.acc)  # running max and sum exp(z - m) of the scaled logits
+    s = hidden.new_zeros(t.M, dtype=t.acc)
+    top = hidden.new_full((t.M, k), float("-inf"), dtype=t.acc)  # running top-k scaled logits and their ids
+    ids = torch.zeros(t.M, k, dtype=torch.long, device=hidden.device)
+    scale = 1.0 / temperature
+    for v0, v1, w_c in t.cols():
+        for r0, r1 in t.rows():
+            z, p, _ = t.buffers(r1 - r0, v1 - v0)
+            raw = t.logits(r0, r1, w_c, z)
+            z = torch.mul(raw, scale, out=z) if raw.dtype == t.acc else z.copy_(raw).mul_(scale)  # (r, c)
+            m_new = torch.maximum(m[r0:r1], z.amax(1))
+            s[r0:r1] = s[r0:r1] * (m[r0:r1] - m_new).exp() + torch.sub(z, m_new[:, None], out=p).exp_().sum(1)
+            m[r0:r1] = m_new
+            c_top, c_ids = z.topk(min(k, v1 - v0), dim=1)
+            merged, at = torch.cat([top[r0:r1], c_top], 1).topk(k, dim=1)
+            ids[r0:r1] = torch.cat([ids[r0:r1], c_ids + v0], 1).gather(1, at)
+            top[r0:r1] = merged
+    return ids, top - (m + s.log())[:, None]

@@ -1,7 +1,8 @@
 """Policy objectives: one config class per surrogate, composed with the orthogonal axes.
 
 An objective = surrogate (ppo_clip, divergence_clip, gspo, luspo, gmpo, vespo, reinforce, cispo, dro, rpg,
-etr, dppo, m2po, sapo, clip_cov, kl_cov, bapo, gppo, ce_gppo, aspo, pspo, cfpo, trm, dgpo, abc_grpo) + aggregation
+etr, dppo, m2po, sapo, clip_cov, kl_cov, bapo, gppo, ce_gppo, aspo, pspo, cfpo, trm, dgpo, abc_grpo,
+troll) + aggregation
 mode + optional KL-to-reference penalty + optional entropy
 bonus + the advantage estimator the trainer should use. "GRPO", "DAPO", "ATR-GRPO", "RPG-URKL"... are
 presets (YAML files in `tether/presets/`) choosing one value per axis.
@@ -25,7 +26,7 @@ The math lives in `tether.core`; this package validates configs and assembles me
     one file per family, each config class directly above the loss function that uses it:
     clip.py (ppo_clip, divergence_clip), sequence.py (gspo, luspo, gmpo, vespo), reinforce.py (reinforce, cispo, dro),
     rpg.py, etr.py, masks.py (dppo, m2po), sapo.py, covariance.py (clip_cov, kl_cov), bapo.py, gppo.py (gppo,
-    ce_gppo), aspo.py, pspo.py, cfpo.py, trm.py, dgpo.py, abc_grpo.py
+    ce_gppo), aspo.py, pspo.py, cfpo.py, trm.py, dgpo.py, abc_grpo.py, troll.py (TROLL: reads a sparse support)
 """
 
 from .base import (
@@ -36,6 +37,7 @@ from .base import (
     ObjectiveConfig,
     ObjectiveEntry,
     RolloutCorrectionConfig,
+    SupportSize,
     objective,
 )
 from ..core.etr import GroupStats
@@ -61,6 +63,7 @@ from .cfpo import CFPOConfig  # noqa: E402  isort: skip
 from .trm import TRMConfig  # noqa: E402  isort: skip
 from .dgpo import DGPOConfig  # noqa: E402  isort: skip
 from .abc_grpo import ABCGRPOConfig  # noqa: E402  isort: skip
+from .troll import TROLLConfig  # noqa: E402  isort: skip
 
 __all__ = [
     "OBJECTIVES",
@@ -102,6 +105,8 @@ __all__ = [
     "ReinforceConfig",
     "RolloutCorrectionConfig",
     "SAPOConfig",
+    "SupportSize",
+    "TROLLConfig",
     "TokenBatch",
     "TokenTerms",
     "build",

@@ -6,7 +6,7 @@ helpers, and the `OBJECTIVES` registry that pairs each config class with its los
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, NamedTuple, Optional
 
 import torch
 
@@ -63,6 +63,13 @@ def check_measure(measure: Any, extra: tuple[str, ...] = ()) -> None:
 
 
 # ---------------------------------------------------------------- the axes every objective has
+
+
+class SupportSize(NamedTuple):
+    """Each policy's set of most probable tokens per position, for an objective that reads a sparse support."""
+
+    top_k: int  # at most this many tokens per policy (TROLL: 64)
+    mass: float  # ... while the mass before a token is below this (TROLL: 1 - delta, delta = 1e-5)
 
 
 @dataclass
@@ -242,6 +249,13 @@ class ObjectiveConfig:
                 ),
             )
         return need
+
+    def sparse_support(self) -> Optional[SupportSize]:
+        """THE test of whether the loss reads each position's distribution on a sparse support (TROLL) rather than
+        the sampled token's log-prob alone: the size of each policy's set of most probable tokens, or None (every
+        other loss). A trainer then keeps pi_old's set in its old log-prob pass and gives the loss pi_theta's
+        log-probs on the union support (tether.trainer.support); one that cannot refuses the objective."""
+        return None
 
     def vanishes_when_old_is_sampler(self) -> dict[str, str]:
         """The keys of this config whose constraint is identically inactive when pi_old IS pi_sampler (tether's

@@ -44,6 +44,15 @@ class TokenBatch:
     (`Objective.group_stats(rewards, group_ids)`, rows selected like this batch's; ETR's nu_g - nu_bar).
     None: an objective that needs them computes them from `rewards` and `group_ids`, taking this batch
     as the whole rollout batch; refused when `loss_norm` is set (a micro-batch of several)."""
+    support_logprobs: Optional[torch.Tensor] = None
+    """(N, T, S) log pi_theta of each position's support tokens (full-softmax log-probs, with gradient); read by an
+    objective with a sparse support (`ObjectiveConfig.sparse_support`: TROLL), with the three fields below."""
+    old_support_logprobs: Optional[torch.Tensor] = None
+    """(N, T, S) log pi_old at the same support (`tether.core.troll.old_on_support` from pi_old's stored set)."""
+    support_mask: Optional[torch.Tensor] = None
+    """(N, T, S) bool: which support entries count (a support is padded to a common width S)."""
+    support_token_index: Optional[torch.Tensor] = None
+    """(N, T) long: the sampled token's entry in each position's support."""
     rollout_weights: Optional[torch.Tensor] = None
     """(N, T) rollout-correction weights pi_old / pi_sampler computed outside the objective (verl's
     rollout_is_weights), for an objective that folds them into its own weight (`folds_rollout_correction`:

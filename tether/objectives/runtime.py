@@ -229,6 +229,7 @@ def _validate(name: str, cfg: ObjectiveConfig, batch: TokenBatch) -> None:
         t = getattr(batch, field)
         if t is not None and t.shape != shape:
             raise ValueError(f"{field} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")
+    _validate_support(batch)
     adv = batch.advantages
     if adv.shape not in (shape, shape[:1]):
         raise ValueError(f"advantages must be (N,) or (N, T) = {tuple(shape)}; got {tuple(adv.shape)}")
@@ -236,6 +237,21 @@ def _validate(name: str, cfg: ObjectiveConfig, batch: TokenBatch) -> None:
         t = getattr(batch, field)
         if t is not None and t.shape != shape[:1]:
             raise ValueError(f"{field} must be (N,) = ({shape[0]},); got {tuple(t.shape)}")
+
+
+def _validate_support(batch: TokenBatch) -> None:
+    """The sparse support's fields, where given, are (N, T, S) of one S, and its token index (N, T)."""
+    shape, width = tuple(batch.logprobs.shape), None
+    for field in ("support_logprobs", "old_support_logprobs", "support_mask"):
+        t = getattr(batch, field)
+        if t is None:
+            continue
+        if t.dim() != 3 or tuple(t.shape[:2]) != shape or width not in (None, t.shape[2]):
+            raise ValueError(f"{field} has shape {tuple(t.shape)}, expected (N, T, S) = {shape + (width or 'S',)}")
+        width = t.shape[2]
+    index = batch.support_token_index
+    if index is not None and tuple(index.shape) != shape:
+        raise ValueError(f"support_token_index has shape {tuple(index.shape)}, expected {shape} like logprobs")
 
 
 def _validate_group_stats_source(name: str, batch: TokenBatch) -> None:

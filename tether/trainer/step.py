@@ -40,7 +40,9 @@ from ..config.sections import RolloutConfig, TrainerConfig
 from ..core import entropy as _entropy
 from ..core.advantages import zero_variance_fraction
 from ..core.masked import group_summary
+from ..core.troll import SparseSet
 from ..envs import episode_metrics
+from ..objectives import SupportSize
 from ..model.causal_lm import Tokens, batched_logprobs, eval_mode, padding_share, to_tokens
 from ..rewards import Reward, Scored, reward_parts, score_rollout, solved, verifier_faults
 from ..rollout import RolloutBatch, SamplingParams
@@ -48,6 +50,7 @@ from . import seeds
 from .data import PromptStream
 from .sampling import Sampler
 from .progress import Counters
+from .support import old_with_set
 from .update import Policy, UpdateBatch, update
 
 
@@ -104,13 +107,13 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     lengths = scored.rollout.completion_lengths.float()  # the policy's tokens
     advantages = obj.advantages(scored.rewards, scored.group_ids, lengths, by_part).to(policy.device)
     clock = {"start": _clocked(policy.device)}
-    old_lp = old_logprobs_of(policy, tokens, scored.rollout, t)
+    old_lp, old_set = old_logprobs_and_set(policy, tokens, scored.rollout, t, obj.config.sparse_support())
     clock["old"] = _clocked(policy.device)
     ref_lp = parts.reference.ref_logprobs(policy, tokens) if obj.uses_reference() else None
     clock["ref"] = _clocked(policy.device)
     sampler_lp = sampler_logprobs(scored.rollout, tokens)
     rewards, groups = scored.rewards.to(policy.device), scored.group_ids.to(policy.device)
-    batch = UpdateBatch(tokens, advantages, rewards, groups, old_lp, ref_lp, sampler_lp)
+    batch = UpdateBatch(tokens, advantages, rewards, groups, old_lp, ref_lp, sampler_lp, old_set=old_set)
     gen = torch.Generator().manual_seed(seeds.minibatch_order(seeds.minibatch_root(t), step))
     step_obj, control = entropy_control(obj, t, counters, sampler_lp, tokens.mask)  # obj unless adaptive
     metrics, taken = update(policy, step_obj, batch, t, gen)
@@ -241,6 +244,31 @@ def old_logprobs_of(policy: Policy, tokens: Tokens, rollout: RolloutBatch, t: Tr
         return None
     with eval_mode(policy.model), policy.precision():
         return batched_logprobs(policy.model, tokens, policy.logprob_settings)
+
+
+def old_logprobs_and_set(
+    policy: Policy, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig, support: Optional[SupportSize]
+) -> tuple[Optional[Tensor], Optional[SparseSet]]:
+    """`old_logprobs_of` and, for an objective with a sparse support (`support`, its `sparse_support()`: TROLL),
+    pi_old's most probable tokens per position kept by the same recompute (`tether.trainer.support.old_with_set`),
+    else None. The sampler has no such set (refused); on-policy the pass is skipped, as `old_logprobs_of` skips it."""
+    if support is None:
+        return old_logprobs_of(policy, tokens, rollout, t), None
+    if t.old_logprobs == "sampler":
+        raise ValueError(SAMPLER_HAS_NO_SET)
+    if t.ratio_is_one and t.staleness == 0:
+        return None, None
+    with eval_mode(policy.model), policy.precision():
+        return old_with_set(policy.model, tokens, policy.logprob_settings, support)
+
+
+SAMPLER_HAS_NO_SET = (
+    "the objective reads pi_old's most probable tokens at every position (a sparse support: TROLL), and "
+    "trainer.old_logprobs=sampler gives only the sampled token's log-prob from the engine; set "
+    "trainer.old_logprobs=recompute"
+)
+"""The refusal of a sparse-support objective with the sampler's log-probs as pi_old (`config.loading` checks it
+before a run starts, with the objective's name)."""
 
 
 def finite_sampler_tokens(rollout, tokens: Tokens) -> tuple[Tokens, float]:

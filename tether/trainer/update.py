@@ -29,7 +29,9 @@ from torch import Tensor
 from .. import faults, objectives
 from ..config.sections import TrainerConfig
 from ..core.etr import GroupStats
+from ..core.troll import SparseSet
 from ..model.causal_lm import LogProbSettings, Precision, Tokens, token_logprobs
+from .support import SupportLogprobs, on_support, rows_of
 
 
 @dataclass(frozen=True)
@@ -58,16 +60,25 @@ class UpdateBatch:
     ref_logprobs: Optional[Float[Tensor, "N T"]] = None  # when the objective uses a reference
     sampler_logprobs: Optional[Float[Tensor, "N T"]] = None  # the engine's, for rollout correction
     group_stats: Optional[GroupStats] = None  # over the whole batch (`Objective.group_stats`), set by `update`
+    old_set: Optional[SparseSet] = None  # pi_old's most probable tokens (N, T, K), for a sparse-support objective
 
     def select(
-        self, idx: Int[Tensor, " M"], logprobs: Float[Tensor, "M T"], entropy: Float[Tensor, "M T"], loss_norm
+        self,
+        idx: Int[Tensor, " M"],
+        logprobs: Float[Tensor, "M T"],
+        entropy: Float[Tensor, "M T"],
+        loss_norm,
+        support: Optional[SupportLogprobs] = None,
     ) -> objectives.TokenBatch:
         """Rows `idx` (a micro-batch) as the objective reads them, around their log-probs and entropy under
-        the policy being updated; `loss_norm` is the mini-batch normaliser."""
+        the policy being updated (and their sparse supports, `support`); `loss_norm` is the mini-batch normaliser."""
 
         def rows(x: Optional[Tensor]) -> Optional[Tensor]:
             return None if x is None else x[idx]
 
+        if support is not None:
+            old = support.logprobs.detach() if support.old_logprobs is None else support.old_logprobs
+            support = support._replace(old_logprobs=old)
         return objectives.TokenBatch(
             logprobs=logprobs,
             old_logprobs=logprobs.detach() if self.old_logprobs is None else self.old_logprobs[idx],
@@ -80,6 +91,10 @@ class UpdateBatch:
             entropy=entropy,
             loss_norm=loss_norm,
             group_stats=None if self.group_stats is None else self.group_stats.select(idx),
+            support_logprobs=None if support is None else support.logprobs,
+            old_support_logprobs=None if support is None else support.old_logprobs,
+            support_mask=None if support is None else support.mask,
+            support_token_index=None if support is None else support.token_index,
         )
 
 
@@ -141,10 +156,17 @@ def micro_batches(groups: list[Int[Tensor, " G"]], size: int) -> list[Int[Tensor
 
 
 def _micro_step(policy: Policy, obj: objectives.Objective, batch: UpdateBatch, idx: Int[Tensor, " M"], norm):
-    """Forward and backward of one micro-batch (rows `idx`), its loss the mini-batch share `norm`."""
+    """Forward and backward of one micro-batch (rows `idx`), its loss the mini-batch share `norm`; for an objective
+    with a sparse support, the forward also gives its supports (tether.trainer.support)."""
+    tokens, size, support = batch.tokens.select(idx), obj.config.sparse_support(), None
     with policy.precision():
-        lp, ent = token_logprobs(policy.model, batch.tokens.select(idx), policy.logprob_settings, with_entropy=True)
-    out = obj(batch.select(idx, lp, ent if obj.config.trains_entropy else ent.detach(), norm))
+        if size is None:
+            lp, ent = token_logprobs(policy.model, tokens, policy.logprob_settings, with_entropy=True)
+        else:
+            old_lp = None if batch.old_logprobs is None else batch.old_logprobs[idx]
+            old_set = rows_of(batch.old_set, idx)
+            lp, ent, support = on_support(policy.model, tokens, policy.logprob_settings, size, old_set, old_lp)
+    out = obj(batch.select(idx, lp, ent if obj.config.trains_entropy else ent.detach(), norm, support))
     out.loss.backward()
     faults.point("update")
     return out
