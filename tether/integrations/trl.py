@@ -53,6 +53,7 @@ Where the loss path departs from TRL's, and why:
    objective's only behaviour policy is `old_logprobs`. TRL's `top_entropy_quantile` is the objective's
    `top_entropy_frac`, which selects within the micro-batch the loss sees on each process (TRL's gathers the
    entropies of every process); TRL's `use_adaptive_entropy` has no counterpart here (it is tether's trainer's).
+   An objective's `distill` is refused: GRPOTrainer scores no teacher (TRL distils in its DistillationTrainer).
 6. With TRL's defaults (`num_iterations=1`, `steps_per_generation` = `gradient_accumulation_steps`)
    every generation batch is used within one optimiser step: the old log-probs are the current
    ones, w = 1, and a trust region (DAPO, ATR, ETR, RPG-Style Clip) is inactive. The trainer warns
@@ -168,6 +169,11 @@ def unsupported_options(args: Any, obj: Objective) -> list[str]:
         problems.append(
             "vllm_importance_sampling_correction=True (TRL's sampler correction multiplies TRL's per-token loss, "
             "which tether replaces); set it False"
+        )
+    if obj.uses_teacher():
+        problems.append(
+            "the objective's distill (GRPOTrainer computes no teacher log-probs); use TRL's DistillationTrainer (or "
+            "GKD / IW-OPD), or tether's own trainer with teacher.name_or_path"
         )
     if args.sync_ref_model and not obj.uses_reference():
         problems.append(

@@ -38,10 +38,11 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
+from . import topk as _topk
 from .ops import IGNORE_INDEX, token_logprobs_and_entropy
 
 
@@ -182,11 +183,19 @@ def padding_share(tokens: Tokens, rows_per_forward: int, share_prompts: bool = T
 @torch.no_grad()
 def batched_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbSettings()) -> torch.Tensor:
     """log pi(o_t | h) (N, T) without gradient, `settings.micro_batch_size` rows per forward."""
-    parts, n = [], tokens.input_ids.shape[0]
+    return batched_topk(model, tokens, settings, 0)[0]
+
+
+@torch.no_grad()
+def batched_topk(model, tokens: Tokens, settings: LogProbSettings, k: int):
+    """(log pi(o_t | h) (N, T), and with k > 0 the K largest log-probs and their ids at each counted position, each
+    (N, T, K), else None) without gradient, `settings.micro_batch_size` rows per forward (`head_pass`)."""
+    passes, n = [], tokens.input_ids.shape[0]
     for start in range(0, n, settings.micro_batch_size):
         idx = torch.arange(start, min(start + settings.micro_batch_size, n), device=tokens.input_ids.device)
-        parts.append(token_logprobs(model, tokens.select(idx), settings, with_entropy=False)[0])
-    return torch.cat(parts)
+        passes.append(head_pass(model, tokens.select(idx), settings, with_entropy=False, topk=k))
+    lp = torch.cat([p.logprobs for p in passes])
+    return lp, (torch.cat([p.topk[0] for p in passes]), torch.cat([p.topk[1] for p in passes])) if k else None
 
 
 @contextlib.contextmanager
@@ -360,10 +369,35 @@ def _probe(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
     return reason
 
 
+class HeadPass(NamedTuple):
+    """What one forward of a causal LM gives (`head_pass`): the sampled tokens' log-probs and entropy, whether the
+    fused head ran, and on request the K largest log-probs at each position or the log-probs of given tokens."""
+
+    logprobs: torch.Tensor  # (N, T)
+    entropy: Optional[torch.Tensor]  # (N, T) or None
+    fused: bool
+    topk: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (values, ids), each (N, T, K), no gradient
+    gathered: Optional[torch.Tensor] = None  # (N, T, K) log-probs of `gather_ids`, with gradient
+
+
 def causal_lm_token_logprobs(
     model: Any, tokens: Tokens, settings: LogProbSettings = LogProbSettings(), with_entropy: bool = True
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], bool]:
-    """log pi(targets) (N, T) and entropy (N, T) of a causal LM, through the fused head when possible.
+    """log pi(targets) (N, T), entropy (N, T) and whether the fused head ran: `head_pass`'s first three."""
+    return head_pass(model, tokens, settings, with_entropy)[:3]
+
+
+def head_pass(
+    model: Any,
+    tokens: Tokens,
+    settings: LogProbSettings = LogProbSettings(),
+    with_entropy: bool = True,
+    topk: int = 0,
+    gather_ids: Optional[torch.Tensor] = None,
+) -> HeadPass:
+    """log pi(targets) (N, T) and entropy (N, T) of a causal LM, through the fused head when possible; with `topk`
+    > 0 also the K largest log-probs at each counted position, with `gather_ids` (N, T, K) the log-probs of those
+    tokens, with gradient (tether.model.topk: chunked, never the (N, T, V) logits on the fused path).
 
     The token at column `start + t` of `tokens.input_ids` (N, P + T) is predicted from position
     `start - 1 + t`, with start = `tokens.prompt_len` (>= 1) and the targets `tokens.completion_ids`
@@ -374,8 +408,8 @@ def causal_lm_token_logprobs(
     `settings.chunk_size`: tokens per head chunk (None: see `token_logprobs_and_entropy`).
 
     Returns:
-        (logprobs (N, T) float32, entropy (N, T) float32 or None, fused): `fused` is False when
-        the model's head could not be fused (see `fused_head_reason`) and its logits were used.
+        `HeadPass`: log-probs (N, T) float32, entropy (N, T) float32 or None, `fused` False when the model's head could
+        not be fused (see `fused_head_reason`) and its logits were used, and the top-k or gathered log-probs asked for.
     """
     start, targets = tokens.prompt_len, tokens.completion_ids
     if start < 1:
@@ -388,18 +422,23 @@ def causal_lm_token_logprobs(
     if settings.fused and not fused_head_reason(model) and not _probe(model, *inputs[:2]):
         groups = _shared_groups(model, inputs, start) if settings.share_prompts else None
         hidden, _ = _hidden(model, *inputs, start, groups)  # (N, T, H)
+        weight, keep, chunk = model.get_output_embeddings().weight, tokens.mask != 0, settings.chunk_size
         lp, ent = token_logprobs_and_entropy(
             hidden,
-            model.get_output_embeddings().weight,
-            targets.masked_fill(tokens.mask == 0, IGNORE_INDEX),
+            weight,
+            targets.masked_fill(~keep, IGNORE_INDEX),
             temperature=tau,
-            chunk_size=settings.chunk_size,
+            chunk_size=chunk,
             with_entropy=with_entropy,
         )
-        return lp, ent, True
-    lp, ent = _logits_logprobs(model, inputs, targets, tau, with_entropy)
+        top = _topk.topk_logprobs(hidden, weight, keep, topk, tau, chunk) if topk else None
+        got = None if gather_ids is None else _topk.gathered_logprobs(hidden, weight, gather_ids, keep, tau, chunk)
+        return HeadPass(lp, ent, True, top, got)
+    lp, ent, logp = _logits_logprobs(model, inputs, targets, tau, with_entropy)
     keep = tokens.mask != 0
-    return lp.masked_fill(~keep, 0.0), None if ent is None else ent.masked_fill(~keep, 0.0), False
+    top = _topk.topk_of_logprobs(logp, keep, topk) if topk else None
+    got = None if gather_ids is None else logp.gather(-1, gather_ids).masked_fill(~keep[..., None], 0.0)
+    return HeadPass(lp.masked_fill(~keep, 0.0), None if ent is None else ent.masked_fill(~keep, 0.0), False, top, got)
 
 
 def _shared_groups(model: Any, inputs: tuple[torch.Tensor, ...], start: int):
@@ -414,8 +453,9 @@ def _shared_groups(model: Any, inputs: tuple[torch.Tensor, ...], start: int):
 
 def _logits_logprobs(
     model: Any, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor, tau: float, with_entropy: bool
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """log pi(targets) (N, T) and entropy (N, T) or None from the model's own logits (unmasked)."""
+) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """log pi(targets) (N, T), entropy (N, T) or None, and the log-softmax (N, T, V), from the model's own logits
+    (unmasked)."""
     T = targets.shape[1]
     args = dict(input_ids=inputs[0], attention_mask=inputs[1], position_ids=inputs[2], use_cache=False)
     try:  # the head on the completion positions only
@@ -425,4 +465,4 @@ def _logits_logprobs(
     logits = logits.float() / tau  # (N, T, V): positions start - 1 .. start - 2 + T
     logp = torch.log_softmax(logits, -1)
     lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return lp, -(logp.exp() * logp).sum(-1) if with_entropy else None
+    return lp, -(logp.exp() * logp).sum(-1) if with_entropy else None, logp

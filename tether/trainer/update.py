@@ -29,7 +29,7 @@ from torch import Tensor
 from .. import faults, objectives
 from ..config.sections import TrainerConfig
 from ..core.etr import GroupStats
-from ..model.causal_lm import LogProbSettings, Precision, Tokens, token_logprobs
+from ..model.causal_lm import LogProbSettings, Precision, Tokens, head_pass
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,21 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class TeacherScores:
+    """The distillation teacher's scores of a batch (`tether.trainer.teacher`), without gradient."""
+
+    logprobs: Float[Tensor, "N T"]  # of the sampled tokens
+    topk_logprobs: Optional[Float[Tensor, "N T K"]] = None  # its K largest at each position (forward_kl_topk)
+    topk_ids: Optional[Int[Tensor, "N T K"]] = None  # their token ids: the student's log-probs are taken at these
+
+    def select(self, idx: Int[Tensor, " M"]) -> "TeacherScores":
+        def rows(x: Optional[Tensor]) -> Optional[Tensor]:
+            return None if x is None else x[idx]
+
+        return TeacherScores(self.logprobs[idx], rows(self.topk_logprobs), rows(self.topk_ids))
+
+
+@dataclass(frozen=True)
 class UpdateBatch:
     """A scored batch as the updates read it, on the training device: the data, now tokens with their
     advantages and the log-probs of the policies the objective compares."""
@@ -58,15 +73,24 @@ class UpdateBatch:
     ref_logprobs: Optional[Float[Tensor, "N T"]] = None  # when the objective uses a reference
     sampler_logprobs: Optional[Float[Tensor, "N T"]] = None  # the engine's, for rollout correction
     group_stats: Optional[GroupStats] = None  # over the whole batch (`Objective.group_stats`), set by `update`
+    teacher: Optional[TeacherScores] = None  # when the objective distills
 
     def select(
-        self, idx: Int[Tensor, " M"], logprobs: Float[Tensor, "M T"], entropy: Float[Tensor, "M T"], loss_norm
+        self,
+        idx: Int[Tensor, " M"],
+        logprobs: Float[Tensor, "M T"],
+        entropy: Float[Tensor, "M T"],
+        loss_norm,
+        student_topk: Optional[Float[Tensor, "M T K"]] = None,
     ) -> objectives.TokenBatch:
         """Rows `idx` (a micro-batch) as the objective reads them, around their log-probs and entropy under
-        the policy being updated; `loss_norm` is the mini-batch normaliser."""
+        the policy being updated (and its log-probs of the teacher's top-k tokens); `loss_norm` is the mini-batch
+        normaliser."""
 
         def rows(x: Optional[Tensor]) -> Optional[Tensor]:
             return None if x is None else x[idx]
+
+        teacher = None if self.teacher is None else self.teacher.select(idx)
 
         return objectives.TokenBatch(
             logprobs=logprobs,
@@ -80,6 +104,9 @@ class UpdateBatch:
             entropy=entropy,
             loss_norm=loss_norm,
             group_stats=None if self.group_stats is None else self.group_stats.select(idx),
+            teacher_logprobs=None if teacher is None else teacher.logprobs,
+            teacher_topk_logprobs=None if teacher is None else teacher.topk_logprobs,
+            student_topk_logprobs=student_topk,
         )
 
 
@@ -89,7 +116,8 @@ def update(
     """ppo_epochs x mini-batches optimiser steps (module docstring); returns the step's metrics, on the host,
     and the optimiser steps taken (a step skipped for a non-finite loss or gradient is not one)."""
     device = batch.tokens.input_ids.device
-    if t.skip_flat_steps and not bool(batch.advantages.ne(0).any()):  # every group flat: nothing to learn from
+    flat = not obj.uses_teacher() and not bool(batch.advantages.ne(0).any())  # a teacher's signal is never flat
+    if t.skip_flat_steps and flat:  # every group flat: nothing to learn from
         return _host_metrics({}, [], {"loss": 0, "gradient": 0}, device, flat=True), 0
     batch = dataclasses.replace(batch, group_stats=obj.group_stats(batch.rewards, batch.group_ids))  # None unless read
     merger = objectives.MetricMerger()
@@ -142,9 +170,11 @@ def micro_batches(groups: list[Int[Tensor, " G"]], size: int) -> list[Int[Tensor
 
 def _micro_step(policy: Policy, obj: objectives.Objective, batch: UpdateBatch, idx: Int[Tensor, " M"], norm):
     """Forward and backward of one micro-batch (rows `idx`), its loss the mini-batch share `norm`."""
+    ids = None if batch.teacher is None or batch.teacher.topk_ids is None else batch.teacher.topk_ids[idx]
     with policy.precision():
-        lp, ent = token_logprobs(policy.model, batch.tokens.select(idx), policy.logprob_settings, with_entropy=True)
-    out = obj(batch.select(idx, lp, ent if obj.config.trains_entropy else ent.detach(), norm))
+        p = head_pass(policy.model, batch.tokens.select(idx), policy.logprob_settings, True, gather_ids=ids)
+    ent = p.entropy if obj.config.trains_entropy else p.entropy.detach()
+    out = obj(batch.select(idx, p.logprobs, ent, norm, p.gathered))
     out.loss.backward()
     faults.point("update")
     return out
