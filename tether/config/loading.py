@@ -99,8 +99,8 @@ def check_model_and_device(cfg: Config) -> None:
         problem = model_source_problem(cfg.teacher.name_or_path)
         if problem:
             raise ConfigError(
-                f"teacher.name_or_path: {problem} A run's checkpoint (RUN/checkpoints/step_N/model) is there once that "
-                "run has saved it: train the teacher's run first (configs/distill.yaml's: configs/real_model.yaml)."
+                f"teacher.name_or_path: {problem} (A run's checkpoint, RUN/checkpoints/step_N/model, is there once "
+                "that run has saved it: train the teacher's run first.)"
             )
     if cfg.trainer.device != "auto":
         problem = device_problem(cfg.trainer.device, available=False)
