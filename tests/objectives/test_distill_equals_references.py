@@ -5,9 +5,11 @@ Called (the installed function runs in the test):
   the k3 estimator backpropagated as a loss (use_policy_gradient=False), the k1 estimator as the advantage of its
   vanilla PPO loss (use_policy_gradient=True), and forward_kl_topk's clamps and aggregation; its FSDP logits
   processor `fsdp/losses.compute_forward_kl_topk` for the top-k KL itself (it computes in float32: rtol 1e-6);
-- TRL 1.16's IW-OPD `_compute_iw_opd_loss` at iw_opd_gamma 0 (the plain sampled-token OPD loss), GKD's
-  `generalized_jsd_loss` at beta 0 (the full-vocabulary forward KL: tether's top-k at k = V) and IW-OPD's
-  `generalized_jsd_loss` with top_k and add_tail (tether's top-k with `tail`).
+- TRL 1.16's DistillationTrainer `_chunked_divergence_loss` at beta 1 (the full-vocabulary reverse KL: the expected
+  gradient of tether's opd, enumerated over the sampled token; float32 there), IW-OPD's `_compute_iw_opd_loss` at
+  iw_opd_gamma 0 (the plain sampled-token OPD loss), GKD's `generalized_jsd_loss` at beta 0 (the full-vocabulary
+  forward KL: tether's top-k at k = V) and IW-OPD's `generalized_jsd_loss` with top_k and add_tail (tether's top-k
+  with `tail`).
 Transcribed (the rule written out below, from the repository and commit named):
 - Thinking Machines' tinker-cookbook 9dfcc3a2cf44 `distillation/train_on_policy.incorporate_kl_penalty` (the
   advantage -coef (lp_sampler - lp_teacher), `discounted_future_sum_vectorized`) with tinker's importance-sampling
@@ -140,6 +142,32 @@ def test_pure_distillation_is_trls_iw_opd_loss_at_gamma_0():
         ours = objectives.build(spec)(_batch(lp, rollout, torch.ones(N, dtype=D), teacher_logprobs=lq)).loss
         torch.testing.assert_close(ours, theirs, rtol=1e-13, atol=1e-15)
         torch.testing.assert_close(_grad(ours, s_logits), _grad(theirs, s_logits), rtol=1e-12, atol=1e-15)
+
+
+def test_the_expected_opd_gradient_is_trls_distillation_trainers_reverse_kl():
+    # TRL 1.16's DistillationTrainer (beta 1, its default) backpropagates the full-vocabulary reverse KL
+    # sum_v p_S(v) (log p_S(v) - log p_T(v)) at each completion position, over the counted positions, from hidden
+    # states and heads in chunks (`_chunked_divergence_loss`, float32). tether's opd samples one token y per position
+    # and backpropagates -A log p_S(y), A = -(log p_S - log p_T)(y): with the context fixed, its expectation over
+    # y ~ p_S has that gradient (E[(s - q)(y) grad log p_S(y)] = grad KL(p_S || p_T), as E[grad log p_S] = 0), and the
+    # expected k1, E[s - q], is the KL itself. Enumerated: row v * B + b holds token v at every position of row b.
+    trl_distill = pytest.importorskip("trl.trainer.distillation_trainer")
+    g = torch.Generator().manual_seed(7)
+    B, K, tau = 2, 3, 0.7
+    h_s = torch.randn(B, K, 4, generator=g, dtype=D).requires_grad_()
+    h_t = torch.randn(B, K, 5, generator=g, dtype=D)  # a teacher of another width: only the vocabulary is shared
+    w_s, w_t = torch.randn(V, 4, generator=g, dtype=D), torch.randn(V, 5, generator=g, dtype=D)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]], dtype=D)
+    theirs, _, _ = trl_distill._chunked_divergence_loss(h_s, h_t, w_s, w_t, mask, beta=1.0, temperature=tau)
+    ls, lt = torch.log_softmax(h_s @ w_s.T / tau, -1), torch.log_softmax(h_t @ w_t.T / tau, -1)  # (B, K, V)
+    lp, lq = ls.permute(2, 0, 1).reshape(V * B, K), lt.permute(2, 0, 1).reshape(V * B, K)  # (V B, K)
+    prob, m = lp.detach().exp(), mask.repeat(V, 1)
+    batch = objectives.TokenBatch(lp, lp.detach(), torch.zeros(V * B, dtype=D), m, teacher_logprobs=lq)
+    terms = objectives.build("opd").terms(batch)
+    ours = (prob * terms.tokens.loss * m).sum() / mask.sum()
+    expected_k1 = (prob * (lp - lq) * m).sum() / mask.sum()
+    torch.testing.assert_close(expected_k1.detach(), theirs.detach().to(D), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(_grad(ours, h_s), _grad(theirs, h_s), rtol=1e-5, atol=1e-7)
 
 
 def _topk_batch(s_logits, t_logits, k):

@@ -85,8 +85,8 @@ def load_teacher(cfg: TeacherConfig, obj: objectives.Objective, device, student:
     objective does not distill. A top-k signal also needs the two heads to score the same vocabulary."""
     if not obj.uses_teacher():
         return None
-    model, _ = load_model(cfg.name_or_path, dtype=cfg.dtype, device="cpu")
-    model.to(device).eval().requires_grad_(False)
+    model, _ = load_model(cfg.name_or_path, dtype=cfg.dtype, device=device)  # auto: by the device it runs on
+    model.eval().requires_grad_(False)
     topk = obj.config.distill.topk if obj.config.uses_teacher_topk() else 0
     sizes = (_head_size(model), _head_size(student))
     if topk and sizes[0] != sizes[1]:
