@@ -10,6 +10,7 @@ docs/algorithms/distillation.md), on tiny models:
 4. refusals, each a ConfigError naming the problem and the fix: a teacher whose tokenizer differs from the
    student's (before the run directory exists), a top-k teacher whose head scores another vocabulary size.
    (The config's own refusals are tests/config/test_teacher_config.py.)
+5. the flat-step warning of a distilling run says the teacher's signal trained (such a step is never skipped).
 """
 
 from __future__ import annotations
@@ -190,3 +191,15 @@ def test_a_top_k_teacher_whose_head_scores_another_vocabulary_is_refused(tiny_di
         _started(tiny_dir, padded, tmp_path, "objective=dapo", "objective.distill.signal=forward_kl_topk")
     _, run = _started(tiny_dir, padded, tmp_path / "sampled", "objective=opd")  # the sampled tokens' signal: fine
     run.parts.source.sampler.close()
+
+
+def test_the_flat_step_warning_says_a_distilling_step_still_trained():
+    # every group flat (adv/zero_var_frac 1) but the step distilled: not "the weights moved only by the KL penalty"
+    from tether.config.loading import load_config
+    from tether.trainer.loop import FLAT_WARN_AFTER, flat_streak
+
+    cfg = load_config(None, [])
+    metrics = {"adv/zero_var_frac": 1.0, "reward/mean": 0.0, "optim/flat_skipped": 0.0, "distill/reverse_kl": 0.3}
+    streak, line = flat_streak(metrics, cfg.rollout, cfg.trainer.log_every_steps, FLAT_WARN_AFTER - 1)
+    assert streak == FLAT_WARN_AFTER and "moved by the teacher's signal alone (objective.distill)" in line
+    assert "KL penalty" not in line
