@@ -1,7 +1,8 @@
 """On-policy distillation's math (`tether.core.distill`, `tether.objectives.distill`), on CPU in float64:
 
 1. hand-computed numbers, the arithmetic in the comments: the discounted sum to go, the reverse-KL advantage with
-   its clamp and the task mix, the top-k forward KL (truncated, clamped, with a tail bucket) and its gradient;
+   its clamp and the task mix, the objective's loss and gradient on it (REINFORCE) and on the k3 loss term, the
+   top-k forward KL (truncated, clamped, with a tail bucket) and its gradient;
 2. exactness by enumeration: every sequence of a two-token autoregressive softmax policy, weighted by its
    probability. The reverse-KL advantage summed to go (discount 1) is the policy gradient of KL(student || teacher)
    over whole sequences, to 1e-12; the k3 loss term's expected gradient is the FORWARD KL's, as tether.core.kl says;
@@ -70,6 +71,23 @@ def test_the_objective_trains_on_the_reverse_kl_advantage():
     k3 = sum(math.expm1(x) - x for x in (-0.5, 1.0, 0.25)) / 3
     assert out.metrics["distill/k3"].item() == pytest.approx(k3, rel=1e-14)
     assert out.metrics["distill/advantage_mean"].item() == pytest.approx(0.75 / 3, rel=1e-14)
+
+
+def test_the_k3_loss_term_by_hand():
+    # kl_loss (k3), coef 0.5, pure distillation (task_coef 0: the policy term is 0): log r = lp_teacher - lp =
+    # (-1.5 + 1, -1 + 2) = (-0.5, 1); k3 = e^x - 1 - x = (e^-0.5 - 0.5, e - 2); token-mean over 2 tokens (pad out).
+    # d k3 / d lp = 1 - e^x = (1 - e^-0.5, 1 - e), times coef / 2.
+    lp = _t([-1.0, -2.0, 0.0]).requires_grad_()
+    mask = _t([1.0, 1.0, 0.0])
+    teacher = _t([-1.5, -1.0, float("-inf")])
+    obj = objectives.build({"name": "reinforce", "distill": {"signal": "kl_loss", "coef": 0.5, "task_coef": 0.0}})
+    out = obj(objectives.TokenBatch(lp, lp.detach(), _t(1.0), mask, teacher_logprobs=teacher))  # (1, 3)
+    out.loss.backward()
+    k3 = (math.exp(-0.5) - 0.5 + math.e - 2) / 2
+    assert out.metrics["loss/distill"].item() == pytest.approx(k3, rel=1e-14)
+    assert out.loss.item() == pytest.approx(0.5 * k3, rel=1e-14)
+    want = _t([1 - math.exp(-0.5), 1 - math.e, 0.0]) * 0.5 / 2
+    torch.testing.assert_close(lp.grad, want, rtol=1e-14, atol=0)
 
 
 def test_topk_forward_kl_by_hand():

@@ -187,7 +187,9 @@ def batched_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbS
 
 
 @torch.no_grad()
-def batched_topk(model, tokens: Tokens, settings: LogProbSettings, k: int):
+def batched_topk(
+    model, tokens: Tokens, settings: LogProbSettings, k: int
+) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, torch.Tensor]]]:
     """(log pi(o_t | h) (N, T), and with k > 0 the K largest log-probs and their ids at each counted position, each
     (N, T, K), else None) without gradient, `settings.micro_batch_size` rows per forward (`head_pass`)."""
     passes, n = [], tokens.input_ids.shape[0]
