@@ -47,6 +47,15 @@ def test_the_opd_preset_resolves_and_an_override_changes_only_its_key(tiny_dir):
     )
     assert mixed.objective["distill"]["task_coef"] == 1.0 and mixed.objective["distill"]["estimator"] == "k1"
     assert objectives.build(mixed.objective).uses_teacher()
+    # another signal on the preset: its estimator follows the signal's default (the preset sets none)
+    for signal, estimator in (("kl_loss", "k3"), ("forward_kl_topk", None)):
+        other = load_config(
+            None,
+            tiny_run(
+                tiny_dir, "objective=opd", f"objective.distill.signal={signal}", f"teacher.name_or_path={tiny_dir}"
+            ),
+        )
+        assert other.objective["distill"]["signal"] == signal and other.objective["distill"]["estimator"] == estimator
     # the recorded objective rebuilds the same one: a run never depends on what the preset says later
     recorded, preset = objectives.build(cfg.objective).config, objectives.build("opd").config
     assert recorded.distill == preset.distill and recorded.importance_weight == preset.importance_weight
