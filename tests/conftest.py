@@ -208,6 +208,22 @@ def tiny_float64_lm(arch="llama", tie=False, seed=0):
     return cls[1](cfg).double()
 
 
+@pytest.fixture
+def float64_rms_norm(monkeypatch):
+    """Hugging Face's Llama/Qwen2 RMSNorm computes in float32 even in a float64 model. Sharing prompts sums the
+    rows' gradients in a different order, and a float32 norm then rounds that 1e-16 difference to a float32 ulp now
+    and then (gradients then agree to ~1e-7, not 1e-15). The norm in the model's own dtype makes float64
+    comparisons exact."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    def forward(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    for cls in (LlamaRMSNorm, Qwen2RMSNorm):
+        monkeypatch.setattr(cls, "forward", forward)
+
+
 def param_grads(model, lp, ent, tok, seed=0):
     """The gradient of every trainable parameter of a fixed random linear function of log-probs and entropies."""
     g = torch.Generator().manual_seed(seed)

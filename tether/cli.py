@@ -24,6 +24,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from . import objectives
     from .core.advantages import ADVANTAGES
     from .core.aggregation import AGGREGATIONS
+    from .core.distill import DISTILL_SIGNALS
     from .core.kl import KL_ESTIMATORS
     from .core.multi_reward import REWARD_AGGREGATIONS
     from .divergences import BINARY_MEASURES, MEASURES, interval
@@ -38,6 +39,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("reward aggregation: " + ", ".join(REWARD_AGGREGATIONS.names()))
     print("aggregation: " + ", ".join(AGGREGATIONS.names()))
     print("kl penalty:  " + ", ".join(KL_ESTIMATORS.names()))
+    print("distill signals (objective.distill.signal, with a teacher; docs/algorithms/distillation.md):")
+    for name in DISTILL_SIGNALS.names():
+        signal = DISTILL_SIGNALS.get(name)
+        print(f"  {name:<16} {signal.kind}: {signal.summary}")
     print(
         "binary measures (of two log-probs; dppo's measure, rollout_correction's rejection; binary_kl_max: KPop): "
         + ", ".join(BINARY_MEASURES.names())

@@ -128,16 +128,16 @@ def test_an_environment_token_gets_no_gradient_in_a_whole_update(tiny_dir, tmp_p
     tokens, _ = tokens_of(rollout)
     policy, obj, t = parts.policy, parts.objective, parts.trainer
     grads = []
-    original = upd.token_logprobs
+    original = upd.head_pass
 
-    def capture(model, toks, settings, with_entropy=False):
-        lp, ent = original(model, toks, settings, with_entropy=with_entropy)
-        for x in (lp, ent):
+    def capture(model, toks, settings, with_entropy=True, **kw):
+        out = original(model, toks, settings, with_entropy, **kw)
+        for x in (out.logprobs, out.entropy):
             if x.requires_grad:
                 x.register_hook(lambda g, m=toks.mask: grads.append((g.detach().clone(), m.detach().clone())))
-        return lp, ent
+        return out
 
-    monkeypatch.setattr(upd, "token_logprobs", capture)
+    monkeypatch.setattr(upd, "head_pass", capture)
     rewards = torch.tensor([float(f["reward"]) for f in rollout.episodes])
     groups = torch.tensor(rollout.prompt_index)
     adv = obj.advantages(rewards, groups, rollout.completion_lengths.float(), None)

@@ -298,6 +298,16 @@ def test_an_objective_with_a_sparse_support_is_refused_with_why_and_what_to_use(
         TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path), objective=objective)
 
 
+@pytest.mark.parametrize(
+    "objective", ["opd", {"preset": "dapo", "distill": {"signal": "kl_loss"}}, {"preset": "dapo", "distill": {}}]
+)
+def test_an_objective_that_distills_is_refused_before_loading_the_model(tmp_path, objective):
+    # GRPOTrainer scores no teacher, so the teacher's log-probs the objective reads would never reach the loss: the
+    # adapter refuses, naming why and TRL's own distillation trainers
+    with pytest.raises(ConfigError, match="distill.*GRPOTrainer computes no teacher log-probs.*DistillationTrainer"):
+        TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path), objective=objective)
+
+
 def test_trls_and_the_objectives_reward_aggregation_must_agree(tmp_path):
     gdpo_args = _args(tmp_path, multi_objective_aggregation="normalize_then_sum")
     with pytest.raises(ConfigError, match="multi_objective_aggregation='normalize_then_sum'.*reward_aggregation"):

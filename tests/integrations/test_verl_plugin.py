@@ -598,6 +598,15 @@ def test_config_errors():
         tv.TetherPolicyLossConfig(loss_mode="tether_m2po", overrides={"against": "sampler"})
     with pytest.raises(ConfigError, match="adv_estimator=gdpo with algorithm.gdpo_reward_keys"):
         tv.TetherPolicyLossConfig(loss_mode="tether_ppo_clip", objective="gdpo")
+    # on-policy distillation reads the teacher's log-probs, which verl's policy-loss signature never passes: verl
+    # distils by its own teacher workers (distillation.*), named in the refusal
+    for distill in ({"task_coef": 0.0}, {"signal": "kl_loss"}, {"signal": "forward_kl_topk"}):
+        with pytest.raises(
+            ConfigError, match="distill needs the teacher's log-probs.*does not pass.*distillation.enabled"
+        ):
+            tv.TetherPolicyLossConfig(loss_mode="tether_ppo_clip", overrides={"distill": distill})
+    with pytest.raises(ConfigError, match="Drop distill \\(and the opd preset\\)"):
+        tv.TetherPolicyLossConfig(loss_mode="tether_reinforce", objective="opd")
 
 
 def test_runtime_errors_name_the_fix():
@@ -1000,7 +1009,11 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
 
 
 # Presets that verl runs by its own means, so that their loss mode is refused with the verl setting to use.
-REFUSED_UNDER_VERL = {"gdpo": "adv_estimator=gdpo", "troll": "train it with tether's own trainer"}
+REFUSED_UNDER_VERL = {
+    "gdpo": "adv_estimator=gdpo",
+    "troll": "train it with tether's own trainer",
+    "opd": "distillation.enabled with distillation.teacher_models",
+}
 PRESETS_UNDER_VERL = [p for p in objectives.preset_names() if p not in REFUSED_UNDER_VERL]
 
 

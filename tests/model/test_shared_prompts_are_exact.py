@@ -24,20 +24,7 @@ from conftest import param_grads
 from conftest import tiny_float64_lm as tiny
 
 
-@pytest.fixture(autouse=True)
-def float64_rms_norm(monkeypatch):
-    """Hugging Face's Llama/Qwen2 RMSNorm computes in float32 even in a float64 model. Sharing
-    sums the rows' gradients in a different order, and a float32 norm then rounds that 1e-16
-    difference to a float32 ulp now and then (gradients then agree to ~1e-7, not 1e-15). The
-    norm in the model's own dtype makes the float64 comparison exact."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
-
-    def forward(self, h):
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    for cls in (LlamaRMSNorm, Qwen2RMSNorm):
-        monkeypatch.setattr(cls, "forward", forward)
+pytestmark = pytest.mark.usefixtures("float64_rms_norm")  # conftest: exact float64 gradients
 
 
 def grouped_tokens(

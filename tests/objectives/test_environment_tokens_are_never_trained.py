@@ -2,8 +2,9 @@
 model's turns and the environment's (tether.envs), and the loss mask holds only the model's. For every consumer of
 that mask (each objective's loss, the sequence-level ratios of GSPO, GMPO, LUSPO and VESPO included, the KL
 penalty, the entropy bonus, rollout-correction weights and rejection, the off-policy sequence mask, M2PO's
-selection, sampler-KL, and every metric), an environment token's log-prob receives exactly zero gradient, and
-giving it any other value (log-probs, old, reference, sampler log-probs, entropy) changes no loss and no metric.
+selection, sampler-KL, distillation's advantage and loss term, and every metric), an environment token's log-prob
+receives exactly zero gradient, and giving it any other value (log-probs, old, reference, sampler and teacher
+log-probs, entropy) changes no loss and no metric.
 
 The environment tokens sit inside the sequences (model turn, environment turn, model turn), not only at their
 ends, since a consumer that summed a sequence up to its last counted token, or counted a sequence's length from
@@ -42,6 +43,8 @@ SETTINGS = {
     },
     "off-policy sequence mask": {"preset": "dapo", "off_policy_mask": 0.1},
     "sampler kl": {"preset": "dapo", "sampler_kl_coef": 0.1},
+    "distillation, discounted reverse-kl advantage": {"preset": "dapo", "distill": {"discount": 0.9}},
+    "distillation, k3 loss term": {"preset": "dapo", "distill": {"signal": "kl_loss", "estimator": "k3"}},
 }
 CASES = {**{name: {"preset": name} for name in objectives.preset_names() if name != "gdpo"}, **SETTINGS}
 
@@ -54,7 +57,9 @@ def _batch(seed: int, env_noise: float) -> dict[str, torch.Tensor]:
     ref = old - 0.2 * torch.rand(N, T, generator=g, dtype=torch.float64)
     sampler = old + 0.2 * torch.randn(N, T, generator=g, dtype=torch.float64)
     entropy = torch.rand(N, T, generator=g, dtype=torch.float64) + 0.5
+    teacher = old - 0.3 * torch.rand(N, T, generator=g, dtype=torch.float64)
     out = {"logprobs": lp, "old_logprobs": old, "ref_logprobs": ref, "sampler_logprobs": sampler, "entropy": entropy}
+    out["teacher_logprobs"] = teacher  # the distillation teacher's (the opd preset, the distill settings)
     if env_noise:
         h = torch.Generator().manual_seed(1000 + seed)
         out = {
@@ -82,6 +87,7 @@ def _run(spec: dict, seed: int, env_noise: float):
         rewards=rewards,
         entropy=t["entropy"],
         sampler_logprobs=t["sampler_logprobs"],
+        teacher_logprobs=t["teacher_logprobs"],
     )
     out = obj(with_support(obj, batch))  # TROLL's supports: derived from the log-probs, environment tokens too
     out.loss.backward()

@@ -31,6 +31,7 @@ def _batch(N=8, T=6, seed=0, **kw):
         group_ids=groups,
         rewards=rewards,
         entropy=torch.rand(N, T, generator=g, dtype=D),
+        teacher_logprobs=lp_old - 0.3 * torch.rand(N, T, generator=g, dtype=D),  # the opd preset's teacher
     )
     fields.update(kw)
     return objectives.TokenBatch(**fields)
@@ -242,6 +243,7 @@ def test_padding_does_not_change_the_loss(preset):
         b.group_ids,
         b.rewards,
         pad(b.entropy, 9.0),
+        teacher_logprobs=pad(b.teacher_logprobs, -2.0),
     )
     torch.testing.assert_close(obj(with_support(obj, padded)).loss, base, rtol=1e-12, atol=1e-14)
 
@@ -258,6 +260,7 @@ def test_all_masked_batch_gives_finite_loss_and_zero_gradient(preset):
         b.group_ids,
         b.rewards,
         b.entropy,
+        teacher_logprobs=b.teacher_logprobs,
     )
     obj = objectives.build(preset)
     out = obj(with_support(obj, empty))
@@ -335,6 +338,7 @@ def test_micro_batches_sum_to_the_full_batch_gradient(preset, aggregation):
             b.entropy[idx],
             loss_norm=norm,
             group_stats=None if stats is None else stats.select(torch.arange(8)[idx]),
+            teacher_logprobs=b.teacher_logprobs[idx],
         )
         loss = obj(with_support(obj, mb)).loss
         total = total + loss.detach()

@@ -93,6 +93,7 @@ def _random_batch(seed=0, N=8, T=6):
         rewards=torch.randint(0, 2, (N,), generator=g).to(D),
         entropy=torch.rand(N, T, generator=g, dtype=D),
         sampler_logprobs=old,
+        teacher_logprobs=old - 0.3 * torch.rand(N, T, generator=g, dtype=D),  # the opd preset's teacher
     )
 
 

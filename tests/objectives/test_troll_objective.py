@@ -157,3 +157,13 @@ def test_the_preset_is_the_papers_settings():
     cfg = objectives.build("troll").config
     assert (cfg.eps, cfg.alpha, cfg.top_k, cfg.delta) == (0.05, 1.0, 64, 1e-5)
     assert cfg.sparse_support() == objectives.SupportSize(64, 1.0 - 1e-5) and cfg.has_trust_region()
+
+
+def test_distilling_to_the_teachers_top_k_is_refused_and_the_sampled_token_signals_compose():
+    # The update's forward for TROLL gives pi_theta on its own sparse support; a forward_kl_topk distill signal would
+    # need the policy's log-probs on the teacher's top-k too, which that forward does not compute: refused, naming
+    # the signals that do compose.
+    with pytest.raises(ConfigError, match="distill.*reverse_kl or kl_loss.*teacher's top-k"):
+        objectives.build({"preset": "troll", "distill": {"signal": "forward_kl_topk"}})
+    for signal in ("reverse_kl", "kl_loss"):
+        assert objectives.build({"preset": "troll", "distill": {"signal": signal}}).config.distill.signal == signal

@@ -159,6 +159,7 @@ def test_yaml_file_then_overrides(tmp_path):
         "off_policy_mask": None,
         "sampler_kl_coef": 0.0,
         "top_entropy_frac": None,
+        "distill": None,
         "eps_low": 0.1,
         "eps_high": 0.3,
         "dual_clip_c": None,

@@ -6,10 +6,11 @@ valid ones, a bad value says what was expected, a YAML syntax error names FILE:L
 
 `check_config` runs, once, the checks a value cannot make alone: task, task knobs, reward and engine exist
 and a user's task or reward (`module:name`, tether.plugins) imports and takes what it is given; the
-objective, resolved to every parameter, fits the trainer's settings; `model.name_or_path` can be a model
-(no network) and `trainer.device` names a device. Each raises ConfigError naming the key and the fix, and
-all of them run before any directory is written. The ones that need torch come last, so a config error
-is reported before torch is imported (docs/performance.md, "Time to an error").
+objective, resolved to every parameter, fits the trainer's settings (a teacher exactly when it distills);
+`model.name_or_path` and `teacher.name_or_path` can be models (no network) and `trainer.device` names a
+device. Each raises ConfigError naming the key and the fix, and all of them run before any directory is written.
+The ones that need torch come last, so a config error is reported before torch is imported (docs/performance.md,
+"Time to an error").
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def _check_objective_with_trainer(cfg: Config) -> None:
             f"rollout.temperature>0 (got top_p={r.top_p}, temperature={r.temperature}); against a top-p "
             "renormalised sampler it penalises even an on-policy update. Set rollout.top_p=1 or sampler_kl_coef=0"
         )
+    _check_teacher_with_objective(cfg)
     c0 = cfg.objective.get("entropy_coef", 0.0)
     if t.entropy_target is not None and not t.entropy_coef_min <= c0 <= t.entropy_coef_max:
         raise ConfigError(
@@ -76,15 +78,38 @@ def _check_objective_with_trainer(cfg: Config) -> None:
         )
 
 
+def _check_teacher_with_objective(cfg: Config) -> None:
+    """A teacher exactly when the objective distills to one."""
+    distill, teacher = cfg.objective.get("distill"), cfg.teacher.name_or_path
+    if distill and not teacher:
+        raise ConfigError(
+            f"objective.distill (signal {distill.get('signal')!r}) scores the student's samples with a teacher, but "
+            "teacher.name_or_path is empty; set it (a run's checkpoint RUN/checkpoints/step_N/model, a model "
+            "directory, hub id or tether:NAME), or objective.distill=null"
+        )
+    if teacher and not distill:
+        raise ConfigError(
+            f"teacher.name_or_path={teacher!r} is set, but the objective does not distill; set objective.distill "
+            "(e.g. objective.distill.signal=reverse_kl, or objective=opd), or teacher.name_or_path=''"
+        )
+
+
 def check_model_and_device(cfg: Config) -> None:
-    """model.name_or_path can be a model (a directory with config.json, or a hub id; no network) and
-    trainer.device names a device (whether this machine has it is checked when a run starts)."""
+    """model.name_or_path and teacher.name_or_path can be models (a directory with config.json, or a hub id; no
+    network) and trainer.device names a device (whether this machine has it is checked when a run starts)."""
     from ..model.loading import device_problem, model_source_problem  # lazy: torch
 
     if not cfg.model.builtin_tiny:
         problem = model_source_problem(cfg.model.name_or_path)
         if problem:
             raise ConfigError(f"model.name_or_path: {problem}")
+    if cfg.teacher.enabled:
+        problem = model_source_problem(cfg.teacher.name_or_path)
+        if problem:
+            raise ConfigError(
+                f"teacher.name_or_path: {problem} (A run's checkpoint, RUN/checkpoints/step_N/model, is there once "
+                "that run has saved it: train the teacher's run first.)"
+            )
     if cfg.trainer.device != "auto":
         problem = device_problem(cfg.trainer.device, available=False)
         if problem:

@@ -8,57 +8,54 @@ TRL samples, scores, batches and steps the optimiser; a tether `Objective` compu
                            args=GRPOConfig(num_generations=8, num_iterations=2, ...))
     trainer.train()
 
-`TetherGRPOTrainer` implements the hooks of `trl_compat.GRPOTrainerHooks`, the one file that
-overrides `GRPOTrainer`'s private methods and reads its private attributes (with the TRL version it
-was checked against); each hook only adapts:
+`TetherGRPOTrainer` implements the hooks of `trl_compat.GRPOTrainerHooks`, the one file that overrides
+`GRPOTrainer`'s private methods and reads its private attributes (with the TRL version it was checked against); each
+hook only adapts:
 
-- `objective_loss` (from `_compute_loss`): given the current log-probs and entropies from TRL's own
-  helper, a `TokenBatch` (old and reference log-probs, advantages, mask, rewards, group ids, the
-  mini-batch normaliser) and the tether objective. TRL's clip, KL term, `loss_type` and entropy
-  bonus are not used; the objective's metrics are logged under their tether names.
+- `objective_loss` (from `_compute_loss`): given the current log-probs and entropies from TRL's own helper, a
+  `TokenBatch` (old and reference log-probs, advantages, mask, rewards, group ids, the mini-batch normaliser) and
+  the tether objective. TRL's clip, KL term, `loss_type` and entropy bonus are not used; the objective's metrics are
+  logged under their tether names.
 - `on_rewards` (from `_calculate_rewards`): keeps TRL's rewards, gathered over all processes, for the next one.
-- `on_generation_batch` (from `_generate_and_score_completions`): adds `tether_rewards` and
-  `tether_group_ids`, both (N,), to the batch, replaces TRL's advantages by the objective's estimator
-  (`grpo`, `dr_grpo`, `rloo`, `reinforce_pp`, `maxrl`, ...) over the same groups, on the weighted sum of the
-  reward functions or, with the objective's `reward_aggregation: normalize_then_sum` (GDPO), on their
-  scores normalised per group (`advantages="trl"` keeps TRL's),
-  and, for objectives that read group statistics (ETR), computes them once over the whole generation
-  batch, gathered over processes (`Objective.group_stats`), and adds them as (N,) columns
-  `tether_stat_*` (`GroupStats.columns`) that TRL shuffles and splits with the rows, so any
-  micro-batch, whole groups or not, gets its rows' statistics (`GroupStats.from_columns`).
-- `on_new_buffer` (from `_prepare_inputs`): once TRL has buffered a new generation batch, computes
-  the aggregation normaliser of each of its chunks (summed over processes).
-- `log`: puts the objective's metrics, merged over the log period's micro-batches and processes
-  (departure 8), into TRL's logged metrics as one value each, then logs as TRL does.
+- `on_generation_batch` (from `_generate_and_score_completions`): adds `tether_rewards` and `tether_group_ids`, both
+  (N,), to the batch, replaces TRL's advantages by the objective's estimator (`grpo`, `dr_grpo`, `rloo`,
+  `reinforce_pp`, `maxrl`, ...) over the same groups, on the weighted sum of the reward functions or, with the
+  objective's `reward_aggregation: normalize_then_sum` (GDPO), on their scores normalised per group
+  (`advantages="trl"` keeps TRL's), and, for objectives that read group statistics (ETR), computes them once over
+  the whole generation batch, gathered over processes (`Objective.group_stats`), and adds them as (N,) columns
+  `tether_stat_*` (`GroupStats.columns`) that TRL shuffles and splits with the rows, so any micro-batch, whole
+  groups or not, gets its rows' statistics (`GroupStats.from_columns`).
+- `on_new_buffer` (from `_prepare_inputs`): once TRL has buffered a new generation batch, computes the aggregation
+  normaliser of each of its chunks (summed over processes).
+- `log`: puts the objective's metrics, merged over the log period's micro-batches and processes (departure 8), into
+  TRL's logged metrics as one value each, then logs as TRL does.
 
 Where the loss path departs from TRL's, and why:
-1. Gradient accumulation (docs/algorithms/advantages_aggregation.md, "Gradient accumulation:
-   `loss_norm`"): every micro-batch's loss is its share of the objective
-   on the whole optimiser step (all accumulation steps of all processes): `loss_norm` is that
-   step's normaliser divided by the number of processes, since data parallelism averages the
-   gradients. The gradient of one optimiser step is then the objective's gradient on its
-   mini-batch. This is exact when `steps_per_generation * num_iterations` is a multiple of
-   `gradient_accumulation_steps` (TRL's default sets both to the same value); otherwise a step
-   spans two generation batches, the second not sampled yet, and the normaliser is estimated as
-   `gradient_accumulation_steps` times the mean normaliser of a chunk of the current one.
-2. TRL's `beta` only switches the reference model on: the trainer sets it to the objective's
-   KL coefficient when the objective needs reference log-probs (a `kl_penalty` or RPG with
-   `anchor: ref`) and to 0 otherwise, on a copy of the config, and never adds TRL's KL term.
-3. `max_len` of `seq-mean-token-sum-norm` defaults to `max_completion_length` (Dr. GRPO's
-   constant), not the padded width, which differs between TRL's generation batches.
-4. Unscorable completions (every reward function returned None) keep advantage 0 and stay out
-   of the group baseline, as in TRL; ETR's group statistics count their reward as 0.
-5. TRL options that act inside its own loss are refused rather than silently ignored (see
-   `unsupported_options`), among them vLLM's importance-sampling correction: a tether
-   objective's only behaviour policy is `old_logprobs`. TRL's `top_entropy_quantile` is the objective's
-   `top_entropy_frac`, which selects within the micro-batch the loss sees on each process (TRL's gathers the
-   entropies of every process); TRL's `use_adaptive_entropy` has no counterpart here (it is tether's trainer's).
-   An objective that reads a sparse support (`troll`: each position's top-k log-probs of pi_old and pi_theta) is
-   refused: TRL computes and buffers the sampled tokens' log-probs only.
-6. With TRL's defaults (`num_iterations=1`, `steps_per_generation` = `gradient_accumulation_steps`)
-   every generation batch is used within one optimiser step: the old log-probs are the current
-   ones, w = 1, and a trust region (DAPO, ATR, ETR, RPG-Style Clip) is inactive. The trainer warns
-   then, as tether's own trainer does (`inactive_trust_region`).
+1. Gradient accumulation (docs/algorithms/advantages_aggregation.md, "Gradient accumulation: `loss_norm`"): every
+   micro-batch's loss is its share of the objective on the whole optimiser step (all accumulation steps of all
+   processes): `loss_norm` is that step's normaliser divided by the number of processes, since data parallelism
+   averages the gradients. The gradient of one optimiser step is then the objective's gradient on its mini-batch.
+   This is exact when `steps_per_generation * num_iterations` is a multiple of `gradient_accumulation_steps` (TRL's
+   default sets both to the same value); otherwise a step spans two generation batches, the second not sampled yet,
+   and the normaliser is estimated as `gradient_accumulation_steps` times the mean normaliser of a chunk of the
+   current one.
+2. TRL's `beta` only switches the reference model on: the trainer sets it to the objective's KL coefficient when the
+   objective needs reference log-probs (a `kl_penalty` or RPG with `anchor: ref`) and to 0 otherwise, on a copy of
+   the config, and never adds TRL's KL term.
+3. `max_len` of `seq-mean-token-sum-norm` defaults to `max_completion_length` (Dr. GRPO's constant), not the padded
+   width, which differs between TRL's generation batches.
+4. Unscorable completions (every reward function returned None) keep advantage 0 and stay out of the group baseline,
+   as in TRL; ETR's group statistics count their reward as 0.
+5. TRL options that act inside its own loss are refused rather than silently ignored (see `unsupported_options`),
+   among them vLLM's importance-sampling correction: a tether objective's only behaviour policy is `old_logprobs`.
+   TRL's `top_entropy_quantile` is the objective's `top_entropy_frac`, which selects within the micro-batch the loss
+   sees on each process (TRL's gathers the entropies of every process); TRL's `use_adaptive_entropy` has no
+   counterpart here (it is tether's trainer's). `troll` (each position's top-k log-probs of pi_old and pi_theta) and
+   `distill` are refused: TRL keeps the sampled tokens' log-probs only and scores no teacher.
+6. With TRL's defaults (`num_iterations=1`, `steps_per_generation` = `gradient_accumulation_steps`) every generation
+   batch is used within one optimiser step: the old log-probs are the current ones, w = 1, and a trust region (DAPO,
+   ATR, ETR, RPG-Style Clip) is inactive. The trainer warns then, as tether's own trainer does
+   (`inactive_trust_region`).
 7. Advantages take each completion's counted tokens (`completion_mask` times `tool_mask`, gathered
    over processes), so `reinforce_pp` whitens over the batch's tokens, as tether's trainer and verl
    do (whitening per sequence instead would give rewards [1,0,0,1,1,1,0,1] with lengths
@@ -177,6 +174,11 @@ def unsupported_options(args: Any, obj: Objective) -> list[str]:
         problems.append(
             "vllm_importance_sampling_correction=True (TRL's sampler correction multiplies TRL's per-token loss, "
             "which tether replaces); set it False"
+        )
+    if obj.uses_teacher():
+        problems.append(
+            "the objective's distill (GRPOTrainer computes no teacher log-probs); use TRL's DistillationTrainer (or "
+            "GKD / IW-OPD), or tether's own trainer with teacher.name_or_path"
         )
     if args.sync_ref_model and not obj.uses_reference():
         problems.append(

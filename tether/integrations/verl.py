@@ -59,6 +59,8 @@ Where this departs from tether's own trainer, and why:
    So is `top_entropy_frac`: the signature has no per-token entropy either. So is `troll`, which reads each
    position's top-k log-probs of pi_old and pi_theta (`ObjectiveConfig.sparse_support`): verl's loss gets the
    sampled tokens' only (the authors' verl fork threads sparse logits through `DataProto`; this plugin does not).
+   So is `distill`: verl distils with its own teacher workers (`distillation.*`), whose log-probs its policy-loss
+   signature does not pass either.
 """
 
 from __future__ import annotations
@@ -211,6 +213,18 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             f"{_KEY}: {', '.join(options)} is not supported under verl: the tether_* advantage estimators compute "
             "the group statistics from the batch's rewards alone (nu_g from its observed reward range, for 0/1 "
             f"rewards the same as [0, 1]); set {', '.join(f'{k}=null' for k in options)}"
+        )
+    return _without_teacher(obj)
+
+
+def _without_teacher(obj: objectives.Objective) -> objectives.Objective:
+    """`obj`, unless it distills: verl's policy-loss signature passes no teacher log-probs (departure 6)."""
+    if obj.uses_teacher():
+        raise ConfigError(
+            f"{_KEY}: distill needs the teacher's log-probs in the loss, which verl's policy-loss signature does not "
+            "pass; distillation is verl's own under verl (distillation.enabled with distillation.teacher_models and "
+            "distillation.distillation_loss: loss_mode k1/k3/forward_kl_topk, use_policy_gradient, use_task_rewards), "
+            "which supplies them. Drop distill (and the opd preset) from the tether objective"
         )
     return obj
 

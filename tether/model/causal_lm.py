@@ -38,10 +38,11 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
+from . import topk as _topk
 from .head import CompletionHead
 
 
@@ -184,6 +185,20 @@ def batched_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbS
     """log pi(o_t | h) (N, T) without gradient, `settings.micro_batch_size` rows per forward."""
     parts = [token_logprobs(model, part, settings, with_entropy=False)[0] for part in _forwards(tokens, settings)]
     return torch.cat(parts)
+
+
+@torch.no_grad()
+def batched_topk(
+    model, tokens: Tokens, settings: LogProbSettings, k: int
+) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, torch.Tensor]]]:
+    """(log pi(o_t | h) (N, T), and with k > 0 the K largest log-probs and their ids at each counted position, each
+    (N, T, K), else None) without gradient, `settings.micro_batch_size` rows per forward (`head_pass`)."""
+    passes, n = [], tokens.input_ids.shape[0]
+    for start in range(0, n, settings.micro_batch_size):
+        idx = torch.arange(start, min(start + settings.micro_batch_size, n), device=tokens.input_ids.device)
+        passes.append(head_pass(model, tokens.select(idx), settings, with_entropy=False, topk=k))
+    lp = torch.cat([p.logprobs for p in passes])
+    return lp, (torch.cat([p.topk[0] for p in passes]), torch.cat([p.topk[1] for p in passes])) if k else None
 
 
 @torch.no_grad()
@@ -382,10 +397,35 @@ def _probe(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
     return reason
 
 
+class HeadPass(NamedTuple):
+    """What one forward of a causal LM gives (`head_pass`): the sampled tokens' log-probs and entropy, whether the
+    fused head ran, and on request the K largest log-probs at each position or the log-probs of given tokens."""
+
+    logprobs: torch.Tensor  # (N, T)
+    entropy: Optional[torch.Tensor]  # (N, T) or None
+    fused: bool
+    topk: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (values, ids), each (N, T, K), no gradient
+    gathered: Optional[torch.Tensor] = None  # (N, T, K) log-probs of `gather_ids`, with gradient
+
+
 def causal_lm_token_logprobs(
     model: Any, tokens: Tokens, settings: LogProbSettings = LogProbSettings(), with_entropy: bool = True
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], bool]:
-    """log pi(targets) (N, T) and entropy (N, T) of a causal LM, through the fused head when possible.
+    """log pi(targets) (N, T), entropy (N, T) and whether the fused head ran: `head_pass`'s first three."""
+    return head_pass(model, tokens, settings, with_entropy)[:3]
+
+
+def head_pass(
+    model: Any,
+    tokens: Tokens,
+    settings: LogProbSettings = LogProbSettings(),
+    with_entropy: bool = True,
+    topk: int = 0,
+    gather_ids: Optional[torch.Tensor] = None,
+) -> HeadPass:
+    """log pi(targets) (N, T) and entropy (N, T) of a causal LM, through the fused head when possible; with `topk`
+    > 0 also the K largest log-probs at each counted position, with `gather_ids` (N, T, K) the log-probs of those
+    tokens, with gradient (tether.model.topk: chunked, never the (N, T, V) logits on the fused path).
 
     The token at column `start + t` of `tokens.input_ids` (N, P + T) is predicted from position
     `start - 1 + t`, with start = `tokens.prompt_len` (>= 1) and the targets `tokens.completion_ids`
@@ -396,12 +436,22 @@ def causal_lm_token_logprobs(
     `settings.chunk_size`: tokens per head chunk (None: see `token_logprobs_and_entropy`).
 
     Returns:
-        (logprobs (N, T) float32, entropy (N, T) float32 or None, fused): `fused` is False when
-        the model's head could not be fused (see `fused_head_reason`) and its logits were used.
+        `HeadPass`: log-probs (N, T) float32, entropy (N, T) float32 or None, `fused` False when the model's head could
+        not be fused (see `fused_head_reason`) and its logits were used, and the top-k or gathered log-probs asked for.
     """
     head = completion_head(model, tokens, settings)
     lp, ent = head.logprobs(tokens.completion_ids, with_entropy)
-    return lp, ent, head.fused
+    keep, tau, chunk = head.mask, head.temperature, head.chunk_size
+    if head.fused:
+        top = _topk.topk_logprobs(head.hidden, head.weight, keep, topk, tau, chunk) if topk else None
+        got = None
+        if gather_ids is not None:
+            got = _topk.gathered_logprobs(head.hidden, head.weight, gather_ids, keep, tau, chunk)
+        return HeadPass(lp, ent, True, top, got)
+    logp = torch.log_softmax(head.logits, -1)
+    top = _topk.topk_of_logprobs(logp, keep, topk) if topk else None
+    got = None if gather_ids is None else logp.gather(-1, gather_ids).masked_fill(~keep[..., None], 0.0)
+    return HeadPass(lp, ent, False, top, got)
 
 
 def completion_head(model: Any, tokens: Tokens, settings: LogProbSettings = LogProbSettings()) -> CompletionHead:

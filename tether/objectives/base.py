@@ -23,6 +23,7 @@ from ..core.masked import masked_fraction, masked_mean
 from ..core.registry import Registry, unknown_name_message
 from ..schema import ConfigError, from_dict
 from .batch import Extra, TokenBatch
+from .distill import DistillConfig
 
 # ---------------------------------------------------------------- validation
 
@@ -192,6 +193,11 @@ class ObjectiveConfig:
     highest-entropy of the n counted tokens of the batch the loss sees keep their policy loss (the paper: 0.2);
     the others leave it as a rejected token does (the normaliser, KL penalty and entropy bonus still count them).
     Needs TokenBatch.entropy; logs policy/top_entropy_kept_frac. null: every token."""
+    distill: Optional[DistillConfig] = None
+    """On-policy distillation to the run's teacher (`teacher.name_or_path`) {signal, coef, task_coef, estimator,
+    discount, clamp, topk, log_prob_min, tail}: the teacher's per-token divergence as an advantage (reverse_kl) or a
+    loss term (kl_loss, forward_kl_topk), mixed with the task's advantage (docs/algorithms/distillation.md). null:
+    none."""
 
     def __post_init__(self):
         check_name(_agg.AGGREGATIONS, self.aggregation, "aggregation")
@@ -207,6 +213,8 @@ class ObjectiveConfig:
             self.kl_penalty = from_dict(KLPenaltyConfig, self.kl_penalty, "kl_penalty")
         if isinstance(self.rollout_correction, dict):
             self.rollout_correction = from_dict(RolloutCorrectionConfig, self.rollout_correction, "rollout_correction")
+        if isinstance(self.distill, dict):
+            self.distill = from_dict(DistillConfig, self.distill, "distill")
         check(self.max_len is None or self.max_len > 0, "max_len", self.max_len, "a positive integer or null")
         check(
             self.sampler_kl_coef >= 0,
@@ -248,6 +256,8 @@ class ObjectiveConfig:
                     "sampler_kl_coef=0"
                 ),
             )
+        if self.distill is not None:
+            need.update(self.distill.needs())
         return need
 
     def sparse_support(self) -> Optional[SupportSize]:
@@ -275,6 +285,14 @@ class ObjectiveConfig:
     def uses_reference(self) -> bool:
         """Whether a reference model's log-probs are needed (the trainer loads it only then)."""
         return "ref_logprobs" in self.needs()
+
+    def uses_teacher(self) -> bool:
+        """Whether a teacher model's log-probs are needed (`distill`: the trainer loads `teacher.name_or_path`)."""
+        return "teacher_logprobs" in self.needs()
+
+    def uses_teacher_topk(self) -> bool:
+        """Whether the teacher's top-k log-probs at each position, and the student's on those tokens, are needed."""
+        return "teacher_topk_logprobs" in self.needs()
 
     def reference_kl_coef(self) -> float:
         """The coefficient of the loss's KL to the reference policy (0: none); a trainer that switches its

@@ -58,6 +58,14 @@ class TokenBatch:
     rollout_is_weights), for an objective that folds them into its own weight (`folds_rollout_correction`:
     VESPO); `Objective.terms` sets it from the config's `rollout_correction`. Other objectives refuse it: their
     callers multiply such weights into the per-token loss."""
+    teacher_logprobs: Optional[torch.Tensor] = None
+    """(N, T) log-probs of the sampled tokens under the distillation teacher (`distill`), at the sampling
+    temperature, like `ref_logprobs`."""
+    teacher_topk_logprobs: Optional[torch.Tensor] = None
+    """(N, T, K) the teacher's K largest log-probs at each position (full softmax), for `distill.signal`
+    forward_kl_topk."""
+    student_topk_logprobs: Optional[torch.Tensor] = None
+    """(N, T, K) log pi_theta of the same K tokens at each position (full softmax), with gradient: forward_kl_topk."""
 
 
 class Mean(NamedTuple):
@@ -88,7 +96,7 @@ class ObjectiveOutput:
 class TokenTerms:
     """An objective's per-token terms on one batch (`Objective.terms`), 0 at padding, before any
     aggregation: loss = agg(tokens.loss) + kl_penalty.coef * agg(kl_penalty) - entropy_coef * agg(entropy)
-    + sampler_kl_coef * agg(sampler_kl)."""
+    + sampler_kl_coef * agg(sampler_kl) + distill.coef * agg(distill)."""
 
     tokens: Any
     """`tether.core.surrogates.TokenLoss`: the per-token policy loss (N, T) and its clip flags."""
@@ -102,6 +110,8 @@ class TokenTerms:
     """How each metric merges over micro-batches (see `ObjectiveOutput.merge`)."""
     sampler_kl: Optional[torch.Tensor] = None
     """(N, T) the squared log-ratio to the sampler per token (with gradient) when sampler_kl_coef > 0, else None."""
+    distill: Optional[torch.Tensor] = None
+    """(N, T) the distillation loss per token (with gradient) for a loss signal of `distill`, else None."""
 
 
 def masked_fill(x: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torch.Tensor]:

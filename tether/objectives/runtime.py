@@ -22,6 +22,7 @@ from ..core.etr import GroupStats
 from ..core.kl import k3_of_log
 from ..core.masked import masked_fraction, masked_mean
 from .base import OBJECTIVES, ObjectiveConfig, rollout_correction
+from . import distill as _distill
 from .batch import Mean, MergeRule, ObjectiveOutput, TokenBatch, TokenTerms, masked_fill
 from .metrics import POLICY_METRIC_EXTREMES, policy_metrics
 
@@ -40,6 +41,10 @@ class Objective:
 
     def uses_reference(self) -> bool:
         return self.config.uses_reference()
+
+    def uses_teacher(self) -> bool:
+        """Whether the objective distills to a teacher (its `distill`): a teacher's log-probs are needed."""
+        return self.config.uses_teacher()
 
     def with_entropy_coef(self, coef: float) -> "Objective":
         """This objective with its entropy bonus coefficient set to `coef` (the trainer's adaptive entropy
@@ -102,6 +107,8 @@ class Objective:
         old = masked_fill(batch.old_logprobs, m).detach()
         n_tokens = m.detach().sum().to(torch.float64)
         metrics: dict[str, torch.Tensor] = {}
+        if cfg.distill is not None:  # the teacher's advantage, mixed in before any mask or surrogate reads A
+            batch = _distill.distilled(cfg.distill, batch, old, metrics)
         kept, correction, dropped = _loss_mask(cfg, batch, lp, old, metrics)
         n_kept = n_tokens if kept is m else kept.detach().sum().to(torch.float64)  # the tokens left in the loss
         loss_batch = batch if kept is m else dataclasses.replace(batch, mask=kept)
@@ -119,6 +126,7 @@ class Objective:
             entropy = masked_fill(batch.entropy, m)
             metrics["policy/entropy"] = masked_mean(entropy.detach(), m)
         sampler_kl = _sampler_terms(cfg, batch, lp) if cfg.sampler_kl_coef > 0 else None
+        distill = _distill.distill_terms(cfg.distill, batch, lp, metrics) if cfg.distill is not None else None
         merge: dict[str, MergeRule] = {k: n_tokens for k in metrics}
         # The policy metrics describe the tokens in the loss (all counted ones unless a correction masks some).
         policy = policy_metrics(tokens, log_w=_sur.log_ratio(lp, old).detach(), mask=kept)
@@ -127,7 +135,7 @@ class Objective:
         merge.update(POLICY_METRIC_EXTREMES)
         for k, v in extra.items():
             metrics[k], merge[k] = (v.value.detach(), v.count.detach()) if isinstance(v, Mean) else (v.detach(), n_kept)
-        return TokenTerms(tokens, penalty, entropy if cfg.trains_entropy else None, metrics, merge, sampler_kl)
+        return TokenTerms(tokens, penalty, entropy if cfg.trains_entropy else None, metrics, merge, sampler_kl, distill)
 
     def __call__(self, batch: TokenBatch) -> ObjectiveOutput:
         """The loss on `batch`: its terms aggregated by `config.aggregation` (with `loss_norm`, as one
@@ -148,6 +156,9 @@ class Objective:
         if t.sampler_kl is not None:
             losses["loss/sampler_kl"] = skl = reduce(t.sampler_kl)
             total = total + cfg.sampler_kl_coef * skl
+        if t.distill is not None:
+            losses["loss/distill"] = dis = reduce(t.distill)
+            total = total + cfg.distill.coef * dis
         losses["loss/total"] = total
         metrics = {**{k: v.detach() for k, v in losses.items()}, **t.metrics}
         return ObjectiveOutput(total, metrics, {**{k: "share" for k in losses}, **t.merge})
@@ -230,6 +241,7 @@ def _validate(name: str, cfg: ObjectiveConfig, batch: TokenBatch) -> None:
         if t is not None and t.shape != shape:
             raise ValueError(f"{field} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")
     _validate_support(batch)
+    _validate_teacher(batch, shape)
     adv = batch.advantages
     if adv.shape not in (shape, shape[:1]):
         raise ValueError(f"advantages must be (N,) or (N, T) = {tuple(shape)}; got {tuple(adv.shape)}")
@@ -252,6 +264,18 @@ def _validate_support(batch: TokenBatch) -> None:
     index = batch.support_token_index
     if index is not None and tuple(index.shape) != shape:
         raise ValueError(f"support_token_index has shape {tuple(index.shape)}, expected {shape} like logprobs")
+
+
+def _validate_teacher(batch: TokenBatch, shape: torch.Size) -> None:
+    """The teacher's tensors have the batch's shape: (N, T), and (N, T, K) with one K for the top-k pair."""
+    if batch.teacher_logprobs is not None and batch.teacher_logprobs.shape != shape:
+        raise ValueError(f"teacher_logprobs has shape {tuple(batch.teacher_logprobs.shape)}, expected {tuple(shape)}")
+    pair = [t for t in (batch.teacher_topk_logprobs, batch.student_topk_logprobs) if t is not None]
+    if any(t.dim() != 3 or t.shape[:2] != shape or t.shape != pair[0].shape for t in pair):
+        got = [tuple(t.shape) for t in pair]
+        raise ValueError(
+            f"teacher_topk_logprobs and student_topk_logprobs must both be (N, T, K) = {tuple(shape)} + (K,); got {got}"
+        )
 
 
 def _validate_group_stats_source(name: str, batch: TokenBatch) -> None:

@@ -107,8 +107,9 @@ def _expand(spec: dict) -> dict:
         base = load_preset(spec.pop("preset"))
         if "name" in spec and spec["name"] != base["name"]:
             raise ConfigError(f"preset selects objective {base['name']!r} but 'name' says {spec['name']!r}; drop one")
-        if isinstance(spec.get("kl_penalty"), dict) and isinstance(base.get("kl_penalty"), dict):
-            spec["kl_penalty"] = {**base["kl_penalty"], **spec["kl_penalty"]}
+        for key in ("kl_penalty", "distill"):  # a section the preset sets: an override changes its keys, not all
+            if isinstance(spec.get(key), dict) and isinstance(base.get(key), dict):
+                spec[key] = {**base[key], **spec[key]}
         spec = {**base, **spec}
     if "name" not in spec:
         raise ConfigError(
@@ -141,6 +142,7 @@ def display(spec: dict, width: Optional[int] = None, skip: tuple[str, ...] = ())
         "sampler_kl_coef",
         "top_entropy_frac",
         "rollout_correction",
+        "distill",
         "max_len",
     )
     keys = [k for k in spec if k not in shared] + [k for k in shared if k in spec]

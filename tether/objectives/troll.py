@@ -74,6 +74,13 @@ class TROLLConfig(ObjectiveConfig):
         check(self.alpha >= 0, "alpha", self.alpha, "a number >= 0 (the paper's 1; 0: no regression term)")
         check(isinstance(self.top_k, int) and self.top_k >= 1, "top_k", self.top_k, "an integer >= 1 (the paper's 64)")
         check(0 <= self.delta < 1, "delta", self.delta, "a mass in [0, 1) (the paper's 1e-5)")
+        check(
+            not self.uses_teacher_topk(),
+            "distill",
+            self.distill,
+            "a distill signal that reads the teacher's sampled-token log-probs alone (reverse_kl or kl_loss), or "
+            "null: TROLL's update forward computes pi_theta on its own sparse support, not on the teacher's top-k",
+        )
 
     def sparse_support(self) -> Optional[SupportSize]:
         return SupportSize(self.top_k, 1.0 - self.delta)

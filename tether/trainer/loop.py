@@ -321,6 +321,8 @@ def _flat_effect(metrics: dict[str, float]) -> str:
     """What a step with every advantage 0 did to the weights, as the step's metrics say."""
     if metrics.get("optim/flat_skipped"):
         return "no optimiser step was taken (trainer.skip_flat_steps)"
+    if "distill/reverse_kl" in metrics:  # a distilling step is never skipped: the teacher's signal is not flat
+        return "the weights moved by the teacher's signal alone (objective.distill)"
     return (
         "the weights moved only by the KL penalty and the entropy bonus, whose near-zero gradients Adam scales into "
         "full-size steps (trainer.skip_flat_steps=true skips such steps)"

@@ -45,6 +45,7 @@ from .limits import check_lengths, model_context
 from .progress import Counters, Progress
 from .sampling import make_sampler
 from .step import Reference, RolloutSource, StepParts
+from .teacher import check_teacher, load_teacher
 from .update import Policy
 from .warmstart import initial_model, warm_start_metrics
 
@@ -160,7 +161,8 @@ def start_run(cfg: Config, resume_dir: Optional[str] = None, log=print) -> Run:
     saved = state.get("stale_policies") if t.staleness else None
     sampler = make_sampler(cfg, engine, model, tokenizer, stream, params, precision, saved)
     source = RolloutSource(sampler, stream, checked.reward_fn, params, tokenizer.pad_token_id)
-    parts = StepParts(policy, source, checked.obj, Reference(reference), t, r)
+    teacher = load_teacher(cfg.teacher, checked.obj, device, model)  # frozen, never in the optimiser
+    parts = StepParts(policy, source, checked.obj, Reference(reference), t, r, teacher)
     warm = warm_start_metrics(cfg.warm_start, base) if base is not None else {}
     records = Records(run_dir, tokenizer, created_dir, warm, unfused)
     lenient = not strict_for_task(checked.task, cfg.reward.strict)
@@ -183,7 +185,8 @@ class Checked:
 def _checked(cfg: Config, log) -> Checked:
     """Every check a run can make before it writes anything or loads a model: the wandb setup, the thread
     count, the device, the model's source, the objective, the task and rewards (a missing data file), the
-    held-out set, and the lengths of the prompts against the model's context. Warnings are logged here."""
+    held-out set, the lengths of the prompts against the model's context, and a distillation teacher's files and
+    tokenizer. Warnings are logged here."""
     if cfg.trainer.wandb and wandb_problem():
         raise ConfigError(wandb_problem())
     t = cfg.trainer
@@ -201,6 +204,8 @@ def _checked(cfg: Config, log) -> Checked:
         log(f"warning: {warning}")
     test_examples = _eval_examples(task, cfg.data.eval_size)
     check_lengths(cfg, task, _tokenizer(cfg.model), test_examples)  # a run that could not progress
+    if obj.uses_teacher():
+        check_teacher(cfg.teacher, _tokenizer(cfg.model))  # its files, and the student's tokenizer
     return Checked(obj, task, reward_fn, verifier, test_examples, why or "")
 
 

@@ -7,17 +7,18 @@
                   a non-finite sampler log-prob and (trainer.mask_truncated) a
                   truncated completion do not count                                 -> Tokens (N rows, T tokens)
     3. advantages objective.advantages(rewards, groups, lengths)                    (N,) or (N, T)
-    4. log-probs  pi_old's (recomputed before any update, or the sampler's) and the
-                  reference's when the objective uses one                           -> UpdateBatch (for the update)
+    4. log-probs  pi_old's (recomputed before any update, or the sampler's), the
+                  reference's when the objective uses one, and the teacher's when it
+                  distills (with its top-k for forward_kl_topk)                     -> UpdateBatch (for the update)
     5. update     ppo_epochs x mini_batches optimiser steps (tether.trainer.update)
     6. refresh    the reference becomes the policy (or moves part of the way to it) every K optimiser steps or
                   on a KL threshold
     7. metrics    one dict: the update's, the batch's, the sampler's, the seconds of each phase
 
-What it needs comes in `StepParts`, five named parts: the `Policy` and what updates it, where the batch comes
-from (`RolloutSource`), the objective, the `Reference`, and the settings (the trainer and rollout sections). The
-trainer's loop calls it, and so do the benchmarks (benchmarks/rl_step.py, benchmarks/overlap.py): every timing
-of "tether's step" is of this function.
+What it needs comes in `StepParts`, named parts: the `Policy` and what updates it, where the batch comes
+from (`RolloutSource`), the objective, the `Reference`, the settings (the trainer and rollout sections) and the
+distillation `Teacher` when there is one (tether.trainer.teacher). The trainer's loop calls it, and so do the
+benchmarks (benchmarks/rl_step.py, benchmarks/overlap.py): every timing of "tether's step" is of this function.
 
 Log-probs are computed at the sampling temperature (logits / T), as the sampler drew them, by tether.model.ops'
 chunked LM head (trainer.fused_logprobs): the (N, T, V) logits are never held; the samples of one prompt run
@@ -51,6 +52,7 @@ from .data import PromptStream
 from .sampling import Sampler
 from .progress import Counters
 from .support import old_with_set
+from .teacher import Teacher
 from .update import Policy, UpdateBatch, update
 
 
@@ -91,6 +93,7 @@ class StepParts:
     reference: Reference
     trainer: TrainerConfig
     rollout: RolloutConfig
+    teacher: Optional[Teacher] = None  # on-policy distillation's (objective.distill), else None
 
 
 def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, dict[str, float]]:
@@ -111,15 +114,20 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     clock["old"] = _clocked(policy.device)
     ref_lp = parts.reference.ref_logprobs(policy, tokens) if obj.uses_reference() else None
     clock["ref"] = _clocked(policy.device)
+    teacher = parts.teacher.scores(policy, tokens) if parts.teacher is not None else None
+    clock["teacher"] = _clocked(policy.device)
     sampler_lp = sampler_logprobs(scored.rollout, tokens)
     rewards, groups = scored.rewards.to(policy.device), scored.group_ids.to(policy.device)
-    batch = UpdateBatch(tokens, advantages, rewards, groups, old_lp, ref_lp, sampler_lp, old_set=old_set)
+    batch = UpdateBatch(
+        tokens, advantages, rewards, groups, old_lp, ref_lp, sampler_lp, old_set=old_set, teacher=teacher
+    )
     gen = torch.Generator().manual_seed(seeds.minibatch_order(seeds.minibatch_root(t), step))
     step_obj, control = entropy_control(obj, t, counters, sampler_lp, tokens.mask)  # obj unless adaptive
     metrics, taken = update(policy, step_obj, batch, t, gen)
     metrics["time/old_logprobs_s"] = 0.0 if old_lp is None else clock["old"] - clock["start"]  # a skipped pass: 0
     metrics["time/ref_logprobs_s"] = 0.0 if ref_lp is None else clock["ref"] - clock["old"]
-    metrics["time/update_s"] = _clocked(policy.device) - clock["ref"]
+    metrics["time/teacher_logprobs_s"] = 0.0 if teacher is None else clock["teacher"] - clock["ref"]
+    metrics["time/update_s"] = _clocked(policy.device) - clock["teacher"]
     counters.step, counters.opt_steps = step, counters.opt_steps + taken
     metrics.update(entropy_advanced(control, counters, taken))
     metrics.update(sampled)

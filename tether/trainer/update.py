@@ -30,7 +30,7 @@ from .. import faults, objectives
 from ..config.sections import TrainerConfig
 from ..core.etr import GroupStats
 from ..core.troll import SparseSet
-from ..model.causal_lm import LogProbSettings, Precision, Tokens, token_logprobs
+from ..model.causal_lm import LogProbSettings, Precision, Tokens, head_pass
 from .support import SupportLogprobs, on_support, rows_of
 
 
@@ -48,6 +48,21 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class TeacherScores:
+    """The distillation teacher's scores of a batch (`tether.trainer.teacher`), without gradient."""
+
+    logprobs: Float[Tensor, "N T"]  # of the sampled tokens
+    topk_logprobs: Optional[Float[Tensor, "N T K"]] = None  # its K largest at each position (forward_kl_topk)
+    topk_ids: Optional[Int[Tensor, "N T K"]] = None  # their token ids: the student's log-probs are taken at these
+
+    def select(self, idx: Int[Tensor, " M"]) -> "TeacherScores":
+        def rows(x: Optional[Tensor]) -> Optional[Tensor]:
+            return None if x is None else x[idx]
+
+        return TeacherScores(self.logprobs[idx], rows(self.topk_logprobs), rows(self.topk_ids))
+
+
+@dataclass(frozen=True)
 class UpdateBatch:
     """A scored batch as the updates read it, on the training device: the data, now tokens with their
     advantages and the log-probs of the policies the objective compares."""
@@ -61,6 +76,7 @@ class UpdateBatch:
     sampler_logprobs: Optional[Float[Tensor, "N T"]] = None  # the engine's, for rollout correction
     group_stats: Optional[GroupStats] = None  # over the whole batch (`Objective.group_stats`), set by `update`
     old_set: Optional[SparseSet] = None  # pi_old's most probable tokens (N, T, K), for a sparse-support objective
+    teacher: Optional[TeacherScores] = None  # when the objective distills
 
     def select(
         self,
@@ -69,9 +85,11 @@ class UpdateBatch:
         entropy: Float[Tensor, "M T"],
         loss_norm,
         support: Optional[SupportLogprobs] = None,
+        student_topk: Optional[Float[Tensor, "M T K"]] = None,
     ) -> objectives.TokenBatch:
         """Rows `idx` (a micro-batch) as the objective reads them, around their log-probs and entropy under
-        the policy being updated (and their sparse supports, `support`); `loss_norm` is the mini-batch normaliser."""
+        the policy being updated (and their sparse supports, `support`, or the policy's log-probs of the teacher's
+        top-k tokens, `student_topk`); `loss_norm` is the mini-batch normaliser."""
 
         def rows(x: Optional[Tensor]) -> Optional[Tensor]:
             return None if x is None else x[idx]
@@ -79,6 +97,7 @@ class UpdateBatch:
         if support is not None:
             old = support.logprobs.detach() if support.old_logprobs is None else support.old_logprobs
             support = support._replace(old_logprobs=old)
+        teacher = None if self.teacher is None else self.teacher.select(idx)
         return objectives.TokenBatch(
             logprobs=logprobs,
             old_logprobs=logprobs.detach() if self.old_logprobs is None else self.old_logprobs[idx],
@@ -95,6 +114,9 @@ class UpdateBatch:
             old_support_logprobs=None if support is None else support.old_logprobs,
             support_mask=None if support is None else support.mask,
             support_token_index=None if support is None else support.token_index,
+            teacher_logprobs=None if teacher is None else teacher.logprobs,
+            teacher_topk_logprobs=None if teacher is None else teacher.topk_logprobs,
+            student_topk_logprobs=student_topk,
         )
 
 
@@ -104,7 +126,8 @@ def update(
     """ppo_epochs x mini-batches optimiser steps (module docstring); returns the step's metrics, on the host,
     and the optimiser steps taken (a step skipped for a non-finite loss or gradient is not one)."""
     device = batch.tokens.input_ids.device
-    if t.skip_flat_steps and not bool(batch.advantages.ne(0).any()):  # every group flat: nothing to learn from
+    flat = not obj.uses_teacher() and not bool(batch.advantages.ne(0).any())  # a teacher's signal is never flat
+    if t.skip_flat_steps and flat:  # every group flat: nothing to learn from
         return _host_metrics({}, [], {"loss": 0, "gradient": 0}, device, flat=True), 0
     batch = dataclasses.replace(batch, group_stats=obj.group_stats(batch.rewards, batch.group_ids))  # None unless read
     merger = objectives.MetricMerger()
@@ -157,16 +180,20 @@ def micro_batches(groups: list[Int[Tensor, " G"]], size: int) -> list[Int[Tensor
 
 def _micro_step(policy: Policy, obj: objectives.Objective, batch: UpdateBatch, idx: Int[Tensor, " M"], norm):
     """Forward and backward of one micro-batch (rows `idx`), its loss the mini-batch share `norm`; for an objective
-    with a sparse support, the forward also gives its supports (tether.trainer.support)."""
-    tokens, size, support = batch.tokens.select(idx), obj.config.sparse_support(), None
+    with a sparse support, the forward also gives its supports (tether.trainer.support), and for one that distils
+    to a teacher's top-k, the policy's log-probs of those tokens."""
+    tokens, size, support, gathered = batch.tokens.select(idx), obj.config.sparse_support(), None, None
+    ids = None if batch.teacher is None or batch.teacher.topk_ids is None else batch.teacher.topk_ids[idx]
     with policy.precision():
         if size is None:
-            lp, ent = token_logprobs(policy.model, tokens, policy.logprob_settings, with_entropy=True)
+            p = head_pass(policy.model, tokens, policy.logprob_settings, True, gather_ids=ids)
+            lp, ent, gathered = p.logprobs, p.entropy, p.gathered
         else:
             old_lp = None if batch.old_logprobs is None else batch.old_logprobs[idx]
             old_set = rows_of(batch.old_set, idx)
             lp, ent, support = on_support(policy.model, tokens, policy.logprob_settings, size, old_set, old_lp)
-    out = obj(batch.select(idx, lp, ent if obj.config.trains_entropy else ent.detach(), norm, support))
+    ent = ent if obj.config.trains_entropy else ent.detach()
+    out = obj(batch.select(idx, lp, ent, norm, support, gathered))
     out.loss.backward()
     faults.point("update")
     return out

@@ -79,6 +79,24 @@ class ModelConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """The frozen teacher of on-policy distillation (`objective.distill`): it scores the student's own samples, is
+    never trained, and must share the student's tokenizer (docs/algorithms/distillation.md)."""
+
+    name_or_path: str = ""
+    """Any model `model.name_or_path` takes but `tiny`: a directory (a tether run's checkpoint,
+    RUN/checkpoints/step_N/model, a LoRA one merged into its base), a hub id, a `.gguf` file or a pinned
+    `tether:NAME`. "": no teacher (objective.distill must then be null)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The teacher's weights dtype; auto is float32 on a CPU, bfloat16 on CUDA (it is never trained)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a teacher is set."""
+        return bool(self.name_or_path)
+
+
+@dataclass
 class DataConfig:
     task: str = "arithmetic"
     """Task: arithmetic, countdown (synthetic, generated from the seed), math (a dataset), or your own
@@ -241,6 +259,8 @@ class Config:
     """Run directory: config, metrics.jsonl, samples, TensorBoard, checkpoints, plots; `{time}` becomes a timestamp."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """The frozen teacher of on-policy distillation (objective.distill); off by default."""
     data: DataConfig = field(default_factory=DataConfig)
     """The task or dataset."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -309,6 +329,12 @@ class Config:
         self._check_reference()
         self._check_entropy_control()
         self._check_env()
+        if self.teacher.name_or_path == TINY:
+            raise ConfigError(
+                "teacher.name_or_path=tiny: the built-in tiny model is the student's starting point, built from the "
+                "seed, not a teacher; pass a model directory (a run's checkpoint, RUN/checkpoints/step_N/model, or "
+                "`tether init-model PATH`), a hub id or tether:NAME"
+            )
         if t.old_logprobs == "sampler" and not r.full_softmax:
             raise ConfigError(
                 "trainer.old_logprobs=sampler: the sampler's log-probs are those of the full softmax only "
