@@ -283,6 +283,19 @@ def test_a_directory_with_an_unknown_architecture_fails_before_anything_is_writt
     )
 
 
+def test_a_lora_adapter_directory_names_the_export_that_makes_it_a_model(tmp_path, capsys, monkeypatch):
+    # A LoRA run's checkpoint model/ holds an adapter, not a model: it failed with transformers' "Unrecognized
+    # model ... Should have a `model_type` key", which names no fix (found giving one as an OPD teacher).
+    monkeypatch.chdir(tmp_path)
+    adapter = tmp_path / "step_000020" / "model"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 16}))
+    code, out, err, written = _train_cli(tmp_path, capsys, f"model.name_or_path={adapter}")
+    assert code == 2 and not written and out == ""
+    assert err.startswith(f"error: model.name_or_path: '{adapter}' holds a LoRA adapter"), err
+    assert "tether export RUN_DIR --step N OUT" in err
+
+
 @pytest.mark.parametrize(
     "device, message",
     [

@@ -281,7 +281,18 @@ def check_model_loads(name_or_path: str, key: str = "model.name_or_path") -> Non
             )
         except (OSError, ValueError) as err:
             problem = f"model {name_or_path!r} cannot be read: {str(err).splitlines()[0]}"
+            if _is_adapter_only(name_or_path):
+                problem = (
+                    f"{name_or_path!r} holds a LoRA adapter (adapter_config.json), not a whole model: write the "
+                    "checkpoint merged into its base with `tether export RUN_DIR --step N OUT` and give OUT"
+                )
     raise ConfigError(f"{key}: {problem}")
+
+
+def _is_adapter_only(name_or_path: str) -> bool:
+    """A directory with a PEFT adapter and no model config (a LoRA run's RUN/checkpoints/step_N/model)."""
+    path = Path(name_or_path).expanduser()
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
 
 
 def _hub_offline() -> bool:

@@ -84,9 +84,9 @@ class TeacherConfig:
     never trained, and must share the student's tokenizer (docs/algorithms/distillation.md)."""
 
     name_or_path: str = ""
-    """Any model `model.name_or_path` takes but `tiny`: a directory (a tether run's checkpoint,
-    RUN/checkpoints/step_N/model, a LoRA one merged into its base), a hub id, a `.gguf` file or a pinned
-    `tether:NAME`. "": no teacher (objective.distill must then be null)."""
+    """Any model `model.name_or_path` takes but `tiny`: a directory (a full fine-tuning run's checkpoint,
+    RUN/checkpoints/step_N/model; a LoRA run's merged by `tether export RUN --step N OUT`), a hub id, a `.gguf` file
+    or a pinned `tether:NAME`. "": no teacher (objective.distill must then be null)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """The teacher's weights dtype; auto is float32 on a CPU, bfloat16 on CUDA (it is never trained)."""
 
