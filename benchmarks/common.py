@@ -126,3 +126,27 @@ def emit(text: str, out: str | None) -> None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text + "\n")
         print(f"\nwritten to {out}")
+
+
+def seed_runs(results: Path) -> list[Path]:
+    """The run directories `results/seed*` that hold a metrics.jsonl, in name order; exits naming `results` if none."""
+    found = sorted(p for p in results.glob("seed*") if (p / "metrics.jsonl").exists())
+    if not found:
+        raise SystemExit(f"no seed*/metrics.jsonl under {results}")
+    return found
+
+
+def mean_curve(curves: Sequence[Sequence[tuple[int, float]]]) -> tuple[list[int], list[float]]:
+    """(steps, means) of per-seed (step, value) series over the steps every seed reached (the first's steps)."""
+    n = min(len(c) for c in curves)
+    return [s for s, _ in curves[0][:n]], [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
+
+
+def save_figure(fig, out: Path) -> Path:
+    """Write a matplotlib figure to `out` (its folder made) and close it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return out

@@ -24,6 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import mean_curve, save_figure, seed_runs  # noqa: E402
 
 from tether.records.plots import pyplot  # noqa: E402
 from tether.records.runlog import read_metrics, series, values  # noqa: E402
@@ -86,13 +89,6 @@ def with_derived(rows: list[dict]) -> list[dict]:
     return out
 
 
-def runs(results: Path) -> list[Path]:
-    found = sorted(p for p in results.glob("seed*") if (p / "metrics.jsonl").exists())
-    if not found:
-        raise SystemExit(f"no seed*/metrics.jsonl under {results}")
-    return found
-
-
 def ends(rows: list[dict], metric: str, how: str) -> tuple[float, float]:
     """(start, end) of `metric`: the first and last evaluation, or the means of the first and last 3 steps."""
     v = values(rows, metric)
@@ -105,7 +101,7 @@ def table(results: Path, columns) -> str:
     head = "| seed | " + " | ".join(h for h, _, _ in columns) + " |"
     lines = [head, "|" + "---|" * (len(columns) + 1)]
     per_column: list[list[tuple[float, float]]] = [[] for _ in columns]
-    for run in runs(results):
+    for run in seed_runs(results):
         rows = with_derived(read_metrics(run))
         cells = []
         for i, (_, metric, how) in enumerate(columns):
@@ -149,7 +145,7 @@ def outcomes(results: Path, first: int = 3) -> str:
     """The training episodes' outcomes in the first and last `first` steps of every seed: the episodes samples.jsonl
     keeps (`trainer.log_samples` per step, 4 by default), so the shares are of a sample of each step's batch."""
     counts: dict[str, list[int]] = {o: [0, 0] for o in OUTCOMES}
-    for run in runs(results):
+    for run in seed_runs(results):
         samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
         last = max(s["step"] for s in samples)
         for s in samples:
@@ -171,15 +167,12 @@ def draw(results: Path, panels, title: str, untrained: dict | None = None) -> Pa
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(panels), figsize=(12.6, 3.6), dpi=120)
-    found = runs(results)
+    found = seed_runs(results)
     for ax, (metric, name, limits) in zip(axes, panels):
         curves = [series(with_derived(read_metrics(run)), metric) for run in found]
         for run, points in zip(found, curves):
             ax.plot([s for s, _ in points], [v for _, v in points], lw=1, alpha=0.55, marker="o", ms=2, label=run.name)
-        n = min(len(c) for c in curves)
-        steps = [s for s, _ in curves[0][:n]]
-        mean = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
-        ax.plot(steps, mean, color="black", lw=2, label=f"mean of {len(found)} seeds")
+        ax.plot(*mean_curve(curves), color="black", lw=2, label=f"mean of {len(found)} seeds")
         low = limits[0]
         if untrained and metric in untrained:
             ax.plot([-1], [untrained[metric]], "rx", ms=7, mew=2, label="untrained (step -1)")
@@ -191,11 +184,7 @@ def draw(results: Path, panels, title: str, untrained: dict | None = None) -> Pa
         ax.legend(fontsize=7, loc="lower right" if untrained and metric in untrained else "best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    out = results / "plots" / "learning.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, results / "plots" / "learning.png")
 
 
 def main() -> None:

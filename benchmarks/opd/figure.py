@@ -19,6 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import mean_curve, save_figure, seed_runs  # noqa: E402
 
 from tether.records.plots import pyplot  # noqa: E402
 from tether.records.runlog import read_metrics, series, values  # noqa: E402
@@ -27,19 +30,12 @@ OPD = ROOT / "benchmarks" / "results" / "opd_cpu"
 RL = ROOT / "benchmarks" / "results" / "real_model_cpu"
 
 
-def runs(results: Path) -> list[Path]:
-    found = sorted(p for p in results.glob("seed*") if (p / "metrics.jsonl").exists())
-    if not found:
-        raise SystemExit(f"no seed*/metrics.jsonl under {results}")
-    return found
-
-
 def table() -> str:
-    evals = sorted({s for run in runs(OPD) + runs(RL) for s, _ in series(read_metrics(run), "eval/accuracy")})
+    evals = sorted({s for run in seed_runs(OPD) + seed_runs(RL) for s, _ in series(read_metrics(run), "eval/accuracy")})
     head = "| job | seed | " + " | ".join(f"acc @{s}" for s in evals) + " | median step s | teacher pass s |"
     lines = [head, "|" + "---|" * (len(evals) + 4)]
     for job, results in (("OPD", OPD), ("RL", RL)):
-        for run in runs(results):
+        for run in seed_runs(results):
             rows = read_metrics(run)
             acc = dict(series(rows, "eval/accuracy"))
             teacher = values(rows, "time/teacher_logprobs_s")
@@ -66,22 +62,16 @@ def draw() -> Path:
         ),
     ):
         for job, results, color in jobs:
-            curves = [series(read_metrics(run), metric) for run in runs(results)]
+            curves = [series(read_metrics(run), metric) for run in seed_runs(results)]
             for points in curves:
                 ax.plot([s for s, _ in points], [v for _, v in points], color=color, lw=0.8, alpha=0.35)
-            n = min(len(c) for c in curves)
-            mean = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
-            ax.plot([s for s, _ in curves[0][:n]], mean, color=color, lw=2, label=f"{job}, mean of {len(curves)} seeds")
+            ax.plot(*mean_curve(curves), color=color, lw=2, label=f"{job}, mean of {len(curves)} seeds")
         ax.set(title=name, xlabel="step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("On-policy distillation from an RL-trained teacher vs RL, SmolLM2-135M-Instruct, LoRA, 2 CPU cores")
     fig.tight_layout()
-    out = OPD / "plots" / "learning.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, OPD / "plots" / "learning.png")
 
 
 def main() -> None:
