@@ -46,6 +46,18 @@ def grads(loss, *xs):
     return torch.autograd.grad(loss, xs)
 
 
+def assert_matches_naive(lp, ent, ref_lp, ref_ent, g_lp, g_ent, hidden, weight, grad_dtype=None):
+    """Log-probs and entropies equal the naive ones to 1e-12, and so do the gradients of a random linear
+    functional of both with respect to the hidden states and the head weight (to 1e-10), of `grad_dtype` if given."""
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-12, atol=1e-12)
+    got = grads((lp * g_lp).sum() + (ent * g_ent).sum(), hidden, weight)
+    want = grads((ref_lp * g_lp).sum() + (ref_ent * g_ent).sum(), hidden, weight)
+    for a, b in zip(got, want):
+        assert grad_dtype is None or a.dtype == grad_dtype
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_uniform_logits_hand_computed():
     # A zero weight gives zero logits: p = 1/V for every token, so log p(y) = -log V and
     # H = -sum_v (1/V) log(1/V) = log V; with V = 11: -2.3979 and 2.3979.
@@ -77,13 +89,7 @@ def test_values_and_gradients_match_naive(chunk, vocab_chunk, temperature):
     )
     ref_lp, ref_ent = naive(hidden, weight, targets, temperature)
     assert lp.dtype == ent.dtype == torch.float64
-    torch.testing.assert_close(lp, ref_lp, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(ent, ref_ent, rtol=1e-12, atol=1e-12)
-    got = grads((lp * g_lp).sum() + (ent * g_ent).sum(), hidden, weight)
-    want = grads((ref_lp * g_lp).sum() + (ref_ent * g_ent).sum(), hidden, weight)
-    for a, b in zip(got, want):
-        assert a.dtype == torch.float64
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert_matches_naive(lp, ent, ref_lp, ref_ent, g_lp, g_ent, hidden, weight, grad_dtype=torch.float64)
 
 
 @pytest.mark.parametrize("which", ["logprobs", "entropy"])
@@ -155,12 +161,7 @@ def test_several_targets_per_position_match_the_naive_gather(chunk, vocab_chunk)
     keep = (~skipped).double()
     ref_lp, ref_ent = logp.gather(-1, targets) * keep[..., None], -(logp.exp() * logp).sum(-1) * keep
     assert lp.shape == (2, 7, 6) and ent.shape == (2, 7)
-    torch.testing.assert_close(lp, ref_lp, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(ent, ref_ent, rtol=1e-12, atol=1e-12)
-    got = grads((lp * g_lp).sum() + (ent * g_ent).sum(), hidden, weight)
-    want = grads((ref_lp * g_lp).sum() + (ref_ent * g_ent).sum(), hidden, weight)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert_matches_naive(lp, ent, ref_lp, ref_ent, g_lp, g_ent, hidden, weight)
     half = targets.clone()
     half[0, 0, 3:] = IGNORE_INDEX
     with pytest.raises(ValueError, match="all -100 \\(skipped\\) or none"):
@@ -568,9 +569,4 @@ def test_cuda_float64_matches_naive():
     hidden, weight = hidden.detach().requires_grad_(), weight.detach().requires_grad_()
     lp, ent = token_logprobs_and_entropy(hidden, weight, targets, temperature=0.8, chunk_size=128, vocab_chunk_size=300)
     ref_lp, ref_ent = naive(hidden, weight, targets, 0.8)
-    torch.testing.assert_close(lp, ref_lp, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(ent, ref_ent, rtol=1e-12, atol=1e-12)
-    got = grads((lp * g_lp).sum() + (ent * g_ent).sum(), hidden, weight)
-    want = grads((ref_lp * g_lp).sum() + (ref_ent * g_ent).sum(), hidden, weight)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert_matches_naive(lp, ent, ref_lp, ref_ent, g_lp, g_ent, hidden, weight)
