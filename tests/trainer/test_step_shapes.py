@@ -58,7 +58,8 @@ def test_the_padding_share_of_a_pass_by_hand():
     """Issue 50, measure first: the share of the positions a log-prob or update pass computes that are padding."""
     import torch
 
-    from tether.model.causal_lm import Tokens, padding_share, positions
+    from tether.model.causal_lm import Tokens, positions
+    from tether.model.packing import padding_share
 
     # two groups of two rows; prompts of 3 and 2 tokens (P = 3, left-padded), completions of 2, 1, 3, 1 (T = 3)
     prompt = torch.tensor([[1, 2, 3]] * 2 + [[0, 4, 5]] * 2)
@@ -73,3 +74,11 @@ def test_the_padding_share_of_a_pass_by_hand():
     assert padding_share(tokens, 4, share_prompts=False) == pytest.approx(1 - 17 / 24)
     # two rows per forward: each forward holds one distinct prompt: (3 + 6) + (3 + 6) = 18, real the same 12
     assert padding_share(tokens, 2) == pytest.approx(1 - 12 / 18)
+    # packed, prompts shared: each group one item, its prompt then its completions: 3+2+1 = 6 and 2+3+1 = 6, in rows
+    # of width 6 (the largest item): 12 positions, all real
+    assert padding_share(tokens, 4, pack=True) == pytest.approx(0.0)
+    # packed, unshared: rows of 5, 4, 5, 3 real tokens in rows of width 5, first-fit decreasing: [5], [5], [4], [3]:
+    # 20 positions, 17 real (each row's prompt counted: it runs it)
+    assert padding_share(tokens, 4, share_prompts=False, pack=True) == pytest.approx(1 - 17 / 20)
+    # forwards given as rows: {0, 3} (5 and 3 tokens, no shared prompt) and {1, 2} (4 and 5): two rows of 5 each
+    assert padding_share(tokens, [torch.tensor([0, 3]), torch.tensor([1, 2])], pack=True) == pytest.approx(1 - 17 / 20)

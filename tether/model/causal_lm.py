@@ -42,6 +42,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
+from . import packing as _packing
 from . import topk as _topk
 from .head import CompletionHead
 
@@ -120,6 +121,8 @@ class LogProbSettings:
     fused: bool = True  # trainer.fused_logprobs: the chunked head of tether.model.ops (else the model's logits)
     chunk_size: Optional[int] = None  # trainer.logprob_chunk_size: tokens per head tile (None: tile_shape's)
     share_prompts: bool = True  # trainer.share_prompts: rows with the same prompt run it once
+    pack: bool = False  # trainer.packing: each forward runs its rows' real tokens only (tether.model.packing)
+    micro_batch_tokens: int = 0  # trainer.micro_batch_tokens: real tokens per forward (0: micro_batch_size rows)
 
     @classmethod
     def of(cls, trainer: Any, rollout: Any) -> "LogProbSettings":
@@ -130,6 +133,8 @@ class LogProbSettings:
             trainer.fused_logprobs,
             trainer.logprob_chunk_size,
             trainer.share_prompts,
+            trainer.packing,
+            trainer.micro_batch_tokens,
         )
 
 
@@ -162,29 +167,11 @@ def token_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbSet
     return lp, ent
 
 
-def padding_share(tokens: Tokens, rows_per_forward: int, share_prompts: bool = True) -> float:
-    """The share of the positions a log-prob or update pass computes that are padding: over consecutive forwards of
-    `rows_per_forward` rows (what `batched_logprobs` runs), each computes its distinct prompts (each distinct prompt
-    once with `share_prompts`, every row's otherwise) at the batch's prompt width P and every row's completion at
-    width T; the real positions are the prompts' and the completions' tokens (an environment's included: the model
-    reads them). Padding-free packing would compute the real ones alone (docs/performance.md)."""
-    n, p = tokens.input_ids.shape[0], tokens.prompt_len
-    computed = real = 0
-    for start in range(0, n, rows_per_forward):
-        ids = tokens.input_ids[start : start + rows_per_forward]
-        attention = tokens.attention_mask[start : start + rows_per_forward]
-        prompts = torch.unique(torch.cat([ids[:, :p], attention[:, :p]], 1), dim=0) if share_prompts else None
-        distinct = prompts[:, p:] if prompts is not None else attention[:, :p]
-        computed += distinct.shape[0] * p + attention.shape[0] * (attention.shape[1] - p)
-        real += int(distinct.sum()) + int(attention[:, p:].sum())
-    return 1.0 - real / max(computed, 1)
-
-
 @torch.no_grad()
 def batched_logprobs(model, tokens: Tokens, settings: LogProbSettings = LogProbSettings()) -> torch.Tensor:
     """log pi(o_t | h) (N, T) without gradient, `settings.micro_batch_size` rows per forward."""
-    parts = [token_logprobs(model, part, settings, with_entropy=False)[0] for part in _forwards(tokens, settings)]
-    return torch.cat(parts)
+    parts, order = _forwards(tokens, settings)
+    return torch.cat([token_logprobs(model, part, settings, with_entropy=False)[0] for part in parts])[order]
 
 
 @torch.no_grad()
@@ -192,13 +179,13 @@ def batched_topk(
     model, tokens: Tokens, settings: LogProbSettings, k: int
 ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, torch.Tensor]]]:
     """(log pi(o_t | h) (N, T), and with k > 0 the K largest log-probs and their ids at each counted position, each
-    (N, T, K), else None) without gradient, `settings.micro_batch_size` rows per forward (`head_pass`)."""
-    passes, n = [], tokens.input_ids.shape[0]
-    for start in range(0, n, settings.micro_batch_size):
-        idx = torch.arange(start, min(start + settings.micro_batch_size, n), device=tokens.input_ids.device)
-        passes.append(head_pass(model, tokens.select(idx), settings, with_entropy=False, topk=k))
-    lp = torch.cat([p.logprobs for p in passes])
-    return lp, (torch.cat([p.topk[0] for p in passes]), torch.cat([p.topk[1] for p in passes])) if k else None
+    (N, T, K), else None) without gradient, in the forwards of `forward_rows` (`head_pass`)."""
+    parts, order = _forwards(tokens, settings)
+    passes = [head_pass(model, part, settings, with_entropy=False, topk=k) for part in parts]
+    lp = torch.cat([p.logprobs for p in passes])[order]
+    if not k:
+        return lp, None
+    return lp, (torch.cat([p.topk[0] for p in passes])[order], torch.cat([p.topk[1] for p in passes])[order])
 
 
 @torch.no_grad()
@@ -210,20 +197,32 @@ def batched_logprobs_and_top(
     log-probs 0 where `tokens.mask` is 0. Memory: (N, T, k), never (N, T, V) (the fused head's tiles, or one
     forward's logits for a head that cannot be fused)."""
     lps, ids, tops = [], [], []
-    for part in _forwards(tokens, settings):
+    parts, order = _forwards(tokens, settings)
+    for part in parts:
         head = completion_head(model, part, settings)
         lps.append(head.logprobs(part.completion_ids)[0])
         i, v = head.top(k)
         ids.append(i.to(torch.int32))
         tops.append(v)
-    return torch.cat(lps), torch.cat(ids), torch.cat(tops)
+    return torch.cat(lps)[order], torch.cat(ids)[order], torch.cat(tops)[order]
 
 
-def _forwards(tokens: Tokens, settings: LogProbSettings) -> list[Tokens]:
-    """The batch cut into forwards of `settings.micro_batch_size` rows."""
+def _forwards(tokens: Tokens, settings: LogProbSettings) -> tuple[list[Tokens], torch.Tensor]:
+    """The batch cut into forwards (`forward_rows`) and the permutation that puts their concatenated results back
+    in the batch's row order."""
+    rows = forward_rows(tokens, settings)
+    return [tokens.select(idx) for idx in rows], torch.argsort(torch.cat(rows))
+
+
+def forward_rows(tokens: Tokens, settings: LogProbSettings) -> list[torch.Tensor]:
+    """The rows of each forward of a log-prob pass: consecutive runs of `settings.micro_batch_size` rows, or with
+    `settings.micro_batch_tokens` balanced micro-batches of at most that many real tokens (`packing.token_batches`)."""
     n, device = tokens.input_ids.shape[0], tokens.input_ids.device
-    step = settings.micro_batch_size
-    return [tokens.select(torch.arange(i, min(i + step, n), device=device)) for i in range(0, n, step)]
+    if settings.micro_batch_tokens <= 0:
+        step = settings.micro_batch_size
+        return [torch.arange(i, min(i + step, n), device=device) for i in range(0, n, step)]
+    parts = _packing.token_batches(tokens.attention_mask.sum(1).tolist(), settings.micro_batch_tokens)
+    return [torch.tensor(part, device=device) for part in parts]
 
 
 @contextlib.contextmanager
@@ -468,8 +467,11 @@ def completion_head(model: Any, tokens: Tokens, settings: LogProbSettings = LogP
     inputs = (tokens.input_ids[:, :end], tokens.attention_mask[:, :end], tokens.position_ids[:, :end])
     mask = tokens.mask != 0
     if settings.fused and not fused_head_reason(model) and not _probe(model, *inputs[:2]):
-        groups = _shared_groups(model, inputs, start) if settings.share_prompts else None
-        hidden, _ = _hidden(model, *inputs, start, groups)  # (N, T, H)
+        if settings.pack and not _packing.probe(model, _decoder(model), *inputs, start):
+            hidden = _packing.packed_hidden(_decoder(model), *inputs, start, settings.share_prompts)  # padding-free
+        else:
+            groups = _shared_groups(model, inputs, start) if settings.share_prompts else None
+            hidden, _ = _hidden(model, *inputs, start, groups)  # (N, T, H)
         weight = model.get_output_embeddings().weight
         return CompletionHead(mask, tau, settings.chunk_size, hidden=hidden, weight=weight)
     return CompletionHead(mask, tau, settings.chunk_size, logits=_model_logits(model, inputs, T, tau))

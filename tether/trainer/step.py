@@ -44,7 +44,8 @@ from ..core.masked import group_summary
 from ..core.troll import SparseSet
 from ..envs import episode_metrics
 from ..objectives import SupportSize
-from ..model.causal_lm import Tokens, batched_logprobs, eval_mode, padding_share, to_tokens
+from ..model.causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, forward_rows, to_tokens
+from ..model.packing import padding_share
 from ..rewards import Reward, Scored, reward_parts, score_rollout, solved, verifier_faults
 from ..rollout import RolloutBatch, SamplingParams
 from . import seeds
@@ -132,7 +133,7 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     metrics.update(entropy_advanced(control, counters, taken))
     metrics.update(sampled)
     metrics["rollout/nonfinite_sampler_logprobs"] = nonfinite
-    metrics.update(padding_metrics(tokens, t, policy.logprob_settings.share_prompts))
+    metrics.update(padding_metrics(tokens, policy.logprob_settings))
     metrics.update(sampler.metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
     refresh_reference(parts.reference, policy.model, t, counters, taken, metrics.get("kl/ref"))
     metrics["optim/lr"] = policy.scheduler.get_last_lr()[0]
@@ -216,17 +217,17 @@ def collect(source: RolloutSource, r: RolloutConfig, seed: int) -> tuple[Scored,
 # ---------------------------------------------------------------- 2. tokens and 4. log-probs
 
 
-def padding_metrics(tokens: Tokens, t: TrainerConfig, share_prompts: bool) -> dict[str, float]:
-    """The share of padding in the positions each pass computes (`causal_lm.padding_share`): the sampler's prefill
+def padding_metrics(tokens: Tokens, settings: LogProbSettings) -> dict[str, float]:
+    """The share of padding in the positions each pass computes (`packing.padding_share`): the sampler's prefill
     (its left-padded distinct prompts, `rollout/prefill_pad_frac`), the log-prob passes and the update, both in
-    forwards of trainer.micro_batch_size rows (`tokens/pad_frac`; the update's micro-batches hold whole groups, of
-    the same size here)."""
+    the log-prob passes' forwards (`tokens/pad_frac`; the update's micro-batches are cut the same way within each
+    mini-batch), packed or padded as `trainer.packing` says."""
     p = tokens.prompt_len
     prompts = torch.unique(torch.cat([tokens.input_ids[:, :p], tokens.attention_mask[:, :p]], 1), dim=0)  # (U, 2P)
     real = int(prompts[:, p:].sum())
     return {
         "rollout/prefill_pad_frac": 1.0 - real / max(prompts.shape[0] * p, 1),
-        "tokens/pad_frac": padding_share(tokens, t.micro_batch_size, share_prompts),
+        "tokens/pad_frac": padding_share(tokens, forward_rows(tokens, settings), settings.share_prompts, settings.pack),
     }
 
 

@@ -2,13 +2,15 @@
 
     for epoch in 1..ppo_epochs:
         for mini-batch (whole prompt groups, in a seeded order):       one optimiser step each
-            for micro-batch of at most trainer.micro_batch_size rows:
+            for micro-batch of at most trainer.micro_batch_size rows (or trainer.micro_batch_tokens real tokens):
                 loss = objective(its rows) / the mini-batch's normaliser, backward    (gradients accumulate)
             clip the gradient norm; step AdamW and the schedule (a non-finite loss or gradient: skipped)
 
 The normaliser is the objective's over the whole mini-batch (docs/algorithms/advantages_aggregation.md), so a
 micro-batch's loss is its share of the mini-batch objective and the accumulated gradient is the objective's,
-whatever `trainer.micro_batch_size` is. Group statistics (ETR's) are computed once over the whole batch and
+whatever `trainer.micro_batch_size` (or `trainer.micro_batch_tokens`) is, and whether the forwards are packed
+(`trainer.packing`, tether.model.packing: the objective reads the same (N, T) tensors either way). Group
+statistics (ETR's) are computed once over the whole batch and
 sliced per micro-batch. Metrics merge exactly over micro-batches (`objectives.MetricMerger`) and come to the host
 in one sync per step.
 
@@ -31,6 +33,7 @@ from ..config.sections import TrainerConfig
 from ..core.etr import GroupStats
 from ..core.troll import SparseSet
 from ..model.causal_lm import LogProbSettings, Precision, Tokens, head_pass
+from ..model.packing import token_batches
 from .support import SupportLogprobs, on_support, rows_of
 
 
@@ -134,11 +137,12 @@ def update(
     skipped = {"loss": 0, "gradient": 0}
     grad_norms = []
     params = [p for p in policy.model.parameters() if p.requires_grad]
+    lengths = batch.tokens.attention_mask.sum(1).cpu()  # real tokens per row, for a token budget
     for _ in range(t.ppo_epochs):
         for mb_groups in mini_batches(batch.group_ids.cpu(), t.mini_batches, gen):
             norm = obj.normalizer(batch.tokens.mask[torch.cat(mb_groups).to(device)])
             loss_bad = torch.zeros((), dtype=torch.bool, device=device)
-            for idx in micro_batches(mb_groups, t.micro_batch_size):
+            for idx in micro_batches(mb_groups, t.micro_batch_size, lengths, t.micro_batch_tokens):
                 out = _micro_step(policy, obj, batch, idx.to(device), norm)
                 loss_bad = loss_bad | ~torch.isfinite(out.loss.detach())
                 merger.add(out)
@@ -163,9 +167,17 @@ def mini_batches(groups: Int[Tensor, " N"], n_mini: int, gen: torch.Generator) -
     return [[torch.nonzero(groups == g).flatten() for g in chunk] for chunk in chunks if chunk]
 
 
-def micro_batches(groups: list[Int[Tensor, " G"]], size: int) -> list[Int[Tensor, " M"]]:
+def micro_batches(
+    groups: list[Int[Tensor, " G"]], size: int, lengths: Optional[Int[Tensor, " N"]] = None, tokens: int = 0
+) -> list[Int[Tensor, " M"]]:
     """Whole groups packed into micro-batches of at most `size` rows (at least one group each): groups are kept
-    whole for readability, not for correctness (group statistics come from the whole batch)."""
+    whole for readability, not for correctness (group statistics come from the whole batch). With a token budget
+    `tokens` > 0, the mini-batch's rows (`lengths`: real tokens per row of the batch) in balanced micro-batches of
+    at most that many tokens (`packing.token_batches`), groups split where the budget asks."""
+    if tokens > 0:
+        rows = torch.cat(groups)
+        parts = token_batches(lengths[rows].tolist(), tokens)
+        return [rows[torch.tensor(part)] for part in parts]
     out, cur, n = [], [], 0
     for g in groups:
         if cur and n + len(g) > size:

@@ -294,6 +294,11 @@ class Config:
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key}: got {value}, expected an integer >= 1")
+        if t.micro_batch_tokens < 0:
+            raise ConfigError(
+                f"trainer.micro_batch_tokens: got {t.micro_batch_tokens}, expected 0 (micro-batches of "
+                "trainer.micro_batch_size rows) or a token budget >= 1"
+            )
         self._check_values()
 
     def _check_values(self) -> None:

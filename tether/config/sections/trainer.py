@@ -20,6 +20,16 @@ class TrainerConfig:
     """Optimiser steps per pass; >= 2 makes the ratio differ from 1 so clipping acts."""
     micro_batch_size: int = 64
     """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
+    micro_batch_tokens: int = 0
+    """Real tokens (prompt, completion and environment tokens) per forward/backward instead of a row count: each
+    mini-batch (and each log-prob pass) cut into as few micro-batches of at most this many tokens as it allows
+    (a longer row alone), balanced so the last is not a straggler; the gradient is the same up to rounding.
+    0: micro_batch_size rows. Pairs with `packing` (tether.model.packing)."""
+    packing: bool = False
+    """Padding-free forwards: each forward runs its rows' real tokens end to end in packed rows, position ids
+    restarting per sequence and block-diagonal attention (sdpa/eager: a block mask; flash-attention: varlen), so
+    no position is spent on padding; log-probs and gradients equal the padded ones up to rounding. Fused head only
+    (a model whose head cannot be fused runs padded); replaces share_prompts while on. docs/performance.md."""
     old_logprobs: Literal["recompute", "sampler"] = "recompute"
     """Where pi_old's log-probs come from. recompute: a forward pass of the policy before the first
     update (exact). sampler: the engine's own log-probs of the sampled tokens, which skips that
