@@ -61,7 +61,12 @@ def parity_reward(completion, example):
 
 
 def tether_runner(
-    model_dir: Path, args, device: torch.device, old_logprobs: str = "recompute", engine_name: str = "hf"
+    model_dir: Path,
+    args,
+    device: torch.device,
+    old_logprobs: str = "recompute",
+    engine_name: str = "hf",
+    extra: tuple[str, ...] = (),
 ):
     """A closure that runs one RL step of tether's trainer and returns its timings; and the parameter count.
 
@@ -71,7 +76,7 @@ def tether_runner(
     non-finite sampler-token filter, the sampler log-probs and the reference refresh included. Phases come from
     the step's own `time/*` metrics. old_logprobs="sampler" is trainer.old_logprobs=sampler (the old log-prob
     pass skipped); engine_name="vllm" is rollout.engine=vllm, whose weight push before each rollout is timed as
-    "sync" (within generation)."""
+    "sync" (within generation); `extra` overrides come last (--packed: trainer.packing=true)."""
     import atexit
     import shutil
 
@@ -117,6 +122,7 @@ def tether_runner(
                 if data
                 else []
             ),
+            *extra,
         ]
     )
     run = start_run(cfg, log=lambda *_: None)
@@ -134,6 +140,7 @@ def tether_runner(
             "logprobs": m["time/old_logprobs_s"] + m["time/ref_logprobs_s"],
             "update": m["time/update_s"],
             "tokens": m["rollout/len_mean"] * batch,
+            "pad": m["tokens/pad_frac"],
             "sync": getattr(engine, "sync_seconds", 0.0),
             "start": getattr(engine, "start_seconds", 0.0),
         }
@@ -364,6 +371,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="measured RL steps per trainer")
     p.add_argument("--warmup", type=int, default=1, help="RL steps dropped before measuring")
     p.add_argument("--vllm", action="store_true", help="also tether with rollout.engine=vllm (a fourth column)")
+    p.add_argument("--packed", action="store_true", help="also tether with trainer.packing=true (a column beside it)")
     p.add_argument(
         "--trl-vllm",
         action="store_true",
@@ -432,18 +440,24 @@ def main() -> None:
         run, args.n_params = tether_runner(model_dir, args, device)
         run_sampler, _ = tether_runner(model_dir, args, device, old_logprobs="sampler")
         run_vllm = tether_runner(model_dir, args, device, engine_name="vllm")[0] if args.vllm else None
+        run_packed = tether_runner(model_dir, args, device, extra=("trainer.packing=true",))[0] if args.packed else None
         run(), run_sampler()  # tether's own warm-up, before TRL starts
         ours: list[dict] = []
         fast: list[dict] = []
         with_vllm: list[dict] = []
+        args.packed_rows = []
         if run_vllm:
             run_vllm()
+        if run_packed:
+            run_packed()
 
         def between():
             ours.append(run())
             fast.append(run_sampler())
             if run_vllm:
                 with_vllm.append(run_vllm())
+            if run_packed:
+                args.packed_rows.append(run_packed())
 
         theirs = trl_steps(model_dir, args, device, args.warmup + args.steps, between)
         trl_vllm = trl_vllm_steps(model_dir, args) if args.trl_vllm else None
@@ -453,6 +467,7 @@ def main() -> None:
         theirs[args.warmup :],
         with_vllm[args.warmup :],
     )
+    args.packed_rows = args.packed_rows[args.warmup :]
     if trl_vllm and "rows" in trl_vllm:
         trl_vllm["rows"] = trl_vllm["rows"][args.warmup :]
     print(
@@ -463,6 +478,21 @@ def main() -> None:
     if trl_vllm:
         print(f"trl + vllm: {trl_vllm}", file=sys.stderr)
     emit(report(args, device, ours, fast, theirs, with_vllm, trl_vllm), args.out)
+
+
+def _packed_column(rows: list, header: list, packed: list[dict], ours: list[dict], med) -> tuple[list, list]:
+    """The table with a column for tether with trainer.packing=true, after the padded one."""
+    p = packed
+    col = [
+        f"{med(p, 'total'):.3f} s",
+        f"{med(p, 'generation'):.3f} s",
+        f"{med(p, 'logprobs'):.3f} s",
+        f"{med(p, 'update'):.3f} s",
+        f"{max(med(p, 'total') - med(p, 'generation') - med(p, 'logprobs') - med(p, 'update'), 0.0):.3f} s",
+        f"{med(p, 'pad'):.1%}",
+    ]
+    col += ["-"] * (len(rows) - len(col))
+    return [[*r[:2], c, *r[2:]] for r, c in zip(rows, col)], [*header[:2], "tether (trainer.packing=true)", *header[2:]]
 
 
 def model_line(args) -> str:
@@ -528,6 +558,7 @@ def report(
             "",
         ],
         ["rest (advantages, tensors)", f"{rest[0]:.3f} s", f"{rest[1]:.3f} s", "-", "", ""],
+        ["padding share of the passes", f"{med(ours, 'pad'):.1%}", f"{med(fast, 'pad'):.1%}", "-", "", ""],
     ]
     header = [
         "",
@@ -545,11 +576,21 @@ def report(
             cells(v, "logprobs"),
             cells(v, "update"),
             f"{max(med(v, 'total') - med(v, 'generation') - med(v, 'logprobs') - med(v, 'update'), 0.0):.3f} s",
+            f"{med(v, 'pad'):.1%}",
         ]
-        rows = [[*r[:3], e, *r[3:]] for r, e in zip(rows, extra)]
+        rows = [[*r[:3], e, *r[3:]] for r, e in zip(rows, extra, strict=True)]
         header = [*header[:3], "tether (rollout.engine=vllm)", *header[3:]]
         rows.append(["vLLM engine start (once per run)", "-", "-", f"{v[0]['start']:.1f} s", "-", "", ""])
     notes = []
+    packed = getattr(args, "packed_rows", [])
+    if packed:
+        rows, header = _packed_column(rows, header, packed, ours, med)
+        notes.append(
+            f"trainer.packing=true (packed rows, each prompt once) against the default padded forwards: the step "
+            f"{med(ours, 'total') / med(packed, 'total'):.2f}x as fast, the log-prob passes "
+            f"{med(ours, 'logprobs') / max(med(packed, 'logprobs'), 1e-9):.2f}x, the update "
+            f"{med(ours, 'update') / med(packed, 'update'):.2f}x (padded / packed, side by side)."
+        )
     if trl_vllm is not None:
         width = len(header)
         if "rows" in trl_vllm and trl_vllm["rows"]:

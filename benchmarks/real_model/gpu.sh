@@ -13,7 +13,8 @@
 #    model's run takes a few GB of the GPU). The runs go seed by seed, so the runs finished at any moment are
 #    whole seeds; every minute the report of the runs finished so far is rewritten in OUT_DIR/partial/, so a
 #    call that runs out of time still leaves its results.
-# 2. benchmarks/rl_step.py --real-model on the GPU (tether vs TRL's GRPOTrainer, LoRA, bf16).
+# 2. benchmarks/rl_step.py --real-model --packed on the GPU (tether padded, tether with trainer.packing=true and
+#    TRL's GRPOTrainer side by side, LoRA, bf16; the padding share of each tether column).
 # Each part has its own time limit (COMPARE_TIMEOUT, default 420 s; RL_STEP_TIMEOUT, 120 s), so one that hangs
 # does not stop the other; OUT_DIR gets the compare directory, partial/, rl_step.md and each part's log.
 set -uo pipefail
@@ -51,5 +52,5 @@ echo "compare: exit $status" | tee -a "$OUT/compare.log"
 partial_report
 echo "report of the runs finished: $OUT/partial/report.md" | tee -a "$OUT/compare.log"
 timeout "${RL_STEP_TIMEOUT:-120}" "$PY" benchmarks/rl_step.py --real-model --model "$MODEL" --device cuda \
-  --dtype bfloat16 --steps 3 --out "$OUT/rl_step.md" > "$OUT/rl_step.log" 2>&1
+  --dtype bfloat16 --steps 3 --packed --out "$OUT/rl_step.md" > "$OUT/rl_step.log" 2>&1
 echo "rl_step: exit $?" | tee -a "$OUT/rl_step.log"

@@ -82,9 +82,24 @@ def _rl_step_args(**kw):
     return argparse.Namespace(**{**base, **kw})
 
 
+STEP = {"total": 2.0, "generation": 1.0, "logprobs": 0.5, "update": 0.5, "tokens": 16.0, "sync": 0.1, "start": 30.0}
+STEP["pad"] = 0.25
+
+
+def test_rl_step_reports_packing_as_a_column_beside_the_padded_one_with_the_padding_share():
+    rl_step = _rl_step_module()
+    packed = {**STEP, "total": 1.6, "logprobs": 0.4, "update": 0.2, "pad": 0.0}
+    out = rl_step.report(_rl_step_args(packed_rows=[packed]), torch_device(), [STEP], [STEP], [dict(STEP, total=4.0)])
+    header = [c.strip() for c in [line for line in out.splitlines() if line.startswith("|  |")][0].split("|")]
+    assert header[2:4] == ["tether (recompute)", "tether (trainer.packing=true)"]
+    pad = [line for line in out.splitlines() if line.startswith("| padding share")][0]
+    assert [c.strip() for c in pad.split("|")][2:4] == ["25.0%", "0.0%"]
+    assert "the step 1.25x as fast, the log-prob passes 1.25x, the update 2.50x" in out
+
+
 def test_rl_step_reports_trl_with_vllm_as_a_column_or_as_the_error_that_stops_it():
     rl_step = _rl_step_module()
-    step = {"total": 2.0, "generation": 1.0, "logprobs": 0.5, "update": 0.5, "tokens": 16.0, "sync": 0.1, "start": 30.0}
+    step = dict(STEP)
     trl = [{"total": 4.0, "generation": 1.0, "sync": 0.2, "start": 50.0}]
     args = _rl_step_args()
     failed = rl_step.report(
