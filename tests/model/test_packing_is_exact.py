@@ -74,21 +74,24 @@ def test_a_packed_forward_gives_the_padded_log_probs_and_entropies(model):
 def test_the_plan_places_every_real_token_once_first_fit_decreasing():
     ids = torch.tensor([[0, 5, 6, 7], [1, 2, 3, 4], [0, 0, 8, 9], [0, 0, 0, 9]])
     mask = (ids != 0).long()
-    p = packing.plan(ids, mask, 2)
+    p = packing.plan(ids, mask, 2)  # rows as wide as the longest, 4
     assert (p.bins, p.width) == (3, 4)  # [4], [3 | 1], [2]
     assert sorted(set(p.dst.tolist())) == sorted(p.dst.tolist()) and len(p.dst) == int(mask.sum())
     packed = torch.zeros(p.bins * p.width, dtype=torch.long)
     packed[p.dst] = ids.flatten()[p.src]
     assert packed.view(p.bins, p.width).tolist() == [[1, 2, 3, 4], [5, 6, 7, 9], [8, 9, 0, 0]]
-    # two rows sharing a prompt: the prompt once, then each completion, which attends to the prompt, not the other
-    ids = torch.tensor([[0, 5, 6, 7, 0], [0, 5, 6, 8, 9]])
-    p = packing.plan(ids, (ids != 0).long(), 3, share=True)
+    # three rows sharing a prompt, in rows of 6, longest first: the completion of 3 tokens with the prompt, the one of
+    # 2 in a second row with a copy of it, the one of 1 beside either; balanced, rows of 5 take them as well: the
+    # prompt's copy is read by two completions that attend to it and not to each other
+    ids = torch.tensor([[0, 5, 6, 7, 0, 0], [0, 5, 6, 8, 9, 0], [0, 5, 6, 1, 2, 3]])
+    p = packing.plan(ids, (ids != 0).long(), 3, share=True, width=6)
     packed = torch.zeros(p.bins * p.width, dtype=torch.long)
     packed[p.dst] = ids.flatten()[p.src]
-    assert (p.bins, packed.tolist()) == (1, [5, 6, 7, 8, 9])
-    allowed = packing.attention_mask_4d(p, torch.bool)[0, 0].long().tolist()
-    assert allowed == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
-    assert p.read[1, 1:].tolist() == [0, 1, 3, 4] and p.read[0].tolist() == [-1, 0, 1, 2, -1]
+    assert packed.view(p.bins, p.width).tolist() == [[5, 6, 1, 2, 3], [5, 6, 8, 9, 7]]
+    allowed = packing.attention_mask_4d(p, torch.bool)[1, 0].long().tolist()
+    assert allowed[3:] == [[1, 1, 1, 1, 0], [1, 1, 0, 0, 1]]
+    assert p.read[0, 1:].tolist() == [5, 6, 9, -1, -1] and p.read[1, 1:].tolist() == [5, 6, 7, 8, -1]
+    assert p.read[2, 1:].tolist() == [0, 1, 2, 3, 4]
 
 
 def test_token_budgets_are_balanced_and_respected():

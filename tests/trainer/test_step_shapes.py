@@ -74,9 +74,11 @@ def test_the_padding_share_of_a_pass_by_hand():
     assert padding_share(tokens, 4, share_prompts=False) == pytest.approx(1 - 17 / 24)
     # two rows per forward: each forward holds one distinct prompt: (3 + 6) + (3 + 6) = 18, real the same 12
     assert padding_share(tokens, 2) == pytest.approx(1 - 12 / 18)
-    # packed, prompts shared: each group one item, its prompt then its completions: 3+2+1 = 6 and 2+3+1 = 6, in rows
-    # of width 6 (the largest item): 12 positions, all real
-    assert padding_share(tokens, 4, pack=True) == pytest.approx(0.0)
+    # packed, prompts shared, rows as wide as the longest (5): no two completions fit beside one copy of their prompt
+    # (3 + 2 + 1, 2 + 3 + 1 > 5), so each row takes its own: [5], [5], [4], [3], 20 positions, 17 real
+    assert padding_share(tokens, 4, pack=True) == pytest.approx(1 - 17 / 20)
+    # in packed rows of 12: one row holds both prompts once and the four completions, all 12 positions real
+    assert padding_share(tokens, 4, pack=True, width=12) == pytest.approx(0.0)
     # packed, unshared: rows of 5, 4, 5, 3 real tokens in rows of width 5, first-fit decreasing: [5], [5], [4], [3]:
     # 20 positions, 17 real (each row's prompt counted: it runs it)
     assert padding_share(tokens, 4, share_prompts=False, pack=True) == pytest.approx(1 - 17 / 20)

@@ -123,6 +123,7 @@ class LogProbSettings:
     share_prompts: bool = True  # trainer.share_prompts: rows with the same prompt run it once
     pack: bool = False  # trainer.packing: each forward runs its rows' real tokens only (tether.model.packing)
     micro_batch_tokens: int = 0  # trainer.micro_batch_tokens: real tokens per forward (0: micro_batch_size rows)
+    pack_width: int = 512  # trainer.pack_width: tokens per packed row (at least the longest row)
 
     @classmethod
     def of(cls, trainer: Any, rollout: Any) -> "LogProbSettings":
@@ -135,6 +136,7 @@ class LogProbSettings:
             trainer.share_prompts,
             trainer.packing,
             trainer.micro_batch_tokens,
+            trainer.pack_width,
         )
 
 
@@ -468,7 +470,8 @@ def completion_head(model: Any, tokens: Tokens, settings: LogProbSettings = LogP
     mask = tokens.mask != 0
     if settings.fused and not fused_head_reason(model) and not _probe(model, *inputs[:2]):
         if settings.pack and not _packing.probe(model, _decoder(model), *inputs, start):
-            hidden = _packing.packed_hidden(_decoder(model), *inputs, start, settings.share_prompts)  # padding-free
+            body, share = _decoder(model), settings.share_prompts
+            hidden = _packing.packed_hidden(body, *inputs, start, share, settings.pack_width)  # padding-free
         else:
             groups = _shared_groups(model, inputs, start) if settings.share_prompts else None
             hidden, _ = _hidden(model, *inputs, start, groups)  # (N, T, H)

@@ -60,63 +60,81 @@ class PackPlan(NamedTuple):
     read: torch.Tensor  # (N, L) long: the packed position each padded cell's hidden state is read from (pad: -1)
 
 
-def plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int, share: bool = False, one_row: bool = False):
-    """The packing of an (N, L) batch whose first `start` columns are the (left-padded) prompt: each row's real
-    tokens (`attention_mask` 1) as one segment, or with `share` each distinct prompt once followed by its rows'
-    completions; segments (a prompt with its completions: one item) placed first-fit decreasing in packed rows as
-    wide as the largest item, or all in one row (`one_row`). Returns a `PackPlan`."""
+def plan(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int, share: bool = False, width: int = 0
+) -> PackPlan:
+    """The packing of an (N, L) batch whose first `start` columns are the (left-padded) prompt (module docstring):
+    rows longest first, each completion into the first packed row that already holds its prompt and has room,
+    else into the first with room for a copy of the prompt and it, else into a new row, in rows of `width` tokens
+    (at least the longest row's; -1: everything in one row). The rows it takes are then balanced (the narrowest
+    width that still takes as many) and cut to the fullest one's load. Without `share` every row is its own
+    group. A `PackPlan`."""
     n, cols = attention_mask.shape
     real = attention_mask != 0
     if share:
         key = torch.cat([input_ids[:, :start] * real[:, :start], real[:, :start].long()], 1)
-        _, group = torch.unique(key, dim=0, return_inverse=True)
+        group = torch.unique(key, dim=0, return_inverse=True)[1].tolist()
     else:
-        group = torch.arange(n, device=input_ids.device)
-    members: dict[int, list[int]] = {}
-    for i, u in enumerate(group.tolist()):
-        members.setdefault(u, []).append(i)
-    prompt_len = real[:, :start].sum(1).tolist()
-    total = real.sum(1).tolist()
-    size = {u: prompt_len[rows[0]] + sum(total[i] - prompt_len[i] for i in rows) for u, rows in members.items()}
-    items = sorted(members, key=lambda u: (-size[u], members[u][0]))
-    width = max(sum(size.values()) if one_row else max(size.values()), 1)
+        group = list(range(n))
+    p_len, c_len = real[:, :start].sum(1).tolist(), real[:, start:].sum(1).tolist()
+    total = [p + c for p, c in zip(p_len, c_len)]
+    cap = max(sum(total) if width < 0 else max(max(total), width), 1)
+    placed = _place(group, p_len, c_len, cap)
+    k = len(placed[0])
+    if 0 <= width and k > 1:  # as many rows, but balanced: the narrowest width that still takes k rows
+        w = max(max(total), -(-sum(placed[0]) // k))
+        while w < cap and len((again := _place(group, p_len, c_len, w))[0]) > k:
+            w = min(cap, w + max(1, w // 20))
+        placed = again if w < cap else placed
+    loads, copies, pieces = placed
+    return _layout(real, start, max(loads), len(loads), copies, pieces)
+
+
+def _place(group: list[int], p_len: list[int], c_len: list[int], width: int):
+    """First-fit decreasing of the rows into packed rows of `width` (`plan`): (each packed row's load, the prompt
+    copies as (row read from, packed row, offset), the completions as (row, its prompt's copy, packed row, offset))."""
     loads: list[int] = []
-    place = {}
-    for u in items:
-        b = next((b for b, load in enumerate(loads) if load + size[u] <= width), len(loads))
-        if b == len(loads):
-            loads.append(0)
-        place[u], loads[b] = b * width + loads[b], loads[b] + size[u]
-    return _layout(real, start, members, place, len(loads), width)
+    prompts: list[dict[int, int]] = []  # per packed row: group -> the index of its prompt's copy there
+    copies: list[tuple[int, int, int]] = []
+    pieces: list[tuple[int, int, int, int]] = []
+    for i in sorted(range(len(group)), key=lambda r: (-p_len[r] - c_len[r], r)):
+        b = next((b for b in range(len(loads)) if group[i] in prompts[b] and loads[b] + c_len[i] <= width), None)
+        if b is None:
+            b = next((b for b in range(len(loads)) if loads[b] + p_len[i] + c_len[i] <= width), len(loads))
+            if b == len(loads):
+                loads.append(0)
+                prompts.append({})
+            prompts[b][group[i]] = len(copies)
+            copies.append((i, b, loads[b]))
+            loads[b] += p_len[i]
+        pieces.append((i, prompts[b][group[i]], b, loads[b]))
+        loads[b] += c_len[i]
+    return loads, copies, pieces
 
 
-def _layout(real: torch.Tensor, start: int, members: dict, place: dict, bins: int, width: int) -> PackPlan:
-    """The plan's index tensors from where each item starts (`place`: group -> flat packed offset)."""
+def _layout(real: torch.Tensor, start: int, width: int, bins: int, copies: list, pieces: list) -> PackPlan:
+    """The plan's index tensors from where each prompt copy and each completion sits."""
     n, cols = real.shape
     device = real.device
     col = torch.arange(cols, device=device)
-    src, dst = [], []
     seq = -1 - torch.arange(bins * width, device=device)  # tail pads: a segment each
     owner, prefix = seq.clone(), torch.zeros(bins * width, dtype=torch.bool, device=device)
     read = torch.full((n, cols), -1, dtype=torch.long, device=device)
-    for u, rows in members.items():
-        at = place[u]
-        shared = len(rows) > 1
-        first = rows[0]
-        p_cols = col[:start][real[first, :start]]
-        p_dst = at + torch.arange(len(p_cols), device=device)
-        src.append(first * cols + p_cols)
-        dst.append(p_dst)
-        seq[p_dst], owner[p_dst], prefix[p_dst] = first, first, shared
-        at += len(p_cols)
-        for i in rows:
-            c_cols = col[start:][real[i, start:]]
-            c_dst = at + torch.arange(len(c_cols), device=device)
-            src.append(i * cols + c_cols)
-            dst.append(c_dst)
-            seq[c_dst], owner[c_dst] = n + i if shared else first, first  # unshared: one segment with its prompt
-            read[i, p_cols], read[i, c_cols] = p_dst, c_dst
-            at += len(c_cols)
+    src, dst, copy_dst = [], [], []
+    for k, (i, b, offset) in enumerate(copies):
+        p_cols = col[:start][real[i, :start]]
+        at = b * width + offset + torch.arange(len(p_cols), device=device)
+        src.append(i * cols + p_cols)
+        dst.append(at)
+        copy_dst.append(at)
+        seq[at], owner[at], prefix[at] = k, k, True
+    for i, k, b, offset in pieces:
+        c_cols = col[start:][real[i, start:]]
+        at = b * width + offset + torch.arange(len(c_cols), device=device)
+        src.append(i * cols + c_cols)
+        dst.append(at)
+        seq[at], owner[at] = len(copies) + i, k
+        read[i, col[:start][real[i, :start]]], read[i, c_cols] = copy_dst[k], at
     return PackPlan(bins, width, torch.cat(src), torch.cat(dst), seq, owner, prefix, read)
 
 
@@ -140,13 +158,14 @@ def packed_hidden(
     position_ids: torch.Tensor,
     start: int,
     share: bool = False,
+    width: int = 0,
 ) -> torch.Tensor:
     """The decoder body's final hidden states at columns start - 1 .. L - 1 (N, L - start + 1, H) from one packed
     forward of the rows' real tokens (module docstring); 0 at padding columns. `share`: each distinct prompt once,
     its samples attending to it (an explicit block mask; not with flash-attention, which packs rows whole)."""
     impl = str(getattr(getattr(body, "config", None), "_attn_implementation", "sdpa"))
     flash = "flash" in impl
-    p = plan(input_ids, attention_mask, start, share=share and not flash, one_row=flash)
+    p = plan(input_ids, attention_mask, start, share=share and not flash, width=-1 if flash else width)
     ids = input_ids.new_zeros(p.bins * p.width)
     pos = position_ids.new_zeros(p.bins * p.width)  # the tail: each pad token a sequence of its own
     ids[p.dst] = input_ids.flatten()[p.src]
@@ -180,7 +199,7 @@ def probe(model: Any, body: Any, input_ids, attention_mask, position_ids, start:
     was_training = model.training
     model.eval()
     try:
-        ours = [packed_hidden(body, *sub, start, share) for share in (False, True)]
+        ours = [packed_hidden(body, *sub, start, share, width) for share, width in ((False, 0), (True, 4096))]
         plain = body(input_ids=sub[0], attention_mask=sub[1], position_ids=sub[2], use_cache=False)
         plain = plain.last_hidden_state[:, start - 1 :]
     finally:
@@ -215,13 +234,17 @@ def token_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
 
 
 def padding_share(
-    tokens: Any, forwards: "int | Sequence[torch.Tensor]", share_prompts: bool = True, pack: bool = False
+    tokens: Any,
+    forwards: "int | Sequence[torch.Tensor]",
+    share_prompts: bool = True,
+    pack: bool = False,
+    width: int = 0,
 ) -> float:
     """The share of the positions a log-prob or update pass computes that are padding, over its forwards (`forwards`:
     the rows of each, or a row count for consecutive runs of that many; `causal_lm.forward_rows`). Padded, a forward
     computes its distinct prompts (each distinct prompt once with `share_prompts`, every row's otherwise) at the
     batch's prompt width P and every row's completion at width T; packed (`pack`), its packed rows at their width
-    (`plan`, each distinct prompt once with `share_prompts`). The real positions are the prompts' and the
+    (`plan` at `width`, each distinct prompt once per packed row with `share_prompts`). The real positions are the prompts' and the
     completions' tokens (an environment's included: the model reads them). docs/performance.md."""
     n, p = tokens.input_ids.shape[0], tokens.prompt_len
     if isinstance(forwards, int):
@@ -231,7 +254,7 @@ def padding_share(
         rows = rows.to(tokens.input_ids.device)
         ids, attention = tokens.input_ids[rows], tokens.attention_mask[rows]
         if pack:
-            packed = plan(ids, attention, p, share=share_prompts)
+            packed = plan(ids, attention, p, share=share_prompts, width=width)
             computed += packed.bins * packed.width
             real += len(packed.dst)
             continue

@@ -227,7 +227,9 @@ def padding_metrics(tokens: Tokens, settings: LogProbSettings) -> dict[str, floa
     real = int(prompts[:, p:].sum())
     return {
         "rollout/prefill_pad_frac": 1.0 - real / max(prompts.shape[0] * p, 1),
-        "tokens/pad_frac": padding_share(tokens, forward_rows(tokens, settings), settings.share_prompts, settings.pack),
+        "tokens/pad_frac": padding_share(
+            tokens, forward_rows(tokens, settings), settings.share_prompts, settings.pack, settings.pack_width
+        ),
     }
 
 

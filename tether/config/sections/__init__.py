@@ -294,6 +294,10 @@ class Config:
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key}: got {value}, expected an integer >= 1")
+        if t.pack_width < 0:
+            raise ConfigError(
+                f"trainer.pack_width: got {t.pack_width}, expected tokens per packed row (0: the longest row)"
+            )
         if t.micro_batch_tokens < 0:
             raise ConfigError(
                 f"trainer.micro_batch_tokens: got {t.micro_batch_tokens}, expected 0 (micro-batches of "

@@ -29,7 +29,12 @@ class TrainerConfig:
     """Padding-free forwards: each forward runs its rows' real tokens end to end in packed rows, position ids
     restarting per sequence and block-diagonal attention (sdpa/eager: a block mask; flash-attention: varlen), so
     no position is spent on padding; log-probs and gradients equal the padded ones up to rounding. Fused head only
-    (a model whose head cannot be fused runs padded); replaces share_prompts while on. docs/performance.md."""
+    (a model whose head cannot be fused runs padded). With share_prompts, a packed row holds each prompt once for
+    the samples it carries. docs/performance.md."""
+    pack_width: int = 512
+    """Tokens per packed row under `packing` (at least the longest row's; flash-attention packs everything in one
+    row). sdpa and eager attend over every (query, key) pair of a packed row, masked or not, so a wider row packs
+    tighter and shares a prompt among more samples for more attention arithmetic (docs/performance.md)."""
     old_logprobs: Literal["recompute", "sampler"] = "recompute"
     """Where pi_old's log-probs come from. recompute: a forward pass of the policy before the first
     update (exact). sampler: the engine's own log-probs of the sampled tokens, which skips that
