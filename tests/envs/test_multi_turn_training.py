@@ -93,23 +93,28 @@ def _multi_turn_batch(tiny_dir, tmp_path, *extra):
 def test_the_steps_loss_mask_is_the_models_tokens_through_every_mask_it_applies(tiny_dir, tmp_path, env_module):
     rollout, parts, tokens_of = _multi_turn_batch(tiny_dir, tmp_path)
     assert rollout.episodes is not None and (rollout.mask & ~rollout.loss_mask).any()
-    tokens, _ = tokens_of(rollout)
+    tokens, excluded = tokens_of(rollout)
     assert torch.equal(tokens.mask.bool().cpu(), rollout.loss_mask.cpu())
+    # each position of the completion columns is counted or excluded for one named reason
+    assert excluded["environment"] == float((rollout.mask & ~rollout.loss_mask).sum()) > 0
+    assert excluded["padding"] == float((~rollout.mask).sum())
+    assert sum(excluded.values()) + float(tokens.mask.sum()) == rollout.mask.numel()
     assert torch.equal(
         tokens.attention_mask[:, tokens.prompt_len :].bool().cpu(), rollout.mask.cpu()
     )  # read, not trained
     # a non-finite sampler log-prob at an environment token is not a model token's: nothing is masked for it
     lp = rollout.sampler_logprobs.clone()
     lp[rollout.mask & ~rollout.loss_mask] = float("nan")
-    tokens2, nonfinite = tokens_of(dataclasses.replace(rollout, sampler_logprobs=lp))
-    assert nonfinite == 0 and torch.equal(tokens2.mask, tokens.mask)
+    tokens2, excluded2 = tokens_of(dataclasses.replace(rollout, sampler_logprobs=lp))
+    assert excluded2["nonfinite_sampler"] == 0 and torch.equal(tokens2.mask, tokens.mask)
     # trainer.mask_truncated takes a truncated episode out whole, the environment's tokens were never in
     parts_cut = dataclasses.replace(parts, trainer=dataclasses.replace(parts.trainer, mask_truncated=True))
     from tether.trainer.step import tokens_for_update
 
     stopped = ["stop"] * len(rollout)
     cut = dataclasses.replace(rollout, finish_reasons=["length"] + stopped[1:])
-    tokens3, _ = tokens_for_update(cut, parts_cut)
+    tokens3, excluded3 = tokens_for_update(cut, parts_cut)
+    assert excluded3["truncated"] == float(tokens.mask[0].sum())  # the episode's model tokens, named
     tokens4, _ = tokens_for_update(dataclasses.replace(rollout, finish_reasons=stopped), parts_cut)
     assert tokens3.mask[0].sum() == 0 and torch.equal(tokens3.mask[1:], tokens.mask[1:])
     assert torch.equal(tokens4.mask, tokens.mask)

@@ -106,7 +106,7 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     with policy.precision(), sampler.sampling(step) as sampler_step:  # the policy of step t - s (trainer.staleness)
         scored, sampled = collect(parts.source, parts.rollout, seeds.rollout(seeds.sampling_root(t), step))
     policy.model.train()
-    tokens, nonfinite = tokens_for_update(scored.rollout, parts)
+    tokens, excluded = tokens_for_update(scored.rollout, parts)
     by_part = reward_parts(parts.source.reward_fn, scored.results) if obj.needs_reward_parts() else None
     lengths = scored.rollout.completion_lengths.float()  # the policy's tokens
     advantages = obj.advantages(scored.rewards, scored.group_ids, lengths, by_part).to(policy.device)
@@ -132,7 +132,9 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     counters.step, counters.opt_steps = step, counters.opt_steps + taken
     metrics.update(entropy_advanced(control, counters, taken))
     metrics.update(sampled)
-    metrics["rollout/nonfinite_sampler_logprobs"] = nonfinite
+    metrics["rollout/nonfinite_sampler_logprobs"] = excluded["nonfinite_sampler"]
+    metrics["tokens/counted"] = float(tokens.mask.sum())
+    metrics.update({f"tokens/excluded_{reason}": excluded[reason] for reason in EXCLUDED})
     metrics.update(padding_metrics(tokens, policy.logprob_settings))
     metrics.update(sampler.metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
     refresh_reference(parts.reference, policy.model, t, counters, taken, metrics.get("kl/ref"))
@@ -233,14 +235,26 @@ def padding_metrics(tokens: Tokens, settings: LogProbSettings) -> dict[str, floa
     }
 
 
-def tokens_for_update(rollout: RolloutBatch, parts: StepParts) -> tuple[Tokens, float]:
-    """The batch as model inputs with its loss mask (module docstring, 2), and how many counted tokens had a
-    non-finite sampler log-prob (`rollout/nonfinite_sampler_logprobs`)."""
+def tokens_for_update(rollout: RolloutBatch, parts: StepParts) -> tuple[Tokens, dict[str, float]]:
+    """The batch as model inputs with its loss mask, `Tokens.mask`, the one definition of the tokens that count
+    (module docstring, 2), and how many completion positions left it, by reason (`EXCLUDED`): padding, an
+    environment's tokens, a non-finite sampler log-prob, a truncated completion (trainer.mask_truncated). A token
+    leaves for the first reason that applies, in that order. (The objective's own masks, the off-policy sequence
+    mask and rollout-correction rejection, act inside the loss and log their own fractions.)"""
     tokens = to_tokens(rollout, parts.source.pad_id, parts.policy.device)
-    tokens, nonfinite = finite_sampler_tokens(rollout, tokens)
+    real = rollout.mask.bool().to(tokens.mask.device)
+    excluded = {"padding": float((~real).sum()), "environment": float((real & (tokens.mask == 0)).sum())}
+    tokens, excluded["nonfinite_sampler"] = finite_sampler_tokens(rollout, tokens)
+    before = float(tokens.mask.sum())
     if parts.trainer.mask_truncated:
         tokens, _ = truncated_out(rollout, tokens)
-    return tokens, nonfinite
+    excluded["truncated"] = before - float(tokens.mask.sum())
+    return tokens, excluded
+
+
+EXCLUDED = ("padding", "environment", "nonfinite_sampler", "truncated")
+"""The reasons a completion position is not counted, each logged as `tokens/excluded_<reason>` (positions of the
+batch's (N, T) completion columns), beside `tokens/counted`."""
 
 
 def old_logprobs_of(policy: Policy, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig) -> Optional[Tensor]:
