@@ -41,7 +41,6 @@ def main() -> None:
     device = setup(args)
     import tempfile
 
-    import torch
 
     from tether.config.loading import load_config
     from tether.model.causal_lm import batched_logprobs, forward_rows, head_pass
