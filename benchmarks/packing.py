@@ -41,10 +41,9 @@ def main() -> None:
     device = setup(args)
     import tempfile
 
-
     from tether.config.loading import load_config
-    from tether.model.causal_lm import batched_logprobs, forward_rows, head_pass
-    from tether.model.packing import padding_share, plan
+    from tether.model.causal_lm import batched_logprobs, head_pass
+    from tether.model.packing import forward_rows, padding_share, plan
     from tether.trainer import seeds
     from tether.trainer.setup import start_run
     from tether.trainer.step import collect, tokens_for_update

@@ -54,21 +54,30 @@ def test_the_committed_studies_are_found():
 def test_committed_verdicts_agree_with_an_independent_paired_t_test_and_holm(study):
     summary = json.loads((RESULTS / study / "summary.json").read_text())
     claims = [c for c in summary["claims"] if c["p"] is not None]
-    assert claims and all(c["paired"] and c["test"] == "paired t" for c in claims)
+    designed = "design" in summary  # a group-sequential study: Holm runs over the looks' sequential p-values
+    test = "sequential paired t" if designed else "paired t"
+    assert claims and all(c["paired"] and c["test"] == test for c in claims)
     ps = []
     for c in claims:
         d = paired_differences(summary, c)
         assert len(d) == c["seeds"][0] >= 4
         assert c["difference"] == pytest.approx(sum(d) / len(d), abs=1e-12)
         p = two_sided_p(d)
-        assert c["p"] == pytest.approx(p, abs=1e-9), (c["claim"], c["regime"])
-        ps.append(p)
+        assert c["p"] == pytest.approx(p, abs=1e-9), (c["claim"], c["regime"])  # this look's t, recomputed
+        ps.append(c["p_sequential"] if designed else p)
+    family = claims
+    if designed:  # the null control's tests are in the family too
+        family = claims + summary["null_control"]
+        ps += [n["p_sequential"] for n in summary["null_control"]]
     # Holm by hand: the i-th smallest of m p-values times (m - i), kept non-decreasing, capped at 1.
     order, running = sorted(range(len(ps)), key=ps.__getitem__), 0.0
     for rank, i in enumerate(order):
         running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        c = claims[i]
+        c = family[i]
         assert c["p_holm"] == pytest.approx(running, abs=1e-9) and c["family"] == len(ps)
+        if "claim" not in c:  # a null-control test: no claimed side
+            assert c["verdict"] == "inconclusive" if running >= 0.05 else c["verdict"] != "inconclusive"
+            continue
         sign = 1 if c["direction"] == "higher" else -1
         want = "inconclusive" if running >= 0.05 else ("supported" if sign * c["difference"] > 0 else "contradicted")
         assert c["verdict"] == want, (c["claim"], c["regime"])

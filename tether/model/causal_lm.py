@@ -181,7 +181,7 @@ def batched_topk(
     model, tokens: Tokens, settings: LogProbSettings, k: int
 ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, torch.Tensor]]]:
     """(log pi(o_t | h) (N, T), and with k > 0 the K largest log-probs and their ids at each counted position, each
-    (N, T, K), else None) without gradient, in the forwards of `forward_rows` (`head_pass`)."""
+    (N, T, K), else None) without gradient, in the forwards of `packing.forward_rows` (`head_pass`)."""
     parts, order = _forwards(tokens, settings)
     passes = [head_pass(model, part, settings, with_entropy=False, topk=k) for part in parts]
     lp = torch.cat([p.logprobs for p in passes])[order]
@@ -210,21 +210,10 @@ def batched_logprobs_and_top(
 
 
 def _forwards(tokens: Tokens, settings: LogProbSettings) -> tuple[list[Tokens], torch.Tensor]:
-    """The batch cut into forwards (`forward_rows`) and the permutation that puts their concatenated results back
-    in the batch's row order."""
-    rows = forward_rows(tokens, settings)
+    """The batch cut into forwards (`packing.forward_rows`) and the permutation that puts their concatenated results
+    back in the batch's row order."""
+    rows = _packing.forward_rows(tokens, settings)
     return [tokens.select(idx) for idx in rows], torch.argsort(torch.cat(rows))
-
-
-def forward_rows(tokens: Tokens, settings: LogProbSettings) -> list[torch.Tensor]:
-    """The rows of each forward of a log-prob pass: consecutive runs of `settings.micro_batch_size` rows, or with
-    `settings.micro_batch_tokens` balanced micro-batches of at most that many real tokens (`packing.token_batches`)."""
-    n, device = tokens.input_ids.shape[0], tokens.input_ids.device
-    if settings.micro_batch_tokens <= 0:
-        step = settings.micro_batch_size
-        return [torch.arange(i, min(i + step, n), device=device) for i in range(0, n, step)]
-    parts = _packing.token_batches(tokens.attention_mask.sum(1).tolist(), settings.micro_batch_tokens)
-    return [torch.tensor(part, device=device) for part in parts]
 
 
 @contextlib.contextmanager

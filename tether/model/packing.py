@@ -241,11 +241,11 @@ def padding_share(
     width: int = 0,
 ) -> float:
     """The share of the positions a log-prob or update pass computes that are padding, over its forwards (`forwards`:
-    the rows of each, or a row count for consecutive runs of that many; `causal_lm.forward_rows`). Padded, a forward
-    computes its distinct prompts (each distinct prompt once with `share_prompts`, every row's otherwise) at the
-    batch's prompt width P and every row's completion at width T; packed (`pack`), its packed rows at their width
-    (`plan` at `width`, each distinct prompt once per packed row with `share_prompts`). The real positions are the prompts' and the
-    completions' tokens (an environment's included: the model reads them). docs/performance.md."""
+    the rows of each, or a row count for consecutive runs of that many; `forward_rows`). Padded, a forward computes
+    its distinct prompts (each distinct prompt once with `share_prompts`, every row's otherwise) at the batch's
+    prompt width P and every row's completion at width T; packed (`pack`), its packed rows at their width (`plan` at
+    `width`, each distinct prompt once per packed row with `share_prompts`). The real positions are the prompts'
+    and the completions' tokens (an environment's included: the model reads them). docs/performance.md."""
     n, p = tokens.input_ids.shape[0], tokens.prompt_len
     if isinstance(forwards, int):
         forwards = [torch.arange(i, min(i + forwards, n)) for i in range(0, n, forwards)]
@@ -263,3 +263,14 @@ def padding_share(
         computed += distinct.shape[0] * p + attention.shape[0] * (attention.shape[1] - p)
         real += int(distinct.sum()) + int(attention[:, p:].sum())
     return 1.0 - real / max(computed, 1)
+
+
+def forward_rows(tokens: Any, settings: Any) -> list[torch.Tensor]:
+    """The rows of each forward of a log-prob pass: consecutive runs of `settings.micro_batch_size` rows, or with
+    `settings.micro_batch_tokens` balanced micro-batches of at most that many real tokens (`packing.token_batches`)."""
+    n, device = tokens.input_ids.shape[0], tokens.input_ids.device
+    if settings.micro_batch_tokens <= 0:
+        step = settings.micro_batch_size
+        return [torch.arange(i, min(i + step, n), device=device) for i in range(0, n, step)]
+    parts = token_batches(tokens.attention_mask.sum(1).tolist(), settings.micro_batch_tokens)
+    return [torch.tensor(part, device=device) for part in parts]

@@ -44,8 +44,8 @@ from ..core.masked import group_summary
 from ..core.troll import SparseSet
 from ..envs import episode_metrics
 from ..objectives import SupportSize
-from ..model.causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, forward_rows, to_tokens
-from ..model.packing import padding_share
+from ..model.causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, to_tokens
+from ..model.packing import forward_rows, padding_share
 from ..rewards import Reward, Scored, reward_parts, score_rollout, solved, verifier_faults
 from ..rollout import RolloutBatch, SamplingParams
 from . import seeds
