@@ -43,6 +43,9 @@ def _tether(*args, cwd):
         ),
         ("objective=grpoo", "unknown objective or preset 'grpoo'. Did you mean 'grpo'"),
         ("trainer.totl_steps=3", "unknown key 'trainer.totl_steps'. Did you mean 'total_steps'"),
+        ("trainer.micro_batch_tokens=-1", "trainer.micro_batch_tokens: got -1, expected 0 (micro-batches of"),
+        ("trainer.pack_width=-8", "trainer.pack_width: got -8, expected tokens per packed row (0: the longest row)"),
+        ("trainer.packing=maybe", "trainer.packing"),
     ],
 )
 def test_each_config_error_exits_2_with_its_message_and_writes_nothing(
