@@ -458,9 +458,9 @@ def completion_head(model: Any, tokens: Tokens, settings: LogProbSettings = LogP
     inputs = (tokens.input_ids[:, :end], tokens.attention_mask[:, :end], tokens.position_ids[:, :end])
     mask = tokens.mask != 0
     if settings.fused and not fused_head_reason(model) and not _probe(model, *inputs[:2]):
-        if settings.pack and not _packing.probe(model, _decoder(model), *inputs, start):
-            body, share = _decoder(model), settings.share_prompts
-            hidden = _packing.packed_hidden(body, *inputs, start, share, settings.pack_width)  # padding-free
+        body = _decoder(model)
+        if settings.pack and not _packing.probe(model, body, *inputs, start):
+            hidden = _packing.packed_hidden(body, *inputs, start, settings.share_prompts, settings.pack_width)
         else:
             groups = _shared_groups(model, inputs, start) if settings.share_prompts else None
             hidden, _ = _hidden(model, *inputs, start, groups)  # (N, T, H)

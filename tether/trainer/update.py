@@ -137,7 +137,7 @@ def update(
     skipped = {"loss": 0, "gradient": 0}
     grad_norms = []
     params = [p for p in policy.model.parameters() if p.requires_grad]
-    lengths = batch.tokens.attention_mask.sum(1).cpu()  # real tokens per row, for a token budget
+    lengths = batch.tokens.attention_mask.sum(1).cpu() if t.micro_batch_tokens > 0 else None  # for a token budget
     for _ in range(t.ppo_epochs):
         for mb_groups in mini_batches(batch.group_ids.cpu(), t.mini_batches, gen):
             norm = obj.normalizer(batch.tokens.mask[torch.cat(mb_groups).to(device)])
