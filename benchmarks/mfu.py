@@ -79,7 +79,7 @@ def train_step_fn(model, tokens, path: str, share: bool = True):
             lp, ent = token_logprobs(model, tokens, LogProbSettings(fused=False), with_entropy=True)
         else:
             lp, ent, _ = causal_lm_token_logprobs(model, tokens, LogProbSettings(share_prompts=share))
-        loss = -((lp + 0.01 * ent) * tokens.mask).sum() / tokens.mask.sum()
+        loss = -((lp + 0.01 * ent) * tokens.loss_mask).sum() / tokens.loss_mask.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -55,7 +55,7 @@ def main() -> None:
     policy.model.eval()
     with policy.precision():
         scored, _ = collect(parts.source, parts.rollout, seeds.rollout(seeds.sampling_root(cfg.trainer), 1))
-    tokens, _ = tokens_for_update(scored.rollout, parts)
+    tokens, _ = tokens_for_update(scored, parts)
     base = policy.logprob_settings
     settings = {"padded, shared prompts (default)": dataclasses.replace(base, pack=False, share_prompts=True)}
     settings["padded, unshared"] = dataclasses.replace(base, pack=False, share_prompts=False)

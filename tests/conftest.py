@@ -228,7 +228,7 @@ def param_grads(model, lp, ent, tok, seed=0):
     """The gradient of every trainable parameter of a fixed random linear function of log-probs and entropies."""
     g = torch.Generator().manual_seed(seed)
     g_lp, g_ent = torch.randn(lp.shape, generator=g), torch.randn(lp.shape, generator=g)
-    loss = ((lp * g_lp + ent * g_ent) * tok.mask).sum()
+    loss = ((lp * g_lp + ent * g_ent) * tok.loss_mask).sum()
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.autograd.grad(loss, params)
 

@@ -90,7 +90,7 @@ def main(model_dir: str, which: str, out_dir: str) -> dict:
         from tether.integrations.trl import make_trainer
 
         def record(inputs, batch, out):
-            mask = batch.mask.bool()
+            mask = batch.loss_mask.bool()
             gap = (inputs["sampling_per_token_logps"] - inputs["old_per_token_logps"]).abs()[mask]
             gaps.append(float(gap.max()))
 

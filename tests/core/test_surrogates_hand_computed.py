@@ -181,7 +181,10 @@ def test_fkl_clipped_differentiable_gradient_is_minus_beta_q_over_n_even_at_very
     lp = torch.tensor([[-0.5, -3.0, -9.0, -12.0, -15.0]], dtype=D, requires_grad=True)
     out = obj(
         objectives.TokenBatch(
-            logprobs=lp, old_logprobs=lp.detach(), advantages=torch.zeros(1, dtype=D), mask=torch.ones(1, 5, dtype=D)
+            logprobs=lp,
+            old_logprobs=lp.detach(),
+            advantages=torch.zeros(1, dtype=D),
+            loss_mask=torch.ones(1, 5, dtype=D),
         )
     )
     out.loss.backward()

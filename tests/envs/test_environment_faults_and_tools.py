@@ -266,6 +266,6 @@ def test_a_reset_that_raises_is_named_as_reset(tiny):
 def test_env_tokens_carry_no_loss_and_no_sampler_log_prob(tiny):
     runner, examples = _run(tiny, lambda: Faulty())
     batch = runner.run(examples, 2, PARAMS, seed=3)
-    env = batch.mask & ~batch.loss_mask
+    env = batch.mask & ~batch.policy_mask
     assert env.any() and torch.all(batch.sampler_logprobs[env] == 0)
-    assert torch.equal(batch.completion_lengths, batch.loss_mask.sum(1))
+    assert torch.equal(batch.completion_lengths, batch.policy_mask.sum(1))

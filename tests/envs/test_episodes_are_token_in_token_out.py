@@ -89,7 +89,7 @@ def test_model_turns_are_the_sampled_ids_and_env_turns_the_template_difference(c
     # and an env segment is the template difference, byte for byte
     for row, facts in enumerate(batch.episodes):
         ids = batch.completion_ids[row][batch.mask[row]].tolist()
-        trained = batch.loss_mask[row][batch.mask[row]].tolist()
+        trained = batch.policy_mask[row][batch.mask[row]].tolist()
         lp = batch.sampler_logprobs[row][batch.mask[row]]
         env_ids = [t for t, m in zip(ids, trained) if not m]
         assert len(env_ids) == facts["env_tokens"] and sum(trained) == facts["model_tokens"]
@@ -156,7 +156,7 @@ def test_the_same_seed_gives_the_same_episodes(chat_model):
     runner, _ = _runner(model, tok)
     a = runner.run(_examples(tok), 2, PARAMS, seed=9)
     b = runner.run(_examples(tok), 2, PARAMS, seed=9)
-    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.loss_mask, b.loss_mask)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.policy_mask, b.policy_mask)
     assert a.episodes == b.episodes
 
 

@@ -87,26 +87,26 @@ def _multi_turn_batch(tiny_dir, tmp_path, *extra):
     run = start_run(cfg, log=lambda *_: None)
     parts = run.parts
     scored, _ = collect(parts.source, cfg.rollout, seeds.rollout(seeds.sampling_root(cfg.trainer), 1))
-    return scored.rollout, parts, lambda rollout: tokens_for_update(rollout, parts)
+    return scored, parts, lambda rollout: tokens_for_update(rollout, parts)
 
 
 def test_the_steps_loss_mask_is_the_models_tokens_through_every_mask_it_applies(tiny_dir, tmp_path, env_module):
     rollout, parts, tokens_of = _multi_turn_batch(tiny_dir, tmp_path)
-    assert rollout.episodes is not None and (rollout.mask & ~rollout.loss_mask).any()
+    assert rollout.episodes is not None and (rollout.mask & ~rollout.policy_mask).any()
     tokens, excluded = tokens_of(rollout)
-    assert torch.equal(tokens.mask.bool().cpu(), rollout.loss_mask.cpu())
+    assert torch.equal(tokens.loss_mask.bool().cpu(), rollout.policy_mask.cpu())
     # each position of the completion columns is counted or excluded for one named reason
-    assert excluded["environment"] == float((rollout.mask & ~rollout.loss_mask).sum()) > 0
+    assert excluded["environment"] == float((rollout.mask & ~rollout.policy_mask).sum()) > 0
     assert excluded["padding"] == float((~rollout.mask).sum())
-    assert sum(excluded.values()) + float(tokens.mask.sum()) == rollout.mask.numel()
+    assert sum(excluded.values()) + float(tokens.loss_mask.sum()) == rollout.mask.numel()
     assert torch.equal(
         tokens.attention_mask[:, tokens.prompt_len :].bool().cpu(), rollout.mask.cpu()
     )  # read, not trained
     # a non-finite sampler log-prob at an environment token is not a model token's: nothing is masked for it
     lp = rollout.sampler_logprobs.clone()
-    lp[rollout.mask & ~rollout.loss_mask] = float("nan")
+    lp[rollout.mask & ~rollout.policy_mask] = float("nan")
     tokens2, excluded2 = tokens_of(dataclasses.replace(rollout, sampler_logprobs=lp))
-    assert excluded2["nonfinite_sampler"] == 0 and torch.equal(tokens2.mask, tokens.mask)
+    assert excluded2["nonfinite_sampler"] == 0 and torch.equal(tokens2.loss_mask, tokens.loss_mask)
     # trainer.mask_truncated takes a truncated episode out whole, the environment's tokens were never in
     parts_cut = dataclasses.replace(parts, trainer=dataclasses.replace(parts.trainer, mask_truncated=True))
     from tether.trainer.step import tokens_for_update
@@ -114,10 +114,10 @@ def test_the_steps_loss_mask_is_the_models_tokens_through_every_mask_it_applies(
     stopped = ["stop"] * len(rollout)
     cut = dataclasses.replace(rollout, finish_reasons=["length"] + stopped[1:])
     tokens3, excluded3 = tokens_for_update(cut, parts_cut)
-    assert excluded3["truncated"] == float(tokens.mask[0].sum())  # the episode's model tokens, named
+    assert excluded3["truncated"] == float(tokens.loss_mask[0].sum())  # the episode's model tokens, named
     tokens4, _ = tokens_for_update(dataclasses.replace(rollout, finish_reasons=stopped), parts_cut)
-    assert tokens3.mask[0].sum() == 0 and torch.equal(tokens3.mask[1:], tokens.mask[1:])
-    assert torch.equal(tokens4.mask, tokens.mask)
+    assert tokens3.loss_mask[0].sum() == 0 and torch.equal(tokens3.loss_mask[1:], tokens.loss_mask[1:])
+    assert torch.equal(tokens4.loss_mask, tokens.loss_mask)
 
 
 def test_an_environment_token_gets_no_gradient_in_a_whole_update(tiny_dir, tmp_path, env_module, monkeypatch):
@@ -139,7 +139,7 @@ def test_an_environment_token_gets_no_gradient_in_a_whole_update(tiny_dir, tmp_p
         out = original(model, toks, settings, with_entropy, **kw)
         for x in (out.logprobs, out.entropy):
             if x.requires_grad:
-                x.register_hook(lambda g, m=toks.mask: grads.append((g.detach().clone(), m.detach().clone())))
+                x.register_hook(lambda g, m=toks.loss_mask: grads.append((g.detach().clone(), m.detach().clone())))
         return out
 
     monkeypatch.setattr(upd, "head_pass", capture)

@@ -153,7 +153,7 @@ def _objective_on(obj, recs, old, ref=None, loss_norm=None):
         logprobs=_cat(recs, "lp"),
         old_logprobs=old,
         advantages=_cat(recs, "advantages"),
-        mask=_cat(recs, "completion_mask").float(),
+        loss_mask=_cat(recs, "completion_mask").float(),
         ref_logprobs=ref,
         group_ids=_cat(recs, "groups"),
         rewards=_cat(recs, "rewards"),
@@ -536,8 +536,8 @@ def test_the_objectives_top_entropy_frac_selects_from_trls_entropies(tiny_dir, t
     assert records and _changed(trainer, before)
     for batch, out in records:
         assert batch.entropy is not None and not batch.entropy.requires_grad
-        kept = top_entropy_mask(batch.entropy, batch.mask, 0.2)
-        share = (kept.sum() / batch.mask.sum()).item()
+        kept = top_entropy_mask(batch.entropy, batch.loss_mask, 0.2)
+        share = (kept.sum() / batch.loss_mask.sum()).item()
         assert out.metrics["policy/top_entropy_kept_frac"].item() == pytest.approx(share, abs=1e-12) and share < 1
         again = trainer.tether_objective(dataclasses.replace(batch, logprobs=batch.logprobs.detach()))
         torch.testing.assert_close(out.loss.detach(), again.loss, rtol=1e-6, atol=1e-8)
@@ -577,7 +577,7 @@ def test_rollout_correction_reads_injected_sampler_logprobs(tiny_dir, tmp_path):
         assert out.metrics["rollout_correction/mismatch_k3"] > 0
         assert 0 < out.metrics["rollout_correction/truncated_frac"] < 1
         plain = objectives.build("dapo")(
-            objectives.TokenBatch(batch.logprobs.detach(), batch.old_logprobs, batch.advantages, batch.mask)
+            objectives.TokenBatch(batch.logprobs.detach(), batch.old_logprobs, batch.advantages, batch.loss_mask)
         )
         assert not torch.isclose(out.loss.detach(), plain.loss)  # the correction changed the loss
 

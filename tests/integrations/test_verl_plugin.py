@@ -285,7 +285,7 @@ def _both_sides(loss_mode, objective, overrides, d, batch_info=None, loss_norm=N
             logprobs=lp,
             old_logprobs=d["old"],
             advantages=obj.advantages(d["rewards"], d["groups"]),
-            mask=d["mask"],
+            loss_mask=d["mask"],
             ref_logprobs=d["ref"],
             group_ids=d["groups"],
             rewards=d["rewards"],
@@ -483,7 +483,7 @@ def test_ppo_loss_hook_carries_the_micro_batch(loss_mode, objective, overrides):
             logprobs=lp,
             old_logprobs=d["old"],
             advantages=obj.advantages(d["rewards"], d["groups"]),
-            mask=d["mask"],
+            loss_mask=d["mask"],
             ref_logprobs=d["ref"],
             group_ids=d["groups"],
             rewards=d["rewards"],
@@ -643,7 +643,7 @@ def test_default_objective_when_verl_passes_another_config():
     loss, _, _ = _verl_loss("tether_cispo", d, None, "token-mean")
     lp = d["lp"].clone()
     t = objectives.build("cispo")(
-        objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"], mask=d["mask"])
+        objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"], loss_mask=d["mask"])
     )
     torch.testing.assert_close(loss, t.loss)
 
@@ -775,7 +775,7 @@ def _verl_own(mode, d, agg, actor_kw, pl_kw, weights=None, info=None):
 def _tether_own(spec, d, agg):
     obj = objectives.build({**spec, "aggregation": agg})
     lp = d["lp"].clone().requires_grad_()
-    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"], mask=d["mask"]))
+    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"], loss_mask=d["mask"]))
     out.loss.backward()
     return out.loss.detach(), lp.grad, out.metrics
 
@@ -989,7 +989,11 @@ def test_vespo_folds_verls_rollout_is_weights_into_its_sequence_ratio():
     lp = d["lp"].clone().requires_grad_()
     out = objectives.build("vespo")(
         objectives.TokenBatch(
-            logprobs=lp, old_logprobs=d["old"], advantages=d["adv_tok"], mask=d["mask"], rollout_weights=d["weights"]
+            logprobs=lp,
+            old_logprobs=d["old"],
+            advantages=d["adv_tok"],
+            loss_mask=d["mask"],
+            rollout_weights=d["weights"],
         )
     )
     out.loss.backward()

@@ -35,4 +35,4 @@ def test_to_tokens_lays_out_a_rollout_with_the_same_padding():
     assert torch.equal(tok.attention_mask, torch.cat([pmask, mask.long()], 1))
     # the completion's positions continue from the prompt's last real token
     assert tok.position_ids.tolist() == [[0, 1, 2, 3, 4, 4], [0, 0, 0, 1, 2, 3]]
-    assert tok.mask.dtype == torch.float32 and torch.equal(tok.mask, mask.float())
+    assert tok.loss_mask.dtype == torch.float32 and torch.equal(tok.loss_mask, mask.float())

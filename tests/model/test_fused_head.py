@@ -398,7 +398,7 @@ def rollout_tokens(N=4, P=5, T=6, V=37, seed=0):
 
 def helper(model, tok, temperature, mask=None, with_entropy=True, **kw):
     """causal_lm_token_logprobs on `tok`, every column scored unless `mask` is given."""
-    tok = dataclasses.replace(tok, mask=torch.ones_like(tok.mask) if mask is None else mask)
+    tok = dataclasses.replace(tok, loss_mask=torch.ones_like(tok.loss_mask) if mask is None else mask)
     return causal_lm_token_logprobs(model, tok, LogProbSettings(temperature=temperature, **kw), with_entropy)
 
 
@@ -459,8 +459,8 @@ def test_the_trainer_uses_the_helper_with_padding_masked(fused):
     lp, ent = token_logprobs(model, tok, LogProbSettings(temperature=0.7, fused=fused), with_entropy=True)
     ref_lp, ref_ent = model_naive(model, tok, 0.7)
     tol = 1e-12 if fused else 1e-6  # the model-logits path computes the softmax in float32
-    torch.testing.assert_close(lp, (ref_lp * tok.mask).to(lp.dtype), rtol=tol, atol=tol)
-    torch.testing.assert_close(ent, (ref_ent * tok.mask).to(ent.dtype), rtol=tol, atol=tol)
+    torch.testing.assert_close(lp, (ref_lp * tok.loss_mask).to(lp.dtype), rtol=tol, atol=tol)
+    torch.testing.assert_close(ent, (ref_ent * tok.loss_mask).to(ent.dtype), rtol=tol, atol=tol)
 
 
 def test_tied_embeddings_get_both_gradients():
@@ -468,9 +468,9 @@ def test_tied_embeddings_get_both_gradients():
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     tok = rollout_tokens(seed=3)
     lp, ent, _ = helper(model, tok, 1.0)
-    (ours,) = torch.autograd.grad((lp * tok.mask).sum(), model.get_input_embeddings().weight)
+    (ours,) = torch.autograd.grad((lp * tok.loss_mask).sum(), model.get_input_embeddings().weight)
     ref_lp, _ = model_naive(model, tok, 1.0)
-    (ref,) = torch.autograd.grad((ref_lp * tok.mask).sum(), model.get_input_embeddings().weight)
+    (ref,) = torch.autograd.grad((ref_lp * tok.loss_mask).sum(), model.get_input_embeddings().weight)
     torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-12)
     # The head's share alone would miss the embedding lookup's: check the sum has both parts.
     rows = torch.zeros(37, dtype=torch.bool)
@@ -481,13 +481,13 @@ def test_tied_embeddings_get_both_gradients():
 def test_model_helper_with_mask_and_no_entropy():
     model = tiny("llama")
     tok = rollout_tokens(seed=1)
-    lp, ent, fused = helper(model, tok, 1.0, mask=tok.mask, with_entropy=False)
+    lp, ent, fused = helper(model, tok, 1.0, mask=tok.loss_mask, with_entropy=False)
     assert fused and ent is None
-    assert (lp[tok.mask == 0] == 0).all()
+    assert (lp[tok.loss_mask == 0] == 0).all()
     ref_lp, _ = model_naive(model, tok, 1.0)
-    torch.testing.assert_close(lp, ref_lp * tok.mask, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lp, ref_lp * tok.loss_mask, rtol=1e-12, atol=1e-12)
     (a,) = torch.autograd.grad(lp.sum(), model.model.layers[0].mlp.up_proj.weight)
-    (b,) = torch.autograd.grad((ref_lp * tok.mask).sum(), model.model.layers[0].mlp.up_proj.weight)
+    (b,) = torch.autograd.grad((ref_lp * tok.loss_mask).sum(), model.model.layers[0].mlp.up_proj.weight)
     torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 

@@ -109,12 +109,12 @@ def _batch(model, obj, tokens: Tokens, settings: LogProbSettings) -> UpdateBatch
     perturbation of the model's own log-probs (so every ratio, penalty and correction acts)."""
     g = torch.Generator().manual_seed(1)
     lp = batched_logprobs(model, tokens, settings)
-    noisy = [(lp + s * torch.randn(lp.shape, generator=g, dtype=lp.dtype)) * tokens.mask for s in (0.05, 0.1, 0.1)]
+    noisy = [(lp + s * torch.randn(lp.shape, generator=g, dtype=lp.dtype)) * tokens.loss_mask for s in (0.05, 0.1, 0.1)]
     old, ref, sampler = noisy
     rewards = torch.tensor([1.0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 0], dtype=torch.float64)
     groups = torch.arange(4).repeat_interleave(3)
     parts = RewardParts(torch.stack([rewards, 1 - rewards], 1), torch.tensor([0.7, 0.3], dtype=torch.float64))
-    adv = obj.advantages(rewards, groups, tokens.mask.sum(1), parts if obj.needs_reward_parts() else None)
+    adv = obj.advantages(rewards, groups, tokens.loss_mask.sum(1), parts if obj.needs_reward_parts() else None)
     size, old_set, teacher = obj.config.sparse_support(), None, None
     if size is not None:
         old, old_set = old_with_set(model, tokens, settings, size)

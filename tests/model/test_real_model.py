@@ -151,9 +151,11 @@ def test_smollm2_evaluates_trains_two_lora_steps_and_its_logprobs_are_transforme
             input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, position_ids=tokens.position_ids
         ).logits.float()
     P = tokens.prompt_len
-    plain = logits[:, P - 1 : -1].log_softmax(-1).gather(-1, tokens.completion_ids[..., None])[..., 0] * tokens.mask
-    torch.testing.assert_close(ours * tokens.mask, plain, atol=2e-4, rtol=0)
-    torch.testing.assert_close(batch.sampler_logprobs * tokens.mask, plain, atol=2e-4, rtol=0)
+    plain = (
+        logits[:, P - 1 : -1].log_softmax(-1).gather(-1, tokens.completion_ids[..., None])[..., 0] * tokens.loss_mask
+    )
+    torch.testing.assert_close(ours * tokens.loss_mask, plain, atol=2e-4, rtol=0)
+    torch.testing.assert_close(batch.sampler_logprobs * tokens.loss_mask, plain, atol=2e-4, rtol=0)
 
 
 def test_smollm2_never_copies_a_placeholder_from_the_tool_instructions(smollm2):

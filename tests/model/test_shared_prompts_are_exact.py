@@ -89,7 +89,7 @@ def test_shared_prompts_give_the_unshared_values_and_gradients(arch, tie, temper
     assert seen == [(3, 5), (8, 5)]
     plain = run(model, tok, temperature, share=False)
     assert_same(model, tok, shared, plain)
-    assert (shared[0] != 0).sum() == int(tok.mask.sum())  # every real token scored, padding 0
+    assert (shared[0] != 0).sum() == int(tok.loss_mask.sum())  # every real token scored, padding 0
 
 
 def test_one_token_completions_run_only_the_prompts():

@@ -51,7 +51,7 @@ def test_topk_and_gathered_log_probs_equal_the_full_softmax(fused, chunk, share)
     tok = _tokens()
     settings = LogProbSettings(temperature=TAU, fused=fused, chunk_size=chunk, share_prompts=share)
     full = _full_logsoftmax(model, tok)  # (N, T, V)
-    keep = tok.mask.bool()
+    keep = tok.loss_mask.bool()
     top = full.topk(K, -1)
     out = head_pass(model, tok, settings, with_entropy=False, topk=K, gather_ids=top.indices)
     assert out.fused == fused
@@ -80,11 +80,11 @@ def test_batched_topk_runs_micro_batches_and_agrees_with_batched_logprobs():
     settings = LogProbSettings(temperature=TAU, micro_batch_size=3)  # rows 0-2, then row 3
     lp, (values, ids) = batched_topk(model, tok, settings, K)
     torch.testing.assert_close(lp, batched_logprobs(model, tok, settings), rtol=0, atol=0)
-    keep = tok.mask.bool()
+    keep = tok.loss_mask.bool()
     top = _full_logsoftmax(model, tok).topk(K, -1)
     torch.testing.assert_close(values[keep], top.values[keep], rtol=1e-12, atol=1e-12)
     assert torch.equal(ids[keep], top.indices[keep]) and values.shape == (4, 6, K)
     assert batched_topk(model, tok, settings, 0)[1] is None
-    empty = dataclasses.replace(tok, mask=torch.zeros_like(tok.mask))
+    empty = dataclasses.replace(tok, loss_mask=torch.zeros_like(tok.loss_mask))
     lp0, (v0, i0) = batched_topk(model, empty, settings, K)
     assert not lp0.any() and not v0.any() and not i0.any()

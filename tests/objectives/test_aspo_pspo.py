@@ -47,7 +47,7 @@ def _run(spec, lp, old, adv, mask=None, **fields):
     """(output, d loss / d lp) of a built objective on one batch."""
     lp = lp.detach().clone().requires_grad_()
     mask = torch.ones_like(lp) if mask is None else mask
-    batch = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, **fields)
+    batch = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask, **fields)
     out = objectives.build(spec)(batch)
     (grad,) = torch.autograd.grad(out.loss, lp)
     return out, grad
@@ -182,7 +182,9 @@ def test_aspo_equals_the_released_loss(setting, mode):
     # Per token, before aggregation (padding excluded: neither side defines it).
     y = lp.clone().requires_grad_()
     obj = objectives.build({"name": "aspo", "aggregation": mode, **spec})
-    terms = obj.terms(objectives.TokenBatch(logprobs=y, old_logprobs=old, advantages=adv, mask=mask, entropy=entropy))
+    terms = obj.terms(
+        objectives.TokenBatch(logprobs=y, old_logprobs=old, advantages=adv, loss_mask=mask, entropy=entropy)
+    )
     m = mask.bool()
     torch.testing.assert_close(terms.tokens.loss[m].detach(), ref_tokens[m].detach(), **TOL)
     # Metrics: the released dual-clip fractions (among A < 0, A > 0 tokens) and clip fractions; the upper one also
@@ -275,7 +277,7 @@ def test_pspo_micro_batches_equal_trls_dapo_normaliser():
     total = sum(
         obj(
             objectives.TokenBatch(
-                logprobs=y[rows], old_logprobs=old[rows], advantages=adv[rows], mask=mask[rows], loss_norm=norm
+                logprobs=y[rows], old_logprobs=old[rows], advantages=adv[rows], loss_mask=mask[rows], loss_norm=norm
             )
         ).loss
         for rows in (slice(0, 2), slice(2, 6))

@@ -38,7 +38,7 @@ def _run(spec, lp, old, adv, mask=None):
     lp = lp.clone().requires_grad_()
     mask = torch.ones_like(lp, dtype=torch.bool) if mask is None else mask
     obj = objectives.build(spec)
-    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask))
+    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask))
     out.loss.backward()
     return out, lp.grad
 
@@ -173,7 +173,7 @@ def test_bapo_low_first_equals_the_authors_recipe(setting, mode):
         assert out.metrics["bapo/clip_high"].item() == pytest.approx(c_high, abs=1e-12)
         assert out.metrics["bapo/target_met"].item() == float(r >= t)
         terms = objectives.build(spec).terms(
-            objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask)
+            objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask)
         )
         torch.testing.assert_close(terms.tokens.loss[mask], per_token_ref.detach()[mask], **TOL)
         # verl's token-mean divides by (number of tokens + 1e-8); its seq-mean-token-mean has no such term.

@@ -61,7 +61,7 @@ def test_tether_under_bypass_anchoring_equals_verls_bypass_mode(loss_type, spec,
     )
     theirs, _ = core_algos.get_policy_loss_fn("bypass_mode")(rollout, lp, adv[:, None].expand_as(lp), mask, agg, config)
     ours = objectives.build({**spec, "aggregation": agg})(
-        objectives.TokenBatch(logprobs=lp, old_logprobs=rollout, advantages=adv, mask=mask)
+        objectives.TokenBatch(logprobs=lp, old_logprobs=rollout, advantages=adv, loss_mask=mask)
     ).loss
     tol = dict(rtol=1e-7, atol=1e-9) if agg == "seq-mean-token-mean" else dict(rtol=1e-13, atol=1e-15)
     torch.testing.assert_close(ours, theirs, **tol)

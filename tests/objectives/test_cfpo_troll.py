@@ -50,7 +50,7 @@ def _t(*rows):
 def _run(spec, lp, old, adv, mask=None):
     lp = lp.clone().requires_grad_()
     mask = torch.ones_like(lp, dtype=torch.bool) if mask is None else mask
-    out = objectives.build(spec)(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask))
+    out = objectives.build(spec)(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask))
     out.loss.backward()
     return out, lp.grad
 
@@ -126,7 +126,7 @@ def test_cfpo_equals_the_authors_pull_requests(aggregation, token_level, eps):
     lp, old, adv, mask = _batch()
     ref = _released_cfpo(lp, old, adv, mask, eps, token_level)
     obj = objectives.build({"preset": "cfpo", "eps": eps, "aggregation": aggregation})
-    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask))
+    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask))
     torch.testing.assert_close(out.loss, ref, rtol=1e-12, atol=1e-14)
     (g_ours,) = torch.autograd.grad(out.loss, lp)
     (g_ref,) = torch.autograd.grad(ref, lp)

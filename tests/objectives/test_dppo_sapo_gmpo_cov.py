@@ -33,7 +33,7 @@ NEW_PRESETS = ["dppo_tv", "dppo_kl", "sapo", "gmpo", "clip_cov", "kl_cov", "rein
 def _run(spec, lp, old, adv, mask=None):
     lp = lp.clone().requires_grad_()
     mask = torch.ones_like(lp, dtype=torch.bool) if mask is None else mask
-    out = objectives.build(spec)(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask))
+    out = objectives.build(spec)(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask))
     out.loss.backward()
     return out, lp.grad
 

@@ -81,7 +81,7 @@ def _run(spec: dict, seed: int, env_noise: float):
         logprobs=lp,
         old_logprobs=t["old_logprobs"],
         advantages=adv,
-        mask=MASK,
+        loss_mask=MASK,
         ref_logprobs=t["ref_logprobs"],
         group_ids=groups,
         rewards=rewards,

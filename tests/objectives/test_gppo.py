@@ -105,7 +105,7 @@ def _batch(seed=0, n=6, t=8):
 
 def _tether(spec, lp, old, adv, mask):
     obj = objectives.build(spec)
-    b = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask)
+    b = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask)
     return obj(b), obj.terms(b).tokens
 
 

@@ -77,7 +77,9 @@ def test_entropy_bonus_is_verls_aggregated_entropy_times_its_coefficient(agg):
     mask[2, 3:] = 0
     entropy = (torch.rand(5, 6, generator=torch.Generator().manual_seed(2), dtype=D) * 3).requires_grad_()
     adv = torch.tensor([1.0, -0.5, 0.25, 0.0, -1.0], dtype=D)
-    batch = objectives.TokenBatch(logprobs=lp, old_logprobs=old.detach(), advantages=adv, mask=mask, entropy=entropy)
+    batch = objectives.TokenBatch(
+        logprobs=lp, old_logprobs=old.detach(), advantages=adv, loss_mask=mask, entropy=entropy
+    )
     plain = objectives.build({"name": "ppo_clip", "aggregation": agg})(batch).loss
     bonus = objectives.build({"name": "ppo_clip", "aggregation": agg, "entropy_coef": 0.01})(batch).loss
     verl_entropy = core_algos.agg_loss(entropy, mask, agg)
@@ -97,7 +99,7 @@ def test_reinforce_equals_verls_gpg_loss(agg):
     mask[4, 5:] = 0
     adv = torch.tensor([1.0, -0.5, 0.25, 0.0, -1.0], dtype=D)
     ours = objectives.build({"name": "reinforce", "aggregation": agg})(
-        objectives.TokenBatch(logprobs=lp, old_logprobs=old.detach(), advantages=adv, mask=mask)
+        objectives.TokenBatch(logprobs=lp, old_logprobs=old.detach(), advantages=adv, loss_mask=mask)
     ).loss
     config = FSDPActorConfig(strategy="fsdp", rollout_n=5, ppo_micro_batch_size_per_gpu=2, loss_agg_mode=agg)
     theirs, _ = core_algos.get_policy_loss_fn("gpg")(old, lp, adv[:, None].expand(5, 6), mask, agg, config)

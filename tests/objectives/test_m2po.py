@@ -320,8 +320,8 @@ def test_the_trainer_takes_a_nonfinite_sampler_logprob_out_of_the_loss_and_count
     tokens = Tokens(ids, torch.ones(2, 3), ids, ids, mask, 0)
     rollout = SimpleNamespace(sampler_logprobs=lp)
     kept, n = finite_sampler_tokens(rollout, tokens)
-    assert n == 2.0 and kept.mask.tolist() == [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
-    assert tokens.mask.tolist() == mask.tolist()  # the caller's tensor is not modified
+    assert n == 2.0 and kept.loss_mask.tolist() == [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+    assert tokens.loss_mask.tolist() == mask.tolist()  # the caller's tensor is not modified
     clean = sampler_logprobs(rollout, kept)
     assert torch.isfinite(clean).all() and clean.tolist() == [[-1.0, 0.0, -0.5], [0.0, -2.0, 0.0]]
     assert finite_sampler_tokens(SimpleNamespace(sampler_logprobs=torch.zeros(2, 3)), tokens) == (tokens, 0.0)

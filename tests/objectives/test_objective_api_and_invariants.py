@@ -26,7 +26,7 @@ def _batch(N=8, T=6, seed=0, **kw):
         logprobs=lp,
         old_logprobs=lp_old,
         advantages=A.grpo(rewards, groups),
-        mask=mask,
+        loss_mask=mask,
         ref_logprobs=lp_old - 0.2 * torch.rand(N, T, generator=g, dtype=D),
         group_ids=groups,
         rewards=rewards,
@@ -100,7 +100,7 @@ def test_a_built_objective_gives_a_scalar_loss_with_a_gradient_and_detached_scal
             logprobs=b.logprobs,
             old_logprobs=b.old_logprobs,
             advantages=b.advantages,
-            mask=b.mask,
+            loss_mask=b.loss_mask,
             ref_logprobs=None,
             group_ids=None,
             rewards=None,
@@ -170,7 +170,7 @@ def test_bad_configs_name_the_problem(spec, match):
 )
 def test_missing_batch_fields_are_named(spec, missing):
     b = _batch()
-    bare = objectives.TokenBatch(b.logprobs, b.old_logprobs, b.advantages, b.mask)
+    bare = objectives.TokenBatch(b.logprobs, b.old_logprobs, b.advantages, b.loss_mask)
     with pytest.raises(ValueError, match=missing):
         objectives.build(spec)(bare)
 
@@ -178,9 +178,9 @@ def test_missing_batch_fields_are_named(spec, missing):
 def test_shape_errors_are_named():
     b = _batch()
     with pytest.raises(ValueError, match="advantages"):
-        objectives.build("dapo")(objectives.TokenBatch(b.logprobs, b.old_logprobs, b.advantages[:3], b.mask))
+        objectives.build("dapo")(objectives.TokenBatch(b.logprobs, b.old_logprobs, b.advantages[:3], b.loss_mask))
     with pytest.raises(ValueError, match="mask"):
-        objectives.build("dapo")(objectives.TokenBatch(b.logprobs, b.old_logprobs, b.advantages, b.mask[:, :2]))
+        objectives.build("dapo")(objectives.TokenBatch(b.logprobs, b.old_logprobs, b.advantages, b.loss_mask[:, :2]))
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -190,7 +190,7 @@ def test_every_preset_runs_and_reports_its_metrics(preset):
     out = obj(with_support(obj, b))
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(b.logprobs.grad).all()
-    assert b.logprobs.grad[b.mask == 0].abs().sum() == 0  # padding gets no gradient
+    assert b.logprobs.grad[b.loss_mask == 0].abs().sum() == 0  # padding gets no gradient
     for key in (
         "loss/policy",
         "loss/total",
@@ -216,8 +216,8 @@ def test_every_preset_runs_and_reports_its_metrics(preset):
 def test_caller_tensors_are_not_modified():
     b = _batch()
     b.logprobs.data[0, -1] = float("nan")  # padding may hold garbage
-    b.mask[0, -1] = 0
-    before = {k: getattr(b, k).clone() for k in ("old_logprobs", "advantages", "mask", "ref_logprobs")}
+    b.loss_mask[0, -1] = 0
+    before = {k: getattr(b, k).clone() for k in ("old_logprobs", "advantages", "loss_mask", "ref_logprobs")}
     out = objectives.build("grpo")(b)
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(b.logprobs.grad).all()
@@ -238,7 +238,7 @@ def test_padding_does_not_change_the_loss(preset):
         pad(b.logprobs.detach(), -5.0),
         pad(b.old_logprobs, 7.0),
         b.advantages,
-        pad(b.mask, 0.0),
+        pad(b.loss_mask, 0.0),
         pad(b.ref_logprobs, 3.0),
         b.group_ids,
         b.rewards,
@@ -255,7 +255,7 @@ def test_all_masked_batch_gives_finite_loss_and_zero_gradient(preset):
         b.logprobs,
         b.old_logprobs,
         b.advantages,
-        torch.zeros_like(b.mask),
+        torch.zeros_like(b.loss_mask),
         b.ref_logprobs,
         b.group_ids,
         b.rewards,
@@ -323,7 +323,7 @@ def test_micro_batches_sum_to_the_full_batch_gradient(preset, aggregation):
     full = obj(with_support(obj, b)).loss
     stats = obj.group_stats(b.rewards, b.group_ids)  # over the whole batch, once (ETR's nu_bar)
     (g_full,) = torch.autograd.grad(full, b.logprobs)
-    norm = obj.normalizer(b.mask)
+    norm = obj.normalizer(b.loss_mask)
     total, g_sum = 0.0, torch.zeros_like(b.logprobs)
     for idx in (slice(0, 4), slice(4, 8)):  # two micro-batches of one group each
         lp = b.logprobs.detach()[idx].clone().requires_grad_()
@@ -331,7 +331,7 @@ def test_micro_batches_sum_to_the_full_batch_gradient(preset, aggregation):
             lp,
             b.old_logprobs[idx],
             b.advantages[idx],
-            b.mask[idx],
+            b.loss_mask[idx],
             b.ref_logprobs[idx],
             b.group_ids[idx],
             b.rewards[idx],

@@ -48,7 +48,7 @@ def _batch():
 
 
 def _tether_loss(spec, lp, old, ref, adv, mask):
-    batch = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, ref_logprobs=ref)
+    batch = objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask, ref_logprobs=ref)
     return objectives.build(spec, max_len=T_MAX)(batch).loss
 
 

@@ -118,7 +118,7 @@ def _tether(spec, lp, old, adv, mask, mode):
             "anchor": "old",
         }
     )
-    return obj(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask)).loss
+    return obj(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask)).loss
 
 
 def _grad(loss, lp):
@@ -177,6 +177,6 @@ def test_the_released_v3_branch_is_the_opposite_of_algorithm_2():
     ours = objectives.build(
         {**spec, "aggregation": "token-mean", "beta": BETA, "eps_low": EPS_LOW, "eps_high": EPS_HIGH, "dual_clip_c": C}
     )
-    terms = ours.terms(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask))
+    terms = ours.terms(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask))
     differs = (terms.tokens.loss.detach() - v3_tokens.detach()).abs() > 1e-9
     assert differs[mask.bool()].any()

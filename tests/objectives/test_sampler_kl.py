@@ -24,7 +24,7 @@ def _t(*rows):
 def _run(spec, lp, old, adv, mask, sampler):
     lp = lp.clone().requires_grad_()
     out = objectives.build(spec)(
-        objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, sampler_logprobs=sampler)
+        objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask, sampler_logprobs=sampler)
     )
     out.loss.backward()
     return out, lp.grad
@@ -121,7 +121,7 @@ def test_composes_with_any_objective(spec):
             logprobs=lp,
             old_logprobs=old,
             advantages=obj.advantages(rewards, groups),
-            mask=mask,
+            loss_mask=mask,
             ref_logprobs=old - 0.1,
             rewards=rewards,
             group_ids=groups,

@@ -21,7 +21,7 @@ def _hand_batch(**kw):
         logprobs=torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.2, 0.0]], dtype=D, requires_grad=True),
         old_logprobs=torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.2, 0.0]], dtype=D),
         advantages=torch.tensor([1.0, -2.0], dtype=D),
-        mask=torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=D),
+        loss_mask=torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=D),
         entropy=torch.tensor([[0.1, 0.5, 0.3], [0.9, 0.2, 7.0]], dtype=D),
     )
     return objectives.TokenBatch(**{**fields, **kw})
@@ -72,10 +72,13 @@ def test_the_selection_is_within_the_batch_the_loss_sees():
     kept = []
     for row in (0, 1):
         sub = objectives.TokenBatch(
-            b.logprobs[row : row + 1], b.old_logprobs[row : row + 1], b.advantages[row : row + 1], b.mask[row : row + 1]
+            b.logprobs[row : row + 1],
+            b.old_logprobs[row : row + 1],
+            b.advantages[row : row + 1],
+            b.loss_mask[row : row + 1],
         )
         out = obj(dataclasses.replace(sub, entropy=b.entropy[row : row + 1]))
-        kept.append(out.metrics["policy/top_entropy_kept_frac"].item() * b.mask[row].sum().item())
+        kept.append(out.metrics["policy/top_entropy_kept_frac"].item() * b.loss_mask[row].sum().item())
     assert kept == pytest.approx([2, 1], abs=1e-12)
 
 
@@ -87,7 +90,7 @@ def _random_batch(seed=0, N=8, T=6):
         logprobs=(old + 0.3 * torch.randn(N, T, generator=g, dtype=D)).requires_grad_(),
         old_logprobs=old,
         advantages=torch.randn(N, generator=g, dtype=D),
-        mask=mask,
+        loss_mask=mask,
         ref_logprobs=old - 0.2 * torch.rand(N, T, generator=g, dtype=D),
         group_ids=torch.arange(N) // 4,
         rewards=torch.randint(0, 2, (N,), generator=g).to(D),
@@ -112,11 +115,11 @@ def test_keeping_every_token_changes_nothing_and_a_share_trains_only_those_token
     assert metrics_1["policy/top_entropy_kept_frac"].item() == 1.0
     # rho = 0.3 of the batch's counted tokens (ceil(0.3 n)): no gradient reaches the others through the policy loss
     # (a KL penalty, which some presets carry, still acts on every token).
-    top = top_entropy_mask(b.entropy, b.mask, 0.3)
-    n = int(b.mask.sum())
+    top = top_entropy_mask(b.entropy, b.loss_mask, 0.3)
+    n = int(b.loss_mask.sum())
     assert metrics_03["policy/top_entropy_kept_frac"].item() == pytest.approx(top.sum().item() / n, abs=1e-15)
     if objectives.build(preset).config.reference_kl_coef() == 0:
-        assert not grad_03[b.mask.bool() & ~top].any()
+        assert not grad_03[b.loss_mask.bool() & ~top].any()
 
 
 def test_it_needs_the_entropy_and_a_share():

@@ -53,7 +53,9 @@ def _run(spec, lp, old, adv, mask=None, **kw):
     """(ObjectiveOutput, d loss / d lp) of `spec` on one batch."""
     lp = lp.clone().requires_grad_()
     mask = torch.ones_like(lp, dtype=torch.bool) if mask is None else mask
-    out = objectives.build(spec)(objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, **kw))
+    out = objectives.build(spec)(
+        objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask, **kw)
+    )
     out.loss.backward()
     return out, lp.grad
 

@@ -49,7 +49,7 @@ def _batch(seed=0, spread=1.0):
         logprobs=lp,
         old_logprobs=old,
         advantages=torch.tensor([1.0, -0.7, 0.4], dtype=D),
-        mask=mask,
+        loss_mask=mask,
         support_logprobs=z_new,
         old_support_logprobs=z_old,
         support_mask=support,
@@ -62,7 +62,7 @@ def _reference(b, eps, alpha):
     loss, grad = torch.zeros(N, T, dtype=D), torch.zeros(N, T, S, dtype=D)
     for i in range(N):
         for t in range(T):
-            if b.mask[i, t] == 0:
+            if b.loss_mask[i, t] == 0:
                 continue
             keep = b.support_mask[i, t]
             value, g = _ref_position(
@@ -96,11 +96,11 @@ def test_the_objective_equals_the_papers_equations(aggregation, eps, alpha, seed
     out = obj(b)
     (grad,) = torch.autograd.grad(out.loss, b.support_logprobs)
     ref_loss, ref_grad = _reference(b, eps, alpha)
-    w = _weights(aggregation, b.mask, 6)
+    w = _weights(aggregation, b.loss_mask, 6)
     assert out.loss.item() == pytest.approx((ref_loss * w).sum().item(), rel=1e-10, abs=1e-12)
     torch.testing.assert_close(grad, ref_grad * w[..., None], **TOL)
-    assert (grad[b.mask == 0] == 0).all() and (grad[~b.support_mask] == 0).all()
-    m = b.mask.bool()
+    assert (grad[b.loss_mask == 0] == 0).all() and (grad[~b.support_mask] == 0).all()
+    m = b.loss_mask.bool()
     assert 0 < out.metrics["troll/projected_frac"].item() < 1  # both branches among the counted tokens
     assert out.metrics["troll/support_size"].item() == pytest.approx(b.support_mask[m].sum(-1).double().mean())
 
@@ -120,7 +120,7 @@ def test_it_composes_with_the_kl_penalty_the_entropy_bonus_and_rollout_correctio
     }
     out = objectives.build(spec)(b)
     ref_loss, _ = _reference(b, 0.05, 1.0)
-    m = b.mask
+    m = b.loss_mask
     c = (b.old_logprobs - sampler).exp().clamp(max=1.5)  # TIS: pi_old / pi_sampler truncated at 1.5
     k3 = (ref - b.logprobs).exp() - (ref - b.logprobs) - 1
     want = ((ref_loss * c + 0.1 * k3 - 0.01 * entropy) * m).sum() / m.sum()
@@ -131,7 +131,7 @@ def test_it_composes_with_the_kl_penalty_the_entropy_bonus_and_rollout_correctio
 def test_a_batch_without_supports_is_refused_naming_the_feed():
     b = _batch()
     plain = objectives.TokenBatch(
-        logprobs=b.logprobs, old_logprobs=b.old_logprobs, advantages=b.advantages, mask=b.mask
+        logprobs=b.logprobs, old_logprobs=b.old_logprobs, advantages=b.advantages, loss_mask=b.loss_mask
     )
     with pytest.raises(ValueError, match="needs TokenBatch.support_logprobs.*trainer.old_logprobs=recompute"):
         objectives.build("troll")(plain)

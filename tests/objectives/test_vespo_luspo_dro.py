@@ -32,7 +32,7 @@ def _run(spec, lp, old, adv, mask=None, **fields):
     lp = lp.clone().requires_grad_()
     mask = torch.ones_like(lp, dtype=torch.bool) if mask is None else mask
     out = objectives.build(spec)(
-        objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, **fields)
+        objectives.TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, loss_mask=mask, **fields)
     )
     out.loss.backward()
     return out, lp.grad
@@ -225,7 +225,7 @@ def test_gradcheck():
         obj = objectives.build(spec)
 
         def f(x):
-            return obj(objectives.TokenBatch(logprobs=x, old_logprobs=old, advantages=adv, mask=mask)).loss
+            return obj(objectives.TokenBatch(logprobs=x, old_logprobs=old, advantages=adv, loss_mask=mask)).loss
 
         assert torch.autograd.gradcheck(f, (lp.clone().requires_grad_(),))
     # VESPO's phi is detached: the loss is linear in lp, its gradient -phi A / n exactly.

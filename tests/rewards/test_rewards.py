@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import time
 
@@ -213,11 +215,19 @@ def test_score_rollout_gives_the_scored_batch_the_trainer_reads():
     scored = score_rollout(
         PerExample(lambda ex: get_reward("countdown" if "target" in ex.meta else "exact_match")), rollout, [ADD, CD]
     )
-    assert scored.rollout is rollout
+    assert scored.completion_ids is rollout.completion_ids and rollout.results is None  # the same rows, scored
     assert [e.id for e in scored.examples] == ["a", "a", "c", "c"]
     assert [e.meta["completion_tokens"] for e in scored.examples] == lengths  # for overlong
     assert scored.rewards.dtype == torch.float32 and scored.rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
     assert scored.group_ids.tolist() == [0, 0, 1, 1]
+    # selected and concatenated, the scores travel with their rows; an unscored batch says how to score it
+    both = RolloutBatch.concat([scored.select([3, 2]), scored.select([0])], pad_id=0)
+    assert both.rewards.tolist() == [0.0, 1.0, 1.0] and [e.id for e in both.examples] == ["c", "c", "a"]
+    assert RolloutBatch.concat([scored, rollout], pad_id=0).results is None
+    with pytest.raises(ValueError, match="not scored yet: score it with tether.rewards.score_rollout"):
+        rollout.rewards
+    with pytest.raises(ValueError, match="both examples and results"):
+        dataclasses.replace(rollout, results=scored.results)
 
 
 def test_rewards_are_deterministic_and_pure():

@@ -315,9 +315,9 @@ def test_token_ids_in_are_sampled_as_the_text_they_encode_and_episodes_run_on_vl
 
     runner = EpisodeRunner(engine, tok, Again, Limits(3, 4, 40), "again")
     batch = runner.run([Example(str(i), p, "") for i, p in enumerate(PROMPTS)], 2, params, seed=5)
-    assert all(f["turns"] == 3 for f in batch.episodes) and (batch.mask & ~batch.loss_mask).any()
+    assert all(f["turns"] == 3 for f in batch.episodes) and (batch.mask & ~batch.policy_mask).any()
     lp = teacher_forced(model, tok, batch)
-    model_tokens = batch.loss_mask
+    model_tokens = batch.policy_mask
     torch.testing.assert_close(batch.sampler_logprobs[model_tokens], lp[model_tokens], rtol=0, atol=2e-4)
     assert torch.all(batch.sampler_logprobs[batch.mask & ~model_tokens] == 0)
 

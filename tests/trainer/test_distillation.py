@@ -133,11 +133,11 @@ def test_the_teachers_scores_are_its_own_log_probs_of_the_students_tokens(tiny_d
     parts = run.parts
     try:
         scored, _ = collect(parts.source, cfg.rollout, seeds.rollout(seeds.sampling_root(cfg.trainer), 1))
-        tokens, _ = tokens_for_update(scored.rollout, parts)
+        tokens, _ = tokens_for_update(scored, parts)
         scores = parts.teacher.scores(parts.policy, tokens)
     finally:
         parts.source.sampler.close()
-    keep = tokens.mask.bool()
+    keep = tokens.loss_mask.bool()
     assert keep.sum() > 0
 
     def full_logsoftmax(model):  # (N, T, V), the model's own logits at the sampling temperature

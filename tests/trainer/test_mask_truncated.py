@@ -22,7 +22,7 @@ def test_truncated_completions_leave_the_loss_mask_and_are_counted():
     rollout = SimpleNamespace(truncated=torch.tensor([True, False, True, False]))  # finish reasons length, stop, ...
     out, n_cut = truncated_out(rollout, _tokens(mask))
     assert n_cut == 2.0
-    assert out.mask.tolist() == [[0, 0, 0], [1, 1, 0], [0, 0, 0], [1, 0, 0]]
+    assert out.loss_mask.tolist() == [[0, 0, 0], [1, 1, 0], [0, 0, 0], [1, 0, 0]]
     assert out.attention_mask.sum() == 12  # the model still reads every token: only the loss mask changes
 
 
@@ -44,7 +44,7 @@ def test_a_truncated_row_keeps_its_advantage_but_gives_no_gradient():
         _tokens(torch.ones(4, 2, dtype=torch.long)),
     )
     lp = torch.full((4, 2), -1.0, requires_grad=True)
-    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=lp.detach(), advantages=adv, mask=tokens.mask))
+    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=lp.detach(), advantages=adv, loss_mask=tokens.loss_mask))
     out.loss.backward()
     assert adv[3].item() > 0.8 and lp.grad[3].abs().sum() == 0
     # on-policy token-mean over the 6 kept tokens: d loss / d lp = -A / 6 per token

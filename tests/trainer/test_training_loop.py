@@ -389,7 +389,7 @@ def _etr_update(tiny_dir, micro: int):
         tokens.attention_mask,
         tokens.position_ids,
         tokens.completion_ids,
-        tokens.mask.double(),
+        tokens.loss_mask.double(),
         tokens.prompt_len,
     )
     settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")
@@ -445,7 +445,7 @@ def test_old_logprobs_are_recomputed_without_dropout(tiny_dir, tmp_path):
     b = old_logprobs_of(policy, tokens, rollout, cfg.trainer)
     assert model.training
     torch.testing.assert_close(a, b, rtol=0, atol=0)  # no dropout noise
-    torch.testing.assert_close(a, rollout.sampler_logprobs * tokens.mask, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a, rollout.sampler_logprobs * tokens.loss_mask, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -514,7 +514,7 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_exactly(tiny_dir):
         tokens.attention_mask,
         tokens.position_ids,
         tokens.completion_ids,
-        tokens.mask.double(),
+        tokens.loss_mask.double(),
         tokens.prompt_len,
     )
     settings, cpu = LogProbSettings.of(cfg.trainer, cfg.rollout), torch.device("cpu")

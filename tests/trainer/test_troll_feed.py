@@ -91,7 +91,7 @@ def test_the_old_pass_keeps_the_true_top_k_as_n_t_k(kw):
     lp, s = old_with_set(model, tokens, settings, SupportSize(top_k=5, mass=0.9))
     full = _full_logprobs(model, tokens, 0.7)
     values, ids = full.topk(5, -1)
-    m = tokens.mask.bool()
+    m = tokens.loss_mask.bool()
     assert s.ids.shape == s.logp.shape == s.keep.shape == (4, T, 5)
     assert (s.ids.dtype, s.logp.dtype, s.keep.dtype) == (torch.int32, D, torch.bool)  # float32 for a float32 model
     assert torch.equal(s.ids[m].long(), ids[m]) and not s.keep[~m].any()
@@ -156,7 +156,7 @@ def _by_hand(new, old, tokens, tau, size, adv, eps, alpha):
     sampled token; pi_old's log-probs there from its set (the sampled token's exact); token-mean over the mask.
     Returns (loss, stats, pi_theta's log-probs on the support, its mask)."""
     lpn, lpo = _full_logprobs(new, tokens, tau), _full_logprobs(old, tokens, tau).detach()
-    m = tokens.mask.bool()[..., None]
+    m = tokens.loss_mask.bool()[..., None]
     ids_o, keep_o = R.top_mass(lpo, size.top_k, size.mass)
     ids_n, keep_n = R.top_mass(lpn, size.top_k, size.mass)
     keep_o, keep_n = keep_o & m, keep_n & m
@@ -177,7 +177,7 @@ def _objective_loss(obj, new, tokens, settings, size, old_set, old_lp, adv):
         logprobs=lp,
         old_logprobs=lp.detach() if old_lp is None else old_lp,
         advantages=adv,
-        mask=tokens.mask,
+        loss_mask=tokens.loss_mask,
         entropy=ent.detach(),
         support_logprobs=sup.logprobs,
         old_support_logprobs=old_support,
@@ -207,7 +207,7 @@ def test_the_objective_on_the_trainers_supports_equals_core_troll_by_hand(kw, to
     old_lp, old_set = old_with_set(old, tokens, settings, size)
     out, sup = _objective_loss(obj, new, tokens, settings, size, old_set, old_lp, adv)
     want_loss, stats, new_s, s_mask = _by_hand(new, old, tokens, 0.8, size, adv, 0.02, 0.7)
-    m = tokens.mask.bool()
+    m = tokens.loss_mask.bool()
     assert torch.equal(sup.mask[m], s_mask[m])  # the same supports, entry by entry
     counted = s_mask & m[..., None]  # the support's padding entries hold some id's log-prob; no loss reads them
     torch.testing.assert_close(sup.logprobs[counted], new_s[counted].detach(), **TOL)
@@ -234,7 +234,7 @@ def test_on_policy_the_gradient_is_the_policy_gradient(kw, recomputed):
     tokens = _tokens()
     settings = LogProbSettings(temperature=0.9, micro_batch_size=2, **kw)
     adv = torch.tensor([1.0, -0.5, 0.8, -1.2], dtype=D)
-    m = tokens.mask.bool()
+    m = tokens.loss_mask.bool()
     for top_k, delta in ((64, 0.0), (3, 0.05)):
         obj = objectives.build({"preset": "troll", "top_k": top_k, "delta": delta})
         size = obj.config.sparse_support()

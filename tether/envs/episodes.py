@@ -3,7 +3,7 @@
 An episode's row of the batch is its prompt, then every turn after it in order:
 
     prompt ids | model turn 1 (sampled) | env turn 1 (template) | model turn 2 (sampled) | ...
-    loss_mask:      1 1 1 ... 1 <eos>       0 0 0 0 0 0 0 0       1 1 1 ... <eos>
+    policy_mask:    1 1 1 ... 1 <eos>       0 0 0 0 0 0 0 0       1 1 1 ... <eos>
     sampler lp:     the sampler's             0                    the sampler's
 
 Token in, token out: each model turn is sampled by the engine from the ids of the episode so far
@@ -377,7 +377,7 @@ class EpisodeRunner:
             finish_reasons=[e.finish for e in episodes],  # type: ignore[misc]
             completions=[e.last_reply for e in episodes],
             prompt_index=[i // n for i in range(len(episodes))],
-            loss_mask=trained.to(device),
+            policy_mask=trained.to(device),
             episodes=[e.facts() for e in episodes],
         )
 

@@ -7,14 +7,13 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..config.sections import SMALL_MODEL_PARAMS, EnvConfig, RolloutConfig
 from ..rewards.answers import answer_kind, extract_answer
 from ..rewards import (
     PerExample,
     RewardFn,
-    Scored,
     check_verdicts,
     get_reward,
     reward_options,
@@ -26,6 +25,10 @@ from ..tasks import TASKS, Example, stable_hash
 from .data import EvalError, load_eval_data, problem_key, unique_problems
 from .progress import progress
 from .report import write_results
+
+if TYPE_CHECKING:  # the rollout brings torch, which an evaluation imports only once its options are checked
+    from ..rollout import RolloutBatch
+
 from .settings import PROBLEMS_FILE, EvalOptions, EvalSettings, check_settings, default_out_dir, read_problems
 
 
@@ -127,7 +130,7 @@ class Verifiers:
             return self._named(TASKS.get(ex.meta["task"]).reward)
         return self._named(self.chosen) if isinstance(self.chosen, str) else self.chosen
 
-    def verdicts(self, scored: Scored) -> list[bool]:
+    def verdicts(self, scored: RolloutBatch) -> list[bool]:
         """Each sample's verdict; a score other than 0 or 1 is refused (accuracy is a verdict, `rewards.accuracy`)."""
         for ex, result in zip(scored.examples, scored.results):
             check_verdicts([result], self.pick(ex), [ex])

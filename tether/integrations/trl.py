@@ -13,7 +13,7 @@ TRL samples, scores, batches and steps the optimiser; a tether `Objective` compu
 hook only adapts:
 
 - `objective_loss` (from `_compute_loss`): given the current log-probs and entropies from TRL's own helper, a
-  `TokenBatch` (old and reference log-probs, advantages, mask, rewards, group ids, the mini-batch normaliser) and
+  `TokenBatch` (old and reference log-probs, advantages, loss mask, rewards, group ids, the mini-batch normaliser) and
   the tether objective. TRL's clip, KL term, `loss_type` and entropy bonus are not used; the objective's metrics are
   logged under their tether names.
 - `on_rewards` (from `_calculate_rewards`): keeps TRL's rewards, gathered over all processes, for the next one.
@@ -377,7 +377,7 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
             # TRL leaves old log-probs out when a batch is used within one optimiser step: pi_old = pi_theta.
             old_logprobs=lp.detach() if old is None else old,
             advantages=inputs["advantages"],
-            mask=loss_mask(inputs).to(lp.dtype),
+            loss_mask=loss_mask(inputs).to(lp.dtype),
             ref_logprobs=ref,
             group_ids=inputs.get("tether_group_ids"),
             rewards=inputs.get("tether_rewards"),

@@ -323,7 +323,7 @@ def policy_loss(
             logprobs=log_prob,
             old_logprobs=old_log_prob.to(log_prob.dtype),
             advantages=adv,
-            mask=mask,
+            loss_mask=mask,
             ref_logprobs=ref,
             group_stats=stats,
             rollout_weights=rollout_is_weights if folds else None,

@@ -76,9 +76,7 @@ class Tokens:
     attention_mask: torch.Tensor  # (N, P + T)
     position_ids: torch.Tensor  # (N, P + T)
     completion_ids: torch.Tensor  # (N, T)
-    mask: (
-        torch.Tensor
-    )  # (N, T) float, 1 for counted completion tokens: the policy's (stop token included), never an environment's
+    loss_mask: torch.Tensor  # (N, T) float, 1 for the tokens that count (`trainer.step.tokens_for_update`)
     prompt_len: int
 
     def select(self, idx: torch.Tensor) -> "Tokens":
@@ -87,18 +85,18 @@ class Tokens:
             self.attention_mask[idx],
             self.position_ids[idx],
             self.completion_ids[idx],
-            self.mask[idx],
+            self.loss_mask[idx],
             self.prompt_len,
         )
 
 
 def to_tokens(rollout, pad_id: int, device: torch.device) -> Tokens:
     """A rollout's prompts (left-padded, `left_pad`) and completions as model inputs on `device`: attention over
-    every real token, the loss mask (`Tokens.mask`) over the tokens the policy sampled (`trained_mask`)."""
+    every real token, the loss mask (`Tokens.loss_mask`) over the tokens the policy sampled (`policy_tokens`)."""
     prompt, prompt_mask, _ = left_pad(rollout.prompt_ids, pad_id)
     completion = rollout.completion_ids.cpu()
     mask = rollout.mask.cpu().long()  # every real token: the model reads an environment's tokens too
-    trained = rollout.trained_mask.cpu().long()  # the loss counts only the policy's own
+    trained = rollout.policy_tokens.cpu().long()  # the loss counts only the policy's own
     input_ids = torch.cat([prompt, completion], 1)
     attention = torch.cat([prompt_mask, mask], 1)
     return Tokens(
@@ -196,7 +194,7 @@ def batched_logprobs_and_top(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`batched_logprobs` and, from the same forwards, each position's k most probable tokens
     (`CompletionHead.top`): (logprobs (N, T), ids (N, T, k) int32, their log-probs (N, T, k) float32), ids and
-    log-probs 0 where `tokens.mask` is 0. Memory: (N, T, k), never (N, T, V) (the fused head's tiles, or one
+    log-probs 0 where `tokens.loss_mask` is 0. Memory: (N, T, k), never (N, T, V) (the fused head's tiles, or one
     forward's logits for a head that cannot be fused)."""
     lps, ids, tops = [], [], []
     parts, order = _forwards(tokens, settings)
@@ -419,7 +417,7 @@ def head_pass(
 
     The token at column `start + t` of `tokens.input_ids` (N, P + T) is predicted from position
     `start - 1 + t`, with start = `tokens.prompt_len` (>= 1) and the targets `tokens.completion_ids`
-    (N, T); logits are divided by `settings.temperature` unless it is 0 or 1. Where `tokens.mask` is
+    (N, T); logits are divided by `settings.temperature` unless it is 0 or 1. Where `tokens.loss_mask` is
     0 the head is skipped and log-prob and entropy are 0 (an all-ones mask scores every column).
     `settings.fused=False` forces the model's own logits; `settings.share_prompts` runs each distinct
     prompt once when rows share it (module docstring; fused path only, exact up to rounding);
@@ -431,7 +429,7 @@ def head_pass(
     """
     head = completion_head(model, tokens, settings)
     lp, ent = head.logprobs(tokens.completion_ids, with_entropy)
-    keep, tau, chunk = head.mask, head.temperature, head.chunk_size
+    keep, tau, chunk = head.loss_mask, head.temperature, head.chunk_size
     if head.fused:
         top = _topk.topk_logprobs(head.hidden, head.weight, keep, topk, tau, chunk) if topk else None
         got = None
@@ -456,7 +454,7 @@ def completion_head(model: Any, tokens: Tokens, settings: LogProbSettings = LogP
     # a causal model's outputs at earlier positions do not depend on them, so they are not run.
     end = start - 1 + T
     inputs = (tokens.input_ids[:, :end], tokens.attention_mask[:, :end], tokens.position_ids[:, :end])
-    mask = tokens.mask != 0
+    mask = tokens.loss_mask != 0
     if settings.fused and not fused_head_reason(model) and not _probe(model, *inputs[:2]):
         body = _decoder(model)
         if settings.pack and not _packing.probe(model, body, *inputs, start):

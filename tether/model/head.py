@@ -26,9 +26,9 @@ class CompletionHead:
     """The LM head at a batch's completion positions, not yet applied: the decoder's final hidden states and the
     head's weight (fused: every question asked of it runs in tiles, the (N, T, V) logits never exist), or the
     model's own logits / tau (N, T, V) for a head that cannot be fused. `logprobs` gives the log-probs of given
-    ids with gradient, `top` the most probable ids without; positions outside `mask` give 0s."""
+    ids with gradient, `top` the most probable ids without; positions outside `loss_mask` give 0s."""
 
-    mask: torch.Tensor  # (N, T) bool: the positions scored (`Tokens.mask` != 0)
+    loss_mask: torch.Tensor  # (N, T) bool: the positions scored (`Tokens.loss_mask` != 0)
     temperature: float  # tau > 0
     chunk_size: Optional[int]  # tokens per tile of the fused head (None: `tile_shape`'s)
     hidden: Optional[torch.Tensor] = None  # (N, T, H) with gradient: fused
@@ -45,9 +45,9 @@ class CompletionHead:
 
     def logprobs(self, ids: torch.Tensor, with_entropy: bool = False):
         """log pi(ids) at each position, ids (N, T) or (N, T, S) -> the same shape, and the entropy (N, T) or
-        None; with gradient, 0 outside `mask`."""
+        None; with gradient, 0 outside `loss_mask`."""
         if self.fused:
-            skip = ~self.mask if ids.dim() == 2 else ~self.mask[..., None]
+            skip = ~self.loss_mask if ids.dim() == 2 else ~self.loss_mask[..., None]
             return token_logprobs_and_entropy(
                 self.hidden,
                 self.weight,
@@ -59,20 +59,20 @@ class CompletionHead:
         logp = torch.log_softmax(self.logits, -1)
         lp = logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1) if ids.dim() == 2 else logp.gather(-1, ids)
         ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
-        skip = ~self.mask
+        skip = ~self.loss_mask
         lp = lp.masked_fill(skip if ids.dim() == 2 else skip[..., None], 0.0)
         return lp, None if ent is None else ent.masked_fill(skip, 0.0)
 
     @torch.no_grad()
     def top(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k most probable ids at each position (at most V), most probable first, and their log-probs
-        (N, T, k) long and float32, without gradient; ids 0 and log-probs 0 outside `mask`."""
+        (N, T, k) long and float32, without gradient; ids 0 and log-probs 0 outside `loss_mask`."""
         if not self.fused:
             values, ids = torch.log_softmax(self.logits.detach(), -1).topk(min(k, self.vocab), dim=-1)
-            skip = ~self.mask[..., None]
+            skip = ~self.loss_mask[..., None]
             return ids.masked_fill(skip, 0), values.masked_fill(skip, 0.0)
         N, T, H = self.hidden.shape
-        rows = self.mask.reshape(-1).nonzero().squeeze(1)
+        rows = self.loss_mask.reshape(-1).nonzero().squeeze(1)
         ids, values = top_logprobs(
             self.hidden.detach().reshape(N * T, H).index_select(0, rows),
             self.weight.detach(),

@@ -11,7 +11,7 @@ presets (YAML files in `tether/presets/`) choosing one value per axis.
     obj = objectives.build("atr_grpo")                       # a preset
     obj = objectives.build({"preset": "dapo", "eps_high": 0.3})   # a preset, overridden
     obj = objectives.build({"name": "divergence_clip", "measure": "kl3", "delta": 0.0231})
-    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=lp_old, advantages=adv, mask=m))
+    out = obj(objectives.TokenBatch(logprobs=lp, old_logprobs=lp_old, advantages=adv, loss_mask=m))
     out.loss.backward(); out.metrics   # dict[str, Tensor], detached, no host sync
 
 The math lives in `tether.core`; this package validates configs and assembles metrics:

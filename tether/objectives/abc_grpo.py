@@ -46,4 +46,4 @@ class ABCGRPOConfig(ObjectiveConfig):
 @objective("abc_grpo", ABCGRPOConfig)
 def _abc_grpo_loss(cfg: ABCGRPOConfig, b: TokenBatch, lp, old):
     out, quadrants = _abc.abc_grpo(lp, old, b.advantages, **{k: getattr(cfg, k) for k in _BOUNDS})
-    return out, {f"abc_grpo/clipfrac_{q}": masked_fraction(v, b.mask) for q, v in quadrants.items()}
+    return out, {f"abc_grpo/clipfrac_{q}": masked_fraction(v, b.loss_mask) for q, v in quadrants.items()}

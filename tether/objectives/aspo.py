@@ -90,12 +90,12 @@ def _aspo_loss(cfg: ASPOConfig, b: TokenBatch, lp, old):
     eps_low, eps_high = cfg.eps_low, cfg.eps_high
     extra = {}
     if cfg.splits_by_entropy():
-        high = _aspo.high_entropy_tokens(b.entropy, b.mask, cfg.high_entropy_quantile)  # (N, T)
+        high = _aspo.high_entropy_tokens(b.entropy, b.loss_mask, cfg.high_entropy_quantile)  # (N, T)
         eps_low = torch.where(high, lp.new_tensor(cfg.high_entropy_eps_low), lp.new_tensor(cfg.eps_low))
         eps_high = torch.where(high, lp.new_tensor(cfg.high_entropy_eps_high), lp.new_tensor(cfg.eps_high))
-        extra["aspo/high_entropy_frac"] = masked_fraction(high, b.mask)
+        extra["aspo/high_entropy_frac"] = masked_fraction(high, b.loss_mask)
     out = _aspo.aspo(lp, old, b.advantages, eps_low, eps_high, cfg.dual_clip_c)
-    counted = b.mask.bool()
+    counted = b.loss_mask.bool()
     adv = per_token(b.advantages, lp)
     pos, neg = counted & (adv > 0), counted & (adv < 0)
     extra.update(

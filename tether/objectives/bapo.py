@@ -75,7 +75,7 @@ class BAPOConfig(ObjectiveConfig):
 
 @objective("bapo", BAPOConfig)
 def _bapo_loss(cfg: BAPOConfig, b: TokenBatch, lp, old):
-    tokens, c = _bapo.bapo(lp, old, b.advantages, b.mask, cfg.search, cfg.dual_clip_c)
+    tokens, c = _bapo.bapo(lp, old, b.advantages, b.loss_mask, cfg.search, cfg.dual_clip_c)
     return tokens, {
         "bapo/clip_low": c.clip_low,
         "bapo/clip_high": c.clip_high,

@@ -232,7 +232,7 @@ class ObjectiveConfig:
     # ---- capabilities: what the trainers ask of a config instead of probing its keys
 
     def needs(self) -> dict[str, str]:
-        """The TokenBatch fields the loss reads beyond logprobs, old_logprobs, advantages and mask, each with
+        """The TokenBatch fields the loss reads beyond logprobs, old_logprobs, advantages and loss_mask, each with
         why (`ref_logprobs`: a reference model; `sampler_logprobs`: the sampler's log-probs; `entropy`)."""
         need = {}
         if self.kl_penalty is not None and self.kl_penalty.coef > 0:

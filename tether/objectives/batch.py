@@ -21,8 +21,9 @@ class TokenBatch:
     """(N, T) log-probs under the policy that sampled the batch (recomputed before the updates)."""
     advantages: torch.Tensor
     """(N,) per sequence, or (N, T) per token."""
-    mask: torch.Tensor
-    """(N, T) 1/True for response tokens that count (the stop token included), 0 for padding."""
+    loss_mask: torch.Tensor
+    """(N, T) 1/True for the response tokens that count (the stop token included), 0 for padding, an environment's
+    tokens and any the trainer excluded (`tether.trainer.step.tokens_for_update` names why)."""
     ref_logprobs: Optional[torch.Tensor] = None
     """(N, T) log-probs under the reference/anchor policy; needed by `kl_penalty` and rpg anchor=ref."""
     group_ids: Optional[torch.Tensor] = None

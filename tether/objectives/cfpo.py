@@ -35,7 +35,7 @@ class CFPOConfig(ObjectiveConfig):
 def _cfpo_loss(cfg: CFPOConfig, b: TokenBatch, lp, old):
     out, penalty, past = _cfpo.cfpo(lp, old, b.advantages, cfg.eps)
     metrics = {
-        "cfpo/penalty_mean": masked_mean(penalty, b.mask),
-        "cfpo/past_optimum_frac": masked_fraction(past, b.mask),
+        "cfpo/penalty_mean": masked_mean(penalty, b.loss_mask),
+        "cfpo/past_optimum_frac": masked_fraction(past, b.loss_mask),
     }
     return out, metrics

@@ -51,9 +51,9 @@ class ClipCovConfig(ClipRange):
 @objective("clip_cov", ClipCovConfig)
 def _clip_cov_loss(cfg: ClipCovConfig, b: TokenBatch, lp, old):
     out = _cov.clip_cov(
-        lp, old, b.advantages, b.mask, cfg.eps_low, cfg.eps_high, cfg.select_frac, cfg.cov_lb, cfg.cov_ub
+        lp, old, b.advantages, b.loss_mask, cfg.eps_low, cfg.eps_high, cfg.select_frac, cfg.cov_lb, cfg.cov_ub
     )
-    return out.tokens, _cov_metrics(out, b.mask)
+    return out.tokens, _cov_metrics(out, b.loss_mask)
 
 
 @dataclass
@@ -75,7 +75,7 @@ class KLCovConfig(ObjectiveConfig):
 
 @objective("kl_cov", KLCovConfig)
 def _kl_cov_loss(cfg: KLCovConfig, b: TokenBatch, lp, old):
-    out = _cov.kl_cov(lp, old, b.advantages, b.mask, cfg.select_frac, cfg.kl_coef)
-    extra = _cov_metrics(out, b.mask)
-    extra["cov/kl_abs_mean"] = masked_mean(_sur.log_ratio(lp, old).detach().abs(), b.mask)
+    out = _cov.kl_cov(lp, old, b.advantages, b.loss_mask, cfg.select_frac, cfg.kl_coef)
+    extra = _cov_metrics(out, b.loss_mask)
+    extra["cov/kl_abs_mean"] = masked_mean(_sur.log_ratio(lp, old).detach().abs(), b.loss_mask)
     return out.tokens, extra

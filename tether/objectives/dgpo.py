@@ -45,4 +45,4 @@ class DGPOConfig(ObjectiveConfig):
 @objective("dgpo", DGPOConfig)
 def _dgpo_loss(cfg: DGPOConfig, b: TokenBatch, lp, old):
     out, decay = _dgpo.dgpo(lp, old, b.advantages, cfg.eps_low, cfg.eps_high, cfg.n, cfg.m)
-    return out, {"dgpo/decay_mean": masked_mean(decay, b.mask)}
+    return out, {"dgpo/decay_mean": masked_mean(decay, b.loss_mask)}

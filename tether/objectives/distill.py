@@ -119,7 +119,7 @@ def distilled(cfg: DistillConfig, batch: TokenBatch, old: torch.Tensor, metrics:
     log-probs, 0 at padding, detached (tether.core.distill, departure 1)."""
     if cfg.kind == "loss":
         return batch if cfg.task_coef == 1 else dataclasses.replace(batch, advantages=cfg.task_coef * batch.advantages)
-    m = batch.mask
+    m = batch.loss_mask
     teacher = masked_fill(batch.teacher_logprobs, m).detach().to(old.dtype)
     cost = _kl.kl_penalty(cfg.estimator, old, teacher, old)
     part = _distill.reverse_kl_advantage(cost, m, cfg.coef, cfg.discount, cfg.clamp)
@@ -131,7 +131,7 @@ def distill_terms(cfg: DistillConfig, batch: TokenBatch, lp: torch.Tensor, metri
     """The distillation loss per token (N, T) with gradient, 0 at padding (None for reverse_kl, an advantage); logs
     `distill/reverse_kl` and `distill/k3` (of the policy being updated) and, for forward_kl_topk, the top-k masses.
     `lp` (N, T): the batch's log-probs, 0 at padding."""
-    m = batch.mask
+    m = batch.loss_mask
     teacher = masked_fill(batch.teacher_logprobs, m).detach().to(lp.dtype)
     log_r = teacher - lp.detach()
     metrics["distill/reverse_kl"] = masked_mean(-log_r, m)

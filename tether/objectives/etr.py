@@ -81,7 +81,7 @@ def _etr_loss(cfg: ETRConfig, b: TokenBatch, lp, old):
     )
     eps_low, eps_high = (e[:, None] if e.dim() == 1 else e for e in (bounds.eps_low, bounds.eps_high))
     out = _sur.ppo_clip(lp, old, b.advantages, eps_low, eps_high, cfg.dual_clip_c)
-    m = b.mask
+    m = b.loss_mask
     extra: Extra = {
         "etr/eps_low_mean": masked_mean(eps_low.expand_as(lp), m),
         "etr/eps_high_mean": masked_mean(eps_high.expand_as(lp), m),

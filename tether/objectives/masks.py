@@ -68,7 +68,7 @@ def _dppo_loss(cfg: DPPOConfig, b: TokenBatch, lp, old):
     else:
         valid = _dppo.interval_valid(lp, old, b.advantages, *cfg.bounds)
     out, truncated = _dppo.dppo(lp, old, b.advantages, valid, cfg.truncation_c)
-    return out, {"dppo/truncfrac": masked_fraction(truncated, b.mask)}
+    return out, {"dppo/truncfrac": masked_fraction(truncated, b.loss_mask)}
 
 
 @dataclass
@@ -134,15 +134,15 @@ def _m2po_loss(cfg: M2POConfig, b: TokenBatch, lp, old):
     if cfg.against == "old":
         d = _sur.log_ratio(lp, old).detach()
     else:  # log(pi_old / pi_sampler); the padding and a missing (NaN) sampler log-prob count as 0
-        d = torch.nan_to_num(old - masked_fill(b.sampler_logprobs, b.mask).detach(), nan=0.0)
-    keep = _m2po.m2_keep(d, b.mask, cfg.tau)
+        d = torch.nan_to_num(old - masked_fill(b.sampler_logprobs, b.loss_mask).detach(), nan=0.0)
+    keep = _m2po.m2_keep(d, b.loss_mask, cfg.tau)
     tokens = _m2po.m2po(lp, old, b.advantages, keep, cfg.eps_low, cfg.eps_high)
     if cfg.normaliser == "kept_tokens":
-        tokens = tokens._replace(loss=tokens.loss * _m2po.kept_scale(b.mask, keep).to(tokens.loss.dtype))
+        tokens = tokens._replace(loss=tokens.loss * _m2po.kept_scale(b.loss_mask, keep).to(tokens.loss.dtype))
     ones = torch.ones((), dtype=lp.dtype, device=lp.device)
     return tokens, {
-        "m2po/m2": _m2po.second_moment(d, b.mask),
+        "m2po/m2": _m2po.second_moment(d, b.loss_mask),
         "m2po/m2_kept": _m2po.second_moment(d, keep),
-        "m2po/masked_frac": masked_fraction(b.mask.bool() & ~keep, b.mask),
+        "m2po/masked_frac": masked_fraction(b.loss_mask.bool() & ~keep, b.loss_mask),
         "m2po/tau": ones * cfg.tau,
     }

@@ -46,6 +46,6 @@ def _pspo_loss(cfg: PSPOConfig, b: TokenBatch, lp, old):
     # UKL(pi_old || pi~) estimated by k3 of the smoothed ratio: how far the smoothed policy moved (policy/kl_old's
     # twin).
     return out, {
-        "pspo/smoothed_ratio_mean": masked_mean(smoothed, b.mask),
-        "pspo/smoothed_kl_old": masked_mean(k3_of_log(smoothed.log()), b.mask),
+        "pspo/smoothed_ratio_mean": masked_mean(smoothed, b.loss_mask),
+        "pspo/smoothed_kl_old": masked_mean(k3_of_log(smoothed.log()), b.loss_mask),
     }

@@ -65,7 +65,7 @@ class RPGConfig(ClipRange):
 
 @objective("rpg", RPGConfig)
 def _rpg_loss(cfg: RPGConfig, b: TokenBatch, lp, old):
-    log_q = _rpg.anchor_log_q(old, masked_fill(b.ref_logprobs, b.mask) if cfg.anchor == "ref" else None)
+    log_q = _rpg.anchor_log_q(old, masked_fill(b.ref_logprobs, b.loss_mask) if cfg.anchor == "ref" else None)
     args = (cfg.kl, lp, old, b.advantages, cfg.beta, log_q)
     if cfg.form == "reinforce":
         out = (
@@ -80,7 +80,7 @@ def _rpg_loss(cfg: RPGConfig, b: TokenBatch, lp, old):
             else _rpg.rpg_differentiable(*args)
         )
     log_w = _sur.log_ratio(lp, old).detach()
-    m = b.mask
+    m = b.loss_mask
     extra = {
         "rpg/c_kl_mean": masked_mean(_rpg.c_kl(cfg.kl, cfg.beta, log_w, log_q), m),
         # k3 estimate of the divergence between the policy and its anchor (drives the reference refresh:

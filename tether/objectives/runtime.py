@@ -100,7 +100,7 @@ class Objective:
         trainer and the TRL adapter aggregate with `__call__` and the verl plugin with verl's own
         `agg_loss` (tether.integrations.verl)."""
         _validate(self.name, self.config, batch)
-        cfg, m = self.config, batch.mask
+        cfg, m = self.config, batch.loss_mask
         if cfg.needs_group_stats() and batch.group_stats is None:  # this batch is the whole rollout batch
             batch = dataclasses.replace(batch, group_stats=cfg.group_stats(batch.rewards, batch.group_ids))
         lp = masked_fill(batch.logprobs, m)
@@ -109,9 +109,11 @@ class Objective:
         metrics: dict[str, torch.Tensor] = {}
         if cfg.distill is not None:  # the teacher's advantage, mixed in before any mask or surrogate reads A
             batch = _distill.distilled(cfg.distill, batch, old, metrics)
-        kept, correction, dropped = _loss_mask(cfg, batch, lp, old, metrics)
-        n_kept = n_tokens if kept is m else kept.detach().sum().to(torch.float64)  # the tokens left in the loss
-        loss_batch = batch if kept is m else dataclasses.replace(batch, mask=kept)
+        loss_mask, correction, dropped = _loss_mask(cfg, batch, lp, old, metrics)
+        n_kept = (
+            n_tokens if loss_mask is m else loss_mask.detach().sum().to(torch.float64)
+        )  # the tokens left in the loss
+        loss_batch = batch if loss_mask is m else dataclasses.replace(batch, loss_mask=loss_mask)
         folded = correction is not None and cfg.folds_rollout_correction()
         if folded:  # the objective takes the weights into its own weight (VESPO), nothing multiplies its loss
             loss_batch = dataclasses.replace(loss_batch, rollout_weights=correction.weights.detach())
@@ -129,7 +131,7 @@ class Objective:
         distill = _distill.distill_terms(cfg.distill, batch, lp, metrics) if cfg.distill is not None else None
         merge: dict[str, MergeRule] = {k: n_tokens for k in metrics}
         # The policy metrics describe the tokens in the loss (all counted ones unless a correction masks some).
-        policy = policy_metrics(tokens, log_w=_sur.log_ratio(lp, old).detach(), mask=kept)
+        policy = policy_metrics(tokens, log_w=_sur.log_ratio(lp, old).detach(), mask=loss_mask)
         metrics.update(policy)
         merge.update({k: n_kept for k in policy})
         merge.update(POLICY_METRIC_EXTREMES)
@@ -143,7 +145,7 @@ class Objective:
         cfg, t = self.config, self.terms(batch)
 
         def reduce(x: torch.Tensor) -> torch.Tensor:
-            return _agg.aggregate(x, batch.mask, cfg.aggregation, batch.loss_norm, cfg.max_len)
+            return _agg.aggregate(x, batch.loss_mask, cfg.aggregation, batch.loss_norm, cfg.max_len)
 
         total = policy = reduce(t.tokens.loss)
         losses = {"loss/policy": policy}
@@ -165,11 +167,11 @@ class Objective:
 
 
 def _loss_mask(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor, metrics: dict):
-    """(kept, correction, dropped): the tokens left in the loss after the rollout correction's mask, the off-policy
-    sequence mask and the high-entropy selection (`batch.mask` itself when none masks), the correction, and the
+    """(loss_mask, correction, dropped): the tokens left in the loss after the rollout correction's mask, the off-policy
+    sequence mask and the high-entropy selection (`batch.loss_mask` itself when none masks), the correction, and the
     (N, T) masks of the tokens the latter two took out; adds their metrics."""
-    m = batch.mask
-    kept, correction, dropped = m, None, []
+    m = batch.loss_mask
+    loss_mask, correction, dropped = m, None, []
     if cfg.rollout_correction is not None:
         correction, correction_metrics = rollout_correction(cfg.rollout_correction, old, batch.sampler_logprobs, m)
         metrics.update(correction_metrics)
@@ -177,27 +179,27 @@ def _loss_mask(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor, old: t
         # statistic (GMPO's geometric mean, GSPO's sequence ratio) and its loss is 0 (c = 0). An objective
         # that folds the weights into its own (VESPO) keeps the token: its c = 0 is part of that weight.
         if not cfg.folds_rollout_correction():
-            kept = torch.where(correction.masked, torch.zeros_like(m), m)
+            loss_mask = torch.where(correction.masked, torch.zeros_like(m), m)
     if cfg.off_policy_mask is not None:  # DeepSeek-V3.2's sequence mask: its tokens leave the loss, like masked ones
         behaviour = old if batch.sampler_logprobs is None else masked_fill(batch.sampler_logprobs, m).detach()
         off_policy = _corr.off_policy_sequence_mask(lp, behaviour, batch.advantages, m, cfg.off_policy_mask)
         metrics["policy/off_policy_masked_frac"] = masked_fraction(off_policy, m)
-        kept = torch.where(off_policy, torch.zeros_like(m), kept)
+        loss_mask = torch.where(off_policy, torch.zeros_like(m), loss_mask)
         dropped.append(off_policy)
     if cfg.top_entropy_frac is not None:  # Beyond the 80/20 Rule: among all counted tokens, whatever else masks
         top = _ent.top_entropy_mask(batch.entropy.detach(), m, cfg.top_entropy_frac)
         metrics["policy/top_entropy_kept_frac"] = masked_fraction(top, m)
-        kept = torch.where(top, kept, torch.zeros_like(m))
+        loss_mask = torch.where(top, loss_mask, torch.zeros_like(m))
         dropped.append(m.bool() & ~top)
-    return kept, correction, dropped
+    return loss_mask, correction, dropped
 
 
 def _sampler_terms(cfg: ObjectiveConfig, batch: TokenBatch, lp: torch.Tensor) -> torch.Tensor:
     """The squared log-ratio to the sampler per token (N, T), 0 at padding; a token whose sampler log-prob is
     missing (NaN, as vLLM may return) gets no penalty instead of a NaN loss."""
-    sampler = masked_fill(batch.sampler_logprobs, batch.mask).detach().to(lp.dtype)
+    sampler = masked_fill(batch.sampler_logprobs, batch.loss_mask).detach().to(lp.dtype)
     sampler = torch.where(torch.isfinite(sampler), sampler, lp.detach())  # difference 0, gradient 0 (not NaN)
-    return torch.where(batch.mask.bool(), _kl.squared_log_ratio(lp, sampler), torch.zeros_like(lp))
+    return torch.where(batch.loss_mask.bool(), _kl.squared_log_ratio(lp, sampler), torch.zeros_like(lp))
 
 
 def _reference_terms(
@@ -206,7 +208,7 @@ def _reference_terms(
     """The KL penalty per token (None when off); logs `kl/ref` whenever the reference log-probs are given."""
     if batch.ref_logprobs is None:
         return None
-    m = batch.mask
+    m = batch.loss_mask
     ref = masked_fill(batch.ref_logprobs, m).detach()
     metrics["kl/ref"] = masked_mean(k3_of_log(ref - lp.detach()), m)
     if cfg.kl_penalty is not None and cfg.kl_penalty.coef > 0:
@@ -236,7 +238,7 @@ def _validate(name: str, cfg: ObjectiveConfig, batch: TokenBatch) -> None:
     shape = batch.logprobs.shape
     if batch.logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (N, T); got shape {tuple(shape)}")
-    for field in ("old_logprobs", "mask", "ref_logprobs", "entropy", "sampler_logprobs", "rollout_weights"):
+    for field in ("old_logprobs", "loss_mask", "ref_logprobs", "entropy", "sampler_logprobs", "rollout_weights"):
         t = getattr(batch, field)
         if t is not None and t.shape != shape:
             raise ValueError(f"{field} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")

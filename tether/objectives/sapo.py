@@ -34,4 +34,4 @@ class SAPOConfig(ObjectiveConfig):
 @objective("sapo", SAPOConfig)
 def _sapo_loss(cfg: SAPOConfig, b: TokenBatch, lp, old):
     out, slope = _sapo.sapo(lp, old, b.advantages, cfg.tau_pos, cfg.tau_neg)
-    return out, {"sapo/gate_slope_mean": masked_mean(slope, b.mask)}
+    return out, {"sapo/gate_slope_mean": masked_mean(slope, b.loss_mask)}

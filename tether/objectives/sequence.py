@@ -37,7 +37,7 @@ class GSPOConfig(ClipRange):
 
 @objective("gspo", GSPOConfig)
 def _gspo(cfg: GSPOConfig, b: TokenBatch, lp, old):
-    return _sur.gspo(lp, old, b.advantages, b.mask, cfg.eps_low, cfg.eps_high), {}
+    return _sur.gspo(lp, old, b.advantages, b.loss_mask, cfg.eps_low, cfg.eps_high), {}
 
 
 @dataclass
@@ -64,7 +64,7 @@ class LUSPOConfig(GSPOConfig):
 @objective("luspo", LUSPOConfig)
 def _luspo(cfg: LUSPOConfig, b: TokenBatch, lp, old):
     # The same per-token terms as GSPO; the |y_i| factor is the length-summing aggregation.
-    return _sur.gspo(lp, old, b.advantages, b.mask, cfg.eps_low, cfg.eps_high), {}
+    return _sur.gspo(lp, old, b.advantages, b.loss_mask, cfg.eps_low, cfg.eps_high), {}
 
 
 @dataclass
@@ -81,8 +81,8 @@ class GMPOConfig(ClipRange):
 
 @objective("gmpo", GMPOConfig)
 def _gmpo_loss(cfg: GMPOConfig, b: TokenBatch, lp, old):
-    out, seq_ratio = _gmpo.gmpo(lp, old, b.advantages, b.mask, cfg.eps_low, cfg.eps_high)
-    return out, {"gmpo/seq_ratio_mean": _mean_over_sequences(seq_ratio, b.mask)}
+    out, seq_ratio = _gmpo.gmpo(lp, old, b.advantages, b.loss_mask, cfg.eps_low, cfg.eps_high)
+    return out, {"gmpo/seq_ratio_mean": _mean_over_sequences(seq_ratio, b.loss_mask)}
 
 
 @dataclass
@@ -120,12 +120,12 @@ class VESPOConfig(ObjectiveConfig):
 @objective("vespo", VESPOConfig)
 def _vespo_loss(cfg: VESPOConfig, b: TokenBatch, lp, old):
     out, phi, log_w = _vespo.vespo(
-        lp, old, b.advantages, b.mask, cfg.k_pos, cfg.lambda_pos, cfg.k_neg, cfg.lambda_neg, b.rollout_weights
+        lp, old, b.advantages, b.loss_mask, cfg.k_pos, cfg.lambda_pos, cfg.k_neg, cfg.lambda_neg, b.rollout_weights
     )
-    phi_seq = seq_mean(phi, b.mask)  # (N,): phi's value per sequence (one value with sequence-level advantages)
+    phi_seq = seq_mean(phi, b.loss_mask)  # (N,): phi's value per sequence (one value with sequence-level advantages)
     return out, {
-        "vespo/phi_mean": _mean_over_sequences(phi_seq, b.mask),
-        "vespo/log_w_mean": _mean_over_sequences(log_w, b.mask),
+        "vespo/phi_mean": _mean_over_sequences(phi_seq, b.loss_mask),
+        "vespo/log_w_mean": _mean_over_sequences(log_w, b.loss_mask),
     }
 
 

@@ -89,15 +89,15 @@ def _trm_loss(cfg: TRMConfig, b: TokenBatch, lp, old):
     if cfg.against == "old":
         d = _sur.log_ratio(lp, old).detach()
     else:  # log(pi_old / pi_sampler); the padding and a missing (NaN) sampler log-prob count as 0
-        d = torch.nan_to_num(old - masked_fill(b.sampler_logprobs, b.mask).detach(), nan=0.0)
-    seq_max, seq_avg = _trm.statistics(d, b.mask, cfg.max_estimator, cfg.avg_estimator)
-    keep = _trm.trm_keep(d, b.mask, cfg.max_delta, cfg.avg_delta, cfg.max_estimator, cfg.avg_estimator)
+        d = torch.nan_to_num(old - masked_fill(b.sampler_logprobs, b.loss_mask).detach(), nan=0.0)
+    seq_max, seq_avg = _trm.statistics(d, b.loss_mask, cfg.max_estimator, cfg.avg_estimator)
+    keep = _trm.trm_keep(d, b.loss_mask, cfg.max_delta, cfg.avg_delta, cfg.max_estimator, cfg.avg_estimator)
     tokens = _trm.trm(lp, old, b.advantages, keep, cfg.eps_low, cfg.eps_high)
     return tokens, {
-        "trm/masked_frac": masked_fraction(~keep[:, None] & b.mask.bool(), b.mask),
-        "trm/seq_masked_frac": _sequence_mean(~keep, b.mask),
-        "trm/max_stat_mean": _sequence_mean(seq_max, b.mask),
-        "trm/avg_stat_mean": _sequence_mean(seq_avg, b.mask),
+        "trm/masked_frac": masked_fraction(~keep[:, None] & b.loss_mask.bool(), b.loss_mask),
+        "trm/seq_masked_frac": _sequence_mean(~keep, b.loss_mask),
+        "trm/max_stat_mean": _sequence_mean(seq_max, b.loss_mask),
+        "trm/avg_stat_mean": _sequence_mean(seq_avg, b.loss_mask),
     }
 
 

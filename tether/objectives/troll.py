@@ -94,7 +94,7 @@ class TROLLConfig(ObjectiveConfig):
 
 @objective("troll", TROLLConfig)
 def _troll_loss(cfg: TROLLConfig, b: TokenBatch, lp, old):
-    m = b.mask.bool()
+    m = b.loss_mask.bool()
     new, old_s, support = _counted_support(b, m)
     tokens, stats = _troll.troll(new, old_s, support, b.support_token_index, b.advantages, cfg.eps, cfg.alpha)
     loss = torch.where(m, tokens.loss, torch.zeros_like(tokens.loss))  # 0 and no gradient outside the loss mask

@@ -15,15 +15,12 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 from ..plugins import batches, label
 from ..tasks import Example
 
 if TYPE_CHECKING:  # the rewards import without torch, which the rollout brings
-    import torch
-
     from ..rollout import RolloutBatch
 
 
@@ -191,33 +188,6 @@ def reward_label(reward: RewardFn) -> str:
     return as_reward(reward).name
 
 
-@dataclass(frozen=True)
-class Scored:
-    """A rollout's N completions scored, in the rollout's row order: what `score_rollout` returns
-    to training, SFT and `tether eval`, and what the trainer carries through a step."""
-
-    rollout: RolloutBatch
-    """The rollout (N rows)."""
-    examples: list[Example]
-    """(N,) the example each sample answers, with its completion length in tokens (for `overlong`)."""
-    results: list[RewardResult]
-    """(N,) each sample's reward."""
-
-    @cached_property
-    def rewards(self) -> torch.Tensor:
-        """(N,) float32 tensor of the scores."""
-        import torch
-
-        return torch.tensor([r.score for r in self.results], dtype=torch.float32)
-
-    @cached_property
-    def group_ids(self) -> torch.Tensor:
-        """(N,) int64 tensor: the prompt group of each sample (`rollout.prompt_index`)."""
-        import torch
-
-        return torch.tensor(self.rollout.prompt_index)
-
-
 def with_completion_tokens(examples: Sequence[Example], num_tokens: Sequence[int]) -> list[Example]:
     """Copies of `examples` with `meta["completion_tokens"]` set, for `Overlong`.
 
@@ -240,11 +210,11 @@ def rollout_examples(rollout: RolloutBatch, examples: Sequence[Example]) -> list
     return [replace(ex, meta={**ex.meta, "episode": facts}) for ex, facts in zip(per_sample, rollout.episodes)]
 
 
-def score_rollout(reward: RewardFn, rollout: RolloutBatch, examples: Sequence[Example]) -> Scored:
-    """THE scoring path of training, SFT and `tether eval`: each completion of `rollout` against
-    the example of its prompt (`rollout_examples`)."""
+def score_rollout(reward: RewardFn, rollout: RolloutBatch, examples: Sequence[Example]) -> RolloutBatch:
+    """THE scoring path of training, SFT and `tether eval`: each completion of `rollout` against the example of its
+    prompt (`rollout_examples`); the batch comes back scored (`RolloutBatch.examples`, `.results`, `.rewards`)."""
     per_sample = rollout_examples(rollout, examples)
-    return Scored(rollout, per_sample, score_batch(reward, list(rollout.completions), per_sample))
+    return rollout.scored(per_sample, score_batch(reward, list(rollout.completions), per_sample))
 
 
 def verifier_faults(results: Sequence[RewardResult]) -> dict[str, float]:

@@ -18,13 +18,15 @@ that choice is trained). `completions` is the decoded text without the stop toke
 a stop string, without padding: what rewards see.
 
 Multi-turn episodes (tether.envs): the completion holds every turn after the prompt, the model's and the
-environment's, in order; `mask` marks every real token (the model reads them all) and `loss_mask` only the
+environment's, in order; `mask` marks every real token (the model reads them all) and `policy_mask` only the
 tokens the policy sampled, which alone are trained. An environment's tokens carry sampler log-prob 0 and
-`loss_mask` False. Single-turn batches leave `loss_mask` None: every real token is the policy's.
+`policy_mask` False. Single-turn batches leave `policy_mask` None: every real token is the policy's. Which of the
+policy's tokens the loss counts is decided later, once (`Tokens.loss_mask`, `tether.trainer.step.tokens_for_update`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence
 
@@ -84,9 +86,15 @@ class RolloutBatch:
         completions: N decoded texts, without the stop token, stop string or padding (multi-turn: the
             model's last turn, what the task's verifier scores).
         prompt_index: N indices into the prompt list; a prompt's samples are contiguous.
-        loss_mask: (N, T) bool, True for the tokens the policy sampled; None: `mask` (single turn).
+        policy_mask: (N, T) bool, True for the tokens the policy sampled; None: `mask` (single turn).
         episodes: N dicts of an episode's facts (turns, tool calls, environment tokens, rewards by turn), or
             None for single-turn batches (tether.envs.episodes).
+        examples: N `tether.tasks.Example`, the one each sample answers, with its completion length in tokens
+            (`tether.rewards.rollout_examples`); None until the batch is scored (`tether.rewards.score_rollout`).
+        results: N `tether.rewards.RewardResult`, each sample's reward; None until the batch is scored.
+
+    One type from the engine to the trainer's update: scoring fills `examples` and `results` (`scored`), and
+    `rewards` and `group_ids` read them as tensors.
     """
 
     prompt_ids: list[list[int]]
@@ -96,31 +104,54 @@ class RolloutBatch:
     finish_reasons: list[FinishReason]
     completions: list[str]
     prompt_index: list[int] = field(default_factory=list)
-    loss_mask: torch.Tensor | None = None
+    policy_mask: torch.Tensor | None = None
     episodes: list[dict] | None = None
+    examples: list[Any] | None = None
+    results: list[Any] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
         shapes = {self.completion_ids.shape, self.sampler_logprobs.shape, self.mask.shape}
-        if self.loss_mask is not None:
-            shapes.add(self.loss_mask.shape)
-            if (self.loss_mask.bool() & ~self.mask.bool()).any():
-                raise ValueError("loss_mask marks a token that mask does not: a trained token must be a real one")
+        if self.policy_mask is not None:
+            shapes.add(self.policy_mask.shape)
+            if (self.policy_mask.bool() & ~self.mask.bool()).any():
+                raise ValueError(
+                    "policy_mask marks a token that mask does not: a token the policy sampled must be a real one"
+                )
         if self.episodes is not None and len(self.episodes) != n:
             raise ValueError(f"episodes must have {n} entries, got {len(self.episodes)}")
         if len(shapes) != 1 or self.completion_ids.dim() != 2 or self.completion_ids.shape[0] != n:
             raise ValueError(f"inconsistent shapes for {n} samples: {sorted(map(tuple, shapes))}")
         lists = {len(self.finish_reasons), len(self.completions), len(self.prompt_index)}
+        lists |= {len(x) for x in (self.examples, self.results) if x is not None}
         if lists != {n}:
             raise ValueError(f"per-sample lists must all have {n} entries")
+        if (self.examples is None) != (self.results is None):
+            raise ValueError("a scored batch has both examples and results (`scored`), an unscored one neither")
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
     @property
-    def trained_mask(self) -> torch.Tensor:
-        """(N, T) bool: the tokens the policy sampled (`loss_mask`, else `mask`): what is trained and counted."""
-        return self.mask if self.loss_mask is None else self.loss_mask
+    def policy_tokens(self) -> torch.Tensor:
+        """(N, T) bool: the tokens the policy sampled (`policy_mask`, else `mask`), the loss mask's start."""
+        return self.mask if self.policy_mask is None else self.policy_mask
+
+    def scored(self, examples: list[Any], results: list[Any]) -> "RolloutBatch":
+        """This batch with each sample's example and reward result (`tether.rewards.score_rollout`)."""
+        return dataclasses.replace(self, examples=list(examples), results=list(results))
+
+    @property
+    def rewards(self) -> torch.Tensor:
+        """(N,) float32: each sample's score; the batch must be scored (`scored`)."""
+        if self.results is None:
+            raise ValueError("this batch is not scored yet: score it with tether.rewards.score_rollout")
+        return torch.tensor([r.score for r in self.results], dtype=torch.float32)
+
+    @property
+    def group_ids(self) -> torch.Tensor:
+        """(N,) int64: the prompt group of each sample (`prompt_index`)."""
+        return torch.tensor(self.prompt_index, dtype=torch.long)
 
     @property
     def truncated(self) -> torch.Tensor:
@@ -130,7 +161,7 @@ class RolloutBatch:
     @property
     def completion_lengths(self) -> torch.Tensor:
         """(N,) number of tokens the policy sampled per sample (an environment's tokens left out)."""
-        return self.trained_mask.sum(-1)
+        return self.policy_tokens.sum(-1)
 
     def select(self, idx: list[int]) -> "RolloutBatch":
         """The samples `idx`, in that order (prompt indices kept)."""
@@ -142,8 +173,10 @@ class RolloutBatch:
             finish_reasons=[self.finish_reasons[i] for i in idx],
             completions=[self.completions[i] for i in idx],
             prompt_index=[self.prompt_index[i] for i in idx],
-            loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
+            policy_mask=None if self.policy_mask is None else self.policy_mask[idx],
             episodes=None if self.episodes is None else [self.episodes[i] for i in idx],
+            examples=None if self.examples is None else [self.examples[i] for i in idx],
+            results=None if self.results is None else [self.results[i] for i in idx],
         )
 
     @staticmethod
@@ -166,13 +199,20 @@ class RolloutBatch:
             finish_reasons=[r for p in parts for r in p.finish_reasons],
             completions=[c for p in parts for c in p.completions],
             prompt_index=index,
-            loss_mask=None
-            if all(p.loss_mask is None for p in parts)
-            else torch.cat([pad(p.trained_mask, False) for p in parts]),
+            policy_mask=None
+            if all(p.policy_mask is None for p in parts)
+            else torch.cat([pad(p.policy_tokens, False) for p in parts]),
             episodes=None
             if all(p.episodes is None for p in parts)
             else [e for p in parts for e in p.episodes or [{}] * len(p)],
+            examples=_joined([p.examples for p in parts]),
+            results=_joined([p.results for p in parts]),
         )
+
+
+def _joined(lists: list[list[Any] | None]) -> list[Any] | None:
+    """Per-sample lists of several batches end to end; None when any batch has none (not all scored)."""
+    return None if any(x is None for x in lists) else [v for x in lists for v in x]
 
 
 class RolloutEngine(Protocol):

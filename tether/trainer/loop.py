@@ -36,7 +36,8 @@ from ..records.runlog import HELDOUT_FILE, accuracy, read_metrics
 from ..records.sinks import JsonlSink, TensorBoardSink, WandbSink, make_progress, truncate_jsonl
 from ..records.summary import write_samples, write_summary
 from ..envs import EnvironmentBroken, EnvWarnings, env_label
-from ..rewards import FaultWarnings, RewardBroken, Scored, greedy_evaluation, reward_label
+from ..rollout import RolloutBatch
+from ..rewards import FaultWarnings, RewardBroken, greedy_evaluation, reward_label
 from ..schema import ConfigError, to_dict
 from . import step_zero
 from .setup import Run, start_run
@@ -110,14 +111,16 @@ def _already_finished(run: Run, log) -> bool:
     return True
 
 
-def _record(run: Run, step: int, scored: Scored, metrics: dict[str, float], sinks, samples_file, progress) -> None:
+def _record(
+    run: Run, step: int, scored: RolloutBatch, metrics: dict[str, float], sinks, samples_file, progress
+) -> None:
     """A finished step's metrics to every sink, its samples, its progress line; then its checkpoint when one is due
     (every trainer.save_every steps, the last step, and every new best held-out accuracy: `--step best`)."""
     t, at = run.cfg.trainer, run.progress
     for s in sinks:
         s.log(step, metrics)
-    write_samples(samples_file, step, scored.rollout, scored.examples, scored.rewards, t.log_samples)
-    sample = (scored.rollout.completions[0], str(scored.examples[0].answer), float(scored.rewards[0]))
+    write_samples(samples_file, step, scored, scored.examples, scored.rewards, t.log_samples)
+    sample = (scored.completions[0], str(scored.examples[0].answer), float(scored.rewards[0]))
     progress.update(step, metrics, sample)
     faults.point("logged")
     acc = metrics.get("eval/accuracy")
@@ -125,7 +128,7 @@ def _record(run: Run, step: int, scored: Scored, metrics: dict[str, float], sink
         run.save(acc)
 
 
-def _checks(run: Run, step: int, scored: Scored, metrics: dict[str, float], bad_steps: int, warnings, log) -> int:
+def _checks(run: Run, step: int, scored: RolloutBatch, metrics: dict[str, float], bad_steps: int, warnings, log) -> int:
     """What a finished step may need to say: after the first, the shared-prompt fallback and the early warnings;
     the reward's and the environment's faults (`warnings`: their rate-limited warners); skipped non-finite updates; a
     streak of flat steps (`rollout/flat_streak`, added to
@@ -136,11 +139,11 @@ def _checks(run: Run, step: int, scored: Scored, metrics: dict[str, float], bad_
         for line in first_step_warnings(metrics, cfg.rollout, cfg.env):
             log(line)
     reward_warnings, env_warnings = warnings
-    for line in reward_warnings.lines(step, scored.rollout.completions, scored.results):
+    for line in reward_warnings.lines(step, scored.completions, scored.results):
         log(line)
-    for line in env_warnings.lines(step, scored.rollout.episodes or []):
+    for line in env_warnings.lines(step, scored.episodes or []):
         log(line)
-    env_warnings.write_tracebacks(step, scored.rollout.episodes or [])
+    env_warnings.write_tracebacks(step, scored.episodes or [])
     skipped = _skipped_updates(metrics, step, scored)
     if skipped:
         log(skipped)
@@ -372,7 +375,7 @@ def first_step_warnings(metrics: dict[str, float], r: RolloutConfig, env: Option
     return lines
 
 
-def _skipped_updates(metrics: dict[str, float], step: int, scored: Scored) -> str:
+def _skipped_updates(metrics: dict[str, float], step: int, scored: RolloutBatch) -> str:
     """A log line when this step skipped updates with a non-finite loss or gradient, else ""."""
     if metrics["optim/skipped_updates"] == 0:
         return ""

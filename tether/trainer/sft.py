@@ -94,7 +94,7 @@ def episode_batch(
         played = runner.run([ex], 1, params, seed=0)
         k = int(played.mask[0].sum())
         rows.append(list(played.prompt_ids[0]) + played.completion_ids[0, :k].tolist())
-        trained.append([False] * len(played.prompt_ids[0]) + played.loss_mask[0, :k].tolist())
+        trained.append([False] * len(played.prompt_ids[0]) + played.policy_mask[0, :k].tolist())
     width = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)

@@ -2,7 +2,7 @@
 
     1. collect    the sampler draws prompts_per_step x group_size completions       -> RolloutBatch (sampled)
                   (the policy of step t - s under trainer.staleness s), the reward
-                  scores them (dynamic sampling: refill groups with one reward)     -> Scored (+ examples, rewards)
+                  scores them (dynamic sampling: refill groups with one reward)     -> RolloutBatch (scored)
     2. tokens     the batch as model inputs and a loss mask: padding, a token with
                   a non-finite sampler log-prob and (trainer.mask_truncated) a
                   truncated completion do not count                                 -> Tokens (N rows, T tokens)
@@ -46,7 +46,7 @@ from ..envs import episode_metrics
 from ..objectives import SupportSize
 from ..model.causal_lm import LogProbSettings, Tokens, batched_logprobs, eval_mode, to_tokens
 from ..model.packing import forward_rows, padding_share
-from ..rewards import Reward, Scored, reward_parts, score_rollout, solved, verifier_faults
+from ..rewards import Reward, reward_parts, score_rollout, solved, verifier_faults
 from ..rollout import RolloutBatch, SamplingParams
 from . import seeds
 from .data import PromptStream
@@ -97,7 +97,7 @@ class StepParts:
     teacher: Optional[Teacher] = None  # on-policy distillation's (objective.distill), else None
 
 
-def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, dict[str, float]]:
+def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[RolloutBatch, dict[str, float]]:
     """RL step `step` (module docstring); returns the scored batch and the step's metrics (one host sync, in the
     update). Counts the step, its optimiser steps and reference refreshes in `counters`."""
     policy, obj, t, sampler = parts.policy, parts.objective, parts.trainer, parts.source.sampler
@@ -106,24 +106,24 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     with policy.precision(), sampler.sampling(step) as sampler_step:  # the policy of step t - s (trainer.staleness)
         scored, sampled = collect(parts.source, parts.rollout, seeds.rollout(seeds.sampling_root(t), step))
     policy.model.train()
-    tokens, excluded = tokens_for_update(scored.rollout, parts)
+    tokens, excluded = tokens_for_update(scored, parts)
     by_part = reward_parts(parts.source.reward_fn, scored.results) if obj.needs_reward_parts() else None
-    lengths = scored.rollout.completion_lengths.float()  # the policy's tokens
+    lengths = scored.completion_lengths.float()  # the policy's tokens
     advantages = obj.advantages(scored.rewards, scored.group_ids, lengths, by_part).to(policy.device)
     clock = {"start": _clocked(policy.device)}
-    old_lp, old_set = old_logprobs_and_set(policy, tokens, scored.rollout, t, obj.config.sparse_support())
+    old_lp, old_set = old_logprobs_and_set(policy, tokens, scored, t, obj.config.sparse_support())
     clock["old"] = _clocked(policy.device)
     ref_lp = parts.reference.ref_logprobs(policy, tokens) if obj.uses_reference() else None
     clock["ref"] = _clocked(policy.device)
     teacher = parts.teacher.scores(policy, tokens) if parts.teacher is not None else None
     clock["teacher"] = _clocked(policy.device)
-    sampler_lp = sampler_logprobs(scored.rollout, tokens)
+    sampler_lp = sampler_logprobs(scored, tokens)
     rewards, groups = scored.rewards.to(policy.device), scored.group_ids.to(policy.device)
     batch = UpdateBatch(
         tokens, advantages, rewards, groups, old_lp, ref_lp, sampler_lp, old_set=old_set, teacher=teacher
     )
     gen = torch.Generator().manual_seed(seeds.minibatch_order(seeds.minibatch_root(t), step))
-    step_obj, control = entropy_control(obj, t, counters, sampler_lp, tokens.mask)  # obj unless adaptive
+    step_obj, control = entropy_control(obj, t, counters, sampler_lp, tokens.loss_mask)  # obj unless adaptive
     metrics, taken = update(policy, step_obj, batch, t, gen)
     metrics["time/old_logprobs_s"] = 0.0 if old_lp is None else clock["old"] - clock["start"]  # a skipped pass: 0
     metrics["time/ref_logprobs_s"] = 0.0 if ref_lp is None else clock["ref"] - clock["old"]
@@ -133,10 +133,10 @@ def rl_step(parts: StepParts, counters: Counters, step: int) -> tuple[Scored, di
     metrics.update(entropy_advanced(control, counters, taken))
     metrics.update(sampled)
     metrics["rollout/nonfinite_sampler_logprobs"] = excluded["nonfinite_sampler"]
-    metrics["tokens/counted"] = float(tokens.mask.sum())
+    metrics["tokens/counted"] = float(tokens.loss_mask.sum())
     metrics.update({f"tokens/excluded_{reason}": excluded[reason] for reason in EXCLUDED})
     metrics.update(padding_metrics(tokens, policy.logprob_settings))
-    metrics.update(sampler.metrics(step - sampler_step, sampler_lp, old_lp, tokens.mask))
+    metrics.update(sampler.metrics(step - sampler_step, sampler_lp, old_lp, tokens.loss_mask))
     refresh_reference(parts.reference, policy.model, t, counters, taken, metrics.get("kl/ref"))
     metrics["optim/lr"] = policy.scheduler.get_last_lr()[0]
     metrics["ref/updates"] = float(counters.ref_updates)
@@ -167,7 +167,7 @@ def _clocked(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def collect(source: RolloutSource, r: RolloutConfig, seed: int) -> tuple[Scored, dict[str, float]]:
+def collect(source: RolloutSource, r: RolloutConfig, seed: int) -> tuple[RolloutBatch, dict[str, float]]:
     """Sample and score one batch; with dynamic sampling, drop flat groups and sample more. Returns the
     batch and its rollout and reward metrics, with the seconds spent sampling (`time/sample_s`) and
     scoring (`time/score_s`)."""
@@ -213,7 +213,7 @@ def collect(source: RolloutSource, r: RolloutConfig, seed: int) -> tuple[Scored,
     if not kept_rollouts:  # every group was flat: train on the last batch (zero advantages)
         return scored, {**first_metrics, "rollout/dynamic_kept_frac": 0.0}
     merged = RolloutBatch.concat(kept_rollouts, source.pad_id)
-    return Scored(merged, kept_examples, kept_results), {**first_metrics, "rollout/dynamic_kept_frac": have / want}
+    return merged.scored(kept_examples, kept_results), {**first_metrics, "rollout/dynamic_kept_frac": have / want}
 
 
 # ---------------------------------------------------------------- 2. tokens and 4. log-probs
@@ -236,19 +236,19 @@ def padding_metrics(tokens: Tokens, settings: LogProbSettings) -> dict[str, floa
 
 
 def tokens_for_update(rollout: RolloutBatch, parts: StepParts) -> tuple[Tokens, dict[str, float]]:
-    """The batch as model inputs with its loss mask, `Tokens.mask`, the one definition of the tokens that count
+    """The batch as model inputs with its loss mask, `Tokens.loss_mask`, the one definition of the tokens that count
     (module docstring, 2), and how many completion positions left it, by reason (`EXCLUDED`): padding, an
     environment's tokens, a non-finite sampler log-prob, a truncated completion (trainer.mask_truncated). A token
     leaves for the first reason that applies, in that order. (The objective's own masks, the off-policy sequence
     mask and rollout-correction rejection, act inside the loss and log their own fractions.)"""
     tokens = to_tokens(rollout, parts.source.pad_id, parts.policy.device)
-    real = rollout.mask.bool().to(tokens.mask.device)
-    excluded = {"padding": float((~real).sum()), "environment": float((real & (tokens.mask == 0)).sum())}
+    real = rollout.mask.bool().to(tokens.loss_mask.device)
+    excluded = {"padding": float((~real).sum()), "environment": float((real & (tokens.loss_mask == 0)).sum())}
     tokens, excluded["nonfinite_sampler"] = finite_sampler_tokens(rollout, tokens)
-    before = float(tokens.mask.sum())
+    before = float(tokens.loss_mask.sum())
     if parts.trainer.mask_truncated:
         tokens, _ = truncated_out(rollout, tokens)
-    excluded["truncated"] = before - float(tokens.mask.sum())
+    excluded["truncated"] = before - float(tokens.loss_mask.sum())
     return tokens, excluded
 
 
@@ -302,11 +302,13 @@ def finite_sampler_tokens(rollout, tokens: Tokens) -> tuple[Tokens, float]:
     sampler probability: under trainer.old_logprobs=sampler it has no pi_old, and its rollout-correction
     weight, off-policy drift or M2 statistic would be a guess (TRL counts a NaN as no drift, 0), so it leaves
     the loss like padding, in every setting, rather than train on a made-up number (docs/metrics.md)."""
-    lp = rollout.sampler_logprobs.to(device=tokens.mask.device, dtype=torch.float32)
-    bad = ~torch.isfinite(lp) & tokens.mask.bool()
+    lp = rollout.sampler_logprobs.to(device=tokens.loss_mask.device, dtype=torch.float32)
+    bad = ~torch.isfinite(lp) & tokens.loss_mask.bool()
     n_bad = float(bad.sum().item())
     if n_bad:
-        tokens = dataclasses.replace(tokens, mask=torch.where(bad, torch.zeros_like(tokens.mask), tokens.mask))
+        tokens = dataclasses.replace(
+            tokens, loss_mask=torch.where(bad, torch.zeros_like(tokens.loss_mask), tokens.loss_mask)
+        )
     return tokens, n_bad
 
 
@@ -315,18 +317,20 @@ def truncated_out(rollout, tokens: Tokens) -> tuple[Tokens, float]:
     of the loss mask, and how many such completions there were (`trainer.mask_truncated`: overlong filtering).
     The advantages are computed from the rewards before this, so a truncated completion still counts in its
     group's baseline, as in TRL, NeMo-RL and SkyRL; a row left with no token leaves the seq-mean normalisers."""
-    cut = rollout.truncated.to(tokens.mask.device)  # (N,)
+    cut = rollout.truncated.to(tokens.loss_mask.device)  # (N,)
     n_cut = float(cut.sum().item())
     if n_cut:
-        tokens = dataclasses.replace(tokens, mask=torch.where(cut[:, None], torch.zeros_like(tokens.mask), tokens.mask))
+        tokens = dataclasses.replace(
+            tokens, loss_mask=torch.where(cut[:, None], torch.zeros_like(tokens.loss_mask), tokens.loss_mask)
+        )
     return tokens, n_cut
 
 
 def sampler_logprobs(rollout, tokens: Tokens) -> torch.Tensor:
-    """The sampler's log-probs (N, T) float32, 0 wherever `tokens.mask` does not count (padding, and a
+    """The sampler's log-probs (N, T) float32, 0 wherever `tokens.loss_mask` does not count (padding, and a
     non-finite value `finite_sampler_tokens` took out: NaN * 0 would still be NaN)."""
-    lp = rollout.sampler_logprobs.to(device=tokens.mask.device, dtype=torch.float32)
-    return torch.where(tokens.mask.bool(), lp, torch.zeros_like(lp))
+    lp = rollout.sampler_logprobs.to(device=tokens.loss_mask.device, dtype=torch.float32)
+    return torch.where(tokens.loss_mask.bool(), lp, torch.zeros_like(lp))
 
 
 # ---------------------------------------------------------------- 5. adaptive entropy control

@@ -44,10 +44,10 @@ class SupportLogprobs(NamedTuple):
 @torch.no_grad()
 def old_with_set(model, tokens: Tokens, settings: LogProbSettings, size: SupportSize) -> tuple[Tensor, SparseSet]:
     """pi_old's log-probs (N, T) and its set of most probable tokens per position (`SparseSet`, (N, T, K)): at most
-    `size.top_k`, while the mass before a token is below `size.mass`, only at positions `tokens.mask` counts. The
+    `size.top_k`, while the mass before a token is below `size.mass`, only at positions `tokens.loss_mask` counts. The
     caller sets eval mode and the precision, as for `batched_logprobs`."""
     lp, ids, logp = batched_logprobs_and_top(model, tokens, size.top_k, settings)
-    keep = _troll.mass_cut(logp, size.mass) & tokens.mask.bool()[..., None]
+    keep = _troll.mass_cut(logp, size.mass) & tokens.loss_mask.bool()[..., None]
     return lp, SparseSet(ids, logp, keep)
 
 
@@ -66,9 +66,9 @@ def on_support(
 ) -> tuple[Float[Tensor, "M T"], Float[Tensor, "M T"], SupportLogprobs]:
     """One micro-batch's forward for a sparse-support objective: the sampled tokens' log-probs (M, T) and the
     entropy (M, T), both with gradient, and the supports (`SupportLogprobs`). `old` is pi_old's stored set of these
-    rows and `old_lp` its log-probs of the sampled tokens (both None on-policy). 0s outside `tokens.mask`."""
+    rows and `old_lp` its log-probs of the sampled tokens (both None on-policy). 0s outside `tokens.loss_mask`."""
     head = completion_head(model, tokens, settings)
-    counted = tokens.mask.bool()[..., None]
+    counted = tokens.loss_mask.bool()[..., None]
     ids, logp = head.top(size.top_k)  # pi_theta's own set, without gradient
     keep = _troll.mass_cut(logp, size.mass) & counted
     if old is not None:

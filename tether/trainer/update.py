@@ -105,7 +105,7 @@ class UpdateBatch:
             logprobs=logprobs,
             old_logprobs=logprobs.detach() if self.old_logprobs is None else self.old_logprobs[idx],
             advantages=self.advantages[idx],
-            mask=self.tokens.mask[idx],
+            loss_mask=self.tokens.loss_mask[idx],
             ref_logprobs=rows(self.ref_logprobs),
             group_ids=self.group_ids[idx],
             rewards=self.rewards[idx],
@@ -140,7 +140,7 @@ def update(
     lengths = batch.tokens.attention_mask.sum(1).cpu() if t.micro_batch_tokens > 0 else None  # for a token budget
     for _ in range(t.ppo_epochs):
         for mb_groups in mini_batches(batch.group_ids.cpu(), t.mini_batches, gen):
-            norm = obj.normalizer(batch.tokens.mask[torch.cat(mb_groups).to(device)])
+            norm = obj.normalizer(batch.tokens.loss_mask[torch.cat(mb_groups).to(device)])
             loss_bad = torch.zeros((), dtype=torch.bool, device=device)
             for idx in micro_batches(mb_groups, t.micro_batch_size, lengths, t.micro_batch_tokens):
                 out = _micro_step(policy, obj, batch, idx.to(device), norm)
