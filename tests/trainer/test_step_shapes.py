@@ -1,7 +1,8 @@
 """The tensor shapes in the step's signatures are checked, not just written: with jaxtyping's import hook
-(beartype as the checker) on tether.trainer.step and tether.trainer.update, a short training run passes every
-annotated call and dataclass, and a batch whose shapes disagree (an (N,) mask where (N, T) is declared) is an
-error. In a fresh interpreter: the hook must see the modules before anything imports them."""
+(beartype as the checker) on the step, the update and the four batch types between sampler and loss
+(`RolloutBatch`, `Tokens`, `UpdateBatch`, `TokenBatch`, docs/architecture.md), short training runs pass every
+annotated call and dataclass, and for each type a batch whose shapes disagree is an error. In a fresh
+interpreter: the hook must see the modules before anything imports them."""
 
 from __future__ import annotations
 
@@ -19,27 +20,42 @@ HERE = Path(__file__).resolve().parent
 CHILD = """
 import sys
 from jaxtyping import install_import_hook
-with install_import_hook(["tether.trainer.step", "tether.trainer.update"], "beartype.beartype"):
-    import tether.trainer.step, tether.trainer.update
+CHECKED = ["tether.trainer.step", "tether.trainer.update", "tether.rollout.base", "tether.model.causal_lm",
+           "tether.objectives.batch"]
+with install_import_hook(CHECKED, "beartype.beartype"):
+    import tether.rollout.base, tether.model.causal_lm, tether.objectives.batch, tether.trainer.step
+    import tether.trainer.update
 sys.path[:0] = [{tests!r}]
 import torch
 from conftest import train_config, metrics_rows
 from tether.trainer.loop import train
 from tether.trainer.update import UpdateBatch
-run = train(train_config({tiny!r}, {out!r}, "trainer.total_steps=2", "objective=etr"), log=lambda *_: None)
-assert [r["step"] for r in metrics_rows(run)][-1] == 2
-tokens = type("T", (), {{}})()
-try:
-    UpdateBatch(tokens, torch.zeros(4), torch.zeros(4), torch.zeros(4, dtype=torch.long), torch.zeros(3, 5))
-except Exception as err:  # old log-probs of 3 rows where the advantages have 4
-    print("caught", type(err).__name__)
-else:
-    raise SystemExit("a batch of mismatched shapes was accepted")
+from tether.rollout import RolloutBatch
+from tether.model.causal_lm import Tokens
+from tether.objectives import TokenBatch
+for name, extra in [("etr", ["objective=etr"]), ("troll", ["objective=troll", "trainer.micro_batch_size=4"])]:
+    run = train(train_config({tiny!r}, {out!r} + name, "trainer.total_steps=2", *extra), log=lambda *_: None)
+    assert [r["step"] for r in metrics_rows(run)][-1] == 2
+z, zl = torch.zeros, lambda *s: torch.zeros(*s, dtype=torch.long)
+wrong = {{  # each with one tensor of 3 rows where the others have 4
+    "UpdateBatch": lambda: UpdateBatch(type("T", (), {{}})(), z(4), z(4), zl(4), z(3, 5)),
+    "RolloutBatch": lambda: RolloutBatch([[1]] * 4, zl(4, 5), z(4, 5), torch.ones(3, 5, dtype=torch.bool),
+                                         ["stop"] * 4, [""] * 4, [0] * 4),
+    "Tokens": lambda: Tokens(zl(4, 7), z(4, 7), zl(4, 7), zl(4, 5), z(3, 5), 2),
+    "TokenBatch": lambda: TokenBatch(z(4, 5), z(4, 5), z(4), z(4, 5), group_ids=zl(3)),
+}}
+for name, build in wrong.items():
+    try:
+        build()
+    except Exception as err:
+        print("caught", name, type(err).__name__)
+    else:
+        raise SystemExit(f"a {{name}} of mismatched shapes was accepted")
 print("shapes ok")
 """
 
 
-@pytest.mark.slow  # a fresh interpreter (imports torch and transformers): about 15 s
+@pytest.mark.slow  # a fresh interpreter (imports torch and transformers), two short runs: about 30 s
 def test_a_run_passes_the_checked_shapes_and_a_mismatch_is_an_error(tiny_dir, tmp_path):
     code = CHILD.format(tests=str(HERE.parent), tiny=str(tiny_dir), out=str(tmp_path / "run"))
     root = str(HERE.parents[1])
@@ -51,7 +67,8 @@ def test_a_run_passes_the_checked_shapes_and_a_mismatch_is_an_error(tiny_dir, tm
         env={**os.environ, "PYTHONPATH": root},
     )
     assert out.returncode == 0 and "shapes ok" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "caught" in out.stdout
+    for name in ("UpdateBatch", "RolloutBatch", "Tokens", "TokenBatch"):
+        assert f"caught {name}" in out.stdout
 
 
 def test_the_padding_share_of_a_pass_by_hand():

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
+from jaxtyping import Float, Int, Shaped
+from torch import Tensor
 
 from . import packing as _packing
 from . import topk as _topk
@@ -72,11 +74,11 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 class Tokens:
     """A rollout as model inputs: [left-padded prompt (P) | right-padded completion (T)]."""
 
-    input_ids: torch.Tensor  # (N, P + T)
-    attention_mask: torch.Tensor  # (N, P + T)
-    position_ids: torch.Tensor  # (N, P + T)
-    completion_ids: torch.Tensor  # (N, T)
-    loss_mask: torch.Tensor  # (N, T) float, 1 for the tokens that count (`trainer.step.tokens_for_update`)
+    input_ids: Int[Tensor, "N L"]  # L = P + T
+    attention_mask: Shaped[Tensor, "N L"]
+    position_ids: Int[Tensor, "N L"]
+    completion_ids: Int[Tensor, "N T"]
+    loss_mask: Float[Tensor, "N T"]  # 1 for the tokens that count (`trainer.step.tokens_for_update`)
     prompt_len: int
 
     def select(self, idx: torch.Tensor) -> "Tokens":

@@ -7,37 +7,41 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Optional, Union
 
 import torch
+from jaxtyping import Bool, Float, Int, Shaped
+from torch import Tensor
 
 from ..core.etr import GroupStats
 
 
 @dataclass(frozen=True)
 class TokenBatch:
-    """One (micro-)batch of N sequences with T response tokens. Tensors are never modified."""
+    """One (micro-)batch of N sequences with T response tokens (S support entries, K top-k tokens per position;
+    `jaxtyping` shapes, checked in a training run by `tests/trainer/test_step_shapes.py`). Tensors are never
+    modified."""
 
-    logprobs: torch.Tensor
+    logprobs: Float[Tensor, "N T"]
     """(N, T) log pi_theta of each response token, with gradient."""
-    old_logprobs: torch.Tensor
+    old_logprobs: Float[Tensor, "N T"]
     """(N, T) log-probs under the policy that sampled the batch (recomputed before the updates)."""
-    advantages: torch.Tensor
+    advantages: Union[Float[Tensor, " N"], Float[Tensor, "N T"]]
     """(N,) per sequence, or (N, T) per token."""
-    loss_mask: torch.Tensor
+    loss_mask: Shaped[Tensor, "N T"]
     """(N, T) 1/True for the response tokens that count (the stop token included), 0 for padding, an environment's
     tokens and any the trainer excluded (`tether.trainer.step.tokens_for_update` names why)."""
-    ref_logprobs: Optional[torch.Tensor] = None
+    ref_logprobs: Optional[Float[Tensor, "N T"]] = None
     """(N, T) log-probs under the reference/anchor policy; needed by `kl_penalty` and rpg anchor=ref."""
-    group_ids: Optional[torch.Tensor] = None
+    group_ids: Optional[Int[Tensor, " N"]] = None
     """(N,) integer prompt-group label of each sequence; ETR's group statistics come from it when `group_stats` is
     None."""
-    rewards: Optional[torch.Tensor] = None
+    rewards: Optional[Float[Tensor, " N"]] = None
     """(N,) scalar reward of each sequence; ETR's group statistics come from it when `group_stats` is None."""
-    entropy: Optional[torch.Tensor] = None
+    entropy: Optional[Float[Tensor, "N T"]] = None
     """(N, T) per-token entropy of pi_theta; needed when entropy_coef != 0 (with gradient) or with
     top_entropy_frac (which selects by it, detached), logged when given."""
-    loss_norm: Optional[Union[float, torch.Tensor]] = None
+    loss_norm: Optional[Union[float, Float[Tensor, ""]]] = None
     """The mini-batch normaliser (`Objective.normalizer(mini_batch_mask)`) when this is one
     micro-batch of several; None means this batch is the whole mini-batch."""
-    sampler_logprobs: Optional[torch.Tensor] = None
+    sampler_logprobs: Optional[Float[Tensor, "N T"]] = None
     """(N, T) log-probs of the sampled tokens under the sampler (the rollout engine, vLLM); read by
     `rollout_correction` (train-inference mismatch), which needs them."""
     group_stats: Optional[GroupStats] = None
@@ -45,27 +49,27 @@ class TokenBatch:
     (`Objective.group_stats(rewards, group_ids)`, rows selected like this batch's; ETR's nu_g - nu_bar).
     None: an objective that needs them computes them from `rewards` and `group_ids`, taking this batch
     as the whole rollout batch; refused when `loss_norm` is set (a micro-batch of several)."""
-    support_logprobs: Optional[torch.Tensor] = None
+    support_logprobs: Optional[Float[Tensor, "N T S"]] = None
     """(N, T, S) log pi_theta of each position's support tokens (full-softmax log-probs, with gradient); read by an
     objective with a sparse support (`ObjectiveConfig.sparse_support`: TROLL), with the three fields below."""
-    old_support_logprobs: Optional[torch.Tensor] = None
+    old_support_logprobs: Optional[Float[Tensor, "N T S"]] = None
     """(N, T, S) log pi_old at the same support (`tether.core.troll.old_on_support` from pi_old's stored set)."""
-    support_mask: Optional[torch.Tensor] = None
+    support_mask: Optional[Bool[Tensor, "N T S"]] = None
     """(N, T, S) bool: which support entries count (a support is padded to a common width S)."""
-    support_token_index: Optional[torch.Tensor] = None
+    support_token_index: Optional[Int[Tensor, "N T"]] = None
     """(N, T) long: the sampled token's entry in each position's support."""
-    rollout_weights: Optional[torch.Tensor] = None
+    rollout_weights: Optional[Float[Tensor, "N T"]] = None
     """(N, T) rollout-correction weights pi_old / pi_sampler computed outside the objective (verl's
     rollout_is_weights), for an objective that folds them into its own weight (`folds_rollout_correction`:
     VESPO); `Objective.terms` sets it from the config's `rollout_correction`. Other objectives refuse it: their
     callers multiply such weights into the per-token loss."""
-    teacher_logprobs: Optional[torch.Tensor] = None
+    teacher_logprobs: Optional[Float[Tensor, "N T"]] = None
     """(N, T) log-probs of the sampled tokens under the distillation teacher (`distill`), at the sampling
     temperature, like `ref_logprobs`."""
-    teacher_topk_logprobs: Optional[torch.Tensor] = None
+    teacher_topk_logprobs: Optional[Float[Tensor, "N T K"]] = None
     """(N, T, K) the teacher's K largest log-probs at each position (full softmax), for `distill.signal`
     forward_kl_topk."""
-    student_topk_logprobs: Optional[torch.Tensor] = None
+    student_topk_logprobs: Optional[Float[Tensor, "N T K"]] = None
     """(N, T, K) log pi_theta of the same K tokens at each position (full softmax), with gradient: forward_kl_topk."""
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence
 
 import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
 
 FinishReason = Literal["stop", "length"]
 TRUNCATED: FinishReason = "length"
@@ -98,13 +100,13 @@ class RolloutBatch:
     """
 
     prompt_ids: list[list[int]]
-    completion_ids: torch.Tensor
-    sampler_logprobs: torch.Tensor
-    mask: torch.Tensor
+    completion_ids: Int[Tensor, "N T"]
+    sampler_logprobs: Float[Tensor, "N T"]
+    mask: Bool[Tensor, "N T"]
     finish_reasons: list[FinishReason]
     completions: list[str]
     prompt_index: list[int] = field(default_factory=list)
-    policy_mask: torch.Tensor | None = None
+    policy_mask: Bool[Tensor, "N T"] | None = None
     episodes: list[dict] | None = None
     examples: list[Any] | None = None
     results: list[Any] | None = None
