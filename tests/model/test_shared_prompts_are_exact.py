@@ -133,7 +133,7 @@ def test_a_model_whose_cached_forward_differs_falls_back():
     shared = run(model, tok)
     assert "differs from the full one" in shared_prompt_reason(model)
     assert_same(model, tok, shared, run(model, tok, share=False))
-    _SHARE_PROBED.pop(model)
+    _SHARE_PROBED.forget(model)
 
 
 def test_rows_with_equal_ids_but_different_padding_do_not_share():

@@ -36,7 +36,6 @@ float rounding (tests/model/test_fused_head.py, tests/model/test_shared_prompts_
 from __future__ import annotations
 
 import contextlib
-import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Sequence
 
@@ -47,6 +46,7 @@ from torch import Tensor
 from . import packing as _packing
 from . import topk as _topk
 from .head import CompletionHead
+from .probes import Probed, disagreement
 
 
 # ---------------------------------------------------------------- left padding and rollout tensors
@@ -232,8 +232,8 @@ def eval_mode(model):
 # Config fields of transformers models that transform the logits after the head
 # (Gemma 2/3 soft-capping, Cohere's logit_scale, Granite's logits_scaling, Falcon-H1's multiplier).
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier")
-_PROBED: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
-_SHARE_PROBED: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_PROBED = Probed()
+_SHARE_PROBED = Probed()
 
 
 def fused_head_reason(model: Any) -> str:
@@ -258,7 +258,7 @@ def fused_head_reason(model: Any) -> str:
                 return f"config.{name}={value} transforms the logits"
     if _decoder(model) is model:
         return "no separate decoder body (get_decoder() returns the model itself)"
-    return _PROBED.get(model, "")
+    return _PROBED.reason(model)
 
 
 def _decoder(model: Any) -> Any:
@@ -336,55 +336,44 @@ def shared_prompt_reason(model: Any) -> str:
     """Why prompts are not shared for this model, or "" when they are (or it has not run yet)."""
     if getattr(model, "is_gradient_checkpointing", False):
         return "gradient checkpointing is on (Hugging Face models then run without a cache)"
-    return _SHARE_PROBED.get(model, "")
+    return _SHARE_PROBED.reason(model)
 
 
 @torch.no_grad()
 def _share_probe(model: Any, input_ids, attention_mask, position_ids, start: int, groups) -> str:
-    """Compare the shared and unshared forward on one shared prompt's rows (once per model)."""
-    if model in _SHARE_PROBED:
-        return _SHARE_PROBED[model]
-    first, inverse = groups
-    g = int(torch.bincount(inverse).argmax())
-    rows = (inverse == g).nonzero().flatten()[:4]
-    sub = [x[rows] for x in (input_ids, attention_mask, position_ids)]
-    with eval_mode(model):
-        ours, reason = _hidden(model, *sub, start, prompt_groups(sub[0], sub[1], start))
-        if not reason:
+    """Compare the shared and unshared forward on one shared prompt's rows (once per model, `probes`)."""
+
+    def compare() -> str:
+        _, inverse = groups
+        rows = (inverse == int(torch.bincount(inverse).argmax())).nonzero().flatten()[:4]
+        sub = [x[rows] for x in (input_ids, attention_mask, position_ids)]
+        with eval_mode(model):
+            ours, reason = _hidden(model, *sub, start, prompt_groups(sub[0], sub[1], start))
+            if reason:
+                return reason
             plain, _ = _hidden(model, *sub, start)
-            keep = sub[1][:, start - 1 :].bool()
-            keep[:, 0] = True  # the last prompt position always predicts
-            err = (ours.float() - plain.float()).abs()[keep].max().item()
-            scale = max(plain.float().abs()[keep].max().item(), 1.0)
-            tol = 1e-4 if model.dtype in (torch.float32, torch.float64) else 2e-2
-            if err > tol * scale:
-                reason = f"the cached forward differs from the full one by {err:.3g}"
-    _SHARE_PROBED[model] = reason
-    return reason
+        keep = sub[1][:, start - 1 :].bool()
+        keep[:, 0] = True  # the last prompt position always predicts
+        return disagreement(ours, plain, keep, model.dtype, "the cached forward differs from the full one")
+
+    return _SHARE_PROBED.once(model, compare)
 
 
 @torch.no_grad()
 def _probe(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> str:
-    """Compare the model's logits with body @ head.weight on a few tokens of one row (once per model)."""
-    if model in _PROBED:
-        return _PROBED[model]
-    row = input_ids[0][attention_mask[0] != 0][:8][None]  # (1, k) real tokens of the first row
-    args = dict(
-        input_ids=row,
-        attention_mask=torch.ones_like(row),
-        position_ids=torch.arange(row.shape[1], device=row.device)[None],
-        use_cache=False,
-    )
-    with eval_mode(model):  # no dropout in the comparison
-        logits = model(**args).logits.float()
-        h = _decoder(model)(**args).last_hidden_state.float()
-        ours = h @ model.get_output_embeddings().weight.float().t()
-    tol = 1e-4 if model.dtype in (torch.float32, torch.float64) else 2e-2
-    err = (logits - ours).abs().max().item()
-    scale = max(logits.abs().max().item(), 1.0)
-    reason = "" if err <= tol * scale else f"model logits differ from hidden @ head.weight by {err:.3g}"
-    _PROBED[model] = reason
-    return reason
+    """Compare the model's logits with body @ head.weight on a few tokens of one row (once per model, `probes`)."""
+
+    def compare() -> str:
+        row = input_ids[0][attention_mask[0] != 0][:8][None]  # (1, k) real tokens of the first row
+        positions = torch.arange(row.shape[1], device=row.device)[None]
+        args = dict(input_ids=row, attention_mask=torch.ones_like(row), position_ids=positions, use_cache=False)
+        with eval_mode(model):  # no dropout in the comparison
+            logits = model(**args).logits.float()
+            h = _decoder(model)(**args).last_hidden_state.float()
+            ours = h @ model.get_output_embeddings().weight.float().t()
+        return disagreement(ours, logits, None, model.dtype, "model logits differ from hidden @ head.weight")
+
+    return _PROBED.once(model, compare)
 
 
 class HeadPass(NamedTuple):

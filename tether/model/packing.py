@@ -39,12 +39,13 @@ micro-batches split groups; a shared prompt is then run once per micro-batch tha
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, NamedTuple, Sequence
 
 import torch
 
-_PACK_PROBED: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+from .probes import Probed, disagreement
+
+_PACK_PROBED = Probed()
 
 
 class PackPlan(NamedTuple):
@@ -186,31 +187,32 @@ def packed_hidden(
 
 def packing_reason(model: Any) -> str:
     """Why this model runs padded although packing is on, or "" when it packs (or has not run yet)."""
-    return _PACK_PROBED.get(model, "")
+    return _PACK_PROBED.reason(model)
 
 
 @torch.no_grad()
 def probe(model: Any, body: Any, input_ids, attention_mask, position_ids, start: int) -> str:
     """Compare the packed and padded forward on the first rows of a batch (once per model); returns the reason
     packing is off for this model ("" when the two agree)."""
-    if model in _PACK_PROBED:
-        return _PACK_PROBED[model]
-    sub = [x[:6] for x in (input_ids, attention_mask, position_ids)]
-    was_training = model.training
-    model.eval()
-    try:
-        ours = [packed_hidden(body, *sub, start, share, width) for share, width in ((False, 0), (True, 4096))]
-        plain = body(input_ids=sub[0], attention_mask=sub[1], position_ids=sub[2], use_cache=False)
-        plain = plain.last_hidden_state[:, start - 1 :]
-    finally:
-        model.train(was_training)
-    keep = sub[1][:, start - 1 :].bool()
-    err = max((h.float() - plain.float()).abs()[keep].max().item() for h in ours)
-    scale = max(plain.float().abs()[keep].max().item(), 1.0)
-    tol = 1e-4 if plain.dtype in (torch.float32, torch.float64) else 2e-2
-    reason = "" if err <= tol * scale else f"the packed forward differs from the padded one by {err:.3g}"
-    _PACK_PROBED[model] = reason
-    return reason
+
+    def compare() -> str:
+        sub = [x[:6] for x in (input_ids, attention_mask, position_ids)]
+        was_training = model.training
+        model.eval()
+        try:
+            ours = [packed_hidden(body, *sub, start, share, width) for share, width in ((False, 0), (True, 4096))]
+            plain = body(input_ids=sub[0], attention_mask=sub[1], position_ids=sub[2], use_cache=False)
+            plain = plain.last_hidden_state[:, start - 1 :]
+        finally:
+            model.train(was_training)
+        keep = sub[1][:, start - 1 :].bool()
+        for h in ours:  # unshared, then shared
+            reason = disagreement(h, plain, keep, plain.dtype, "the packed forward differs from the padded one")
+            if reason:
+                return reason
+        return ""
+
+    return _PACK_PROBED.once(model, compare)
 
 
 def token_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
