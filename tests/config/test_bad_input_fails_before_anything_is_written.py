@@ -313,7 +313,7 @@ def test_a_device_the_machine_lacks_fails_before_anything_is_written(tmp_path, c
 
 
 def test_a_gpu_index_past_the_last_one_is_named(monkeypatch):
-    from tether.model.loading import device_problem
+    from tether.model.devices import device_problem
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -104,7 +104,7 @@ def test_bad_arguments(tmp_path):
 def test_place_model_keeps_a_small_model_on_the_cpu_and_says_why(llama_dir, monkeypatch):
     """`place_model` is where the trainer and `tether eval` apply `pick_device`'s rule: with a GPU
     present, `auto` keeps a model under the threshold on the CPU and logs why; `cpu` logs nothing."""
-    from tether.model.loading import place_model
+    from tether.model.devices import place_model
 
     model, _ = load_model(llama_dir)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

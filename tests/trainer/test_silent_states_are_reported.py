@@ -314,7 +314,7 @@ def test_tether_eval_redirected_writes_its_first_line_while_it_runs(tiny_dir, tm
     ],
 )
 def test_auto_threads_are_half_the_cores_between_one_and_eight(setting, cores, expected):
-    from tether.model.loading import cpu_threads
+    from tether.model.devices import cpu_threads
 
     threads, why = cpu_threads(setting, cores)
     assert threads == expected

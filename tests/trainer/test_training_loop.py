@@ -478,7 +478,7 @@ def test_reference_refresh_is_checked_once_per_rollout_step(every, kl, before, a
 
 
 def test_auto_device_keeps_a_small_model_on_the_cpu_and_says_why(monkeypatch):
-    from tether.model.loading import pick_device
+    from tether.model.devices import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     device, why = pick_device("auto", 4_200_000, 20_000_000)

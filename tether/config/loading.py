@@ -97,7 +97,8 @@ def _check_teacher_with_objective(cfg: Config) -> None:
 def check_model_and_device(cfg: Config) -> None:
     """model.name_or_path and teacher.name_or_path can be models (a directory with config.json, or a hub id; no
     network) and trainer.device names a device (whether this machine has it is checked when a run starts)."""
-    from ..model.loading import device_problem, model_source_problem  # lazy: torch
+    from ..model.devices import device_problem  # lazy: torch
+    from ..model.loading import model_source_problem  # lazy: torch
 
     if not cfg.model.builtin_tiny:
         problem = model_source_problem(cfg.model.name_or_path)

@@ -220,11 +220,11 @@ def _tokenizer_for(model_path: str | Path) -> Any:
 
 
 def _set_threads(setting: int) -> None:
-    """torch's CPU threads by the trainer's rule (`model.loading.cpu_threads`: 0 auto, -1 torch's default); the
+    """torch's CPU threads by the trainer's rule (`model.devices.cpu_threads`: 0 auto, -1 torch's default); the
     auto choice is said on stderr, as the trainer logs it."""
     import torch  # lazy: torch, after the data specs are checked
 
-    from ..model.loading import cpu_threads  # lazy: torch
+    from ..model.devices import cpu_threads  # lazy: torch
 
     threads, why = cpu_threads(setting)
     if threads:
@@ -243,7 +243,8 @@ def _check_engine(name: str) -> None:
 
 
 def _engine_for(model_path: str | Path, device: str, dtype: str, name: str = "hf") -> Any:
-    from ..model.loading import load_model, place_model  # lazy: torch, after the data specs and options are checked
+    from ..model.devices import place_model  # lazy: torch, after the data specs and options are checked
+    from ..model.loading import load_model  # lazy: torch, after the data specs and options are checked
     from ..rollout import get_engine  # lazy: torch, after the data specs and options are checked
 
     model, tokenizer = load_model(model_path, dtype=dtype, device="cpu" if device == "auto" else device)

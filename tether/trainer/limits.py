@@ -56,62 +56,71 @@ def _first_prompts(env: Any, tokenizer: Any, examples: Sequence[Any]) -> list[st
 
 
 def check_lengths(cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[Any]) -> None:
-    """ConfigError when the run cannot progress for a length (module docstring)."""
-
-    env = cfg.env
-    episodes = env.enabled
-    budget = env.episode_tokens(cfg.rollout) if episodes else cfg.rollout.max_new_tokens
+    """ConfigError when the run cannot progress for a length (module docstring): the prompts and the token budget
+    must fit the model's context (`_check_context`), and the warm start's reference solutions its budget
+    (`_check_warm_start`)."""
+    budget = cfg.env.episode_tokens(cfg.rollout) if cfg.env.enabled else cfg.rollout.max_new_tokens
     context = model_context(cfg.model)
     if context is not None:
-        train = (
-            task.examples("train")[:PROMPT_SAMPLE]
-            if task.finite
-            else task.examples("train", PROMPT_SAMPLE, seed=cfg.trainer.seed)
-        )
-        prompts = _first_prompts(env, tokenizer, [*eval_examples, *train])
-        longest = max(map(len, encode_prompts(tokenizer, prompts)), default=0)
-        if longest + budget > context and episodes:
-            raise ConfigError(
-                f"an episode of env.max_episode_tokens={budget} tokens (the model's turns and the environment's; "
-                f"0 means 2 x env.max_turns x the turn's tokens) after prompts of up to {longest} tokens needs "
-                f"{longest + budget} positions, but the model {cfg.model.name_or_path!r} has a context of {context}: "
-                + (
-                    f"set env.max_episode_tokens to at most {context - longest}, or fewer or shorter turns"
-                    if context - longest > 0
-                    else "the prompts alone fill it (with env.tools, their description is part of the prompt): "
-                    "use a model with a longer context, or shorter prompts or fewer tools"
-                )
-            )
-        if longest + budget > context:
-            room = context - longest
-            fix = (
-                f"lower rollout.max_new_tokens to at most {room}"
+        _check_context(cfg, task, tokenizer, eval_examples, budget, context)
+    if cfg.warm_start.enabled:
+        _check_warm_start(cfg, task, tokenizer, budget)
+
+
+def _check_context(
+    cfg: Any, task: Task, tokenizer: Any, eval_examples: Sequence[Any], budget: int, context: int
+) -> None:
+    """The longest prompt (of the held-out problems and a sample of the training ones) and the token budget of a
+    completion, or of an episode, must fit the model's context."""
+    env, seed = cfg.env, cfg.trainer.seed
+    train = task.examples("train")[:PROMPT_SAMPLE] if task.finite else task.examples("train", PROMPT_SAMPLE, seed=seed)
+    prompts = _first_prompts(env, tokenizer, [*eval_examples, *train])
+    longest = max(map(len, encode_prompts(tokenizer, prompts)), default=0)
+    if longest + budget <= context:
+        return
+    room = context - longest
+    if env.enabled:
+        raise ConfigError(
+            f"an episode of env.max_episode_tokens={budget} tokens (the model's turns and the environment's; "
+            f"0 means 2 x env.max_turns x the turn's tokens) after prompts of up to {longest} tokens needs "
+            f"{longest + budget} positions, but the model {cfg.model.name_or_path!r} has a context of {context}: "
+            + (
+                f"set env.max_episode_tokens to at most {room}, or fewer or shorter turns"
                 if room > 0
-                else "use a model with a longer context or shorter prompts"
+                else "the prompts alone fill it (with env.tools, their description is part of the prompt): "
+                "use a model with a longer context, or shorter prompts or fewer tools"
             )
-            raise ConfigError(
-                f"rollout.max_new_tokens={budget} with prompts of up to {longest} tokens needs "
-                f"{longest + budget} positions, but the model {cfg.model.name_or_path!r} has a context of "
-                f"{context} (max_position_embeddings): generation past it cannot work. {fix.capitalize()}"
-            )
+        )
+    fix = (
+        f"lower rollout.max_new_tokens to at most {room}"
+        if room > 0
+        else "use a model with a longer context or shorter prompts"
+    )
+    raise ConfigError(
+        f"rollout.max_new_tokens={budget} with prompts of up to {longest} tokens needs "
+        f"{longest + budget} positions, but the model {cfg.model.name_or_path!r} has a context of "
+        f"{context} (max_position_embeddings): generation past it cannot work. {fix.capitalize()}"
+    )
+
+
+def _check_warm_start(cfg: Any, task: Task, tokenizer: Any, budget: int) -> None:
+    """Enough of the reference solutions the warm start's greedy check generates must fit its token budget for it
+    to reach warm_start.target_accuracy."""
     ws = cfg.warm_start
-    if ws.enabled:
-        try:
-            checked = task.examples(
-                "train", cfg.data.eval_size, seed=cfg.trainer.seed + 1
-            )  # what the warm start checks
-        except ValueError:  # fewer training problems than that: the data checks say so
-            return
-        solutions = [task.solution(e) for e in checked]
-        lengths = [len(ids) for ids in encode_prompts(tokenizer, solutions)]
-        fits = sum(n <= budget for n in lengths)
-        if checked and fits / len(checked) < ws.target_accuracy:
-            worst = max(range(len(lengths)), key=lengths.__getitem__)
-            raise ConfigError(
-                f"the warm start can never reach warm_start.target_accuracy={ws.target_accuracy}: its greedy check "
-                f"generates rollout.max_new_tokens={budget} tokens, but only {fits} of the {len(checked)} reference "
-                f"solutions it checks fit in that (the longest is {lengths[worst]} tokens: "
-                f"{solutions[worst][-60:]!r}), and a cut solution scores 0. Raise rollout.max_new_tokens to at least "
-                f"{sorted(lengths)[max(1, math.ceil(ws.target_accuracy * len(lengths))) - 1]} (all fit at "
-                f"{max(lengths)}), or set warm_start.enabled=false"
-            )
+    try:
+        checked = task.examples("train", cfg.data.eval_size, seed=cfg.trainer.seed + 1)  # what the warm start checks
+    except ValueError:  # fewer training problems than that: the data checks say so
+        return
+    solutions = [task.solution(e) for e in checked]
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, solutions)]
+    fits = sum(n <= budget for n in lengths)
+    if checked and fits / len(checked) < ws.target_accuracy:
+        worst = max(range(len(lengths)), key=lengths.__getitem__)
+        raise ConfigError(
+            f"the warm start can never reach warm_start.target_accuracy={ws.target_accuracy}: its greedy check "
+            f"generates rollout.max_new_tokens={budget} tokens, but only {fits} of the {len(checked)} reference "
+            f"solutions it checks fit in that (the longest is {lengths[worst]} tokens: "
+            f"{solutions[worst][-60:]!r}), and a cut solution scores 0. Raise rollout.max_new_tokens to at least "
+            f"{sorted(lengths)[max(1, math.ceil(ws.target_accuracy * len(lengths))) - 1]} (all fit at "
+            f"{max(lengths)}), or set warm_start.enabled=false"
+        )

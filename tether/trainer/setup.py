@@ -23,16 +23,8 @@ from ..config.loading import check_resume, save_config
 from ..config.sections import Config, ModelConfig, RolloutConfig, TrainerConfig
 from ..envs import build_runner, env_label, environment_factory, judge_with
 from ..model.causal_lm import LogProbSettings, Precision, fused_head_reason
-from ..model.loading import (
-    apply_lora,
-    char_tokenizer,
-    check_model_loads,
-    cpu_threads,
-    load_model,
-    load_tokenizer,
-    pick_device,
-    place_model,
-)
+from ..model.devices import cpu_threads, pick_device, place_model
+from ..model.loading import apply_lora, char_tokenizer, check_model_loads, load_model, load_tokenizer
 from ..plugins import check_task, is_import_path
 from ..records import checkpoint
 from ..records.sinks import wandb_problem
