@@ -41,6 +41,8 @@ from tether.integrations.trl import (  # noqa: E402
     to_dataset,
 )
 from tether.core.multi_reward import RewardParts, normalize_then_sum  # noqa: E402
+from tether.integrations.trl import OLD_SET  # noqa: E402
+from tether.model.loading import load_tokenizer  # noqa: E402
 from tether.schema import ConfigError  # noqa: E402
 from tether.tasks import Example  # noqa: E402
 
@@ -285,17 +287,110 @@ def test_settings_tether_cannot_honour_are_refused(tmp_path, setting, message):
         TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path, **setting), objective="dapo")
 
 
-@pytest.mark.parametrize("objective", ["troll", {"preset": "troll", "top_k": 8}])
-def test_an_objective_with_a_sparse_support_is_refused_with_why_and_what_to_use(tmp_path, objective):
-    # TROLL reads pi_old's and pi_theta's log-probs at each position's top-k tokens; TRL computes and buffers the
-    # sampled tokens' only. Refused before the model loads (the model id does not exist).
-    k = 64 if objective == "troll" else 8
-    with pytest.raises(
-        ConfigError,
-        match=rf"objective 'troll' reads pi_old's and pi_theta's log-probs at each position's top {k} tokens.*"
-        r"keeps only the sampled tokens' log-probs; train it with tether's own trainer \(tether train\)",
-    ):
-        TetherGRPOTrainer("no/such-model", odd_chars, _args(tmp_path), objective=objective)
+def _troll_records(tiny_dir, tmp_path, **overrides):
+    """TROLL trained in the adapter; at each loss evaluation, beside the adapter's loss and batch: the supports tether's
+    trainer computes for the same rows with the same weights (`model.support`, positions 0, 1, ... as TRL's forward
+    gets them), and pi_theta's full log-softmax from a plain forward of the model."""
+    from tether.model.causal_lm import LogProbSettings, Tokens
+    from tether.model.support import old_with_set, on_support
+
+    records = []
+
+    def hook(inputs, batch, out):
+        size = trainer.tether_objective.config.sparse_support()
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        mask = inputs["completion_mask"].float()
+        tokens = Tokens(
+            ids,
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            torch.arange(ids.shape[1]).expand_as(ids),
+            inputs["completion_ids"],
+            mask,
+            inputs["prompt_ids"].shape[1],
+        )
+        with torch.no_grad():
+            _, now_set = old_with_set(trainer.model, tokens, LogProbSettings(), size)
+            full = torch.log_softmax(trainer.model(input_ids=ids, attention_mask=tokens.attention_mask).logits, -1)
+            full = full[:, tokens.prompt_len - 1 : -1].double()  # (N, T, V): position t predicts token t + 1
+        old = inputs.get("tether_old_set_ids")
+        old_set = None if old is None else type(now_set)(*(inputs[k] for k in OLD_SET))
+        lp, _, support = on_support(
+            trainer.model, tokens, LogProbSettings(), size, old_set, inputs.get("old_per_token_logps")
+        )
+        records.append(
+            dict(
+                loss=out.loss.detach(),
+                batch=batch,
+                now_set=now_set,
+                old_set=old_set,
+                support=support,
+                lp=lp.detach(),
+                full=full,
+                mask=mask.bool(),
+                completion_ids=inputs["completion_ids"],
+            )
+        )
+
+    trainer = make_trainer(
+        str(tiny_dir),
+        odd_chars,
+        Dataset.from_dict({"prompt": PROMPTS}),
+        objective={"preset": "troll", "top_k": 8},
+        args=_args(tmp_path, **overrides),
+        on_objective=hook,
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert _changed(trainer, before)
+    return trainer, records
+
+
+@pytest.mark.parametrize("num_iterations", slow_after_first([2, 1]))
+def test_troll_runs_in_the_adapter_on_the_supports_tethers_trainer_gives_it(tiny_dir, tmp_path, num_iterations):
+    # num_iterations=2: each generation batch serves two optimiser steps, so TRL computes pi_old's log-probs and the
+    # adapter adds pi_old's sparse set as columns TRL shuffles and splits with the rows; 1: on-policy, no set.
+    trainer, recs = _troll_records(tiny_dir, tmp_path, num_iterations=num_iterations)
+    obj = trainer.tether_objective
+    assert len(recs) == 2 and all(torch.isfinite(r["loss"]) for r in recs)
+    for k, r in enumerate(recs):
+        b, sup, m = r["batch"], r["support"], r["mask"]
+        # the adapter's loss is tether's objective on the supports tether's trainer computes for these rows
+        expected = obj(dataclasses.replace(b, logprobs=r["lp"], **sup.batch_fields())).loss
+        torch.testing.assert_close(r["loss"], expected, rtol=1e-6, atol=1e-8)
+        # independently of tether's head: pi_theta on the support is the model's own full log-softmax there
+        got = b.support_logprobs.detach().double()
+        want = r["full"].gather(-1, sup.index)
+        torch.testing.assert_close(got[sup.mask & m[..., None]], want[sup.mask & m[..., None]], rtol=0, atol=1e-5)
+        sampled = r["full"].gather(-1, r["completion_ids"][..., None])[..., 0]
+        torch.testing.assert_close(b.logprobs.detach().double()[m], sampled[m], rtol=0, atol=1e-5)
+        if num_iterations == 1:  # on-policy: nothing stored, pi_old on the support is pi_theta's, detached
+            assert r["old_set"] is None and torch.equal(b.old_support_logprobs, got.to(b.old_support_logprobs.dtype))
+        else:  # the set the columns carry is pi_old's: the weights of the first step, which sampled the batch
+            first = recs[0]["now_set"]
+            assert r["old_set"] is not None and torch.equal(r["old_set"].ids, first.ids)
+            torch.testing.assert_close(r["old_set"].logp, first.logp, rtol=0, atol=1e-6)
+    if num_iterations == 2:  # the second step is off-policy: pi_old's support differs from pi_theta's
+        b = recs[1]["batch"]
+        live = b.support_mask & recs[1]["mask"][..., None]
+        assert (b.support_logprobs.detach() - b.old_support_logprobs)[live].abs().max() > 1e-3
+
+
+def test_troll_with_a_router_loss_is_refused(tiny_dir, tmp_path):
+    # a mixture-of-experts router loss comes from TRL's helper, which TROLL's own forward replaces (departure 12)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    model.config.output_router_logits = True  # with a coefficient, what TRL reads to add the router loss
+    model.config.router_aux_loss_coef = 0.01
+    with pytest.raises(ConfigError, match="computes no router auxiliary loss: set the model's output_router_logits"):
+        TetherGRPOTrainer(
+            model,
+            odd_chars,
+            _args(tmp_path),
+            objective="troll",
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+            processing_class=load_tokenizer(tiny_dir),
+        )
 
 
 @pytest.mark.parametrize(

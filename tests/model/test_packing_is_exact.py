@@ -21,7 +21,7 @@ from tether.model import packing
 from tether.model.causal_lm import LogProbSettings, Precision, Tokens, batched_logprobs, head_pass, left_pad, positions
 from tether.model.loading import load_model
 from tether.objectives.runtime import RewardParts
-from tether.trainer.support import old_with_set
+from tether.model.support import old_with_set
 from tether.trainer.update import Policy, TeacherScores, UpdateBatch, update
 
 PROMPTS = [[5, 9, 3], [7, 2], [4, 4, 8, 6, 1], [9]]  # four groups of three samples

@@ -1,4 +1,4 @@
-"""What tether's trainer feeds TROLL (tether.trainer.support; docs/algorithms/troll.md, "What the trainer feeds"),
+"""What tether's trainer feeds TROLL (tether.model.support; docs/algorithms/troll.md, "What the trainer feeds"),
 on a float64 tiny causal LM (vocabulary 37), through the fused head and the model's own logits:
 
 1. the old pass keeps pi_old's true top-K per position (the full softmax's topk, ids exact, log-probs to 1e-12),
@@ -29,7 +29,7 @@ from tether.core import troll as R
 from tether.model.causal_lm import LogProbSettings, Tokens, positions
 from tether.model.ops import top_logprobs
 from tether.objectives import SupportSize
-from tether.trainer.support import old_with_set, on_support
+from tether.model.support import old_with_set, on_support
 
 D = torch.float64
 V, P, T = 37, 3, 6

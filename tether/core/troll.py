@@ -24,7 +24,7 @@ module is pure math on the distributions at given supports (`project`, `troll`) 
 (`top_mass`, `mass_cut`, `SparseSet`, `union_support`, `sparse_support`, `old_on_support`). The objective `troll`
 (tether.objectives.troll) runs it on the supports tether's trainer feeds: pi_old's `SparseSet` kept by the old
 log-prob pass, pi~'s own set from the update's forward, and pi~'s log-probs on their union with gradient
-(tether.trainer.support; docs/algorithms/troll.md, "What the trainer feeds").
+(tether.model.support; docs/algorithms/troll.md, "What the trainer feeds").
 
 Departures from the paper (whose code, github.com/niklasfreymuth/troll with github.com/pbecker93/discrete_trpl,
 was not available to compare against; the math is the paper's and its project page's):

@@ -50,8 +50,17 @@ Where the loss path departs from TRL's, and why:
    among them vLLM's importance-sampling correction: a tether objective's only behaviour policy is `old_logprobs`.
    TRL's `top_entropy_quantile` is the objective's `top_entropy_frac`, which selects within the micro-batch the loss
    sees on each process (TRL's gathers the entropies of every process); TRL's `use_adaptive_entropy` has no
-   counterpart here (it is tether's trainer's). `troll` (each position's top-k log-probs of pi_old and pi_theta) and
-   `distill` are refused: TRL keeps the sampled tokens' log-probs only and scores no teacher.
+   counterpart here (it is tether's trainer's). `distill` is refused: TRL scores no teacher (its
+   `DistillationTrainer` is the way there).
+12. TROLL (an objective with a sparse support, `ObjectiveConfig.sparse_support`) reads each position's most probable
+   tokens under pi_old and pi_theta, which TRL's helper does not keep. Off-policy (TRL computes `old_per_token_logps`),
+   `on_generation_batch` runs one more gradient-free forward of the generation batch for pi_old's set
+   (`model.support.old_with_set`: (N, T, K) ids, log-probs and keep flags, added as columns that TRL shuffles and
+   splits with the rows); the loss's forward is then the adapter's own (`policy_forward`: `model.support.on_support`,
+   tether's chunked head, no (N, T, V) logits where the model allows the fused head) instead of TRL's helper, with
+   the position ids TRL's forward gets (0, 1, ... along each row) and TRL's temperature. pi_old's log-probs of the
+   sampled tokens stay TRL's. On-policy, pi_old's support is pi_theta's, detached, as in tether's trainer. A
+   mixture-of-experts router loss is not computed on that path, so `output_router_logits` is refused with TROLL.
 6. With TRL's defaults (`num_iterations=1`, `steps_per_generation` = `gradient_accumulation_steps`) every generation
    batch is used within one optimiser step: the old log-probs are the current ones, w = 1, and a trust region (DAPO,
    ATR, ETR, RPG-Style Clip) is inactive. The trainer warns then, as tether's own trainer does
@@ -101,6 +110,9 @@ import torch
 
 from .. import objectives
 from ..core.multi_reward import RewardParts
+from ..core.troll import SparseSet
+from ..model.causal_lm import LogProbSettings, Tokens
+from ..model.support import SupportLogprobs, old_with_set, on_support
 from ..objectives import Objective, ObjectiveOutput, TokenBatch
 from ..schema import ConfigError
 
@@ -137,11 +149,8 @@ def inactive_trust_region(args: Any, obj: Objective) -> Optional[str]:
     )
 
 
-SPARSE_SUPPORT_REFUSED = (
-    "objective {name!r} reads pi_old's and pi_theta's log-probs at each position's top {k} tokens (a sparse "
-    "support), and TRL's GRPOTrainer keeps only the sampled tokens' log-probs; train it with tether's own trainer "
-    "(tether train)"
-)
+OLD_SET = ("tether_old_set_ids", "tether_old_set_logp", "tether_old_set_keep")
+"""The generation batch's columns of pi_old's sparse set (departure 12): (N, T, K) ids, log-probs, keep flags."""
 
 
 def reference_beta(obj: Objective) -> float:
@@ -286,8 +295,6 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         args = GRPOConfig() if args is None else args
         # An unset max_len becomes max_completion_length (departure 3), before the config validates.
         obj = objectives.build(objective, max_len=args.max_completion_length)
-        if obj.config.sparse_support() is not None:  # departure 5
-            raise ConfigError(SPARSE_SUPPORT_REFUSED.format(name=obj.name, k=obj.config.sparse_support().top_k))
         problems = unsupported_options(args, obj) + reward_aggregation_conflict(args, obj, advantages)
         if problems:
             raise ConfigError("GRPOConfig settings tether cannot honour:\n- " + "\n- ".join(problems))
@@ -304,6 +311,11 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         self._tether_metrics = {"train": objectives.MetricMerger(), "eval": objectives.MetricMerger()}
         self._tether_metrics_step: dict[str, Optional[int]] = {"train": None, "eval": None}
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        if obj.config.sparse_support() is not None and self.aux_loss_enabled:  # departure 12
+            raise ConfigError(
+                f"objective {obj.name!r} (a sparse support) runs its own forward, which computes no router "
+                "auxiliary loss: set the model's output_router_logits=False, or use another objective"
+            )
         if colocated_llm(self) is not None and vllm_compat.on_cpu():  # departure 11
             sync_weights_with(self, self._push_weights)
 
@@ -332,7 +344,23 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         out["tether_rewards"] = torch.nan_to_num(total[local], nan=0.0)
         out["tether_group_ids"] = groups[local]
         out.update(group_stat_columns(self.tether_objective, torch.nan_to_num(total, nan=0.0), groups, local))
+        size = self.tether_objective.config.sparse_support()
+        if size is not None and out.get(OLD_LOGPS) is not None:  # pi_old's set, off-policy (departure 12)
+            with torch.no_grad():
+                _, old_set = old_with_set(self.model, self._tether_tokens(out), self._tether_settings(), size)
+            out.update(zip(OLD_SET, old_set))
         return out
+
+    def _tether_tokens(self, inputs: dict) -> Tokens:
+        """TRL's rows as tether's model inputs, with the position ids TRL's forward gets (departure 12)."""
+        prompt, completion = inputs["prompt_ids"], inputs["completion_ids"]
+        ids = torch.cat([prompt, completion], 1)
+        attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        return Tokens(ids, attention, positions, completion, loss_mask(inputs).float(), prompt.shape[1])
+
+    def _tether_settings(self) -> LogProbSettings:
+        return LogProbSettings(temperature=self.temperature, share_prompts=False)
 
     def on_new_buffer(self, chunks: list[dict]) -> None:
         local = torch.stack([self.tether_objective.normalizer(loss_mask(c), empty_rows="count") for c in chunks])
@@ -352,16 +380,29 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
 
     # ------------------------------------------------------------ the loss
 
-    def objective_loss(self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor) -> torch.Tensor:
+    def policy_forward(self, model: Any, inputs: dict) -> Optional[tuple]:
+        """TROLL's forward (departure 12): the sampled tokens' log-probs and entropies and the sparse supports."""
+        size = self.tether_objective.config.sparse_support()
+        if size is None:
+            return None
+        old = SparseSet(*(inputs[k] for k in OLD_SET)) if OLD_SET[0] in inputs else None
+        settings = self._tether_settings()
+        return on_support(model, self._tether_tokens(inputs), settings, size, old, inputs.get(OLD_LOGPS))
+
+    def objective_loss(
+        self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor, support: Optional[SupportLogprobs] = None
+    ) -> torch.Tensor:
         train = self.model.training
-        batch = self._token_batch(inputs, logps, entropies, train)
+        batch = self._token_batch(inputs, logps, entropies, train, support)
         out = self.tether_objective(batch)
         self._log_objective(out, "train" if train else "eval")
         if self.on_objective is not None:
             self.on_objective(inputs, batch, out)
         return out.loss
 
-    def _token_batch(self, inputs: dict, lp: torch.Tensor, ent: torch.Tensor, train: bool) -> TokenBatch:
+    def _token_batch(
+        self, inputs: dict, lp: torch.Tensor, ent: torch.Tensor, train: bool, support: Optional[SupportLogprobs]
+    ) -> TokenBatch:
         obj = self.tether_objective
         ref = inputs.get(REF_LOGPS)
         if obj.uses_reference() and ref is None:
@@ -384,6 +425,7 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
             entropy=ent if obj.config.trains_entropy else ent.detach(),  # top_entropy_frac selects by it, detached
             # every row counts in a seq-mean normaliser, as in TRL's grpo and dr_grpo (departure 9)
             loss_norm=self._step_normalizer() if train else obj.normalizer(loss_mask(inputs), empty_rows="count"),
+            **({} if support is None else support.batch_fields()),
         )
 
     def _log_objective(self, out: ObjectiveOutput, mode: str) -> None:

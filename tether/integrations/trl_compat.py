@@ -10,7 +10,9 @@ members, and it turns them into hooks that `TetherGRPOTrainer` implements.
    `_prepare_inputs` (the buffer of `steps_per_generation` chunks, refilled every
    `steps_per_generation * num_iterations` micro-steps) -> `on_new_buffer`;
    `_compute_loss(model, inputs)` -> `objective_loss`, with the log-probs and entropies from TRL's own
-   `_get_per_token_logps_and_entropies` and TRL's router auxiliary loss for mixture-of-experts models.
+   `_get_per_token_logps_and_entropies` and TRL's router auxiliary loss for mixture-of-experts models, or, for an
+   objective that reads more than the sampled tokens' log-probs (TROLL's sparse supports), from the adapter's own
+   forward (`policy_forward`).
 2. Private attributes read: `_step` (micro-steps taken), `_buffered_inputs` (the chunks), `_metrics`
    (mode -> name -> list of values, averaged by `log`).
 3. Columns of TRL's generation batch: `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask`,
@@ -124,8 +126,14 @@ class GRPOTrainerHooks(GRPOTrainer):
     def on_new_buffer(self, chunks: list[dict]) -> None:
         """A new generation batch was split into `steps_per_generation` chunks, one per micro-step."""
 
-    def objective_loss(self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor) -> torch.Tensor:
-        """The loss of one micro-batch `inputs`, from its log-probs and entropies (N, T) with gradient."""
+    def policy_forward(self, model: Any, inputs: dict) -> Any:
+        """The adapter's own forward of `model` on the micro-batch `inputs`: (log-probs, entropies, extra), or None
+        for TRL's helper (then `extra` is None)."""
+        return None
+
+    def objective_loss(self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor, extra: Any = None):
+        """The loss of one micro-batch `inputs`, from its log-probs and entropies (N, T) with gradient (and what
+        `policy_forward` gave beside them)."""
         raise NotImplementedError
 
     @property
@@ -156,6 +164,9 @@ class GRPOTrainerHooks(GRPOTrainer):
         return inputs
 
     def _compute_loss(self, model: Any, inputs: dict) -> torch.Tensor:
+        own = self.policy_forward(model, inputs)
+        if own is not None:
+            return self.objective_loss(inputs, *own)
         completion_ids = inputs["completion_ids"]
         ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)

@@ -5,7 +5,7 @@ of given token ids (with gradient) or for the most probable ids (without).
 the head's weight when the head can be fused (every question then runs in `tether.model.ops`' (R, C) tiles, and
 the (N, T, V) logits never exist), else the model's own logits divided by the temperature. The trainer asks it for
 the sampled tokens' log-probs (one id per position) and, for TROLL, for each position's top-k and the log-probs of
-a support of ids per position (tether.trainer.support).
+a support of ids per position (tether.model.support).
 
 Departures: none; the fused and unfused answers agree to float rounding (tests/model/test_fused_head.py,
 tests/objectives/test_troll_objective.py).

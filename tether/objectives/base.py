@@ -264,7 +264,7 @@ class ObjectiveConfig:
         """THE test of whether the loss reads each position's distribution on a sparse support (TROLL) rather than
         the sampled token's log-prob alone: the size of each policy's set of most probable tokens, or None (every
         other loss). A trainer then keeps pi_old's set in its old log-prob pass and gives the loss pi_theta's
-        log-probs on the union support (tether.trainer.support); one that cannot refuses the objective."""
+        log-probs on the union support (tether.model.support); one that cannot refuses the objective."""
         return None
 
     def vanishes_when_old_is_sampler(self) -> dict[str, str]:

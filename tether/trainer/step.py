@@ -52,7 +52,7 @@ from . import seeds
 from .data import PromptStream
 from .sampling import Sampler
 from .progress import Counters
-from .support import old_with_set
+from ..model.support import old_with_set
 from .teacher import Teacher
 from .update import Policy, UpdateBatch, update
 
@@ -275,7 +275,7 @@ def old_logprobs_and_set(
     policy: Policy, tokens: Tokens, rollout: RolloutBatch, t: TrainerConfig, support: Optional[SupportSize]
 ) -> tuple[Optional[Tensor], Optional[SparseSet]]:
     """`old_logprobs_of` and, for an objective with a sparse support (`support`, its `sparse_support()`: TROLL),
-    pi_old's most probable tokens per position kept by the same recompute (`tether.trainer.support.old_with_set`),
+    pi_old's most probable tokens per position kept by the same recompute (`tether.model.support.old_with_set`),
     else None. The sampler has no such set (refused); on-policy the pass is skipped, as `old_logprobs_of` skips it."""
     if support is None:
         return old_logprobs_of(policy, tokens, rollout, t), None

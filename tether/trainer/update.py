@@ -34,7 +34,7 @@ from ..core.etr import GroupStats
 from ..core.troll import SparseSet
 from ..model.causal_lm import LogProbSettings, Precision, Tokens, head_pass
 from ..model.packing import token_batches
-from .support import SupportLogprobs, on_support, rows_of
+from ..model.support import SupportLogprobs, on_support, rows_of
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,6 @@ class UpdateBatch:
         def rows(x: Optional[Tensor]) -> Optional[Tensor]:
             return None if x is None else x[idx]
 
-        if support is not None:
-            old = support.logprobs.detach() if support.old_logprobs is None else support.old_logprobs
-            support = support._replace(old_logprobs=old)
         teacher = None if self.teacher is None else self.teacher.select(idx)
         return objectives.TokenBatch(
             logprobs=logprobs,
@@ -113,13 +110,10 @@ class UpdateBatch:
             entropy=entropy,
             loss_norm=loss_norm,
             group_stats=None if self.group_stats is None else self.group_stats.select(idx),
-            support_logprobs=None if support is None else support.logprobs,
-            old_support_logprobs=None if support is None else support.old_logprobs,
-            support_mask=None if support is None else support.mask,
-            support_token_index=None if support is None else support.token_index,
             teacher_logprobs=None if teacher is None else teacher.logprobs,
             teacher_topk_logprobs=None if teacher is None else teacher.topk_logprobs,
             student_topk_logprobs=student_topk,
+            **({} if support is None else support.batch_fields()),
         )
 
 
@@ -192,7 +186,7 @@ def micro_batches(
 
 def _micro_step(policy: Policy, obj: objectives.Objective, batch: UpdateBatch, idx: Int[Tensor, " M"], norm):
     """Forward and backward of one micro-batch (rows `idx`), its loss the mini-batch share `norm`; for an objective
-    with a sparse support, the forward also gives its supports (tether.trainer.support), and for one that distils
+    with a sparse support, the forward also gives its supports (tether.model.support), and for one that distils
     to a teacher's top-k, the policy's log-probs of those tokens."""
     tokens, size, support, gathered = batch.tokens.select(idx), obj.config.sparse_support(), None, None
     ids = None if batch.teacher is None or batch.teacher.topk_ids is None else batch.teacher.topk_ids[idx]

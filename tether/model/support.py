@@ -1,5 +1,6 @@
-"""What an objective with a sparse support (TROLL: `ObjectiveConfig.sparse_support()`) reads, computed by the
-trainer (docs/algorithms/troll.md, "What the trainer feeds"):
+"""What an objective with a sparse support (TROLL: `ObjectiveConfig.sparse_support()`) reads, computed from the
+model for tether's trainer and for the TRL and verl adapters alike (docs/algorithms/troll.md, "What the trainer
+feeds"):
 
     old pass   pi_old's log-probs (N, T) and, from the same forwards, its set of most probable tokens at every
                position: ids (N, T, K) int32, log-probs (N, T, K) float32, keep (N, T, K) bool (`old_with_set`)
@@ -19,7 +20,7 @@ Shapes: N rows, T completion tokens, K tokens per set, S support entries (`jaxty
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -27,8 +28,10 @@ from torch import Tensor
 
 from ..core import troll as _troll
 from ..core.troll import SparseSet
-from ..model.causal_lm import LogProbSettings, Tokens, batched_logprobs_and_top, completion_head
-from ..objectives import SupportSize
+from .causal_lm import LogProbSettings, Tokens, batched_logprobs_and_top, completion_head
+
+SupportSize = Any
+"""`tether.objectives.SupportSize` (`top_k`, `mass`): how large a set is; the model layer reads its two fields."""
 
 
 class SupportLogprobs(NamedTuple):
@@ -39,6 +42,17 @@ class SupportLogprobs(NamedTuple):
     mask: Bool[Tensor, "M T S"]  # which entries count
     token_index: Int[Tensor, "M T"]  # the sampled token's entry
     index: Int[Tensor, "M T S"]  # the entries' vocabulary ids (ascending; 0 where `mask` is False)
+
+    def batch_fields(self) -> dict[str, Tensor]:
+        """`TokenBatch`'s four support_* fields (on-policy, pi_old's log-probs on the support are pi_theta's,
+        detached): what tether's update and the TRL adapter both pass the objective."""
+        old = self.logprobs.detach() if self.old_logprobs is None else self.old_logprobs
+        return dict(
+            support_logprobs=self.logprobs,
+            old_support_logprobs=old,
+            support_mask=self.mask,
+            support_token_index=self.token_index,
+        )
 
 
 @torch.no_grad()
