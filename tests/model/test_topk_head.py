@@ -1,10 +1,10 @@
-"""The LM head at a few tokens per position (`tether.model.topk`, `causal_lm.head_pass`, `batched_topk`), which
-distillation to a teacher's top-k distribution reads, on a float64 tiny Llama:
+"""The LM head at a few tokens per position (`CompletionHead.top` and `.logprobs`, through `causal_lm.head_pass` and
+`batched_topk`), which distillation to a teacher's top-k distribution reads, on a float64 tiny Llama:
 
 1. exactness: the chunked top-k log-probs and ids, and the student's log-probs at given ids, equal the model's own
    full log-softmax to 1e-12, with chunks of one and of three positions, shared prompts on and off, at temperature
    0.7; the unfused path (the model's logits, which tether casts to float32) to float32's rounding;
-2. gradients: the parameters' gradient through the checkpointed chunks equals the one through the full logits;
+2. gradients: the parameters' gradient through the fused head's tiles equals the one through the full logits;
 3. invariants: positions outside the loss mask get 0 and id 0, and nothing that needs no top-k changes.
 """
 

@@ -44,7 +44,6 @@ from jaxtyping import Float, Int, Shaped
 from torch import Tensor
 
 from . import packing as _packing
-from . import topk as _topk
 from .head import CompletionHead
 from .probes import Probed, disagreement
 
@@ -404,7 +403,8 @@ def head_pass(
 ) -> HeadPass:
     """log pi(targets) (N, T) and entropy (N, T) of a causal LM, through the fused head when possible; with `topk`
     > 0 also the K largest log-probs at each counted position, with `gather_ids` (N, T, K) the log-probs of those
-    tokens, with gradient (tether.model.topk: chunked, never the (N, T, V) logits on the fused path).
+    tokens, with gradient (`CompletionHead.top` and `.logprobs`: in tiles, never the (N, T, V) logits on the fused
+    path).
 
     The token at column `start + t` of `tokens.input_ids` (N, P + T) is predicted from position
     `start - 1 + t`, with start = `tokens.prompt_len` (>= 1) and the targets `tokens.completion_ids`
@@ -420,17 +420,12 @@ def head_pass(
     """
     head = completion_head(model, tokens, settings)
     lp, ent = head.logprobs(tokens.completion_ids, with_entropy)
-    keep, tau, chunk = head.loss_mask, head.temperature, head.chunk_size
-    if head.fused:
-        top = _topk.topk_logprobs(head.hidden, head.weight, keep, topk, tau, chunk) if topk else None
-        got = None
-        if gather_ids is not None:
-            got = _topk.gathered_logprobs(head.hidden, head.weight, gather_ids, keep, tau, chunk)
-        return HeadPass(lp, ent, True, top, got)
-    logp = torch.log_softmax(head.logits, -1)
-    top = _topk.topk_of_logprobs(logp, keep, topk) if topk else None
-    got = None if gather_ids is None else logp.gather(-1, gather_ids).masked_fill(~keep[..., None], 0.0)
-    return HeadPass(lp, ent, False, top, got)
+    top = None
+    if topk:
+        ids, values = head.top(topk)
+        top = (values, ids)
+    got = None if gather_ids is None else head.logprobs(gather_ids)[0]
+    return HeadPass(lp, ent, head.fused, top, got)
 
 
 def completion_head(model: Any, tokens: Tokens, settings: LogProbSettings = LogProbSettings()) -> CompletionHead:
