@@ -52,7 +52,11 @@ def update_once(overrides: list[str], tensors: dict) -> dict:
 
     before = full_state()
     a = cfg.actor_rollout_ref
-    data = DataProto.from_single_dict(dict(tensors), meta_info={"temperature": a.rollout.temperature})
+    old_pass = _old_pass(cfg, worker, tensors)  # TROLL's: the driver's old pass, pi_old's sets (tether's hook)
+    meta = {"temperature": a.rollout.temperature}
+    if old_pass is not None:  # what the hook puts in the batch's meta_info for the update
+        meta.update(old_pass.meta_info)
+    data = DataProto.from_single_dict(dict(tensors), meta_info=meta)
     # verl's RayPPOTrainer._update_actor (verl/trainer/ppo/ray_trainer.py, 0.9.1), without Ray.
     td = left_right_2_no_padding(data.to_tensordict())
     mini = a.actor.ppo_mini_batch_size * a.rollout.n
@@ -76,7 +80,29 @@ def update_once(overrides: list[str], tensors: dict) -> dict:
         "metrics": {k: [float(x) for x in v] for k, v in metrics.items()},
         "policy_loss": {k: getattr(policy_loss, k, None) for k in ("loss_mode", "objective", "overrides")},
         "policy_loss_class": type(policy_loss).__qualname__,
+        "old_pass": None if old_pass is None else {k: v.clone() for k, v in old_pass.batch.items()},
     }
+
+
+def _old_pass(cfg, worker, tensors: dict):
+    """For a tether objective with sparse supports (TROLL): verl's driver's `_compute_old_log_prob`, as tether's
+    hook wraps it, on the batch, with this worker as the actor's worker group; else None."""
+    from types import SimpleNamespace
+
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from tether.integrations.verl import sparse_size
+
+    if sparse_size(cfg.actor_rollout_ref.actor) is None:
+        return None
+    keep = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask")
+    batch = DataProto.from_single_dict({k: tensors[k] for k in keep}, meta_info={})
+    batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
+    batch.meta_info["global_token_num"] = tensors["attention_mask"].sum(-1).tolist()  # as verl's fit() sets it
+    driver = SimpleNamespace(config=cfg, actor_rollout_wg=worker)
+    result, _ = RayPPOTrainer._compute_old_log_prob(driver, batch)
+    return result
 
 
 def main() -> None:

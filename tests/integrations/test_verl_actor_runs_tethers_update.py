@@ -34,6 +34,7 @@ TESTS = Path(__file__).resolve().parents[1]
 DRIVER = TESTS / "verl_actor_cpu.py"
 G, PROMPTS, P, T = 4, 2, 4, 6  # samples per prompt, prompts, prompt and response widths
 LR = 1.0
+TROLL = {"preset": "troll", "top_k": 8, "eps": 0.002}  # a bound the batch's perturbed pi_old crosses
 
 
 # verl overrides every case shares: the tiny model, sdpa attention and no remove-padding (both
@@ -95,6 +96,9 @@ CASES = {
         {"preset": "rpg_urkl", "anchor": "ref", "beta": 0.05},
     ),
     "etr": ([f"{LOSS}.loss_mode=tether_etr"], "etr"),
+    # TROLL: pi_old's sets from verl's driver's old pass through tether's hook (compared with tether's own sets of
+    # the same weights, which the batch carries to the update), the supports from the FSDP engine's logits.
+    "troll": ([TETHER_TARGET, f"{LOSS}.loss_mode=tether_troll", f"+{LOSS}.overrides={{top_k:8,eps:0.002}}"], TROLL),
 }
 
 
@@ -135,7 +139,15 @@ def _batch(model_dir: Path) -> dict:
     adv, returns = core_algos.get_adv_estimator_fn("tether_grpo")(
         token_level_rewards=token_rewards, response_mask=resp_mask, index=uids
     )
+    from tether.integrations.verl_compat import SET_FIELDS
+    from tether.model.support import old_with_set
+
+    with torch.no_grad():  # pi_old's sets, as tether's trainer keeps them (TROLL's case reads them)
+        _, sets = old_with_set(
+            model, tokens, LogProbSettings(share_prompts=False), objectives.build(TROLL).config.sparse_support()
+        )
     return {
+        **dict(zip(SET_FIELDS, sets)),
         "input_ids": tokens.input_ids,
         "attention_mask": attention,
         "position_ids": tokens.position_ids,
@@ -197,6 +209,8 @@ def verl_updates(tmp_path_factory):
 def _tether_update(model_dir: Path, batch: dict, spec) -> tuple[dict, dict]:
     """tether's own trainer's update (`tether.trainer.update.update`) on the same batch: (metrics, weights after)."""
     from tether.config.loading import load_config
+    from tether.core.troll import SparseSet
+    from tether.integrations.verl_compat import SET_FIELDS
     from tether.trainer.update import Policy, UpdateBatch, update
 
     model, _ = load_model(str(model_dir), dtype="float32")
@@ -219,6 +233,7 @@ def _tether_update(model_dir: Path, batch: dict, spec) -> tuple[dict, dict]:
         group_ids=batch["_groups"],
         old_logprobs=batch["old_log_probs"],
         ref_logprobs=batch["ref_log_prob"] if obj.uses_reference() else None,
+        old_set=SparseSet(*(batch[k] for k in SET_FIELDS)) if obj.config.sparse_support() else None,
     )
     cpu = torch.device("cpu")
     schedule = torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0)
@@ -258,6 +273,16 @@ def test_verl_actor_update_equals_tethers_trainer(verl_updates, case):
         assert "actor/tether/policy/clipfrac_high" in result["metrics"]
     if case == "etr":
         assert "actor/tether/etr/eps_high_mean" in result["metrics"]
+    if case == "troll":  # verl's old pass, through tether's hook, kept the sets tether's trainer keeps
+        from tether.integrations.verl_compat import SET_FIELDS
+
+        old = result["old_pass"]
+        ids, logp, keep = (old[k] for k in SET_FIELDS)
+        assert torch.equal(keep, batch[SET_FIELDS[2]]) and torch.equal(
+            torch.where(keep, ids, 0), torch.where(keep, batch[SET_FIELDS[0]].long(), 0)
+        )
+        torch.testing.assert_close(logp[keep], batch[SET_FIELDS[1]][keep].to(logp.dtype), rtol=0, atol=1e-5)
+        assert "actor/tether/troll/projected_frac" in result["metrics"] and metrics["troll/projected_frac"] > 0
 
 
 @pytest.mark.slow

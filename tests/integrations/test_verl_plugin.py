@@ -193,7 +193,7 @@ def test_verl_registries_return_tethers_functions():
     for mode in tv.LOSS_MODES:
         assert core_algos.get_policy_loss_fn(mode).__module__ == "tether.integrations.verl"
     for name in A.ADVANTAGES.names():
-        assert core_algos.get_adv_estimator_fn(f"tether_{name}").__module__ == "tether.integrations.verl"
+        assert core_algos.get_adv_estimator_fn(f"tether_{name}").__module__ == "tether.integrations.verl_estimators"
     tv.register()  # a second registration is a no-op, not a duplicate-name error
     with pytest.raises(ValueError, match="not tether's"):
         verl_compat.claim({"tether_rpg": print}, "tether_rpg", print, None, "policy loss", owner=tv.__name__)
@@ -244,28 +244,25 @@ CASES = [
 ]
 
 
-# Objectives verl's policy-loss signature cannot feed, refused by name (test_an_objective_with_a_sparse_support_...).
-REFUSED_OBJECTIVES_UNDER_VERL = {"troll"}
+# Objectives whose loss reads more than the sampled tokens' log-probs (TROLL's sparse supports, which only a forward
+# of the model gives): tested inside verl's own actor, against tether's trainer (test_verl_actor_runs_tethers_update).
+TESTED_IN_VERLS_ACTOR = {"troll"}
 
 
 def test_the_cases_cover_every_objective():
-    assert {tv.LOSS_MODES[c[0]] for c in CASES} == set(objectives.names()) - REFUSED_OBJECTIVES_UNDER_VERL
+    assert {tv.LOSS_MODES[c[0]] for c in CASES} == set(objectives.names()) - TESTED_IN_VERLS_ACTOR
 
 
-@pytest.mark.parametrize("overrides", [{}, {"top_k": 8}])
-def test_an_objective_with_a_sparse_support_is_refused_with_why_and_what_to_use(overrides):
-    # TROLL reads pi_old's and pi_theta's log-probs at each position's top-k tokens; verl passes its policy loss the
-    # sampled tokens' log-probs only, so the loss mode is registered (every objective is) and refused when built.
-    assert core_algos.get_policy_loss_fn("tether_troll").__module__ == "tether.integrations.verl"
-    k = overrides.get("top_k", 64)
-    with pytest.raises(
-        ConfigError,
-        match=rf"objective 'troll' reads pi_old's and pi_theta's log-probs at each position's top {k} tokens.*"
-        r"sampled tokens' log-probs only.*train it with tether's own trainer \(tether train\)",
-    ):
-        tv.TetherPolicyLossConfig(loss_mode="tether_troll", overrides=overrides)
-    with pytest.raises(ConfigError, match="sparse support"):
-        tv.objective_from("tether_troll")
+def test_an_objective_with_a_sparse_support_says_what_its_loss_needs_when_the_forward_gave_none():
+    # TROLL's supports come from the FSDP engine's forward through tether's hooks (verl_compat item 8), after the
+    # driver's old pass kept pi_old's sets; a loss called without them names what must run.
+    assert tv.sparse_size(_actor_config(tv.TetherPolicyLossConfig(loss_mode="tether_troll"))).top_k == 64
+    assert tv.sparse_size(_actor_config(tv.TetherPolicyLossConfig(loss_mode="tether_dapo"))) is None
+    pl = tv.TetherPolicyLossConfig(loss_mode="tether_troll", overrides={"top_k": 8})
+    d = _data()
+    d["adv_tok"], d["returns"] = d["lp"] * 0 + 1.0, d["lp"] * 0
+    with pytest.raises(ValueError, match="has none: the actor's old log-prob pass must run"):
+        _verl_loss("tether_troll", d, _actor_config(pl), "token-mean")
 
 
 def _both_sides(loss_mode, objective, overrides, d, batch_info=None, loss_norm=None):
@@ -1015,7 +1012,6 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
 # Presets that verl runs by its own means, so that their loss mode is refused with the verl setting to use.
 REFUSED_UNDER_VERL = {
     "gdpo": "adv_estimator=gdpo",
-    "troll": "train it with tether's own trainer",
     "opd": "distillation.enabled with distillation.teacher_models",
 }
 PRESETS_UNDER_VERL = [p for p in objectives.preset_names() if p not in REFUSED_UNDER_VERL]
@@ -1036,7 +1032,7 @@ def test_every_preset_is_a_verl_loss_mode_by_its_own_name():
             assert objectives.load_preset(preset)["name"] == preset
 
 
-@pytest.mark.parametrize("preset", PRESETS_UNDER_VERL)
+@pytest.mark.parametrize("preset", [p for p in PRESETS_UNDER_VERL if p not in TESTED_IN_VERLS_ACTOR])
 def test_a_preset_loss_mode_equals_its_objective_mode_told_the_preset(preset):
     # verl's own PolicyLossConfig (no _target_) with loss_mode=tether_<preset> gives the loss, gradient and metrics
     # of loss_mode=tether_<objective> with TetherPolicyLossConfig's objective=<preset>.

@@ -56,11 +56,10 @@ Where this departs from tether's own trainer, and why:
    does) gets verl's rollout_is_weights as `TokenBatch.rollout_weights` instead of having them multiplied in.
 6. `sampler_kl_coef` is refused: verl's loss signature has no sampler log-probs (`rollout_log_probs` reach
    the loss only in some of verl's paths), so the squared log-ratio to the sampler cannot be computed there.
-   So is `top_entropy_frac`: the signature has no per-token entropy either. So is `troll`, which reads each
-   position's top-k log-probs of pi_old and pi_theta (`ObjectiveConfig.sparse_support`): verl's loss gets the
-   sampled tokens' only (the authors' verl fork threads sparse logits through `DataProto`; this plugin does not).
-   So is `distill`: verl distils with its own teacher workers (`distillation.*`), whose log-probs its policy-loss
-   signature does not pass either.
+   So is `top_entropy_frac` (no per-token entropy in the signature), and `distill`: verl distils with its own
+   teacher workers (`distillation.*`). TROLL's sparse supports (`ObjectiveConfig.sparse_support`), which the
+   signature lacks too, come through tether's hooks (verl_compat item 8): pi_old's sets from the driver's old
+   pass, pi_theta on the supports from the FSDP engine's logits, on the path without remove-padding.
 """
 
 from __future__ import annotations
@@ -71,17 +70,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from tether import objectives
-from tether.core import advantages as _adv
 from tether.core import aggregation as _agg
-from tether.core import etr as _etr
 from tether.core.masked import masked_fraction, masked_mean
 from tether.core.registry import unknown_name_message
 from tether.schema import ConfigError
 
+from .verl_estimators import ESTIMATORS, _make_estimator, group_shift  # noqa: F401  (group_shift: public)
 from .verl_compat import (  # every touchpoint into verl's internals (versions checked there)
     PolicyLossConfig,
     agg_loss,
@@ -89,8 +86,11 @@ from .verl_compat import (  # every touchpoint into verl's internals (versions c
     config_get,
     global_batch_info,
     guard_trl_probe,
+    SUPPORT_OUTPUT,
     install_batch_hook,
+    install_support_hooks,
     micro_batch,  # noqa: F401  (public: publish a micro-batch by hand, as the tests do)
+    model_output_field,
     plain,
     register_estimator,
     register_loss,
@@ -110,8 +110,6 @@ LOSS_MODE_SPECS: dict[str, str] = {PREFIX + name: name for name in [*objectives.
 every preset by its own name (tether_atr_grpo -> atr_grpo), as `objective: <name>` in tether's own config."""
 LOSS_MODES: dict[str, str] = {mode: _objective_named(name) for mode, name in LOSS_MODE_SPECS.items()}
 """verl loss_mode -> the tether objective it runs (tether_atr_grpo -> divergence_clip)."""
-ESTIMATORS: dict[str, str] = {PREFIX + name: name for name in _adv.ADVANTAGES.names()}
-"""verl adv_estimator -> tether advantage estimator name."""
 HOOK_ENV = "TETHER_VERL_BATCH_HOOK"
 """Set to 0 to leave verl's ppo_loss unwrapped (objectives needing ref_log_prob or returns then fail)."""
 
@@ -168,7 +166,7 @@ def _build(loss_mode: str, objective: Optional[str], overrides: dict) -> objecti
             f"{_KEY}.objective {objective!r} is tether objective {obj.name!r}, but loss_mode {loss_mode!r} "
             f"runs {name!r}; set loss_mode={fix}"
         )
-    _refuse_what_verl_does_not_pass(_without_sparse_support(obj))
+    _refuse_what_verl_does_not_pass(obj)
     return _without_teacher(obj)
 
 
@@ -236,23 +234,34 @@ def _without_teacher(obj: objectives.Objective) -> objectives.Objective:
     return obj
 
 
-def _without_sparse_support(obj: objectives.Objective) -> objectives.Objective:
-    """`obj`, unless it reads a sparse support (`ObjectiveConfig.sparse_support`: TROLL), which is refused."""
-    support = obj.config.sparse_support()
-    if support is not None:  # verl passes a policy loss the sampled tokens' log-probs only
-        raise ConfigError(
-            f"{_KEY}: objective {obj.name!r} reads pi_old's and pi_theta's log-probs at each position's top "
-            f"{support.top_k} tokens (a sparse support), and verl passes its policy loss the sampled tokens' "
-            "log-probs only (old_log_prob, log_prob); train it with tether's own trainer (tether train)"
-        )
-    return obj
-
-
 def _objective_for(config: Any, loss_mode: str) -> objectives.Objective:
     policy_loss = config_get(config, "policy_loss")
     if policy_loss is not None and config_get(policy_loss, "loss_mode") == loss_mode:
         return objective_from(loss_mode, config_get(policy_loss, "objective"), config_get(policy_loss, "overrides"))
     return objective_from(loss_mode)
+
+
+def sparse_size(actor_config: Any) -> Optional[objectives.SupportSize]:
+    """The (top_k, mass) of the sets the actor's tether objective reads (TROLL), or None: what the driver's old pass
+    asks the actor for (departure 6, verl_compat item 8)."""
+    loss_mode = config_get(config_get(actor_config, "policy_loss"), "loss_mode")
+    if loss_mode not in LOSS_MODES:
+        return None
+    return _objective_for(actor_config, loss_mode).config.sparse_support()
+
+
+def _support(obj: objectives.Objective) -> dict:
+    """TokenBatch's support fields for an objective with a sparse support, from the forward's model output."""
+    if obj.config.sparse_support() is None:
+        return {}
+    support = model_output_field(SUPPORT_OUTPUT)
+    if support is None:
+        raise ValueError(
+            f"tether objective {obj.name!r} reads pi_theta's log-probs on sparse supports, and verl's model output "
+            "has none: the actor's old log-prob pass must run (not bypass mode), through verl's FSDP engine, with "
+            f"tether's hooks installed ({HOOK_ENV} must not be 0)"
+        )
+    return support
 
 
 # ---------------------------------------------------------------- fields of the micro-batch
@@ -334,6 +343,7 @@ def policy_loss(
             ref_logprobs=ref,
             group_stats=stats,
             rollout_weights=rollout_is_weights if folds else None,
+            **_support(obj),
         )
     )
 
@@ -362,19 +372,6 @@ def _check_no_hidden_kl_loss(obj: objectives.Objective, config: Any) -> None:
             f"objective {obj.name!r}, which has its own KL to the reference; set "
             f"actor_rollout_ref.actor.kl_loss_coef=0 "
             "(use_kl_loss=True then only makes verl compute ref_log_prob)"
-        )
-
-
-def _check_no_kl_in_reward(config: Any) -> None:
-    """tether's estimators read outcome rewards; verl's KL-in-reward would change them unseen."""
-    coef = config_get(config_get(config, "kl_ctrl"), "kl_coef")
-    if config_get(config, "use_kl_in_reward") and coef:
-        raise ConfigError(
-            f"algorithm.kl_ctrl.kl_coef={coef}: with algorithm.use_kl_in_reward=True verl subtracts its KL "
-            f"penalty from "
-            "the rewards tether's advantage estimators read; set algorithm.kl_ctrl.kl_coef=0 (then it only makes verl "
-            "compute ref_log_prob) or algorithm.use_kl_in_reward=False, and put the KL in the objective "
-            "(kl_penalty, RPG)"
         )
 
 
@@ -437,46 +434,6 @@ def _make_loss(loss_mode: str):
     return loss
 
 
-# ---------------------------------------------------------------- advantage estimators
-
-
-def group_shift(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """nu_g - nu_bar (N,): ETR's centred reward-variance share of each sample's group, over the
-    whole batch (`tether.core.etr.etr_group_stats`, the one home of the formula)."""
-    return _etr.etr_group_stats(rewards, group_ids).nu_shift
-
-
-def _group_ids(index: Any, device: torch.device) -> torch.Tensor:
-    labels = np.asarray(list(index), dtype=object)
-    _, inverse = np.unique(labels, return_inverse=True)
-    return torch.as_tensor(inverse.reshape(-1), device=device)
-
-
-def _make_estimator(adv_estimator: str):
-    name = ESTIMATORS[adv_estimator]
-
-    def estimator(
-        token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None, config: Any = None, **unused
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(advantages, returns), both (N, T): tether's estimator, and ETR's nu_g - nu_bar in `returns`."""
-        if index is None:
-            raise ValueError(
-                f"{adv_estimator} groups samples by prompt and needs `index` (verl passes non_tensor_batch['uid']); "
-                "this batch has no 'uid'"
-            )
-        _check_no_kl_in_reward(config)
-        with torch.no_grad():
-            rewards = token_level_rewards.sum(-1)  # (N,) outcome reward
-            group_ids = _group_ids(index, rewards.device)
-            mask = response_mask.to(rewards.dtype)
-            # Response lengths weigh batch-level statistics (reinforce_pp whitens over tokens, as verl does).
-            adv = _adv.compute_advantages(name, rewards, group_ids, weights=mask.sum(-1))
-            return adv[:, None] * mask, _etr.etr_group_stats(rewards, group_ids).to_tokens(mask)
-
-    estimator.__name__ = estimator.__qualname__ = adv_estimator
-    return estimator
-
-
 # ---------------------------------------------------------------- registration
 
 
@@ -485,9 +442,10 @@ def register() -> None:
     for loss_mode in LOSS_MODES:
         register_loss(loss_mode, _make_loss(loss_mode), owner=__name__)
     for adv_estimator in ESTIMATORS:
-        register_estimator(adv_estimator, _make_estimator(adv_estimator), owner=__name__)
+        register_estimator(adv_estimator, _make_estimator(adv_estimator), owner=_make_estimator.__module__)
     if os.environ.get(HOOK_ENV, "1") != "0":
         install_batch_hook()
+        install_support_hooks(sparse_size)
     guard_trl_probe()  # verl 0.9's actor imports a class trl 1.16 removed (verl_compat.py, item 7)
 
 

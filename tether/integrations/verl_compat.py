@@ -23,6 +23,18 @@ of this file: each touchpoint below says what it relies on.
    `AutoModelForCausalLMWithValueHead`. verl 0.9.0 and 0.9.1 import it whenever trl is installed;
    trl 1.16 has no such class, so the import fails and no actor starts. `guard_trl_probe`
    makes that one name answer whether trl has the class; nothing else of verl changes.
+8. TROLL's sparse supports (`install_support_hooks`), for an objective with a sparse support only:
+   - the driver's `RayPPOTrainer._compute_old_log_prob(batch)`, which keeps only the log-probs, entropies,
+     routed experts and sum_pi_squared of the actor's `compute_log_prob` output: wrapped so that the actor's worker
+     is asked for pi_old's sparse set too (the non-tensor key `SIZE_KEY` in the TensorDict it sends), which is
+     then added to the returned batch as (N, T, K) fields `SET_FIELDS`, with `SIZE_KEY` in its meta_info (which
+     `DataProto.to_tensordict` makes a non-tensor key of the update's TensorDict);
+   - the FSDP engine's `FSDPEngineWithLMHead.prepare_model_outputs(output, output_args, micro_batch, ...)`, where
+     the logits exist: wrapped so that, when the micro-batch carries `SIZE_KEY`, the model output also holds the
+     set (the old pass, without gradient) or pi_theta on the support (the update), in the response layout
+     verl's `no_padding_2_padding` gives; read from `output.logits` (bsz, seq, V) and `output_args["temperature"]`
+     of the path without remove-padding, fused kernels or sequence parallelism, each refused otherwise;
+   - `ppo_loss`'s wrapper (3.) publishes the model output too (`model_output_field`).
 """
 
 from __future__ import annotations
@@ -39,6 +51,11 @@ import torch
 from verl.trainer.ppo import core_algos
 from verl.workers.config import PolicyLossConfig
 
+from ..core.troll import SparseSet
+from ..model.head import CompletionHead
+from ..model.support import set_of, support_of
+from ..objectives import SupportSize
+
 __all__ = [
     "PolicyLossConfig",
     "agg_loss",
@@ -46,6 +63,8 @@ __all__ = [
     "config_get",
     "guard_trl_probe",
     "install_batch_hook",
+    "install_support_hooks",
+    "model_output_field",
     "micro_batch",
     "plain",
     "register_estimator",
@@ -78,6 +97,7 @@ def register_estimator(name: str, fn: Callable, owner: str) -> None:
 # ---------------------------------------------------------------- 3. the micro-batch hook
 
 _MICRO_BATCH: ContextVar[Optional[Mapping]] = ContextVar("tether_verl_micro_batch", default=None)
+_MODEL_OUTPUT: ContextVar[Optional[Mapping]] = ContextVar("tether_verl_model_output", default=None)
 
 
 @contextlib.contextmanager
@@ -109,11 +129,21 @@ def batch_field(name: str, like: torch.Tensor, required: bool = True) -> Optiona
     return t.to(device=like.device, dtype=like.dtype)
 
 
+def model_output_field(name: str) -> Any:
+    """Entry `name` of the model output `ppo_loss` is computing the loss of (8.), or None."""
+    output = _MODEL_OUTPUT.get()
+    return None if output is None else output.get(name)
+
+
 def _publishing(ppo_loss):
     @functools.wraps(ppo_loss)
     def ppo_loss_publishing_micro_batch(config, model_output, data, dp_group=None):
-        with micro_batch(data):
-            return ppo_loss(config, model_output, data, dp_group)
+        token = _MODEL_OUTPUT.set(model_output)
+        try:
+            with micro_batch(data):
+                return ppo_loss(config, model_output, data, dp_group)
+        finally:
+            _MODEL_OUTPUT.reset(token)
 
     ppo_loss_publishing_micro_batch.tether_hook = True
     return ppo_loss_publishing_micro_batch
@@ -219,3 +249,129 @@ def guard_trl_probe() -> bool:
         is_trl_available_with_value_head.tether_guard = True
         module.is_trl_available = is_trl_available_with_value_head
     return True
+
+
+# ---------------------------------------------------------------- 8. TROLL's sparse supports
+
+SIZE_KEY = "tether_sparse_support"
+"""Non-tensor key of a TensorDict (and meta_info key of a DataProto): (top_k, mass) of the sets to compute."""
+SET_FIELDS = ("tether_old_set_ids", "tether_old_set_logp", "tether_old_set_keep")
+"""pi_old's set, (N, T, K) each, in the batch from the old pass to the update."""
+SUPPORT_OUTPUT = "tether_support"
+"""The model-output entry of the update's forward: TokenBatch's four support fields (`SupportLogprobs.batch_fields`),
+in the response layout."""
+
+
+def _response_head(output: Any, output_args: dict, micro_batch: Any, loss_mask: torch.Tensor):
+    """A `CompletionHead` on the response positions of a micro-batch (bsz, T, V): verl's logits / temperature."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    for key, default in (("use_remove_padding", True), ("use_fused_kernels", False)):
+        if tu.get_non_tensor_data(data=micro_batch, key=key, default=default):
+            raise ValueError(
+                f"tether's sparse supports (troll) under verl read the logits of the path without remove-padding "
+                f"or fused kernels; {key} is on: set actor_rollout_ref.model.{key}=False"
+            )
+    logits = output.logits  # (bsz, seq, V): each sequence's real tokens from column 0 (no remove-padding)
+    if not isinstance(logits, torch.Tensor) or type(logits) is not torch.Tensor:
+        raise ValueError("tether's sparse supports (troll) under verl need unsharded logits (no tensor parallelism)")
+    tau = output_args["temperature"].to(device=logits.device, dtype=torch.float32).clamp(min=1e-8)
+    z = logits.float() / tau[:, None, None]
+    offsets = micro_batch["input_ids"].offsets()
+    flat = torch.cat([z[i, :n] for i, n in enumerate(offsets.diff().tolist())])  # (nnz, V)
+    z = no_padding_2_padding(torch.nested.nested_tensor_from_jagged(flat, offsets=offsets.to(flat.device)), micro_batch)
+    return CompletionHead(loss_mask.bool(), 1.0, None, logits=z)
+
+
+def _padded(micro_batch: Any, name: str) -> torch.Tensor:
+    t = micro_batch[name]
+    return t.to_padded_tensor(0) if t.is_nested else t
+
+
+def _supports(output: Any, output_args: dict, micro_batch: Any, size: Any) -> dict:
+    """The model-output entries (8.): without gradient (the old pass), pi_old's set as nested (bsz, T, K) tensors;
+    with gradient (the update), pi_theta on the support, `SUPPORT_OUTPUT`."""
+    mask = _padded(micro_batch, "response_mask").bool()
+    head = _response_head(output, output_args, micro_batch, mask)
+    responses = _padded(micro_batch, "responses").to(mask.device)
+    if not torch.is_grad_enabled():
+        found = set_of(head, size)
+        return {
+            k: torch.nested.as_nested_tensor(list(v.unbind()), layout=torch.jagged) for k, v in zip(SET_FIELDS, found)
+        }
+    old = None
+    if SET_FIELDS[0] in micro_batch.keys():
+        old = SparseSet(*(_padded(micro_batch, k).to(mask.device) for k in SET_FIELDS))
+    old_lp = _padded(micro_batch, "old_log_probs").to(mask.device) if old is not None else None
+    _, _, support = support_of(head, responses, size, old, old_lp)
+    return {SUPPORT_OUTPUT: support.batch_fields()}  # a dict: verl's detach_tree rebuilds tuples positionally
+
+
+def _engine_hook(prepare_model_outputs: Callable) -> Callable:
+    @functools.wraps(prepare_model_outputs)
+    def prepare_model_outputs_with_supports(self, output, output_args, micro_batch, logits_processor_func):
+        from verl.utils import tensordict_utils as tu
+
+        out = prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func)
+        size = tu.get_non_tensor_data(data=micro_batch, key=SIZE_KEY, default=None)
+        if size is not None:
+            out.update(_supports(output, output_args, micro_batch, _size(size)))
+        return out
+
+    prepare_model_outputs_with_supports.tether_hook = True
+    return prepare_model_outputs_with_supports
+
+
+def _size(size: Any) -> Any:
+    return SupportSize(int(size[0]), float(size[1]))
+
+
+def _old_pass_hook(compute_old_log_prob: Callable, sparse_size: Callable[[Any], Any]) -> Callable:
+    @functools.wraps(compute_old_log_prob)
+    def compute_old_log_prob_with_sets(self, batch):
+        size = sparse_size(self.config.actor_rollout_ref.actor)
+        if size is None:
+            return compute_old_log_prob(self, batch)
+        workers, sent = self.actor_rollout_wg, {}
+
+        class _Asking:  # the actor's workers, asked for pi_old's sets as well
+            def __getattr__(self, name):
+                return getattr(workers, name)
+
+            def compute_log_prob(self, td):
+                from verl.utils import tensordict_utils as tu
+
+                tu.assign_non_tensor(td, **{SIZE_KEY: (size.top_k, size.mass)})
+                sent["td"], sent["out"] = td, workers.compute_log_prob(td)
+                return sent["out"]
+
+        self.actor_rollout_wg = _Asking()
+        try:
+            result, mfu = compute_old_log_prob(self, batch)
+        finally:
+            self.actor_rollout_wg = workers
+        from verl.utils import tensordict_utils as tu
+
+        for name in SET_FIELDS:
+            result.batch[name] = tu.get(sent["out"], name).to_padded_tensor(0)
+        result.meta_info[SIZE_KEY] = (size.top_k, size.mass)
+        return result, mfu
+
+    compute_old_log_prob_with_sets.tether_hook = True
+    return compute_old_log_prob_with_sets
+
+
+def install_support_hooks(sparse_size: Callable[[Any], Any]) -> None:
+    """Wrap the FSDP engine's `prepare_model_outputs` and the driver's `_compute_old_log_prob` (8.; idempotent).
+    `sparse_size(actor_config)` is the (top_k, mass) of the run's objective, or None when it reads no support."""
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    if not getattr(FSDPEngineWithLMHead.prepare_model_outputs, "tether_hook", False):
+        FSDPEngineWithLMHead.prepare_model_outputs = _engine_hook(FSDPEngineWithLMHead.prepare_model_outputs)
+    try:
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    except ImportError:  # no Ray here: a worker process, or verl without its trainer
+        return
+    if not getattr(RayPPOTrainer._compute_old_log_prob, "tether_hook", False):
+        RayPPOTrainer._compute_old_log_prob = _old_pass_hook(RayPPOTrainer._compute_old_log_prob, sparse_size)

@@ -29,6 +29,7 @@ from torch import Tensor
 from ..core import troll as _troll
 from ..core.troll import SparseSet
 from .causal_lm import LogProbSettings, Tokens, batched_logprobs_and_top, completion_head
+from .head import CompletionHead
 
 SupportSize = Any
 """`tether.objectives.SupportSize` (`top_k`, `mass`): how large a set is; the model layer reads its two fields."""
@@ -81,13 +82,32 @@ def on_support(
     """One micro-batch's forward for a sparse-support objective: the sampled tokens' log-probs (M, T) and the
     entropy (M, T), both with gradient, and the supports (`SupportLogprobs`). `old` is pi_old's stored set of these
     rows and `old_lp` its log-probs of the sampled tokens (both None on-policy). 0s outside `tokens.loss_mask`."""
-    head = completion_head(model, tokens, settings)
-    counted = tokens.loss_mask.bool()[..., None]
-    ids, logp = head.top(size.top_k)  # pi_theta's own set, without gradient
-    keep = _troll.mass_cut(logp, size.mass) & counted
+    return support_of(completion_head(model, tokens, settings), tokens.completion_ids, size, old, old_lp)
+
+
+@torch.no_grad()
+def set_of(head: CompletionHead, size: SupportSize) -> SparseSet:
+    """The head's set of most probable tokens at each position it scores (`SparseSet`, (M, T, K)): at most
+    `size.top_k`, while the mass before a token is below `size.mass`; what `old_with_set` keeps of pi_old."""
+    ids, logp = head.top(size.top_k)
+    return SparseSet(ids, logp, _troll.mass_cut(logp, size.mass) & head.loss_mask[..., None])
+
+
+def support_of(
+    head: CompletionHead,
+    completion_ids: Int[Tensor, "M T"],
+    size: SupportSize,
+    old: Optional[SparseSet],
+    old_lp: Optional[Float[Tensor, "M T"]],
+) -> tuple[Float[Tensor, "M T"], Float[Tensor, "M T"], SupportLogprobs]:
+    """`on_support` from a head already run (`CompletionHead`: the model's hidden states, or its logits, as verl's
+    engine has them): pi_theta's own set (without gradient), the support = pi_old's set U pi_theta's U the sampled
+    token, and pi_theta's log-probs and entropy there with gradient."""
+    own = set_of(head, size)
+    ids, keep = own.ids, own.keep
     if old is not None:
         ids, keep = torch.cat([old.ids.long(), ids], -1), torch.cat([old.keep, keep], -1)
-    support = _troll.union_support(ids, keep, tokens.completion_ids, head.vocab)
+    support = _troll.union_support(ids, keep, completion_ids, head.vocab)
     lp_support, entropy = head.logprobs(support.index, with_entropy=True)  # (M, T, S)
     lp = lp_support.gather(-1, support.token_index[..., None])[..., 0]
     old_support = None
