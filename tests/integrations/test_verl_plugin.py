@@ -1251,3 +1251,23 @@ def test_environment_tokens_change_no_loss_of_a_tether_objective_under_verl(loss
     assert a_loss.abs() > 1e-4
     torch.testing.assert_close(a_loss, b_loss, rtol=0, atol=0)
     assert torch.equal(a_grad, b_grad) and torch.all(a_grad[d["env"]] == 0)
+
+
+def test_the_engine_adds_troll_supports_only_where_they_are_needed_and_on_the_dense_logits_path():
+    # verl_compat item 8: a forward-only pass once the batch holds pi_old's sets (the reference's, which verl runs
+    # after merging the old pass's output) adds nothing; the remove-padding and fused-kernel paths, whose logits are
+    # packed or never formed, are refused with the setting to change.
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    from tether.integrations.verl_compat import SET_FIELDS, _supports
+
+    size = objectives.SupportSize(8, 1.0)
+    with_sets = TensorDict({SET_FIELDS[0]: torch.zeros(2, 3, 8, dtype=torch.long)}, batch_size=[2])
+    with torch.no_grad():
+        assert _supports(None, {}, with_sets, size) == {}
+    for key, value in (("use_remove_padding", True), ("use_fused_kernels", True)):
+        data = TensorDict({"response_mask": torch.ones(2, 3)}, batch_size=[2])
+        tu.assign_non_tensor(data, **{"use_remove_padding": False, key: value})
+        with pytest.raises(ValueError, match=rf"{key} is on: set actor_rollout_ref.model.{key}=False"):
+            _supports(None, {}, data, size)

@@ -290,8 +290,11 @@ def _padded(micro_batch: Any, name: str) -> torch.Tensor:
 
 
 def _supports(output: Any, output_args: dict, micro_batch: Any, size: Any) -> dict:
-    """The model-output entries (8.): without gradient (the old pass), pi_old's set as nested (bsz, T, K) tensors;
-    with gradient (the update), pi_theta on the support, `SUPPORT_OUTPUT`."""
+    """The model-output entries (8.): without gradient and without sets in the batch (the old pass), pi_old's set as
+    nested (bsz, T, K) tensors; with gradient (the update), pi_theta on the support, `SUPPORT_OUTPUT`; nothing in a
+    forward-only pass that runs once the sets exist (the reference's, after verl merged the old pass's output)."""
+    if not torch.is_grad_enabled() and SET_FIELDS[0] in micro_batch.keys():
+        return {}  # a forward-only pass after the old one (the reference's): the sets exist, nothing to add
     mask = _padded(micro_batch, "response_mask").bool()
     head = _response_head(output, output_args, micro_batch, mask)
     responses = _padded(micro_batch, "responses").to(mask.device)
