@@ -13,8 +13,8 @@ settings: eps = 0.05, alpha = 1, supports of each policy's top K = 64 tokens or 
 delta = 1e-5 (the `troll` preset).
 
 The support S_t is the union of pi_old's set (kept by the trainer's old log-prob pass), pi_theta's own set (taken
-without gradient in the update's forward) and the sampled token: `TokenBatch.support_*`, fed by tether's trainer
-(tether.model.support; docs/algorithms/troll.md, "What the trainer feeds").
+without gradient in the update's forward) and the sampled token: `TokenBatch.support_*`, fed by tether's trainer,
+the TRL adapter and the verl plugin alike (tether.model.support; docs/algorithms/troll.md, "What the trainer feeds").
 
 Choices and departures (beyond tether.core.troll's):
 1. Aggregation is the config's (`token-mean` in the preset, verl's default, which the authors' code forks); both
@@ -46,7 +46,8 @@ from .base import ObjectiveConfig, SupportSize, check, check_positive, objective
 from .batch import TokenBatch
 
 _FEED = (
-    "tether's trainer feeds it with trainer.old_logprobs=recompute (tether.model.support); TokenBatch's four "
+    "tether's trainer feeds it with trainer.old_logprobs=recompute, the TRL adapter and the verl plugin with their own "
+    "old pass (tether.model.support); TokenBatch's four "
     "support_* fields carry pi_theta's and pi_old's log-probs at each position's top tokens"
 )
 
