@@ -375,6 +375,15 @@ def test_troll_runs_in_the_adapter_on_the_supports_tethers_trainer_gives_it(tiny
         assert (b.support_logprobs.detach() - b.old_support_logprobs)[live].abs().max() > 1e-3
 
 
+def test_troll_refuses_a_batch_with_images(tiny_dir, tmp_path):
+    # TROLL's own forward runs the text; a vision-language batch would be scored without its images (departure 12)
+    trainer = make_trainer(
+        str(tiny_dir), odd_chars, Dataset.from_dict({"prompt": PROMPTS}), objective="troll", args=_args(tmp_path)
+    )
+    with pytest.raises(ConfigError, match="would leave out the batch's pixel_values"):
+        trainer.policy_forward(trainer.model, {"pixel_values": torch.zeros(1, 3)})
+
+
 def test_troll_with_a_router_loss_is_refused(tiny_dir, tmp_path):
     # a mixture-of-experts router loss comes from TRL's helper, which TROLL's own forward replaces (departure 12)
     from transformers import AutoModelForCausalLM

@@ -278,8 +278,9 @@ def test_verl_actor_update_equals_tethers_trainer(verl_updates, case):
 
         old = result["old_pass"]
         ids, logp, keep = (old[k] for k in SET_FIELDS)
+        assert (ids.dtype, logp.dtype, keep.dtype) == (torch.int32, torch.float32, torch.bool)  # 9 K bytes a token
         assert torch.equal(keep, batch[SET_FIELDS[2]]) and torch.equal(
-            torch.where(keep, ids, 0), torch.where(keep, batch[SET_FIELDS[0]].long(), 0)
+            torch.where(keep, ids.long(), 0), torch.where(keep, batch[SET_FIELDS[0]].long(), 0)
         )
         torch.testing.assert_close(logp[keep], batch[SET_FIELDS[1]][keep].to(logp.dtype), rtol=0, atol=1e-5)
         assert "actor/tether/troll/projected_frac" in result["metrics"] and metrics["troll/projected_frac"] > 0

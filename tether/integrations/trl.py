@@ -59,8 +59,10 @@ Where the loss path departs from TRL's, and why:
    splits with the rows); the loss's forward is then the adapter's own (`policy_forward`: `model.support.on_support`,
    tether's chunked head, no (N, T, V) logits where the model allows the fused head) instead of TRL's helper, with
    the position ids TRL's forward gets (0, 1, ... along each row) and TRL's temperature. pi_old's log-probs of the
-   sampled tokens stay TRL's. On-policy, pi_old's support is pi_theta's, detached, as in tether's trainer. A
-   mixture-of-experts router loss is not computed on that path, so `output_router_logits` is refused with TROLL.
+   sampled tokens stay TRL's. On-policy, pi_old's support is pi_theta's, detached, as in tether's trainer. Both
+   forwards run under accelerate's autocast, in TRL's rows per forward; with FSDP or ZeRO-3 through the model's own
+   logits (its forward gathers the sharded weights). A mixture-of-experts router loss is not computed on that
+   path, so `output_router_logits` is refused with TROLL, and so is a batch with images (the forward is text's).
 6. With TRL's defaults (`num_iterations=1`, `steps_per_generation` = `gradient_accumulation_steps`) every generation
    batch is used within one optimiser step: the old log-probs are the current ones, w = 1, and a trust region (DAPO,
    ATR, ETR, RPG-Style Clip) is inactive. The trainer warns then, as tether's own trainer does
@@ -117,9 +119,11 @@ from ..objectives import Objective, ObjectiveOutput, TokenBatch
 from ..schema import ConfigError
 
 from .trl_compat import OLD_LOGPS, REF_LOGPS, SAMPLER_LOGPS, GRPOConfig, GRPOTrainerHooks, check_version, loss_mask
+from .trl_compat import FORWARD_KEYS
 from .trl_compat import colocated_llm, sync_weights_with
 from .trl_compat import TESTED_TRL  # noqa: F401  (public: the TRL versions the adapter was checked against)
 from .trl_data import reward_func, to_dataset  # noqa: F401  (public: tether tasks and rewards as TRL's)
+from .trl_config import inactive_trust_region, reference_beta, reward_aggregation_conflict, unsupported_options
 from ..rollout import vllm_compat
 
 ObjectiveHook = Callable[[dict, TokenBatch, ObjectiveOutput], None]
@@ -127,91 +131,8 @@ ObjectiveHook = Callable[[dict, TokenBatch, ObjectiveOutput], None]
 check_version()
 
 
-# ---------------------------------------------------------------- configuration
-
-
-def inactive_trust_region(args: Any, obj: Objective) -> Optional[str]:
-    """A warning when the objective's trust region can never act under these settings (departure 6).
-
-    TRL computes old log-probs only when a generation batch outlives one optimiser step, that is
-    when `gradient_accumulation_steps` is not a multiple of `steps_per_generation * num_iterations`.
-    """
-    generate_every = (args.steps_per_generation or args.gradient_accumulation_steps) * args.num_iterations
-    if not obj.has_trust_region() or args.gradient_accumulation_steps % generate_every != 0:
-        return None
-    return (
-        f"objective {obj.name!r} clips by the ratio to the sampling policy, but with num_iterations="
-        f"{args.num_iterations}, steps_per_generation={args.steps_per_generation} and gradient_accumulation_steps="
-        f"{args.gradient_accumulation_steps} every generation batch is used within one optimiser step: the ratio is "
-        "1, the clip is inactive and the objective reduces to its unclipped policy gradient. Set num_iterations>=2, "
-        "or steps_per_generation to a multiple of gradient_accumulation_steps greater than it "
-        "(generation_batch_size = k x the optimiser batch), for an active trust region."
-    )
-
-
 OLD_SET = ("tether_old_set_ids", "tether_old_set_logp", "tether_old_set_keep")
 """The generation batch's columns of pi_old's sparse set (departure 12): (N, T, K) ids, log-probs, keep flags."""
-
-
-def reference_beta(obj: Objective) -> float:
-    """The TRL `beta` that loads the reference exactly when the objective uses it (departure 2)."""
-    if not obj.uses_reference():
-        return 0.0
-    return obj.config.reference_kl_coef() or 1.0
-
-
-def unsupported_options(args: Any, obj: Objective) -> list[str]:
-    """GRPOConfig settings this adapter cannot honour, each with what to do instead."""
-    problems = []
-    if args.top_entropy_quantile < 1.0:
-        problems.append(
-            "top_entropy_quantile < 1 (TRL's high-entropy token mask acts inside TRL's loss, which tether replaces); "
-            "set 1.0 and the objective's top_entropy_frac (the same selection, within each micro-batch)"
-        )
-    if args.off_policy_mask_threshold is not None:
-        problems.append("off_policy_mask_threshold (TRL's off-policy sequence mask); set None")
-    if args.delta is not None:
-        problems.append("delta (TRL's two-sided clip); set None and use the objective's dual_clip_c")
-    if args.entropy_coef != 0 or args.use_adaptive_entropy:
-        problems.append(
-            "entropy_coef / use_adaptive_entropy (TRL's entropy bonus and its adaptive control act inside TRL's loss); "
-            "set the objective's entropy_coef (adaptive control is tether's own trainer's, trainer.entropy_target)"
-        )
-    if args.use_vllm and args.vllm_importance_sampling_correction:
-        problems.append(
-            "vllm_importance_sampling_correction=True (TRL's sampler correction multiplies TRL's per-token loss, "
-            "which tether replaces); set it False"
-        )
-    if obj.uses_teacher():
-        problems.append(
-            "the objective's distill (GRPOTrainer computes no teacher log-probs); use TRL's DistillationTrainer (or "
-            "GKD / IW-OPD), or tether's own trainer with teacher.name_or_path"
-        )
-    if args.sync_ref_model and not obj.uses_reference():
-        problems.append(
-            f"sync_ref_model=True, but objective {obj.name!r} uses no reference model; set it False, "
-            "or use kl_penalty or an RPG objective with anchor: ref"
-        )
-    return problems
-
-
-def reward_aggregation_conflict(args: Any, obj: Objective, advantages: str) -> list[str]:
-    """TRL's `multi_objective_aggregation` and the objective's `reward_aggregation` must say the same: with
-    advantages="tether" the objective's decides and TRL's would be ignored, with "trl" the other way round."""
-    trl_gdpo = args.multi_objective_aggregation == "normalize_then_sum"
-    if trl_gdpo == obj.needs_reward_parts():
-        return []
-    if advantages == "tether":
-        return [
-            f"multi_objective_aggregation={args.multi_objective_aggregation!r}, but the objective's "
-            f"reward_aggregation is {obj.config.reward_aggregation!r}, which decides with advantages='tether'; "
-            "set the objective's reward_aggregation (normalize_then_sum for GDPO) and leave TRL's at its default"
-        ]
-    return [
-        f"the objective's reward_aggregation={obj.config.reward_aggregation!r} is not used with "
-        f"advantages='trl' (TRL's multi_objective_aggregation={args.multi_objective_aggregation!r} decides); "
-        "set them to agree, or use advantages='tether'"
-    ]
 
 
 # ---------------------------------------------------------------- batches
@@ -347,7 +268,8 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         size = self.tether_objective.config.sparse_support()
         if size is not None and out.get(OLD_LOGPS) is not None:  # pi_old's set, off-policy (departure 12)
             with torch.no_grad():
-                _, old_set = old_with_set(self.model, self._tether_tokens(out), self._tether_settings(), size)
+                with self.accelerator.autocast():  # the precision TRL's own old pass runs in
+                    _, old_set = old_with_set(self.model, self._tether_tokens(out), self._tether_settings(), size)
             out.update(zip(OLD_SET, old_set))
         return out
 
@@ -360,7 +282,15 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         return Tokens(ids, attention, positions, completion, loss_mask(inputs).float(), prompt.shape[1])
 
     def _tether_settings(self) -> LogProbSettings:
-        return LogProbSettings(temperature=self.temperature, share_prompts=False)
+        """TRL's temperature and rows per forward; the fused head only where the model is not sharded (FSDP and
+        ZeRO-3 gather weights in the model's own forward, which the fused head does not run; departure 12)."""
+        sharded = getattr(self, "is_fsdp_enabled", False) or getattr(self, "is_deepspeed_enabled", False)
+        return LogProbSettings(
+            temperature=self.temperature,
+            micro_batch_size=self.args.per_device_train_batch_size,
+            fused=not sharded,
+            share_prompts=False,
+        )
 
     def on_new_buffer(self, chunks: list[dict]) -> None:
         local = torch.stack([self.tether_objective.normalizer(loss_mask(c), empty_rows="count") for c in chunks])
@@ -386,8 +316,16 @@ class TetherGRPOTrainer(GRPOTrainerHooks):
         if size is None:
             return None
         old = SparseSet(*(inputs[k] for k in OLD_SET)) if OLD_SET[0] in inputs else None
-        settings = self._tether_settings()
-        return on_support(model, self._tether_tokens(inputs), settings, size, old, inputs.get(OLD_LOGPS))
+        images = [k for k in FORWARD_KEYS if inputs.get(k) is not None]
+        if images:
+            raise ConfigError(
+                f"objective {self.tether_objective.name!r} (a sparse support) runs its own forward of the text, which "
+                f"would leave out the batch's {', '.join(images)}: train a vision-language model with another objective"
+            )
+        with self.accelerator.autocast():  # the precision TRL's own forward runs in
+            return on_support(
+                model, self._tether_tokens(inputs), self._tether_settings(), size, old, inputs.get(OLD_LOGPS)
+            )
 
     def objective_loss(
         self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor, support: Optional[SupportLogprobs] = None

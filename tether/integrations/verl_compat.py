@@ -276,12 +276,11 @@ def _response_head(output: Any, output_args: dict, micro_batch: Any, loss_mask: 
     logits = output.logits  # (bsz, seq, V): each sequence's real tokens from column 0 (no remove-padding)
     if not isinstance(logits, torch.Tensor) or type(logits) is not torch.Tensor:
         raise ValueError("tether's sparse supports (troll) under verl need unsharded logits (no tensor parallelism)")
-    tau = output_args["temperature"].to(device=logits.device, dtype=torch.float32).clamp(min=1e-8)
-    z = logits.float() / tau[:, None, None]
     offsets = micro_batch["input_ids"].offsets()
-    flat = torch.cat([z[i, :n] for i, n in enumerate(offsets.diff().tolist())])  # (nnz, V)
+    flat = torch.cat([logits[i, :n] for i, n in enumerate(offsets.diff().tolist())])  # (nnz, V), the logits' dtype
     z = no_padding_2_padding(torch.nested.nested_tensor_from_jagged(flat, offsets=offsets.to(flat.device)), micro_batch)
-    return CompletionHead(loss_mask.bool(), 1.0, None, logits=z)
+    tau = output_args["temperature"].to(device=z.device, dtype=torch.float32).clamp(min=1e-8)
+    return CompletionHead(loss_mask.bool(), 1.0, None, logits=z.float() / tau[:, None, None])  # (bsz, T, V)
 
 
 def _padded(micro_batch: Any, name: str) -> torch.Tensor:
@@ -307,7 +306,7 @@ def _supports(output: Any, output_args: dict, micro_batch: Any, size: Any) -> di
     if SET_FIELDS[0] in micro_batch.keys():
         old = SparseSet(*(_padded(micro_batch, k).to(mask.device) for k in SET_FIELDS))
     old_lp = _padded(micro_batch, "old_log_probs").to(mask.device) if old is not None else None
-    _, _, support = support_of(head, responses, size, old, old_lp)
+    _, _, support = support_of(head, responses, size, old, old_lp, with_entropy=False)  # verl has its own
     return {SUPPORT_OUTPUT: support.batch_fields()}  # a dict: verl's detach_tree rebuilds tuples positionally
 
 
@@ -356,8 +355,15 @@ def _old_pass_hook(compute_old_log_prob: Callable, sparse_size: Callable[[Any], 
             self.actor_rollout_wg = workers
         from verl.utils import tensordict_utils as tu
 
-        for name in SET_FIELDS:
-            result.batch[name] = tu.get(sent["out"], name).to_padded_tensor(0)
+        for name, dtype in zip(SET_FIELDS, (torch.int32, torch.float32, torch.bool)):  # 9 K bytes a token
+            found = tu.get(sent["out"], name)
+            if found is None:
+                raise ValueError(
+                    f"the actor's old log-prob pass returned no {name}: tether's sparse supports (troll) need verl's "
+                    "FSDP engine (actor_rollout_ref.actor.strategy=fsdp or fsdp2) with tether's plugin loaded in "
+                    "its workers"
+                )
+            result.batch[name] = found.to_padded_tensor(0).to(dtype)
         result.meta_info[SIZE_KEY] = (size.top_k, size.mass)
         return result, mfu
 

@@ -99,16 +99,17 @@ def support_of(
     size: SupportSize,
     old: Optional[SparseSet],
     old_lp: Optional[Float[Tensor, "M T"]],
-) -> tuple[Float[Tensor, "M T"], Float[Tensor, "M T"], SupportLogprobs]:
+    with_entropy: bool = True,
+) -> tuple[Float[Tensor, "M T"], Optional[Float[Tensor, "M T"]], SupportLogprobs]:
     """`on_support` from a head already run (`CompletionHead`: the model's hidden states, or its logits, as verl's
     engine has them): pi_theta's own set (without gradient), the support = pi_old's set U pi_theta's U the sampled
-    token, and pi_theta's log-probs and entropy there with gradient."""
+    token, and pi_theta's log-probs there and its entropy (unless `with_entropy` is False), with gradient."""
     own = set_of(head, size)
     ids, keep = own.ids, own.keep
     if old is not None:
         ids, keep = torch.cat([old.ids.long(), ids], -1), torch.cat([old.keep, keep], -1)
     support = _troll.union_support(ids, keep, completion_ids, head.vocab)
-    lp_support, entropy = head.logprobs(support.index, with_entropy=True)  # (M, T, S)
+    lp_support, entropy = head.logprobs(support.index, with_entropy=with_entropy)  # (M, T, S)
     lp = lp_support.gather(-1, support.token_index[..., None])[..., 0]
     old_support = None
     if old is not None:
