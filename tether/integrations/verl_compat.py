@@ -111,6 +111,12 @@ def micro_batch(data: Mapping) -> Iterator[None]:
         _MICRO_BATCH.reset(token)
 
 
+def _padded(data: Any, name: str) -> torch.Tensor:
+    """Field `name` of a verl micro-batch as a padded tensor (a jagged nested one padded with 0)."""
+    t = data[name]
+    return t.to_padded_tensor(0) if t.is_nested else t
+
+
 def batch_field(name: str, like: torch.Tensor, required: bool = True) -> Optional[torch.Tensor]:
     """Field `name` of the published micro-batch, padded like verl pads old_log_probs; None if absent.
 
@@ -119,9 +125,7 @@ def batch_field(name: str, like: torch.Tensor, required: bool = True) -> Optiona
     data = _MICRO_BATCH.get()
     if data is None or name not in data.keys():
         return None
-    t = data[name]
-    if t.is_nested:
-        t = t.to_padded_tensor(0.0)
+    t = _padded(data, name)
     if t.shape != like.shape:
         if not required:
             return None
@@ -274,18 +278,13 @@ def _response_head(output: Any, output_args: dict, micro_batch: Any, loss_mask: 
                 f"or fused kernels; {key} is on: set actor_rollout_ref.model.{key}=False"
             )
     logits = output.logits  # (bsz, seq, V): each sequence's real tokens from column 0 (no remove-padding)
-    if not isinstance(logits, torch.Tensor) or type(logits) is not torch.Tensor:
+    if type(logits) is not torch.Tensor:  # a DTensor: vocabulary-sharded
         raise ValueError("tether's sparse supports (troll) under verl need unsharded logits (no tensor parallelism)")
     offsets = micro_batch["input_ids"].offsets()
     flat = torch.cat([logits[i, :n] for i, n in enumerate(offsets.diff().tolist())])  # (nnz, V), the logits' dtype
     z = no_padding_2_padding(torch.nested.nested_tensor_from_jagged(flat, offsets=offsets.to(flat.device)), micro_batch)
     tau = output_args["temperature"].to(device=z.device, dtype=torch.float32).clamp(min=1e-8)
     return CompletionHead(loss_mask.bool(), 1.0, None, logits=z.float() / tau[:, None, None])  # (bsz, T, V)
-
-
-def _padded(micro_batch: Any, name: str) -> torch.Tensor:
-    t = micro_batch[name]
-    return t.to_padded_tensor(0) if t.is_nested else t
 
 
 def _supports(output: Any, output_args: dict, micro_batch: Any, size: Any) -> dict:

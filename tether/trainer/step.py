@@ -173,7 +173,7 @@ def collect(source: RolloutSource, r: RolloutConfig, seed: int) -> tuple[Rollout
     scoring (`time/score_s`)."""
     sampler, stream, reward_fn, params = source.sampler, source.stream, source.reward_fn, source.params
     want = r.prompts_per_step
-    kept_rollouts, kept_examples, kept_results = [], [], []
+    kept: list[RolloutBatch] = []  # the live groups of each round, scored
     first_metrics = None
     rounds = 1 + (r.dynamic_sampling_max_rounds if r.dynamic_sampling else 0)
     have = 0
@@ -187,12 +187,11 @@ def collect(source: RolloutSource, r: RolloutConfig, seed: int) -> tuple[Rollout
         tic = time.perf_counter()
         scored = score_rollout(reward_fn, rollout, examples)
         seconds["time/score_s"] += time.perf_counter() - tic
-        rewards, per_sample, results = scored.rewards, scored.examples, scored.results
-        groups = torch.tensor(rollout.prompt_index)
+        rewards, groups = scored.rewards, scored.group_ids
         if first_metrics is None:
             first_metrics = {
                 **rollout_metrics(rollout, rewards, groups),
-                **verifier_faults(results),
+                **verifier_faults(scored.results),
                 **episode_metrics(rollout),
             }
             first_metrics.update(seconds)  # the same dict: the later rounds' seconds add to it
@@ -204,16 +203,14 @@ def collect(source: RolloutSource, r: RolloutConfig, seed: int) -> tuple[Rollout
         live_prompts = sorted(set(groups[live].tolist()))[: want - have]
         if live_prompts:
             keep = [i for i, g in enumerate(rollout.prompt_index) if g in set(live_prompts)]
-            kept_rollouts.append(rollout.select(keep))
-            kept_examples += [per_sample[i] for i in keep]
-            kept_results += [results[i] for i in keep]
+            kept.append(scored.select(keep))  # its examples and results travel with the rows
             have += len(live_prompts)
         if have >= want:
             break
-    if not kept_rollouts:  # every group was flat: train on the last batch (zero advantages)
+    if not kept:  # every group was flat: train on the last batch (zero advantages)
         return scored, {**first_metrics, "rollout/dynamic_kept_frac": 0.0}
-    merged = RolloutBatch.concat(kept_rollouts, source.pad_id)
-    return merged.scored(kept_examples, kept_results), {**first_metrics, "rollout/dynamic_kept_frac": have / want}
+    merged = RolloutBatch.concat(kept, source.pad_id)
+    return merged, {**first_metrics, "rollout/dynamic_kept_frac": have / want}
 
 
 # ---------------------------------------------------------------- 2. tokens and 4. log-probs
