@@ -213,6 +213,29 @@ def test_interim_reports_say_continuing_and_never_a_final_verdict_before_a_bound
     assert r["verdict"] == "not enough seeds" and "the first look is at 5" in r["why"]
 
 
+def test_a_continuing_claim_shows_what_the_last_look_can_still_detect():
+    """O'Brien-Fleming's first look spends almost nothing, so its own detectable difference is huge (1.76 of auc at
+    the binding study's first look); the report adds the last look's, from the spread seen so far."""
+    from tether.reports.tables import claims_markdown
+
+    design = Design((4, 8, 12))
+    claim = Claim(claim="c", metric="auc", method="m", baseline="b")
+    d = [0.03, -0.01, 0.05, 0.01, 0.02]
+    regime = {"r": {"b": {"seeds": list(range(5)), "auc": [0.5] * 5}}}
+    regime["r"]["m"] = {"seeds": list(range(5)), "auc": [0.5 + x for x in d]}
+    (r,), _ = judge([claim], regime, design)
+    assert r["verdict"] == "continuing (look 1 of 3)"
+    se = stats.paired_t(d[:4]).se  # reported at the look reached: 4 seeds
+    crit = sq.boundaries(design, (4, 8, 12), 0.05)[-1]
+    want = (crit + stats.t_quantile(0.80, 11)) * se * math.sqrt(4 / 12)
+    assert r["mde80_last"] == pytest.approx(want, rel=1e-12)
+    assert r["mde80_last"] < r["mde80"] / 4
+    assert f"{r['mde80']:.4f} now; {want:.4f} at look 3" in claims_markdown([r])
+    # a decided or a last-look claim has no later look to plan by
+    regime["r"]["m"]["auc"] = [0.8 + x / 10 for x in d]
+    assert judge([claim], regime, design)[0][0]["mde80_last"] is None
+
+
 def test_a_verdict_that_holds_by_t_but_not_by_the_exact_test_is_flagged():
     # 5 seeds: the smallest exact p is 2 / 32 = 0.0625, so no exact test can agree
     regime = {"r": {"m": {"seeds": list(range(5)), "auc": [0.61, 0.6, 0.62, 0.6, 0.615]}}}

@@ -21,7 +21,10 @@ assigned at random per seed, so that the A/A differences are symmetric about 0 b
 its tests is a false one.
 
 The detectable difference (`mde80`) is at the level each test is held to: alpha over the size of its Holm family
-(the first, strictest step), at the boundary of the look reported for a design. Zero spread (every difference
+(the first, strictest step), at the boundary of the look reported for a design. A claim still continuing also
+shows `mde80_last`: the difference the design can still detect at its last look, the spread seen so far scaled
+to that look's seeds (se * sqrt(n / n_K)) at that look's boundary; the first looks of an O'Brien-Fleming design
+spend so little alpha that their own detectable difference can exceed the metric's range. Zero spread (every difference
 equal) is "no test", never p = 0.
 """
 
@@ -192,10 +195,23 @@ def _sequential(pairs: Sequence[Pair], design: Design, p_values: bool = True) ->
             "seeds_at_look": shown,
             "why": "",
             "verdict": _sequential_verdict(p, look, t, h, design, claims_done, gated and not h.primary),
+            "mde80_last": _mde_last(design, t, shown, design.alpha / m) if look is None else None,
         }
     for p in pairs:
         p.result["family"] = len(hyps)
         p.result.setdefault("look", None)
+
+
+def _mde_last(design: Design, t: stats.TTest, n: int, alpha: float) -> Optional[float]:
+    """A continuing claim's detectable difference at the design's last look: the spread seen so far, scaled to the
+    last look's seeds, at that look's boundary (t test only; None once the last look is reached)."""
+    last = design.max_seeds
+    if design.test != "t" or n >= last or not t.se > 0:
+        return None
+    crit = sequential.boundaries(design, design.looks, alpha)[-1]
+    if math.isinf(crit):
+        return None
+    return (crit + stats.t_quantile(stats.POWER, last - 1)) * t.se * math.sqrt(n / last)
 
 
 def _sequential_verdict(p: Pair, look, t, h: Hypothesis, design: Design, claims_done: bool, gated: bool) -> str:

@@ -21,6 +21,9 @@ def _cells(r: dict[str, Any]) -> tuple[str, str, str]:
         return "n/a", "n/a", "n/a"
     lo, hi = r["ci95"]
     mde = f"{r['mde80']:.4f}" if r.get("mde80") is not None else "n/a"
+    if r.get("mde80_last") is not None:
+        k, total = r["look"]
+        mde = f"{mde} now; {r['mde80_last']:.4f} at look {total}"
     return f"[{lo:+.4f}, {hi:+.4f}]", p_text(r["p"]), mde
 
 
