@@ -236,6 +236,14 @@ def test_a_continuing_claim_shows_what_the_last_look_can_still_detect():
     assert judge([claim], regime, design)[0][0]["mde80_last"] is None
 
 
+def test_the_forest_plot_colours_a_design_s_verdicts_by_their_first_word():
+    from tether.reports.forest import colour_of
+
+    assert colour_of("inconclusive (the study stopped at look 2 of 3: every claim was decided)") == "tab:gray"
+    assert colour_of("inconclusive") == "tab:gray" and colour_of("supported") == "tab:green"
+    assert colour_of("continuing (look 2 of 3)") == "black" != colour_of("contradicted")
+
+
 def test_a_verdict_that_holds_by_t_but_not_by_the_exact_test_is_flagged():
     # 5 seeds: the smallest exact p is 2 / 32 = 0.0625, so no exact test can agree
     regime = {"r": {"m": {"seeds": list(range(5)), "auc": [0.61, 0.6, 0.62, 0.6, 0.615]}}}

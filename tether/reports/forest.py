@@ -9,7 +9,13 @@ from typing import Any, Sequence
 
 from ..records.plots import pyplot
 
-COLOURS = {"supported": "tab:green", "contradicted": "tab:red", "inconclusive": "tab:gray"}
+COLOURS = {"supported": "tab:green", "contradicted": "tab:red", "inconclusive": "tab:gray", "continuing": "black"}
+"""By the verdict's first word: "inconclusive (the study stopped ...)" is grey, "continuing (look 2 of 3)" black;
+anything else (not enough seeds, no test) has no interval to draw."""
+
+
+def colour_of(verdict: str) -> str:
+    return COLOURS.get(verdict.split(" ", 1)[0], "black")
 
 
 def _rows(claims: Sequence[dict[str, Any]], controls: Sequence[dict[str, Any]], metric: str) -> list[tuple]:
@@ -19,7 +25,7 @@ def _rows(claims: Sequence[dict[str, Any]], controls: Sequence[dict[str, Any]], 
         if r["metric"] == metric and r.get("ci95"):
             rel = f", change from {r['relative_to']}" if r.get("relative_to") else ""
             label = f"{r['method']} vs {r['baseline']} [{r['regime']}{rel}] ({r['direction']} claimed)"
-            rows.append((label, r["difference"], tuple(r["ci95"]), COLOURS.get(r["verdict"], "black")))
+            rows.append((label, r["difference"], tuple(r["ci95"]), colour_of(r["verdict"])))
     for r in controls:
         if r["metric"] == metric and r.get("ci95"):
             colour = "tab:orange" if r["verdict"] == "false verdict" else "tab:blue"
@@ -60,7 +66,7 @@ def plot_claims(claims: Sequence[dict[str, Any]], controls: Sequence[dict[str, A
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(
-        "claims (green supported, red contradicted, grey inconclusive, after Holm); "
+        "claims (green supported, red contradicted, grey inconclusive, black continuing, after Holm); "
         "null control (blue; orange: a false verdict)",
         fontsize=8,
     )
