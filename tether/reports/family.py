@@ -117,7 +117,7 @@ def _base(p: Pair, t: Optional[stats.TTest], crit: Optional[float]) -> dict[str,
     if t is None:
         return {"difference": _mean_diff(p), "ci95": None, "mde80": None, "p": None, "test": ""}
     half = stats.t_quantile(1 - stats.ALPHA / 2, t.df) * t.se
-    mde = None if crit is None or math.isinf(crit) else (crit + stats.t_quantile(stats.POWER, t.df)) * t.se
+    mde = None if crit is None or math.isinf(crit) else stats.detectable(crit, t.df, t.se)
     return {
         "difference": t.difference,
         "ci95": [t.difference - half, t.difference + half],
@@ -211,7 +211,7 @@ def _mde_last(design: Design, t: stats.TTest, n: int, alpha: float) -> Optional[
     crit = sequential.boundaries(design, design.looks, alpha)[-1]
     if math.isinf(crit):
         return None
-    return (crit + stats.t_quantile(stats.POWER, last - 1)) * t.se * math.sqrt(n / last)
+    return stats.detectable(crit, last - 1, t.se * math.sqrt(n / last))
 
 
 def _sequential_verdict(p: Pair, look, t, h: Hypothesis, design: Design, claims_done: bool, gated: bool) -> str:

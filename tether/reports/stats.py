@@ -128,9 +128,15 @@ class TTest:
     """The smallest true difference detected at alpha 0.05 with 80% power, given this spread."""
 
 
+def detectable(crit: float, df: float, se: float) -> float:
+    """The smallest true difference that a test rejecting at |t| >= crit finds with 80% power:
+    (crit + t_{0.80, df}) * se."""
+    return (crit + t_quantile(POWER, df)) * se
+
+
 def _test(difference: float, se: float, df: float) -> TTest:
     crit = t_quantile(1 - ALPHA / 2, df)
-    mde = (crit + t_quantile(POWER, df)) * se
+    mde = detectable(crit, df, se)
     if se <= 1e-12 * max(1.0, abs(difference)):  # every difference equal (to rounding): no spread, no test, never p = 0
         se = 0.0
         return TTest(difference, se, df, math.nan, (math.nan, math.nan), math.nan)

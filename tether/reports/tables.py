@@ -22,8 +22,7 @@ def _cells(r: dict[str, Any]) -> tuple[str, str, str]:
     lo, hi = r["ci95"]
     mde = f"{r['mde80']:.4f}" if r.get("mde80") is not None else "n/a"
     if r.get("mde80_last") is not None:
-        k, total = r["look"]
-        mde = f"{mde} now; {r['mde80_last']:.4f} at look {total}"
+        mde = f"{mde} now; {r['mde80_last']:.4f} at look {r['look'][1]}"
     return f"[{lo:+.4f}, {hi:+.4f}]", p_text(r["p"]), mde
 
 

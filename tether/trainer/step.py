@@ -200,9 +200,9 @@ def collect(source: RolloutSource, r: RolloutConfig, seed: int) -> tuple[Rollout
             return scored, first_metrics
         s = group_summary(rewards, groups)
         live = s["max"] > s["min"]
-        live_prompts = sorted(set(groups[live].tolist()))[: want - have]
+        live_prompts = set(sorted(set(groups[live].tolist()))[: want - have])
         if live_prompts:
-            keep = [i for i, g in enumerate(rollout.prompt_index) if g in set(live_prompts)]
+            keep = [i for i, g in enumerate(rollout.prompt_index) if g in live_prompts]
             kept.append(scored.select(keep))  # its examples and results travel with the rows
             have += len(live_prompts)
         if have >= want:
