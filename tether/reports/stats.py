@@ -171,7 +171,7 @@ def seeds_for(sd: float, difference: float, most: int = 1000, alpha: float = ALP
     if difference <= 0:
         raise ValueError(f"the difference to detect must be positive, got {difference}")
     for n in range(2, most + 1):
-        if (t_quantile(1 - alpha / 2, n - 1) + t_quantile(POWER, n - 1)) * sd / math.sqrt(n) <= difference:
+        if detectable(t_quantile(1 - alpha / 2, n - 1), n - 1, sd / math.sqrt(n)) <= difference:
             return n
     return most + 1
 
